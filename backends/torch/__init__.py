@@ -1,0 +1,44 @@
+"""PyTorch backend: the common interface (DESIGN.md) in torch.
+
+  resnet18, lenet        models.py
+  devices, split,        parallel.py
+  allreduce
+  run, train_steps,      strategies.py (scratch, dp, ddp)
+  STRATEGIES
+  environment            environment.py
+"""
+
+from backends.torch.environment import environment
+from backends.torch.models import build, count_params, lenet, load_canonical, resnet18, spec, to_canonical
+from backends.torch.parallel import allreduce, devices, split
+from backends.torch.strategies import TRAINERS as STRATEGIES, run, train_steps
+
+NAME = "torch"
+
+
+def param_count(model: str) -> int:
+    return count_params(build(model))
+
+
+def predict(model: str, weights, x):
+    """Logits (numpy) of `model` with canonical `weights` on a numpy batch, in eval mode."""
+    import torch
+    net = build(model)
+    load_canonical(net, weights)
+    net.eval()
+    with torch.no_grad():
+        return net(torch.from_numpy(x)).numpy()
+
+
+def to_numpy(a):
+    return a.detach().cpu().numpy()
+
+
+def array(values, device):
+    """A framework array holding numpy `values` on `device` (for tests of split/allreduce)."""
+    import torch
+    return torch.tensor(values).to(device)
+
+
+def device_of(a):
+    return a.device

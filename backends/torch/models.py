@@ -1,0 +1,136 @@
+"""ResNet-18 (d2l's variant for 28x28 inputs) and d2l's from-scratch LeNet, in PyTorch.
+
+Module names are the canonical parameter names (common/weights.py), and PyTorch's
+layouts are the canonical layouts, so the mapping canonical <-> native is the identity.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+BN_EPS = 1e-5
+BN_MOMENTUM = 0.1   # PyTorch convention: new = (1 - m) * old + m * batch (0.9 in MXNet/flax terms)
+
+
+def _bn(channels: int) -> nn.BatchNorm2d:
+    return nn.BatchNorm2d(channels, eps=BN_EPS, momentum=BN_MOMENTUM)
+
+
+class Residual(nn.Module):
+    """d2l's residual block: two 3x3 convs with BatchNorm; a 1x1 conv on the shortcut when shape changes."""
+
+    def __init__(self, in_channels: int, out_channels: int, use_1x1conv: bool = False, stride: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1)
+        self.bn1 = _bn(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
+        self.bn2 = _bn(out_channels)
+        self.conv3 = nn.Conv2d(in_channels, out_channels, 1, stride=stride) if use_1x1conv else None
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        shortcut = self.conv3(x) if self.conv3 is not None else x
+        return F.relu(y + shortcut)
+
+
+def _stage(in_channels: int, out_channels: int, first: bool) -> nn.Sequential:
+    if first:
+        return nn.Sequential(Residual(in_channels, out_channels), Residual(out_channels, out_channels))
+    return nn.Sequential(Residual(in_channels, out_channels, use_1x1conv=True, stride=2),
+                         Residual(out_channels, out_channels))
+
+
+class ResNet18(nn.Module):
+    """3x3 stride-1 stem (no max-pool), stages of 64/128/256/512 channels, global average pool, linear."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1)
+        self.bn = _bn(64)
+        self.stage1 = _stage(64, 64, first=True)
+        self.stage2 = _stage(64, 128, first=False)
+        self.stage3 = _stage(128, 256, first=False)
+        self.stage4 = _stage(256, 512, first=False)
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        x = F.relu(self.bn(self.conv(x)))
+        x = self.stage4(self.stage3(self.stage2(self.stage1(x))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+class LeNet(nn.Module):
+    """The from-scratch chapter's network: conv3x3(20) relu avgpool, conv5x5(50) relu avgpool, 800-128-10."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 20, 3)
+        self.conv2 = nn.Conv2d(20, 50, 5)
+        self.fc1 = nn.Linear(800, 128)
+        self.fc2 = nn.Linear(128, num_classes)
+
+    def forward(self, x):
+        x = F.avg_pool2d(F.relu(self.conv1(x)), 2, 2)
+        x = F.avg_pool2d(F.relu(self.conv2(x)), 2, 2)
+        return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
+
+
+def resnet18(num_classes: int = 10, in_channels: int = 1) -> ResNet18:
+    return ResNet18(num_classes, in_channels)
+
+
+def lenet(num_classes: int = 10, in_channels: int = 1) -> LeNet:
+    return LeNet(num_classes, in_channels)
+
+
+MODELS = {"resnet18": resnet18, "lenet": lenet}
+
+
+def build(model: str) -> nn.Module:
+    return MODELS[model]()
+
+
+def count_params(net: nn.Module) -> int:
+    """Trainable parameters (BatchNorm running statistics are buffers, not parameters)."""
+    return sum(p.numel() for p in net.parameters())
+
+
+# ------------------------------------------------------------------ canonical weights
+
+def spec(net: nn.Module) -> list[tuple[str, tuple[int, ...], str]]:
+    """(canonical name, shape, kind) for every weight common/weights.py initialises."""
+    out = []
+    for prefix, module in net.named_modules():
+        p = prefix + "." if prefix else ""
+        if isinstance(module, nn.Conv2d):
+            out += [(p + "weight", tuple(module.weight.shape), "conv"), (p + "bias", tuple(module.bias.shape), "bias")]
+        elif isinstance(module, nn.Linear):
+            out += [(p + "weight", tuple(module.weight.shape), "dense"), (p + "bias", tuple(module.bias.shape), "bias")]
+        elif isinstance(module, nn.BatchNorm2d):
+            c = (module.num_features,)
+            out += [(p + "weight", c, "bn_gamma"), (p + "bias", c, "bn_beta"),
+                    (p + "running_mean", c, "bn_mean"), (p + "running_var", c, "bn_var")]
+    return out
+
+
+def _canonical_entries(net: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in net.state_dict(keep_vars=True).items() if not k.endswith("num_batches_tracked")}
+
+
+def load_canonical(net: nn.Module, weights: dict[str, np.ndarray]) -> None:
+    """Copy canonical numpy weights into the module, in place (keeps its device)."""
+    entries = _canonical_entries(net)
+    if set(entries) != set(weights):
+        raise KeyError(f"weights do not match the model: missing {sorted(set(entries) - set(weights))[:3]}, "
+                       f"unexpected {sorted(set(weights) - set(entries))[:3]}")
+    with torch.no_grad():
+        for name, tensor in entries.items():
+            tensor.copy_(torch.from_numpy(np.asarray(weights[name], dtype=np.float32)))
+
+
+def to_canonical(net: nn.Module) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy().copy() for k, v in _canonical_entries(net).items()}

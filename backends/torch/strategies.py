@@ -1,0 +1,390 @@
+"""PyTorch strategies, each a Trainer for common/loop.py.
+
+Same math in all three: one SGD step on the mean cross-entropy of the *global* batch.
+  scratch  k replicas; per-shard summed loss, gradients summed by the hand-written
+           allreduce, then p -= lr / B * g on every replica (d2l's from-scratch chapter)
+  dp       nn.DataParallel: mean loss on the gathered output, torch.optim.SGD (CUDA only)
+  ddp      DistributedDataParallel, one process per device: per-shard mean loss, DDP
+           averages gradients across ranks, torch.optim.SGD
+BatchNorm: each device normalises with its own shard's statistics in training (as the
+seeds do); before evaluation the running statistics are averaged across replicas, so
+every replica evaluates the same model (dp keeps device 0's, which is how
+DataParallel works).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import pickle
+import socket
+import tempfile
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn import functional as F
+
+from common import data as datalib
+from common.config import RunConfig
+from common.loop import Diverged, Unsupported, run_training
+from common.weights import init_canonical
+
+from backends.torch import models
+from backends.torch.environment import configure_threads, configure_precision
+from backends.torch.parallel import allreduce, as_tensor, check_divisible, devices, split
+
+
+def initial_weights(cfg: RunConfig) -> dict[str, np.ndarray]:
+    return init_canonical(models.spec(models.build(cfg.model)), cfg.seed)
+
+
+def _step_metrics(logits: torch.Tensor, y: torch.Tensor, loss_sum: torch.Tensor):
+    """(loss sum, correct) as detached device tensors: read back later, after the timer."""
+    return loss_sum.detach(), (logits.argmax(dim=1) == y).sum()
+
+
+def _accuracy_counts(net: nn.Module, batches, device) -> tuple[int, int]:
+    correct = total = 0
+    net.eval()
+    with torch.no_grad():
+        for x, y in batches:
+            logits = net(as_tensor(x).to(device))
+            correct += int((logits.argmax(dim=1).cpu() == as_tensor(y).long()).sum())
+            total += len(y)
+    net.train()
+    return correct, total
+
+
+def _bn_buffers(net: nn.Module) -> list[torch.Tensor]:
+    return [m.running_mean for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)] + \
+           [m.running_var for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def _sync(kind: str, devs) -> None:
+    if kind == "gpu":
+        for d in sorted(set(devs), key=str):
+            torch.cuda.synchronize(d)
+
+
+def _peak_memory(kind: str, devs) -> dict:
+    if kind != "gpu":
+        return {}
+    return {"peak_device_mb": max(torch.cuda.max_memory_allocated(d) for d in set(devs)) / 2**20}
+
+
+class ScratchTrainer:
+    """k replicas in one process; gradients reduced with the hand-written allreduce."""
+
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
+        self.cfg, self.weights, self.rank = cfg, weights, 0
+        self.n_devices = cfg.devices
+        self.devs = devices(cfg.devices, cfg.device_kind)
+        self.replicas = [models.build(cfg.model).to(d) for d in self.devs]
+
+    def reset(self) -> None:
+        for net in self.replicas:
+            models.load_canonical(net, self.weights)
+            net.zero_grad(set_to_none=True)
+            net.train()
+
+    def step(self, x, y):
+        xs, ys = split(x, y, self.devs)
+        metrics = []
+        for net, xi, yi in zip(self.replicas, xs, ys):
+            net.zero_grad(set_to_none=True)
+            logits = net(xi)
+            loss = F.cross_entropy(logits, yi, reduction="sum")
+            loss.backward()
+            metrics.append(_step_metrics(logits, yi, loss))
+        params = [list(net.parameters()) for net in self.replicas]
+        with torch.no_grad():
+            for i in range(len(params[0])):
+                allreduce([replica[i].grad for replica in params])
+            scale = self.cfg.lr / self.cfg.batch_size
+            for replica in params:
+                for p in replica:
+                    p.sub_(p.grad, alpha=scale)
+        return metrics
+
+    def sync(self) -> None:
+        _sync(self.cfg.device_kind, self.devs)
+
+    def collect(self, handles) -> tuple[float, float]:
+        loss = sum(float(l) for step in handles for l, _ in step)
+        correct = sum(int(c) for step in handles for _, c in step)
+        return loss, correct
+
+    def average_bn_statistics(self) -> None:
+        buffers = [_bn_buffers(net) for net in self.replicas]
+        with torch.no_grad():
+            for i in range(len(buffers[0])):
+                allreduce([b[i] for b in buffers])
+                for b in buffers:
+                    b[i].div_(len(self.replicas))
+
+    def evaluate(self, batches) -> tuple[int, int]:
+        self.average_bn_statistics()
+        return _accuracy_counts(self.replicas[0], batches, self.devs[0])
+
+    def slowest(self, seconds: float) -> float:
+        return seconds
+
+    def param_count(self) -> int:
+        return models.count_params(self.replicas[0])
+
+    def memory(self) -> dict:
+        return _peak_memory(self.cfg.device_kind, self.devs)
+
+    def canonical(self) -> dict[str, np.ndarray]:
+        return models.to_canonical(self.replicas[0])
+
+
+class DataParallelTrainer:
+    """nn.DataParallel over cuda:0..k-1 (d2l's concise PyTorch version)."""
+
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
+        require_cuda(cfg)
+        self.cfg, self.weights, self.rank = cfg, weights, 0
+        self.n_devices = cfg.devices
+        self.devs = devices(cfg.devices, "gpu")
+        self.module = models.build(cfg.model).to(self.devs[0])
+        self.net = nn.DataParallel(self.module, device_ids=list(range(cfg.devices)))
+        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=cfg.lr)
+
+    def reset(self) -> None:
+        models.load_canonical(self.module, self.weights)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.net.train()
+
+    def step(self, x, y):
+        check_divisible(len(y), self.n_devices)
+        x = as_tensor(x).to(self.devs[0], non_blocking=True)
+        y = as_tensor(y).to(self.devs[0], non_blocking=True).long()
+        self.optimizer.zero_grad(set_to_none=True)
+        logits = self.net(x)
+        loss = F.cross_entropy(logits, y)
+        loss.backward()
+        self.optimizer.step()
+        return _step_metrics(logits, y, loss * len(y))
+
+    def sync(self) -> None:
+        _sync("gpu", self.devs)
+
+    def collect(self, handles) -> tuple[float, float]:
+        return sum(float(l) for l, _ in handles), sum(int(c) for _, c in handles)
+
+    def evaluate(self, batches) -> tuple[int, int]:
+        return _accuracy_counts(self.module, batches, self.devs[0])
+
+    def slowest(self, seconds: float) -> float:
+        return seconds
+
+    def param_count(self) -> int:
+        return models.count_params(self.module)
+
+    def memory(self) -> dict:
+        return _peak_memory("gpu", self.devs)
+
+    def canonical(self) -> dict[str, np.ndarray]:
+        return models.to_canonical(self.module)
+
+
+class DDPTrainer:
+    """One rank of DistributedDataParallel; the process group is set up by launch_ddp."""
+
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int):
+        self.cfg, self.weights, self.rank = cfg, weights, rank
+        self.n_devices = cfg.devices
+        self.device = devices(cfg.devices, cfg.device_kind)[rank]
+        self.module = models.build(cfg.model).to(self.device)
+        models.load_canonical(self.module, weights)
+        # broadcast_buffers=False: every rank keeps its own BatchNorm statistics (averaged before
+        # evaluation), the same policy as scratch, instead of copying rank 0's at every forward.
+        # (torch's deprecation notice for it says to keep it while rank-local buffers are wanted.)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+            self.net = nn.parallel.DistributedDataParallel(
+                self.module, device_ids=[self.device.index] if cfg.device_kind == "gpu" else None,
+                broadcast_buffers=False, gradient_as_bucket_view=True)
+        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=cfg.lr)
+
+    def _shard(self, a):
+        m = len(a) // self.n_devices
+        return as_tensor(a[self.rank * m:(self.rank + 1) * m]).to(self.device, non_blocking=True)
+
+    def reset(self) -> None:
+        models.load_canonical(self.module, self.weights)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.net.train()
+
+    def step(self, x, y):
+        check_divisible(len(y), self.n_devices)
+        xi, yi = self._shard(x), self._shard(y).long()
+        self.optimizer.zero_grad(set_to_none=True)
+        logits = self.net(xi)
+        loss = F.cross_entropy(logits, yi)
+        loss.backward()
+        self.optimizer.step()
+        return _step_metrics(logits, yi, loss * len(yi))
+
+    def sync(self) -> None:
+        _sync(self.cfg.device_kind, [self.device])
+
+    def _all_reduce(self, values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=op)
+        return t.tolist()
+
+    def collect(self, handles) -> tuple[float, float]:
+        local = [sum(float(l) for l, _ in handles), sum(float(c) for _, c in handles)]
+        loss, correct = self._all_reduce(local)
+        return loss, correct
+
+    def average_bn_statistics(self) -> None:
+        with torch.no_grad():
+            for b in _bn_buffers(self.module):
+                dist.all_reduce(b)
+                b.div_(self.n_devices)
+
+    def evaluate(self, batches) -> tuple[int, int]:
+        """Each rank evaluates its slice of every test batch; the counts are summed."""
+        self.average_bn_statistics()
+        mine = ((x[self.rank::self.n_devices], y[self.rank::self.n_devices]) for x, y in batches)
+        correct, total = _accuracy_counts(self.module, mine, self.device)
+        correct, total = self._all_reduce([correct, total])
+        return int(correct), int(total)
+
+    def slowest(self, seconds: float) -> float:
+        return self._all_reduce([seconds], op=dist.ReduceOp.MAX)[0]
+
+    def param_count(self) -> int:
+        return models.count_params(self.module)
+
+    def memory(self) -> dict:
+        return _peak_memory(self.cfg.device_kind, [self.device])
+
+    def canonical(self) -> dict[str, np.ndarray]:
+        return models.to_canonical(self.module)
+
+
+TRAINERS = {"scratch": ScratchTrainer, "dp": DataParallelTrainer, "ddp": DDPTrainer}
+
+
+def require_cuda(cfg: RunConfig) -> None:
+    if not torch.cuda.is_available():
+        raise Unsupported(f"strategy {cfg.strategy!r} (nn.DataParallel) needs CUDA GPUs; none is visible to torch")
+
+
+def check_supported(cfg: RunConfig) -> None:
+    if cfg.strategy not in TRAINERS:
+        raise Unsupported(f"torch has no strategy {cfg.strategy!r}; it has {', '.join(TRAINERS)}")
+    if cfg.strategy == "dp":
+        require_cuda(cfg)
+    if cfg.device_kind == "gpu":
+        if not torch.cuda.is_available():
+            raise Unsupported("GPU run requested but torch sees no CUDA device")
+        if torch.cuda.device_count() < cfg.devices:
+            raise Unsupported(f"{cfg.devices} GPUs requested, torch sees {torch.cuda.device_count()}")
+
+
+# ------------------------------------------------------------------- multi-process
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, cfg_dict: dict, port: int, job, payload, out_path: str) -> None:
+    """Body of one DDP process: join the group, build the trainer, run the job, rank 0 reports."""
+    cfg = RunConfig.from_dict(cfg_dict)
+    # CPU 1x1-conv gradients differ from DDP's buckets only in the strides of size-1 dims,
+    # which address the same memory: the warning is a false alarm here.
+    warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
+    configure_threads(cfg, processes=cfg.devices)
+    configure_precision()
+    if cfg.device_kind == "gpu":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl" if cfg.device_kind == "gpu" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank, world_size=cfg.devices, timeout=datetime.timedelta(seconds=max(60, cfg.timeout)))
+    try:
+        try:
+            outcome = ("ok", job(cfg, rank, payload))
+        except Diverged as e:  # every rank sees the same all-reduced loss, so all stop together
+            outcome = ("diverged", str(e))
+        if rank == 0:
+            with open(out_path, "wb") as f:
+                pickle.dump(outcome, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def launch_ddp(cfg: RunConfig, job, payload=None):
+    """Run job(cfg, rank, payload) in cfg.devices processes; return rank 0's value.
+
+    A rank that raises fails the whole run with that rank's traceback; torch's spawn
+    terminates the other ranks, so no process is left behind.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        out_path = os.path.join(tmp, "rank0.pkl")
+        try:
+            mp.start_processes(_rank_main, args=(cfg.to_dict(), _free_port(), job, payload, out_path),
+                               nprocs=cfg.devices, join=True, start_method="spawn")
+        except mp.ProcessRaisedException as e:
+            raise RuntimeError(f"DDP rank {e.error_index} failed: {e}") from None
+        except mp.ProcessExitedException as e:
+            raise RuntimeError(f"DDP rank {e.error_index} died: {e}") from None
+        with open(out_path, "rb") as f:
+            status, value = pickle.load(f)
+    if status == "diverged":
+        raise Diverged(value)
+    return value
+
+
+def _train_job(cfg: RunConfig, rank: int, payload):
+    trainer = DDPTrainer(cfg, initial_weights(cfg), rank)
+    return run_training(trainer, cfg, datalib.load(cfg))
+
+
+def _steps_job(cfg: RunConfig, rank: int, payload):
+    weights, batches = payload
+    trainer = DDPTrainer(cfg, weights, rank)
+    return _apply_steps(trainer, batches)
+
+
+def _apply_steps(trainer, batches) -> dict[str, np.ndarray]:
+    trainer.reset()
+    for x, y in batches:
+        trainer.step(x, y)
+    trainer.sync()
+    return trainer.canonical()
+
+
+# ----------------------------------------------------------------------- entry points
+
+def run(cfg: RunConfig) -> dict:
+    """Train as the run config says; the metrics part of a result."""
+    check_supported(cfg)
+    if cfg.strategy == "ddp":
+        return launch_ddp(cfg, _train_job)
+    configure_threads(cfg, processes=1)
+    configure_precision()
+    trainer = TRAINERS[cfg.strategy](cfg, initial_weights(cfg))
+    return run_training(trainer, cfg, datalib.load(cfg))
+
+
+def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray],
+                batches: list, lr: float, device_kind: str = "cpu") -> dict[str, np.ndarray]:
+    """Apply len(batches) SGD steps from `weights`; the canonical weights afterwards (for tests and checks)."""
+    cfg = RunConfig(backend="torch", strategy=strategy, devices=n_devices, device_kind=device_kind,
+                    model=model, batch_size=len(batches[0][1]), lr=lr).validate()
+    check_supported(cfg)
+    if strategy == "ddp":
+        return launch_ddp(cfg, _steps_job, (weights, batches))
+    configure_precision()
+    return _apply_steps(TRAINERS[strategy](cfg, weights), batches)

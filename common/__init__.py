@@ -1,0 +1,1 @@
+"""Framework-free pieces shared by every backend: config, data, results, the training loop."""

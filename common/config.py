@@ -1,0 +1,85 @@
+"""The run config: everything one worker run needs, validated, and carried as JSON.
+
+The harness builds one RunConfig per (backend, strategy, device count), writes it to a
+file, and the backend's worker reads it back. Nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+
+MODELS = ("resnet18", "lenet")
+DATASETS = ("fashion-mnist", "synthetic")
+
+
+class ConfigError(ValueError):
+    """A request that cannot run. The message is one line, meant for the user."""
+
+
+@dataclass
+class RunConfig:
+    backend: str
+    strategy: str
+    devices: int                 # data-parallel replicas
+    device_kind: str = "cpu"     # "gpu" or "cpu"
+    simulated: bool = True       # CPU devices standing in for GPUs
+    model: str = "resnet18"
+    epochs: int = 2
+    batch_size: int = 256        # global batch, split evenly across the devices (as d2l)
+    lr: float = 0.1
+    train_size: int | None = None   # None: the whole split
+    test_size: int | None = None
+    eval_batch_size: int = 1000
+    dataset: str = "fashion-mnist"
+    data_dir: str | None = None
+    seed: int = 0
+    timeout: float = 3600.0
+    threads: int | None = None   # CPU threads per process; None: the framework's default
+
+    @property
+    def per_device_batch(self) -> int:
+        return self.batch_size // self.devices
+
+    def validate(self) -> "RunConfig":
+        if self.devices < 1:
+            raise ConfigError(f"--gpus must be at least 1 (got {self.devices})")
+        if self.model not in MODELS:
+            raise ConfigError(f"unknown model {self.model!r}; choose from {', '.join(MODELS)}")
+        if self.dataset not in DATASETS:
+            raise ConfigError(f"unknown dataset {self.dataset!r}; choose from {', '.join(DATASETS)}")
+        if self.epochs < 1:
+            raise ConfigError(f"--epochs must be at least 1 (got {self.epochs})")
+        if self.batch_size < self.devices:
+            raise ConfigError(f"--batch-size {self.batch_size} is smaller than the {self.devices} devices")
+        if self.batch_size % self.devices:
+            raise ConfigError(f"--batch-size {self.batch_size} cannot be split evenly across "
+                              f"{self.devices} devices (use a multiple of {self.devices})")
+        if not self.lr > 0:
+            raise ConfigError(f"--lr must be positive (got {self.lr})")
+        for name in ("train_size", "test_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")
+        if self.train_size is not None and self.train_size < self.batch_size:
+            raise ConfigError(f"--train-size {self.train_size} is smaller than one batch ({self.batch_size})")
+        if self.device_kind not in ("cpu", "gpu"):
+            raise ConfigError(f"unknown device kind {self.device_kind!r}")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def save(self, path) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, indent=2)
+
+    @classmethod
+    def load(cls, path) -> "RunConfig":
+        with open(path) as f:
+            return cls.from_dict(json.load(f)).validate()

@@ -1,0 +1,264 @@
+"""Fashion-MNIST: find, verify and read the IDX files, and cut them into batches.
+
+Batching lives here, in numpy, so that every backend and strategy sees the same
+batches in the same order: one seeded permutation per epoch, global batches of
+`batch_size` images, the last partial batch dropped (so every batch splits evenly
+across the devices).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import struct
+import tempfile
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+OFFICIAL_MIRROR = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
+ENV_VAR = "FASHION_MNIST_DIR"
+
+# SHA-256 of the *decompressed* IDX content: it holds however the files were
+# compressed (the Debian package recompresses them, so the official .gz MD5s differ).
+FILES = {
+    "train_images": ("train-images-idx3-ubyte", "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888"),
+    "train_labels": ("train-labels-idx1-ubyte", "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9"),
+    "test_images": ("t10k-images-idx3-ubyte", "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b"),
+    "test_labels": ("t10k-labels-idx1-ubyte", "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"),
+}
+
+CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+           "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+
+IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+class DataError(Exception):
+    """The dataset is missing, corrupt or cannot be fetched. The message says what to do."""
+
+
+# --------------------------------------------------------------------------- IDX
+
+def read_idx_bytes(raw: bytes) -> np.ndarray:
+    """Parse one IDX file (the MNIST format): magic 0x0000 <type> <ndim>, big-endian dims, data."""
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
+        raise DataError("not an IDX file (bad magic number)")
+    type_code, ndim = raw[2], raw[3]
+    if type_code not in IDX_DTYPES:
+        raise DataError(f"unknown IDX element type 0x{type_code:02x}")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError("truncated IDX header")
+    shape = struct.unpack(f">{ndim}I", raw[4:header])
+    dtype = np.dtype(IDX_DTYPES[type_code])
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if len(raw) - header != expected:
+        raise DataError(f"IDX size mismatch: header says {shape}, file holds {len(raw) - header} data bytes")
+    return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
+
+
+def read_raw(path: Path) -> bytes:
+    """Bytes of an IDX file, decompressing `.gz` transparently."""
+    with open(path, "rb") as f:
+        head = f.read(2)
+    opener = gzip.open if head == b"\x1f\x8b" else open
+    with opener(path, "rb") as f:
+        return f.read()
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    return read_idx_bytes(read_raw(Path(path)))
+
+
+# ---------------------------------------------------------------------- locating
+
+def _file_in(directory: Path, stem: str) -> Path | None:
+    for name in (stem, stem + ".gz"):
+        if (directory / name).is_file():
+            return directory / name
+    return None
+
+
+def has_all_files(directory: Path) -> bool:
+    return all(_file_in(directory, stem) for stem, _ in FILES.values())
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dpbench" / "fashion-mnist"
+
+
+def candidate_dirs(data_dir: str | None = None) -> list[tuple[str, Path]]:
+    """Where the files are looked for, in order (DESIGN: --data-dir, env, Debian package, cache)."""
+    found = []
+    if data_dir:
+        found.append(("--data-dir", Path(data_dir)))
+    if os.environ.get(ENV_VAR):
+        found.append((f"${ENV_VAR}", Path(os.environ[ENV_VAR])))
+    found.append(("Debian package dataset-fashion-mnist", DEBIAN_DIR))
+    found.append(("user cache", cache_dir()))
+    return found
+
+
+def locate(data_dir: str | None = None) -> Path:
+    """The directory holding the four files. An explicit --data-dir must hold them."""
+    if data_dir is not None:
+        d = Path(data_dir)
+        if not d.is_dir():
+            raise DataError(f"--data-dir {data_dir} does not exist")
+        if not has_all_files(d):
+            missing = [stem for stem, _ in FILES.values() if not _file_in(d, stem)]
+            raise DataError(f"--data-dir {data_dir} lacks Fashion-MNIST files: {', '.join(missing)}")
+        return d
+    for _, d in candidate_dirs():
+        if has_all_files(d):
+            return d
+    raise DataError(
+        "Fashion-MNIST not found (looked in $FASHION_MNIST_DIR, "
+        f"{DEBIAN_DIR}, {cache_dir()}); install it with `apt-get install dataset-fashion-mnist`, "
+        "pass --data-dir, or let the harness download it (needs network)")
+
+
+def download(dest: Path | None = None, mirror: str = OFFICIAL_MIRROR) -> Path:
+    """Fetch the four files from the official mirror into the cache, verifying each checksum."""
+    dest = dest or cache_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    for stem, sha in FILES.values():
+        target = dest / (stem + ".gz")
+        if target.is_file():
+            continue
+        url = mirror + stem + ".gz"
+        try:
+            with urllib.request.urlopen(url, timeout=60) as r:
+                payload = r.read()
+        except OSError as e:
+            raise DataError(f"could not download {url}: {e}; install `dataset-fashion-mnist` or pass --data-dir") from e
+        actual = hashlib.sha256(gzip.decompress(payload)).hexdigest()
+        if actual != sha:
+            raise DataError(f"checksum mismatch for downloaded {url}: {actual} != {sha}")
+        fd, tmp = tempfile.mkstemp(dir=dest, suffix=".part")
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, target)
+    return dest
+
+
+def locate_or_download(data_dir: str | None = None) -> Path:
+    if data_dir is not None:
+        return locate(data_dir)
+    try:
+        return locate()
+    except DataError as not_found:
+        try:
+            return download()
+        except DataError as e:
+            raise DataError(f"{not_found}. Download failed too: {e}") from None
+
+
+# ---------------------------------------------------------------------- loading
+
+@dataclass(frozen=True)
+class Dataset:
+    """Images as float32 NCHW in [0, 1] (as d2l's ToTensor), labels as int32."""
+    name: str
+    source: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+    @property
+    def image_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+
+def _load_verified(directory: Path, key: str, verify: bool) -> np.ndarray:
+    stem, sha = FILES[key]
+    path = _file_in(directory, stem)
+    if path is None:
+        raise DataError(f"{directory} lacks {stem}")
+    raw = read_raw(path)
+    if verify:
+        actual = hashlib.sha256(raw).hexdigest()
+        if actual != sha:
+            raise DataError(f"checksum mismatch for {path}: got {actual[:16]}..., expected {sha[:16]}...")
+    return read_idx_bytes(raw)
+
+
+def _images(u8: np.ndarray) -> np.ndarray:
+    return (u8.astype(np.float32) / 255.0)[:, None, :, :]
+
+
+def load_fashion_mnist(directory: Path, train_size: int | None = None, test_size: int | None = None,
+                       verify: bool = True) -> Dataset:
+    """Read and verify the four files; keep the first train_size / test_size examples."""
+    parts = {key: _load_verified(directory, key, verify) for key in FILES}
+    return Dataset(
+        name="fashion-mnist", source=str(directory),
+        x_train=_images(parts["train_images"][:train_size]),
+        y_train=parts["train_labels"][:train_size].astype(np.int32),
+        x_test=_images(parts["test_images"][:test_size]),
+        y_test=parts["test_labels"][:test_size].astype(np.int32))
+
+
+def synthetic(train_size: int, test_size: int, seed: int = 0) -> Dataset:
+    """Random images with a learnable label (the brightest quadrant). Only for smoke runs, and labelled so."""
+    rng = np.random.default_rng(seed)
+
+    def make(n):
+        x = rng.random((n, 1, 28, 28), dtype=np.float32)
+        quadrants = x[:, 0].reshape(n, 2, 14, 2, 14).mean(axis=(2, 4)).reshape(n, 4)
+        return x, (quadrants.argmax(axis=1) + 4 * (x[:, 0, 0, 0] > 0.5)).astype(np.int32)
+
+    x_train, y_train = make(train_size)
+    x_test, y_test = make(test_size)
+    return Dataset("synthetic", "generated (synthetic; not Fashion-MNIST)", x_train, y_train, x_test, y_test)
+
+
+def load(cfg) -> Dataset:
+    """The dataset a run config asks for."""
+    if cfg.dataset == "synthetic":
+        return synthetic(cfg.train_size or 60000, cfg.test_size or 10000, cfg.seed)
+    return load_fashion_mnist(Path(cfg.data_dir), cfg.train_size, cfg.test_size)
+
+
+# ---------------------------------------------------------------------- batching
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The order of training examples in one epoch: a function of (seed, epoch) only."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def steps_per_epoch(n: int, batch_size: int) -> int:
+    return n // batch_size
+
+
+def train_batches(data: Dataset, batch_size: int, seed: int, epoch: int):
+    """Yield (x, y) global batches for one epoch. The shuffled copy is made up front so
+    that, inside a timed epoch, a batch is a contiguous slice (no gather)."""
+    order = epoch_permutation(len(data.y_train), seed, epoch)
+    x, y = data.x_train[order], data.y_train[order]
+    for i in range(steps_per_epoch(len(y), batch_size)):
+        yield x[i * batch_size:(i + 1) * batch_size], y[i * batch_size:(i + 1) * batch_size]
+
+
+def test_batches(data: Dataset, batch_size: int):
+    for i in range(0, len(data.y_test), batch_size):
+        yield data.x_test[i:i + batch_size], data.y_test[i:i + batch_size]
+
+
+def batch_sequence_hash(data: Dataset, batch_size: int, seed: int, epochs: int) -> str:
+    """Fingerprint of the exact training sequence (data content, order and batching)."""
+    h = hashlib.sha256()
+    h.update(f"{data.name}|{data.x_train.shape}|{batch_size}|{epochs}".encode())
+    h.update(np.ascontiguousarray(data.x_train).tobytes())
+    h.update(data.y_train.tobytes())
+    n_used = steps_per_epoch(len(data.y_train), batch_size) * batch_size
+    for epoch in range(epochs):
+        h.update(epoch_permutation(len(data.y_train), seed, epoch)[:n_used].astype(np.int64).tobytes())
+    return h.hexdigest()

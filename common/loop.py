@@ -1,0 +1,127 @@
+"""The one training loop and timing rule, used by every backend and strategy.
+
+A backend supplies a Trainer; this module decides what is timed and how:
+
+* warm-up / compile: one step on the first batch, closed by a device barrier, timed
+  apart; then the trainer is reset to the initial weights, so the warm-up changes
+  nothing about the training that follows;
+* an epoch's time runs from a barrier before its first step to a barrier after its
+  last; host->device copies of the batches are inside it (as in d2l), batch assembly
+  (one numpy permutation per epoch) is outside;
+* loss / accuracy are read back only after the epoch's timer has stopped, so the
+  loop never forces a device sync mid-epoch;
+* evaluation is outside epoch time;
+* with several processes, each epoch's time is the slowest rank's.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Iterable, Protocol
+
+from common import data as datalib
+from common import progress
+
+
+class Unsupported(Exception):
+    """The request cannot run here (e.g. nn.DataParallel without CUDA). Reported as unavailable."""
+
+
+class Diverged(Exception):
+    """The training loss became NaN or infinite."""
+
+
+class Trainer(Protocol):
+    """What a backend strategy provides to the loop."""
+
+    n_devices: int
+    rank: int           # 0 in single-process strategies; only rank 0 reports progress
+
+    def reset(self) -> None:
+        """Load the run's initial weights (and clear optimizer state)."""
+
+    def step(self, x, y) -> Any:
+        """One synchronous data-parallel SGD step on a *global* numpy batch; returns a
+        handle to (loss sum, correct count) for this step, not yet read back."""
+
+    def sync(self) -> None:
+        """Device barrier: returns when all queued work on every device is done."""
+
+    def collect(self, handles: list) -> tuple[float, float]:
+        """(sum of per-example losses, correct predictions) over the handles, all devices and ranks."""
+
+    def evaluate(self, batches: Iterable) -> tuple[int, int]:
+        """(correct, total) on the test batches, after making BatchNorm statistics identical."""
+
+    def slowest(self, seconds: float) -> float:
+        """The largest `seconds` across ranks (identity for one process)."""
+
+    def param_count(self) -> int:
+        ...
+
+    def memory(self) -> dict:
+        """Peak device memory where the framework exposes it ({} otherwise)."""
+
+
+def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
+    """Warm up, train cfg.epochs epochs, evaluate after each; return the metrics part of a result."""
+    report = trainer.rank == 0
+    steps = datalib.steps_per_epoch(len(dataset.y_train), cfg.batch_size)
+
+    trainer.reset()
+    x0, y0 = next(datalib.train_batches(dataset, cfg.batch_size, cfg.seed, 0))
+    trainer.sync()
+    start = time.perf_counter()
+    trainer.step(x0, y0)
+    trainer.sync()
+    compile_s = trainer.slowest(time.perf_counter() - start)
+    trainer.reset()
+    if report:
+        progress.emit("warmup", seconds=compile_s)
+
+    epochs = []
+    for epoch in range(cfg.epochs):
+        batches = datalib.train_batches(dataset, cfg.batch_size, cfg.seed, epoch)
+        handles = []
+        last_emit = 0.0
+        trainer.sync()
+        start = time.perf_counter()
+        for i, (x, y) in enumerate(batches):
+            handles.append(trainer.step(x, y))
+            now = time.perf_counter()
+            if report and now - last_emit > 0.5:
+                progress.emit("step", epoch=epoch + 1, epochs=cfg.epochs, step=i + 1, steps=steps)
+                last_emit = now
+        trainer.sync()
+        seconds = trainer.slowest(time.perf_counter() - start)
+
+        loss_sum, correct = trainer.collect(handles)
+        images = steps * cfg.batch_size
+        train_loss = loss_sum / images
+        if not math.isfinite(train_loss):
+            raise Diverged(f"training loss became {train_loss} in epoch {epoch + 1}")
+        test_correct, test_total = trainer.evaluate(datalib.test_batches(dataset, cfg.eval_batch_size))
+        record = {
+            "epoch": epoch + 1,
+            "time_s": seconds,
+            "steps": steps,
+            "images": images,
+            "images_per_s": images / seconds,
+            "train_loss": train_loss,
+            "train_acc": correct / images,
+            "test_acc": test_correct / test_total,
+        }
+        epochs.append(record)
+        if report:
+            progress.emit("epoch", **record, epochs=cfg.epochs)
+
+    return {
+        "epochs": epochs,
+        "compile_s": compile_s,
+        "params": trainer.param_count(),
+        "memory": trainer.memory(),
+        "data_hash": datalib.batch_sequence_hash(dataset, cfg.batch_size, cfg.seed, cfg.epochs),
+        "test_examples": len(dataset.y_test),
+        "train_examples": len(dataset.y_train),
+    }

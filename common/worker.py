@@ -1,0 +1,44 @@
+"""The worker entry point every backend shares: `python -m backends.<name> --config C --result R`.
+
+It reads the run config, asks the backend to describe its environment and to run,
+and writes exactly one result file (atomically), whatever happens. Exit status:
+0 ok, 1 the run failed, diverged or was unavailable (the result says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+
+from common.config import RunConfig
+from common.loop import Diverged, Unsupported
+from common.results import new_result, tail, write_json_atomic
+
+
+def main(backend, argv=None) -> int:
+    """`backend` is a backend package: it provides environment(cfg) -> dict and run(cfg) -> dict."""
+    parser = argparse.ArgumentParser(prog=f"python -m {backend.__name__}")
+    parser.add_argument("--config", required=True, help="run-config JSON written by the harness")
+    parser.add_argument("--result", required=True, help="where to write the result JSON")
+    args = parser.parse_args(argv)
+
+    cfg = RunConfig.load(args.config)
+    result = new_result(cfg.to_dict())
+    try:
+        result["environment"] = backend.environment(cfg)
+        result.update(backend.run(cfg))
+        result["status"] = "ok"
+    except Unsupported as e:
+        result["status"], result["error"] = "unavailable", str(e)
+    except Diverged as e:
+        result["status"], result["error"] = "diverged", str(e)
+    except Exception as e:  # the harness needs the reason, not a dead process
+        traceback.print_exc()
+        result["status"], result["error"] = "failed", tail(f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
+    write_json_atomic(args.result, result)
+    return 0 if result["status"] == "ok" else 1
+
+
+def run_module(backend) -> None:
+    sys.exit(main(backend))
