@@ -21,7 +21,8 @@ import time
 from typing import Any, Iterable, Protocol
 
 from common import data as datalib
-from common import progress
+from common import progress, sysinfo
+from common.weights import fingerprint
 
 
 class Unsupported(Exception):
@@ -37,6 +38,7 @@ class Trainer(Protocol):
 
     n_devices: int
     rank: int           # 0 in single-process strategies; only rank 0 reports progress
+    weights: dict       # the initial weights, canonical numpy arrays (common/weights.py)
 
     def reset(self) -> None:
         """Load the run's initial weights (and clear optimizer state)."""
@@ -120,7 +122,8 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
         "epochs": epochs,
         "compile_s": compile_s,
         "params": trainer.param_count(),
-        "memory": trainer.memory(),
+        "weights_hash": fingerprint(trainer.weights),
+        "memory": {**trainer.memory(), "peak_host_rss_mb": sysinfo.peak_rss_mb()},
         "data_hash": datalib.batch_sequence_hash(dataset, cfg.batch_size, cfg.seed, cfg.epochs),
         "test_examples": len(dataset.y_test),
         "train_examples": len(dataset.y_train),

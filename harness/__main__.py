@@ -1,0 +1,9 @@
+import sys
+
+from harness.envs import bootstrap
+
+bootstrap(sys.argv[1:])  # re-runs inside .venvs/harness/ if this Python lacks numpy/matplotlib
+
+from harness.cli import main  # noqa: E402
+
+sys.exit(main())

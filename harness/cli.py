@@ -1,0 +1,323 @@
+"""`python -m harness`: validate the request, run every (backend, strategy, devices), write the report."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common import data as datalib
+from common.config import DATASETS, MODELS, ConfigError, RunConfig
+from harness import devices as devicelib
+from harness import envs, registry, report, runner
+
+DEFAULT_TIMEOUT = 3600.0
+
+# d2l's recipe (GPU) and a quick CPU preset that finishes in a few minutes on 2 cores.
+# Batch and learning rate are per device and scale with the device count, as d2l does
+# (bs 256 / lr 0.1 on one GPU, bs 512 / lr 0.2 on two); --batch-size / --lr fix them instead.
+PRESETS = {
+    "d2l": {"title": "d2l recipe", "model": "resnet18", "epochs": 10, "batch_per_device": 256,
+            "lr_per_device": 0.1, "train_size": None, "test_size": None},
+    "quick": {"title": "CPU quick preset (data subset)", "model": "resnet18", "epochs": 2,
+              "batch_per_device": 32, "lr_per_device": 0.05, "train_size": 2048, "test_size": 1000},
+}
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        raise UsageError(f"{message} (see --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(
+        prog="python -m harness",
+        description="Train the same ResNet-18 (or LeNet) on the same Fashion-MNIST batches with synchronous "
+                    "data parallelism in PyTorch, JAX and MXNet, time every run with one rule, and write a "
+                    "Markdown report under reports/.",
+        epilog="Subcommands: `python -m harness test` runs the test suite (each backend inside its own "
+               "environment). Examples: `python -m harness --backend torch --gpus 2`, "
+               "`python -m harness --backend all --gpus 1,2 --strategy ddp,pmap`.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--backend", default="all", help="torch (alias pytorch), jax, mxnet, all, or a comma list")
+    p.add_argument("--gpus", default=None,
+                   help="data-parallel devices: a count (2) or a sweep (1,2,4). Default: 1,2 "
+                        "(1 with a single GPU). Without GPUs these are simulated CPU devices")
+    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
+                   help="auto: the GPUs if any are visible, else simulated CPU devices")
+    p.add_argument("--strategy", default=None,
+                   help="comma list (torch: scratch, dp, ddp). Default: every strategy that runs on this hardware")
+    p.add_argument("--preset", choices=("auto", *PRESETS), default="auto",
+                   help="d2l: 10 epochs, full data, batch 256 and lr 0.1 per device; quick: 2 epochs on "
+                        "2,048/1,000 images, batch 32 and lr 0.05 per device. auto: d2l on GPUs, quick on CPU")
+    p.add_argument("--model", choices=MODELS, default=None, help="network (default: the preset's, resnet18)")
+    p.add_argument("--epochs", type=int, default=None, help="epochs (default: the preset's)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="global batch, split evenly across the devices (default: the preset's per-device batch x devices)")
+    p.add_argument("--lr", type=float, default=None, help="SGD learning rate (default: the preset's per-device lr x devices)")
+    p.add_argument("--train-size", type=int, default=None, help="train on the first N training images (default: the preset's)")
+    p.add_argument("--test-size", type=int, default=None, help="evaluate on the first N test images (default: the preset's)")
+    p.add_argument("--dataset", choices=DATASETS, default="fashion-mnist",
+                   help="synthetic: random images for smoke runs, labelled as such in the report")
+    p.add_argument("--data-dir", default=None, help="directory with the four Fashion-MNIST IDX files (.gz or not)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and of the batch order")
+    p.add_argument("--out", default="reports", help="reports are written to OUT/<run-id>/")
+    p.add_argument("--python", action="append", default=[], metavar="BACKEND=PATH",
+                   help="run BACKEND with this interpreter (it must have the framework) instead of .venvs/BACKEND/")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds before a run is killed")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads per worker process (default: the cores shared among the processes)")
+    p.add_argument("--list", action="store_true", help="show the backends, strategies and devices, then exit")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, only a line per finished run")
+    return p
+
+
+# ------------------------------------------------------------------------- parsing
+
+def parse_backends(text: str) -> list[str]:
+    names = []
+    for part in text.split(","):
+        if part.strip().lower() == "all":
+            names += registry.KNOWN
+            continue
+        name = registry.canonical_name(part)
+        if name is None:
+            raise UsageError(f"unknown backend {part.strip()!r}; choose from torch (pytorch), jax, mxnet, all")
+        names.append(name)
+    return list(dict.fromkeys(names))
+
+
+def parse_gpus(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--gpus takes a device count or a list like 1,2,4 (got {text!r})") from None
+    if not counts:
+        raise UsageError("--gpus needs at least one device count")
+    for n in counts:
+        if n < 1:
+            raise UsageError(f"--gpus must be at least 1 (got {n})")
+    return sorted(set(counts))
+
+
+def parse_pythons(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        backend = registry.canonical_name(name) if sep else None
+        if backend is None or not path:
+            raise UsageError(f"--python takes BACKEND=PATH, e.g. torch=/usr/bin/python3 (got {item!r})")
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise UsageError(f"--python {name}: {path} is not an executable file")
+        out[backend] = path
+    return out
+
+
+# --------------------------------------------------------------------------- plan
+
+@dataclass
+class Plan:
+    configs: list[RunConfig] = field(default_factory=list)
+    not_run: list[tuple[RunConfig, str]] = field(default_factory=list)   # with the reason
+    backends: dict[str, registry.Backend] = field(default_factory=dict)
+    pythons: dict[str, str] = field(default_factory=dict)
+    preset: str = ""
+    device_kind: str = "cpu"
+    gpus: list[str] = field(default_factory=list)
+    data_source: str = ""
+
+
+def choose_devices(args) -> tuple[str, list[str]]:
+    gpus = devicelib.visible_gpus() if args.device != "cpu" else []
+    if args.device == "gpu" and not gpus:
+        raise UsageError("--device gpu: no GPU is visible (nvidia-smi finds none)")
+    return ("gpu" if gpus else "cpu"), gpus
+
+
+def check_device_counts(counts: list[int], kind: str, gpus: list[str]) -> None:
+    if kind == "gpu" and max(counts) > len(gpus):
+        listed = "; ".join(f"{i}: {g}" for i, g in enumerate(gpus))
+        raise UsageError(f"--gpus {max(counts)} asks for more devices than the {len(gpus)} visible GPU(s) ({listed})")
+    if kind == "cpu" and max(counts) > devicelib.MAX_SIMULATED:
+        raise UsageError(f"--gpus {max(counts)}: at most {devicelib.MAX_SIMULATED} simulated CPU devices")
+
+
+def select_strategies(args, backends: dict[str, registry.Backend], kind: str):
+    """{backend: [(strategy, reason-not-run or None)]}, refusing what cannot run if it was asked for."""
+    asked = [s.strip() for s in args.strategy.split(",") if s.strip()] if args.strategy else None
+    if asked:
+        implemented = [b for b in backends.values() if b.implemented]
+        for s in asked:
+            if implemented and not any(s in b.strategies for b in implemented):
+                offered = "; ".join(f"{b.name}: {', '.join(b.strategies)}" for b in implemented)
+                raise UsageError(f"unknown strategy {s!r} for the selected backends ({offered})")
+    chosen = {}
+    for b in backends.values():
+        if not b.implemented:
+            chosen[b.name] = []
+            continue
+        picks = []
+        for s in (asked or list(b.strategies)):
+            if s not in b.strategies:
+                continue
+            needs = b.strategies[s].requires
+            reason = None
+            if needs == "cuda" and kind != "gpu":
+                reason = f"{b.name} {s} needs CUDA GPUs; none is present ({b.strategies[s].summary})"
+                if asked:
+                    raise UsageError(f"strategy {s!r} cannot run here: {reason}")
+            picks.append((s, reason))
+        chosen[b.name] = picks
+    return chosen
+
+
+def resolve_data(args) -> tuple[str | None, str]:
+    if args.dataset == "synthetic":
+        return None, "synthetic (random images; not Fashion-MNIST)"
+    try:
+        path = datalib.locate_or_download(args.data_dir)
+    except datalib.DataError as e:
+        raise UsageError(str(e)) from None
+    return str(path), f"Fashion-MNIST IDX files in {path} (SHA-256 verified by each worker)"
+
+
+def build_plan(args) -> Plan:
+    names = parse_backends(args.backend)
+    pythons = parse_pythons(args.python)
+    kind, gpus = choose_devices(args)
+    counts = parse_gpus(args.gpus) if args.gpus else ([1, 2] if kind == "cpu" or len(gpus) >= 2 else [1])
+    check_device_counts(counts, kind, gpus)
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive (got {args.timeout})")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be at least 1 (got {args.threads})")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UsageError(f"--out {args.out} exists and is not a directory")
+
+    preset_name = args.preset if args.preset != "auto" else ("d2l" if kind == "gpu" else "quick")
+    preset = PRESETS[preset_name]
+    backends = {n: registry.load(n) for n in names}
+    strategies = select_strategies(args, backends, kind)
+    data_dir, data_source = resolve_data(args)
+
+    plan = Plan(backends=backends, pythons=pythons, device_kind=kind, gpus=gpus, data_source=data_source,
+                preset=preset["title"])
+    for name in names:
+        for strategy, reason in strategies[name] or [("-", backends[name].reason)]:
+            for n in counts:
+                cfg = RunConfig(
+                    backend=name, strategy=strategy, devices=n, device_kind=kind, simulated=(kind == "cpu"),
+                    model=args.model or preset["model"],
+                    epochs=args.epochs if args.epochs is not None else preset["epochs"],
+                    batch_size=args.batch_size if args.batch_size is not None else preset["batch_per_device"] * n,
+                    lr=args.lr if args.lr is not None else preset["lr_per_device"] * n,
+                    train_size=args.train_size if args.train_size is not None else preset["train_size"],
+                    test_size=args.test_size if args.test_size is not None else preset["test_size"],
+                    dataset=args.dataset, data_dir=data_dir, seed=args.seed, timeout=args.timeout,
+                    threads=args.threads)
+                try:
+                    cfg.validate()
+                except ConfigError as e:
+                    raise UsageError(str(e)) from None
+                if reason:
+                    plan.not_run.append((cfg, reason))
+                else:
+                    plan.configs.append(cfg)
+    return plan
+
+
+# ---------------------------------------------------------------------------- run
+
+def print_listing(plan: Plan) -> None:
+    where = f"{len(plan.gpus)} GPU(s): " + ", ".join(plan.gpus) if plan.gpus else "no GPU: devices are simulated on the CPU"
+    print(f"Devices: {where}")
+    for b in registry.all_backends().values():
+        if not b.implemented:
+            print(f"  {b.name:6} unavailable: {b.reason}")
+            continue
+        for s in b.strategies.values():
+            needs = f" [needs {s.requires}]" if s.requires else ""
+            print(f"  {b.name:6} {s.name:8} {s.summary}{needs}")
+
+
+def backend_python(name: str, plan: Plan, say) -> str:
+    if name in plan.pythons:
+        return plan.pythons[name]
+    return str(envs.ensure(name, plan.backends[name].requirements, say=say))
+
+
+def execute(plan: Plan, workdir: Path, console: runner.Console) -> list[dict]:
+    """Run every planned config; never lets one failure stop the others."""
+    results = [runner.not_run_result(cfg, "unavailable", reason) for cfg, reason in plan.not_run]
+    pending = list(plan.configs)
+    pythons: dict[str, str | Exception] = {}
+    try:
+        while pending:
+            cfg = pending[0]
+            if cfg.backend not in pythons:
+                try:
+                    pythons[cfg.backend] = backend_python(cfg.backend, plan, console.say)
+                except envs.EnvError as e:
+                    pythons[cfg.backend] = e
+            python = pythons[cfg.backend]
+            if isinstance(python, Exception):
+                result = runner.not_run_result(cfg, "unavailable", f"environment setup failed: {python}")
+                console.finished(cfg, result)
+            else:
+                result = runner.run(cfg, python, workdir, console)
+            results.append(result)
+            pending.pop(0)
+    except KeyboardInterrupt:
+        console.say("Interrupted: writing the report with the runs finished so far")
+        results += [runner.not_run_result(c, "interrupted", "interrupted by the user") for c in pending]
+    return results
+
+
+def run_benchmark(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    plan = build_plan(args)
+    if args.list:
+        print_listing(plan)
+        return 0
+    console = runner.Console(quiet=args.quiet)
+    devices = f"{len(plan.gpus)} visible GPU(s)" if plan.device_kind == "gpu" else "simulated CPU devices (no GPU)"
+    cfg0 = (plan.configs or [c for c, _ in plan.not_run])[0]
+    console.say(f"Preset: {plan.preset}: {cfg0.model}, {cfg0.epochs} epoch(s), "
+                f"train {cfg0.train_size or 'all'} / test {cfg0.test_size or 'all'} images, {devices}; "
+                f"{len(plan.configs)} run(s)")
+    meta = {
+        "command": "python -m harness " + " ".join(shlex.quote(a) for a in argv),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "preset": plan.preset,
+        "device_kind": plan.device_kind,
+        "gpus": plan.gpus,
+        "data_source": plan.data_source,
+        "backends": sorted(plan.backends),
+    }
+    with report.Staging(Path(args.out), sorted(plan.backends)) as staging:
+        results = execute(plan, staging.path, console)
+        meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        final = staging.commit(results, meta)
+    console.say(f"Report: {final / 'report.md'}")
+    bad = [r for r in results if r["status"] not in ("ok", "unavailable")]
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv[:1] == ["test"]:
+            from harness import testing
+            return testing.main(argv[1:])
+        return run_benchmark(argv)
+    except UsageError as e:
+        print(f"harness: error: {e}", file=sys.stderr)
+        return 2

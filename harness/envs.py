@@ -1,0 +1,100 @@
+"""Per-backend Python environments in .venvs/<name>/, built from pinned requirements.
+
+An environment is built in place with venv + pip and is usable only once its stamp
+(a hash of the requirements and the interpreter) is written, last. A missing or stale
+stamp means: delete and rebuild. So a half-built environment is never used, and a
+change of pins rebuilds it. Standard library only: this also bootstraps the harness.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENVS = ROOT / ".venvs"
+STAMP = ".dpbench-stamp"
+# The interpreter environments are made from: the base one, also when the harness itself
+# runs inside .venvs/harness/, so that the stamp does not change with how it was started.
+BASE_PYTHON = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+
+
+class EnvError(Exception):
+    """The environment could not be built; the message holds the reason and pip's tail."""
+
+
+def venv_python(name: str) -> Path:
+    return VENVS / name / "bin" / "python"
+
+
+def stamp_for(requirements: Path, base_python: str) -> str:
+    h = hashlib.sha256()
+    h.update(requirements.read_bytes())
+    h.update(f"|{base_python}|{sys.version_info[:3]}".encode())
+    return h.hexdigest()
+
+
+def is_current(name: str, requirements: Path, base_python: str = BASE_PYTHON) -> bool:
+    stamp = VENVS / name / STAMP
+    return venv_python(name).exists() and stamp.is_file() and \
+        stamp.read_text().strip() == stamp_for(requirements, base_python)
+
+
+def ensure(name: str, requirements: Path, say=print, base_python: str = BASE_PYTHON) -> Path:
+    """The interpreter of .venvs/<name>/, building or rebuilding it if its pins changed."""
+    VENVS.mkdir(exist_ok=True)
+    with open(VENVS / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two harness runs never build the same env at once
+        if is_current(name, requirements, base_python):
+            return venv_python(name)
+        target = VENVS / name
+        if target.exists():
+            say(f"Rebuilding .venvs/{name}/ ({requirements.relative_to(ROOT)} changed)")
+            shutil.rmtree(target)
+        else:
+            say(f"Creating .venvs/{name}/ from {requirements.relative_to(ROOT)} (first use; takes a few minutes)")
+        log = VENVS / f"{name}.pip.log"
+        with open(log, "w") as out:
+            steps = ([base_python, "-m", "venv", str(target)],
+                     [str(venv_python(name)), "-m", "pip", "install", "--disable-pip-version-check",
+                      "-r", str(requirements)])
+            for cmd in steps:
+                if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode:
+                    tail = log.read_text()[-1500:]
+                    raise EnvError(f"building .venvs/{name}/ failed at `{' '.join(cmd[-3:])}` "
+                                   f"(full log: {log.relative_to(ROOT)}):\n{tail}")
+        (target / STAMP).write_text(stamp_for(requirements, base_python) + "\n")
+        return venv_python(name)
+
+
+# ------------------------------------------------------------------- the harness's own
+
+HARNESS_REQUIREMENTS = ROOT / "harness" / "requirements.txt"
+
+
+def _missing(modules: list[str]) -> list[str]:
+    import importlib.util
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def bootstrap(argv: list[str]) -> None:
+    """Re-run the harness inside .venvs/harness/ when this interpreter lacks its dependencies.
+
+    So that `python -m harness ...` works on a fresh machine with nothing but Python;
+    with `pip install -e .[test]` done, nothing happens here.
+    """
+    needed = ["numpy", "matplotlib"] + (["pytest"] if argv[:1] == ["test"] else [])
+    if not _missing(needed) or os.environ.get("DPBENCH_BOOTSTRAPPED"):
+        return
+    try:
+        python = ensure("harness", HARNESS_REQUIREMENTS, say=lambda m: print(m, file=sys.stderr))
+    except EnvError as e:
+        print(f"harness: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    os.environ["DPBENCH_BOOTSTRAPPED"] = "1"
+    os.execv(str(python), [str(python), "-m", "harness", *argv])

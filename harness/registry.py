@@ -1,0 +1,54 @@
+"""The backends the suite knows, read from backends/<name>/backend.toml (never by importing them)."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.envs import ROOT
+
+BACKENDS_DIR = ROOT / "backends"
+KNOWN = ("torch", "jax", "mxnet")       # the suite's backends, implemented or not yet
+ALIASES = {"pytorch": "torch"}
+
+
+@dataclass
+class Strategy:
+    name: str
+    summary: str
+    requires: str | None = None          # "cuda": refused where no GPU is present
+
+
+@dataclass
+class Backend:
+    name: str
+    display: str
+    implemented: bool
+    strategies: dict[str, Strategy] = field(default_factory=dict)
+    reason: str = ""                      # why it is unavailable, when it is
+
+    @property
+    def requirements(self) -> Path:
+        return BACKENDS_DIR / self.name / "requirements.txt"
+
+
+def load(name: str) -> Backend:
+    meta = BACKENDS_DIR / name / "backend.toml"
+    if not meta.is_file():
+        return Backend(name, name, implemented=False,
+                       reason=f"the {name} backend is not implemented in this version of the suite")
+    with open(meta, "rb") as f:
+        d = tomllib.load(f)
+    strategies = {k: Strategy(k, v.get("summary", ""), v.get("requires")) for k, v in d.get("strategies", {}).items()}
+    return Backend(d["name"], d.get("display", d["name"]), True, strategies)
+
+
+def all_backends() -> dict[str, Backend]:
+    return {name: load(name) for name in KNOWN}
+
+
+def canonical_name(name: str) -> str | None:
+    name = name.strip().lower()
+    name = ALIASES.get(name, name)
+    return name if name in KNOWN else None

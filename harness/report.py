@@ -1,0 +1,298 @@
+"""The report: reports/<run-id>/report.md with results.json, plots and the workers' logs.
+
+Everything is written into a hidden staging directory and renamed into place at the
+end, so a report directory is either complete or absent; an existing report is never
+overwritten (the run id gets a suffix instead).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+from common.results import SCHEMA_VERSION, summary, write_json_atomic
+
+# d2l's published figures (10 epochs, V100-class GPUs, FP32, test accuracy of the last epoch).
+D2L_REFERENCE = [
+    ("ResNet-18, MXNet Gluon Trainer (bs 256/lr 0.1, then bs 512/lr 0.2)", "13.1 s/epoch, 0.93", "6.8 s/epoch, 0.92"),
+    ("ResNet-18, PyTorch nn.DataParallel", "12.2-14.2 s/epoch, 0.91", "7.5-9.3 s/epoch, 0.73-0.86"),
+    ("LeNet from scratch, PyTorch (bs 256, lr 0.2)", "3.0 s/epoch, 0.83", "2.8 s/epoch, 0.84"),
+]
+
+STATUS_NOTE = {
+    "failed": "failed", "timeout": "timed out", "diverged": "diverged",
+    "unavailable": "not run", "interrupted": "interrupted",
+}
+
+
+class Staging:
+    """`with Staging(out, backends) as s: ...; s.commit(results, meta)` -> the final directory."""
+
+    def __init__(self, out: Path, backends: list[str]):
+        self.out = out
+        self.run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + ("all" if len(backends) > 2 else "-".join(backends))
+        self.path = out / f".tmp-{self.run_id}"
+
+    def __enter__(self) -> "Staging":
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.path.mkdir()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.path.exists():
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def commit(self, results: list[dict], meta: dict) -> Path:
+        write(self.path, results, {**meta, "run_id": self.run_id})
+        final = self.out / self.run_id
+        n = 2
+        while final.exists():
+            final = self.out / f"{self.run_id}-{n}"
+            n += 1
+        self.path.rename(final)
+        return final
+
+
+# ------------------------------------------------------------------------ numbers
+
+def key(r: dict) -> tuple:
+    c = r["config"]
+    return c["backend"], c["strategy"], c["devices"]
+
+
+def with_scaling(results: list[dict]) -> list[dict]:
+    """Attach summary numbers, speed-up and efficiency against the 1-device run of the same backend/strategy."""
+    rows = []
+    base = {}
+    for r in results:
+        s = summary(r) if r["status"] == "ok" else {}
+        if s and r["config"]["devices"] == 1:
+            base[key(r)[:2]] = s["images_per_s"]
+    for r in results:
+        s = summary(r) if r["status"] == "ok" else {}
+        b = base.get(key(r)[:2])
+        if s and b:
+            s["speedup"] = s["images_per_s"] / b
+            s["efficiency"] = s["speedup"] / r["config"]["devices"]
+        rows.append({"result": r, **s})
+    rows.sort(key=lambda row: key(row["result"]))
+    return rows
+
+
+def fmt(value, spec: str, missing: str = "—") -> str:
+    return missing if value is None else format(value, spec)
+
+
+# --------------------------------------------------------------------------- plots
+
+def plot_accuracy(rows: list[dict], path: Path) -> bool:
+    ok = [row for row in rows if row["result"]["status"] == "ok"]
+    if not ok:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for row in ok:
+        r = row["result"]
+        epochs = [e["epoch"] for e in r["epochs"]]
+        ax.plot(epochs, [e["test_acc"] for e in r["epochs"]], marker="o", label=" ".join(map(str, key(r))) + " dev")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("Test accuracy per epoch")
+    ax.grid(alpha=0.3)
+    ax.set_xticks(sorted({e["epoch"] for row in ok for e in row["result"]["epochs"]}))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_throughput(rows: list[dict], path: Path) -> bool:
+    series: dict[tuple, list] = {}
+    for row in rows:
+        if row["result"]["status"] == "ok":
+            series.setdefault(key(row["result"])[:2], []).append((row["result"]["config"]["devices"], row["images_per_s"]))
+    if not any(len(points) > 1 for points in series.values()):
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for (backend, strategy), points in sorted(series.items()):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"{backend} {strategy}")
+    counts = sorted({p[0] for points in series.values() for p in points})
+    ax.set_xticks(counts)
+    ax.set_xlabel("devices")
+    ax.set_ylabel("images / s")
+    ax.set_title("Training throughput vs devices")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ------------------------------------------------------------------------ markdown
+
+def _table(header: list[str], body: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cells) + " |" for cells in body]
+    return lines
+
+
+def summary_table(rows: list[dict]) -> list[str]:
+    body = []
+    for row in rows:
+        r = row["result"]
+        if r["status"] != "ok":
+            continue
+        c = r["config"]
+        body.append([
+            c["backend"], c["strategy"], f"{c['devices']}{' (sim.)' if c['simulated'] else ''}",
+            str(c["batch_size"]), f"{c['lr']:g}",
+            fmt(row.get("sec_per_epoch"), ".2f"), fmt(row.get("images_per_s"), ".1f"),
+            fmt(row.get("speedup"), ".2f"), fmt(row.get("efficiency"), ".0%"),
+            fmt(row.get("test_acc"), ".4f"), fmt(r.get("compile_s"), ".2f"),
+            fmt((r.get("memory") or {}).get("peak_device_mb"), ".0f"), fmt(r.get("params"), ","),
+        ])
+    header = ["backend", "strategy", "devices", "batch", "lr", "s/epoch", "images/s", "speed-up",
+              "efficiency", "test acc", "warm-up s", "peak MB", "params"]
+    return _table(header, body) if body else ["No run finished successfully."]
+
+
+def accuracy_table(rows: list[dict]) -> list[str]:
+    ok = [row["result"] for row in rows if row["result"]["status"] == "ok"]
+    if not ok:
+        return []
+    n = max(len(r["epochs"]) for r in ok)
+    body = [[" ".join(map(str, key(r)))] + [fmt(e["test_acc"], ".4f") for e in r["epochs"]] + [""] * (n - len(r["epochs"]))
+            for r in ok]
+    return _table(["run"] + [f"epoch {i + 1}" for i in range(n)], body)
+
+
+def failures(rows: list[dict]) -> list[str]:
+    """One entry per (backend, strategy, status, reason), naming the device counts it covers."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        r = row["result"]
+        if r["status"] != "ok":
+            reason = (r.get("error") or "no reason recorded").strip()
+            groups.setdefault((*key(r)[:2], r["status"], reason), []).append(r)
+    lines = []
+    for (backend, strategy, status, reason), runs in groups.items():
+        counts = ", ".join(str(r["config"]["devices"]) for r in runs)
+        logs = ", ".join(f"`{r['log']}`" for r in runs if r.get("log"))
+        lines.append(f"- **{backend} {strategy}**, {counts} device(s): {STATUS_NOTE.get(status, status)} — "
+                     f"{reason.splitlines()[-1]}" + (f" (log: {logs})" if logs else ""))
+        if status in ("failed", "timeout", "diverged") and len(reason.splitlines()) > 1:
+            lines += ["", "  ```", *["  " + l for l in reason.splitlines()[-12:]], "  ```"]
+    return lines
+
+
+def environment_section(results: list[dict]) -> list[str]:
+    """Host once, then one line per backend/strategy from its largest run."""
+    largest: dict[tuple, dict] = {}
+    for r in results:
+        if r.get("environment") and r["config"]["devices"] >= largest.get(key(r)[:2], {"config": {"devices": 0}})["config"]["devices"]:
+            largest[key(r)[:2]] = r
+    if not largest:
+        return ["No run reported its environment."]
+    first = next(iter(largest.values()))["environment"]
+    lines = [f"- **Host**: {first.get('cpu')} ({first.get('cpus')} usable cores), {first.get('platform')}"]
+    for (backend, strategy), r in sorted(largest.items()):
+        env = r["environment"]
+        precision = ", ".join(f"{k}={v}" for k, v in (env.get("precision") or {}).items())
+        lines.append(f"- **{backend} {strategy}** ({r['config']['devices']} devices: {', '.join(env.get('devices') or [])}): "
+                     f"{env.get('framework')} {env.get('framework_version')} (CUDA {env.get('cuda') or '—'}, "
+                     f"cuDNN {env.get('cudnn') or '—'}), Python {env.get('python')}, numpy {env.get('numpy')}; "
+                     f"{env.get('processes')} process(es) x {env.get('threads_per_process')} CPU thread(s); "
+                     f"precision: {precision}; collective: {env.get('collective')}")
+    return lines
+
+
+def hashes_section(results: list[dict]) -> list[str]:
+    ok = [r for r in results if r["status"] == "ok"]
+    weights = {r.get("weights_hash") for r in ok}
+    data = {r.get("data_hash") for r in ok}
+    lines = []
+    if ok:
+        lines.append(f"- Initial weights (canonical, seeded numpy): "
+                     + (f"`{next(iter(weights))[:16]}` for every run" if len(weights) == 1
+                        else "**differ between runs**: " + ", ".join(f"`{str(w)[:16]}`" for w in weights)))
+        lines.append(f"- Training batch sequence: "
+                     + (f"`{next(iter(data))[:16]}` for every run" if len(data) == 1
+                        else "differs between runs (different device counts drop a different partial batch "
+                             "or use a different global batch): " + ", ".join(sorted(f"`{str(d)[:16]}`" for d in data))))
+    return lines
+
+
+def render(results: list[dict], meta: dict, plots: dict[str, bool]) -> str:
+    rows = with_scaling(results)
+    ok = [r for r in results if r["status"] == "ok"]
+    cfg = (ok or results)[0]["config"] if results else {}
+    simulated = meta.get("device_kind") == "cpu"
+    L = [f"# Data-parallel training report `{meta['run_id']}`", ""]
+    L += [f"- Command: `{meta['command']}`",
+          f"- Started {meta['started']}, finished {meta.get('finished', '—')}",
+          f"- Preset: {meta['preset']}; model {cfg.get('model')}, {cfg.get('epochs')} epoch(s), "
+          f"train {cfg.get('train_size') or 'all 60,000'} / test {cfg.get('test_size') or 'all 10,000'} images, seed {cfg.get('seed')}",
+          f"- Data: {meta['data_source']}",
+          f"- Devices: " + ("**simulated** — no GPU was present; each device is a replica on the host CPU, "
+                            "so the figures measure the software path, not GPU scaling"
+                            if simulated else f"{len(meta.get('gpus', []))} GPU(s): {', '.join(meta.get('gpus', []))}"),
+          ""]
+    if cfg.get("dataset") == "synthetic":
+        L += ["> **Synthetic data**: random images, not Fashion-MNIST. Accuracy figures mean nothing here.", ""]
+    L += ["## Summary", ""] + summary_table(rows) + [""]
+    L += ["s/epoch and images/s: mean over all epochs of the timed training loop only (warm-up / compile, "
+          "evaluation and data shuffling excluded). Speed-up and efficiency: images/s against the 1-device run "
+          "of the same backend and strategy in this report (efficiency = speed-up / devices). "
+          "Test acc: after the last epoch.", ""]
+    if plots.get("accuracy"):
+        L += ["![Test accuracy per epoch](accuracy.png)", ""]
+    if plots.get("throughput"):
+        L += ["![Throughput vs devices](throughput.png)", ""]
+    acc = accuracy_table(rows)
+    if acc:
+        L += ["## Test accuracy per epoch", ""] + acc + [""]
+    fails = failures(rows)
+    if fails:
+        L += ["## Failed or not run", ""] + fails + [""]
+    L += ["## d2l reference numbers", "",
+          "Published by d2l.ai (10 epochs, V100-class GPUs, FP32, test accuracy of the last epoch); "
+          "compare with a GPU run of the d2l preset, not with simulated CPU devices.", ""]
+    L += _table(["run", "1 GPU", "2 GPUs"], [list(r) for r in D2L_REFERENCE]) + [""]
+    L += ["## Method", "",
+          "- Same start: every run loads the same canonical initial weights (numpy, seeded; d2l's N(0, 0.01) "
+          "for conv and dense weights, zero biases).",
+          "- Same data: one seeded permutation per epoch in numpy; global batches are split evenly across the "
+          "devices; the last partial batch is dropped.",
+          "- Same math: one SGD step on the mean cross-entropy of the global batch (plain SGD, no momentum, "
+          "no weight decay).",
+          "- Timing: one warm-up step (timed and reported as warm-up / compile) then a reset to the initial "
+          "weights; each epoch is timed between device barriers; multi-process runs report the slowest rank.",
+          "- BatchNorm: in training each device normalises with its own shard's statistics (as d2l); before "
+          "each evaluation the running statistics are averaged across replicas (nn.DataParallel keeps "
+          "device 0's, as it does by design).",
+          "- Precision: fp32 everywhere, TF32 disabled explicitly.", ""]
+    L += hashes_section(results) + [""]
+    L += ["## Environment", ""] + environment_section(results) + [""]
+    L += [f"Raw numbers: [`results.json`](results.json) (schema v{SCHEMA_VERSION}); worker logs in `logs/`.", ""]
+    return "\n".join(L)
+
+
+def write(directory: Path, results: list[dict], meta: dict) -> None:
+    rows = with_scaling(results)
+    plots = {"accuracy": plot_accuracy(rows, directory / "accuracy.png"),
+             "throughput": plot_throughput(rows, directory / "throughput.png")}
+    write_json_atomic(directory / "results.json",
+                      {"schema_version": SCHEMA_VERSION, **meta, "runs": results})
+    (directory / "report.md").write_text(render(results, meta, plots))
+    runs = directory / "runs"
+    if runs.exists():
+        shutil.rmtree(runs)  # configs and results are in results.json

@@ -1,0 +1,171 @@
+"""Launch one worker run as a subprocess, show its progress, enforce the timeout, collect its result.
+
+The worker runs in its own process group, so a timeout kills it with every process it
+started (DDP ranks included). Whatever happens, run() returns a result dict: the
+worker's own, or a failed / timeout one with the tail of its output.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from common import progress
+from common.config import RunConfig
+from common.results import failed_result, load_result, tail
+from harness.envs import ROOT
+
+KILL_GRACE_S = 5.0
+
+
+def label(cfg: RunConfig) -> str:
+    return f"{cfg.backend} {cfg.strategy} x{cfg.devices}"
+
+
+def not_run_result(cfg: RunConfig, status: str, reason: str) -> dict:
+    return failed_result(cfg.to_dict(), status, reason)
+
+
+class Console:
+    """Progress on the terminal: a live bar on a TTY, plain lines otherwise."""
+
+    def __init__(self, quiet: bool = False, stream=sys.stderr):
+        self.quiet, self.stream = quiet, stream
+        self.live = stream.isatty() and not quiet
+        self._width = 0
+
+    def say(self, text: str) -> None:
+        self._clear()
+        print(text, file=self.stream, flush=True)
+
+    def _clear(self) -> None:
+        if self._width:
+            self.stream.write("\r" + " " * self._width + "\r")
+            self._width = 0
+
+    def _bar(self, text: str) -> None:
+        if self.live:
+            self._clear()
+            self.stream.write(text)
+            self.stream.flush()
+            self._width = len(text)
+
+    def started(self, cfg: RunConfig) -> None:
+        if not self.quiet:
+            sim = " (simulated)" if cfg.simulated else ""
+            self.say(f"[{label(cfg)}{sim}] {cfg.model}, batch {cfg.batch_size}, lr {cfg.lr:g}, {cfg.epochs} epoch(s)")
+
+    def event(self, cfg: RunConfig, record: dict) -> None:
+        kind = record.get("event")
+        if kind == "warmup" and not self.quiet:
+            self.say(f"[{label(cfg)}] warm-up / compile: {record['seconds']:.2f} s")
+        elif kind == "step":
+            done, total = record["step"], record["steps"]
+            filled = int(30 * done / max(total, 1))
+            self._bar(f"[{label(cfg)}] epoch {record['epoch']}/{record['epochs']} "
+                      f"|{'#' * filled}{'.' * (30 - filled)}| {done}/{total} steps")
+        elif kind == "epoch" and not self.quiet:
+            self.say(f"[{label(cfg)}] epoch {record['epoch']}/{record['epochs']}: {record['time_s']:.2f} s, "
+                     f"{record['images_per_s']:.1f} img/s, loss {record['train_loss']:.4f}, "
+                     f"test acc {record['test_acc']:.4f}")
+
+    def finished(self, cfg: RunConfig, result: dict) -> None:
+        status = result["status"]
+        if status == "ok":
+            e = result["epochs"][-1]
+            self.say(f"[{label(cfg)}] ok: test acc {e['test_acc']:.4f}")
+        else:
+            reason = (result.get("error") or "").strip().splitlines()
+            self.say(f"[{label(cfg)}] {status}: {reason[-1] if reason else ''}")
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    for line in iter(stream.readline, ""):
+        lines.put(line)
+    lines.put(None)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the worker's process group, SIGKILL what is left after a grace period."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return  # the group is empty: nothing left behind
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # DDP ranks may outlive their parent
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
+    """One worker run: config file in, result file out, output logged to workdir/logs/."""
+    name = f"{cfg.backend}-{cfg.strategy}-x{cfg.devices}"
+    (workdir / "runs").mkdir(parents=True, exist_ok=True)
+    (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    config_path, result_path = workdir / "runs" / f"{name}.config.json", workdir / "runs" / f"{name}.result.json"
+    log_path = workdir / "logs" / f"{name}.log"
+    cfg.save(config_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    cmd = [python, "-m", f"backends.{cfg.backend}", "--config", str(config_path), "--result", str(result_path)]
+
+    console.started(cfg)
+    output: list[str] = []
+    timed_out = False
+    try:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
+    except OSError as e:
+        return not_run_result(cfg, "failed", f"could not start {python}: {e}")
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+    deadline = time.monotonic() + cfg.timeout
+    with open(log_path, "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        try:
+            while True:
+                try:
+                    line = lines.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    if time.monotonic() >= deadline:
+                        timed_out = True
+                        break
+                    if proc.poll() is not None and lines.empty():
+                        break  # exited; a stray child may still hold the pipe open
+                    continue
+                if line is None:
+                    break
+                log.write(line)
+                record = progress.parse(line)
+                if record is not None:
+                    console.event(cfg, record)
+                else:
+                    output.append(line)
+        except BaseException:
+            _kill_group(proc)
+            raise
+        _kill_group(proc)  # on timeout: the worker; otherwise: any stray process it left
+
+    if timed_out:
+        result = failed_result(cfg.to_dict(), "timeout",
+                               f"killed after --timeout {cfg.timeout:g} s\n{''.join(output[-20:])}")
+    else:
+        try:
+            result = load_result(result_path)
+        except (OSError, ValueError) as e:
+            result = failed_result(cfg.to_dict(), "failed",
+                                   f"worker exited with status {proc.returncode} and no valid result ({e})\n"
+                                   + tail("".join(output)))
+    result["log"] = f"logs/{log_path.name}"
+    console.finished(cfg, result)
+    return result
