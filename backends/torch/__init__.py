@@ -16,6 +16,12 @@ from backends.torch.strategies import TRAINERS as STRATEGIES, run, train_steps
 NAME = "torch"
 
 
+def initial_weights(model: str, seed: int = 0):
+    """The canonical initial weights of `model` (common/weights.py), as every run starts from."""
+    from common.weights import init_canonical
+    return init_canonical(spec(build(model)), seed)
+
+
 def param_count(model: str) -> int:
     return count_params(build(model))
 

@@ -39,6 +39,7 @@ from backends.torch.parallel import allreduce, as_tensor, check_divisible, devic
 
 
 def initial_weights(cfg: RunConfig) -> dict[str, np.ndarray]:
+    """The canonical initial weights every run of this config starts from."""
     return init_canonical(models.spec(models.build(cfg.model)), cfg.seed)
 
 

@@ -1,0 +1,107 @@
+"""The common interface (DESIGN.md), one module for every backend, run in each backend's environment.
+
+A backend package provides: resnet18, lenet, devices(n, kind), split, allreduce,
+initial_weights(model, seed), param_count(model), predict(model, weights, x),
+train_steps(strategy, model, n_devices, weights, batches, lr), array, to_numpy, device_of.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from common.loop import Unsupported
+
+BATCH = 12  # divisible by 1, 2 and 3 devices
+
+
+def batch(n=BATCH, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, n).astype(np.int32)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_split_shards_concatenate_back_on_their_devices(backend, k):
+    x, y = batch()
+    devs = backend.devices(k)
+    xs, ys = backend.split(x, y, devs)
+    assert len(xs) == len(ys) == k
+    assert [tuple(backend.to_numpy(s).shape) for s in xs] == [(BATCH // k, 1, 28, 28)] * k
+    assert np.array_equal(np.concatenate([backend.to_numpy(s) for s in xs]), x)
+    assert np.array_equal(np.concatenate([backend.to_numpy(s) for s in ys]), y)
+    for shard, device in zip(xs, devs):
+        assert backend.device_of(shard) == device
+
+
+def test_split_refuses_a_batch_the_devices_cannot_split(backend):
+    x, y = batch(7)
+    with pytest.raises(ValueError, match="batch of 7 examples cannot be split evenly across 2 devices"):
+        backend.split(x, y, backend.devices(2))
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_allreduce_leaves_the_exact_sum_on_every_device(backend, k):
+    values = [np.arange(12, dtype=np.float32).reshape(3, 4) * (i + 1) + i for i in range(k)]
+    expected = sum(values)
+    devs = backend.devices(k)
+    out = backend.allreduce([backend.array(v, d) for v, d in zip(values, devs)])
+    assert len(out) == k
+    for a, device in zip(out, devs):
+        assert np.array_equal(backend.to_numpy(a), expected)
+        assert backend.device_of(a) == device
+
+
+def test_parameter_counts(backend):
+    assert backend.param_count("resnet18") == 11_175_818
+    assert backend.param_count("lenet") == 129_068
+
+
+@pytest.mark.parametrize("model", ["resnet18", "lenet"])
+def test_output_shape(backend, model):
+    x, _ = batch(5)
+    logits = backend.predict(model, backend.initial_weights(model, 0), x)
+    assert logits.shape == (5, 10) and logits.dtype == np.float32 and np.isfinite(logits).all()
+
+
+def test_initial_weights_are_seeded(backend):
+    a, b, c = (backend.initial_weights("lenet", s) for s in (0, 0, 1))
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    assert any(not np.array_equal(a[k], c[k]) for k in a)
+    assert sum(v.size for v in a.values()) == 129_068
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
+
+
+def steps(backend, strategy, k, n_steps=1, model="lenet", lr=0.5):
+    weights = backend.initial_weights(model, 0)
+    batches = [batch(BATCH, seed=s) for s in range(n_steps)]
+    try:
+        return weights, backend.train_steps(strategy, model, k, weights, batches, lr)
+    except Unsupported as e:
+        pytest.skip(str(e))
+
+
+def test_k_device_step_equals_one_device_step(backend, strategy):
+    """LeNet, fp32: one step on 2 devices with the batch split gives the 1-device parameters (1e-5)."""
+    start, one = steps(backend, strategy, 1)
+    _, two = steps(backend, strategy, 2)
+    assert max_abs_diff(one, start) > 1e-3          # the step really moved the weights
+    assert max_abs_diff(two, one) <= 1e-5
+
+
+def test_strategies_agree_on_one_device(backend, meta):
+    """Every strategy of the backend takes the same 1-device step (3 steps, LeNet, 1e-5)."""
+    results = {}
+    for name in meta["strategies"]:
+        try:
+            results[name] = backend.train_steps(name, "lenet", 1, backend.initial_weights("lenet", 0),
+                                                [batch(BATCH, seed=s) for s in range(3)], 0.5)
+        except Unsupported:
+            continue
+    assert len(results) >= 2, results.keys()
+    first, *others = results.values()
+    for other in others:
+        assert max_abs_diff(first, other) <= 1e-5

@@ -1,0 +1,102 @@
+"""Bad input exits 2 with one clear line, no traceback, and nothing written."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from harness import devices as devicelib
+from tests.harness.helpers import fake_python, run_harness
+
+NO_GPU = not devicelib.visible_gpus()
+
+
+def assert_refused(tmp_path, *args, match: str, env=None):
+    out = tmp_path / "reports"
+    result = run_harness(*args, "--out", str(out), "--dataset", "synthetic", env=env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("harness: error: ")
+    assert match in lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("args, match", [
+    (("--gpus", "0"), "--gpus must be at least 1"),
+    (("--gpus", "abc"), "--gpus takes a device count"),
+    (("--backend", "tensorflow"), "unknown backend 'tensorflow'"),
+    (("--backend", "torch", "--strategy", "horovod"), "unknown strategy 'horovod'"),
+    (("--backend", "torch", "--gpus", "2", "--batch-size", "1"), "smaller than the 2 devices"),
+    (("--backend", "torch", "--gpus", "2", "--batch-size", "65"), "cannot be split evenly across 2 devices"),
+    (("--backend", "torch", "--gpus", "1,3", "--batch-size", "64"), "cannot be split evenly across 3 devices"),
+    (("--backend", "torch", "--epochs", "0"), "--epochs must be at least 1"),
+    (("--backend", "torch", "--lr", "-1"), "--lr must be positive"),
+    (("--backend", "torch", "--timeout", "0"), "--timeout must be positive"),
+    (("--backend", "torch", "--python", "torch=/nonexistent/python"), "is not an executable file"),
+    (("--backend", "torch", "--python", "nonsense"), "--python takes BACKEND=PATH"),
+    (("--backend", "torch", "--no-such-flag"), "unrecognized arguments"),
+])
+def test_bad_input_is_refused(tmp_path, args, match):
+    assert_refused(tmp_path, *args, match=match)
+
+
+def test_missing_data_dir_is_refused(tmp_path):
+    out = tmp_path / "reports"
+    result = run_harness("--backend", "torch", "--data-dir", str(tmp_path / "nowhere"), "--out", str(out))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"harness: error: --data-dir {tmp_path / 'nowhere'} does not exist"]
+    assert not out.exists()
+
+
+def test_data_dir_without_files_is_refused(tmp_path):
+    result = run_harness("--backend", "torch", "--data-dir", str(tmp_path), "--out", str(tmp_path / "r"))
+    assert result.returncode == 2
+    assert "lacks Fashion-MNIST files: train-images-idx3-ubyte" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this host has GPUs")
+def test_dataparallel_on_cpu_is_refused(tmp_path):
+    assert_refused(tmp_path, "--backend", "torch", "--strategy", "dp", match="needs CUDA GPUs")
+
+
+@pytest.mark.skipif(not NO_GPU, reason="this host has GPUs")
+def test_too_many_simulated_devices_is_refused(tmp_path):
+    assert_refused(tmp_path, "--backend", "torch", "--gpus", "64", match="at most 16 simulated CPU devices")
+
+
+def test_more_gpus_than_present_is_refused(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_python(bin_dir, 'echo "0, NVIDIA H100 80GB HBM3"', name="nvidia-smi")
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "0"}
+    assert_refused(tmp_path, "--backend", "torch", "--gpus", "2", env=env,
+                   match="more devices than the 1 visible GPU(s) (0: NVIDIA H100 80GB HBM3)")
+
+
+def test_help_exits_zero():
+    result = run_harness("--help")
+    assert result.returncode == 0
+    for flag in ("--backend", "--gpus", "--strategy", "--model", "--epochs", "--batch-size", "--lr",
+                 "--train-size", "--test-size", "--dataset", "--data-dir", "--seed", "--out", "--python", "--timeout"):
+        assert flag in result.stdout
+
+
+def test_list_names_every_backend_and_strategy():
+    result = run_harness("--list")
+    assert result.returncode == 0, result.stderr
+    for word in ("torch", "scratch", "dp", "ddp", "jax", "mxnet"):
+        assert word in result.stdout
+
+
+def test_pytorch_alias_and_unimplemented_backend(tmp_path):
+    """`pytorch` means torch; a backend not implemented yet is a 'not run' row, not a crash."""
+    from harness.cli import build_parser, build_plan
+    args = build_parser().parse_args(["--backend", "pytorch,jax", "--dataset", "synthetic", "--gpus", "1"])
+    plan = build_plan(args)
+    assert {c.backend for c in plan.configs} == {"torch"}
+    unavailable = {cfg.backend: reason for cfg, reason in plan.not_run}
+    assert "not implemented" in unavailable.get("jax", "")

@@ -1,0 +1,63 @@
+"""Report numbers and the rule that a report is complete or absent, and never overwritten."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness import report
+
+
+def result(backend="torch", strategy="scratch", devices=1, ips=100.0, status="ok", epochs=2):
+    cfg = {"backend": backend, "strategy": strategy, "devices": devices, "simulated": True, "batch_size": 32 * devices,
+           "lr": 0.05 * devices, "model": "resnet18", "epochs": epochs, "train_size": 2048, "test_size": 1000,
+           "seed": 0, "dataset": "fashion-mnist"}
+    eps = [{"epoch": e + 1, "time_s": 2048 / ips, "steps": 64, "images": 2048, "images_per_s": ips,
+            "train_loss": 1.0, "train_acc": 0.5, "test_acc": 0.7 + 0.01 * e} for e in range(epochs)] if status == "ok" else []
+    return {"schema_version": 1, "status": status, "config": cfg, "environment": {}, "epochs": eps, "compile_s": 1.0,
+            "params": 11175818, "weights_hash": "a" * 64, "data_hash": "b" * 64,
+            "error": None if status == "ok" else "RuntimeError: boom", "memory": {}}
+
+
+def test_speedup_and_efficiency_against_one_device():
+    rows = report.with_scaling([result(devices=2, ips=150.0), result(devices=1, ips=100.0),
+                                result(strategy="ddp", devices=2, ips=90.0)])
+    by = {(r["result"]["config"]["strategy"], r["result"]["config"]["devices"]): r for r in rows}
+    assert by[("scratch", 2)]["speedup"] == pytest.approx(1.5)
+    assert by[("scratch", 2)]["efficiency"] == pytest.approx(0.75)
+    assert by[("scratch", 1)]["speedup"] == pytest.approx(1.0)
+    assert "speedup" not in by[("ddp", 2)]              # no 1-device ddp run to compare with
+
+
+META = {"command": "python -m harness", "started": "t0", "finished": "t1", "preset": "p", "device_kind": "cpu",
+        "gpus": [], "data_source": "d", "backends": ["torch"]}
+
+
+def test_staging_commits_once_and_never_overwrites(tmp_path):
+    dirs = []
+    for _ in range(2):
+        with report.Staging(tmp_path, ["torch"]) as s:
+            s.run_id = "fixed-id"
+            dirs.append(s.commit([result()], META))
+    assert [d.name for d in dirs] == ["fixed-id", "fixed-id-2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fixed-id", "fixed-id-2"]
+    saved = json.loads((dirs[0] / "results.json").read_text())
+    assert saved["schema_version"] == 1 and saved["runs"][0]["params"] == 11175818
+
+
+def test_an_error_leaves_no_half_written_report(tmp_path):
+    with pytest.raises(RuntimeError):
+        with report.Staging(tmp_path, ["torch"]) as s:
+            (s.path / "partial.txt").write_text("x")
+            raise RuntimeError("crash while running")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_render_lists_failures_and_reference_numbers():
+    text = report.render([result(), result(devices=2, status="failed")], {**META, "run_id": "r"},
+                         {"accuracy": True, "throughput": False})
+    assert "**torch scratch**, 2 device(s): failed — RuntimeError: boom" in text
+    assert "13.1 s/epoch, 0.93" in text                   # d2l's figures beside ours
+    assert "**simulated**" in text
+    assert "`aaaaaaaaaaaaaaaa` for every run" in text

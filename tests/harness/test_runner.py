@@ -1,0 +1,93 @@
+"""A worker that crashes, hangs or succeeds: the report is always written, with the right rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from tests.harness.helpers import fake_python, run_harness
+
+BASE = ("--backend", "torch", "--strategy", "scratch", "--dataset", "synthetic", "--model", "lenet",
+        "--epochs", "1", "--train-size", "64", "--test-size", "32", "--batch-size", "32", "--quiet")
+
+
+def only_report(out: Path) -> Path:
+    reports = [p for p in out.iterdir()]
+    assert len(reports) == 1 and not reports[0].name.startswith("."), reports
+    return reports[0]
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_crashing_worker_gives_failed_row_and_report(tmp_path):
+    python = fake_python(tmp_path, 'echo "simulated crash: CUDA error 700" >&2; exit 3')
+    out = tmp_path / "reports"
+    result = run_harness(*BASE, "--gpus", "1,2", "--python", f"torch={python}", "--out", str(out))
+    assert result.returncode == 1
+    report = only_report(out)
+    runs = json.loads((report / "results.json").read_text())["runs"]
+    assert [(r["config"]["devices"], r["status"]) for r in runs] == [(1, "failed"), (2, "failed")]
+    assert "simulated crash: CUDA error 700" in runs[0]["error"]
+    assert "exited with status 3" in runs[0]["error"]
+    text = (report / "report.md").read_text()
+    assert "## Failed or not run" in text and "simulated crash: CUDA error 700" in text
+    assert (report / "logs" / "torch-scratch-x1.log").is_file()
+
+
+def test_hanging_worker_is_killed_at_timeout_with_its_children(tmp_path):
+    marker = "3117.25"  # a sleep no other process on the machine runs
+    python = fake_python(tmp_path, f"sleep {marker} &\nsleep {marker}")
+    out = tmp_path / "reports"
+    start = time.monotonic()
+    result = run_harness(*BASE, "--gpus", "1", "--timeout", "2", "--python", f"torch={python}", "--out", str(out))
+    assert time.monotonic() - start < 60
+    assert result.returncode == 1
+    runs = json.loads((only_report(out) / "results.json").read_text())["runs"]
+    assert [r["status"] for r in runs] == ["timeout"]
+    assert "killed after --timeout 2 s" in runs[0]["error"]
+    assert "timed out" in (only_report(out) / "report.md").read_text()
+    assert processes_with(f"sleep {marker}") == []
+
+
+FAKE_WORKER = r'''
+import json, sys
+args = sys.argv[sys.argv.index("--config") + 1], sys.argv[sys.argv.index("--result") + 1]
+cfg = json.load(open(args[0]))
+n = cfg["devices"]
+print('@dpbench {"event": "warmup", "seconds": 0.5}', flush=True)
+epochs = [{"epoch": e + 1, "time_s": 2.0 / n ** 0.5, "steps": 2, "images": 64, "images_per_s": 64 / (2.0 / n ** 0.5),
+           "train_loss": 1.0 / (e + 1), "train_acc": 0.5, "test_acc": 0.5 + 0.1 * e} for e in range(cfg["epochs"])]
+json.dump({"schema_version": 1, "status": "ok", "config": cfg, "environment": {"framework": "fake", "devices": ["d"] * n},
+           "epochs": epochs, "compile_s": 0.5, "params": 129068, "weights_hash": "w" * 64, "data_hash": "d" * 64,
+           "error": None, "memory": {}}, open(args[1], "w"))
+'''
+
+
+def test_successful_workers_give_speedup_in_report(tmp_path):
+    worker = tmp_path / "fake_worker.py"
+    worker.write_text(FAKE_WORKER)
+    import sys
+    python = fake_python(tmp_path, f'exec {sys.executable} {worker} "$@"')
+    out = tmp_path / "reports"
+    result = run_harness(*BASE, "--epochs", "2", "--gpus", "1,4", "--python", f"torch={python}", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    report = only_report(out)
+    text = (report / "report.md").read_text()
+    # 4 devices: time / sqrt(4) -> twice the images/s: speed-up 2.00, efficiency 50%
+    assert "| torch | scratch | 4 (sim.) | 32 | 0.2 | 1.00 | 64.0 | 2.00 | 50% | 0.6000 |" in text
+    assert "| torch | scratch | 1 (sim.) | 32 | 0.05 | 2.00 | 32.0 | 1.00 | 100% | 0.6000 |" in text
+    assert "Synthetic data" in text and "simulated" in text
+    assert (report / "accuracy.png").stat().st_size > 1000
+    assert (report / "throughput.png").stat().st_size > 1000
