@@ -269,7 +269,7 @@ def execute(plan: Plan, workdir: Path, console: runner.Console) -> list[dict]:
                     pythons[cfg.backend] = e
             python = pythons[cfg.backend]
             if isinstance(python, Exception):
-                result = runner.not_run_result(cfg, "unavailable", f"environment setup failed: {python}")
+                result = runner.not_run_result(cfg, "failed", f"environment setup failed: {python}")
                 console.finished(cfg, result)
             else:
                 result = runner.run(cfg, python, workdir, console)
@@ -306,7 +306,8 @@ def run_benchmark(argv: list[str]) -> int:
         results = execute(plan, staging.path, console)
         meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         final = staging.commit(results, meta)
-    console.say(f"Report: {final / 'report.md'}")
+    console.say("\n" + "\n".join(report.summary_table(report.with_scaling(results))))
+    console.say(f"\nReport: {final / 'report.md'}")
     bad = [r for r in results if r["status"] not in ("ok", "unavailable")]
     return 1 if bad else 0
 

@@ -145,6 +145,16 @@ def _table(header: list[str], body: list[list[str]]) -> list[str]:
     return lines
 
 
+def peak_memory(r: dict) -> str:
+    """Peak device memory where the framework exposes it, else the worker's peak host RSS."""
+    memory = r.get("memory") or {}
+    if memory.get("peak_device_mb") is not None:
+        return f"{memory['peak_device_mb']:.0f}"
+    if memory.get("peak_host_rss_mb") is not None:
+        return f"{memory['peak_host_rss_mb']:.0f} (host RSS)"
+    return "—"
+
+
 def summary_table(rows: list[dict]) -> list[str]:
     body = []
     for row in rows:
@@ -158,10 +168,10 @@ def summary_table(rows: list[dict]) -> list[str]:
             fmt(row.get("sec_per_epoch"), ".2f"), fmt(row.get("images_per_s"), ".1f"),
             fmt(row.get("speedup"), ".2f"), fmt(row.get("efficiency"), ".0%"),
             fmt(row.get("test_acc"), ".4f"), fmt(r.get("compile_s"), ".2f"),
-            fmt((r.get("memory") or {}).get("peak_device_mb"), ".0f"), fmt(r.get("params"), ","),
+            peak_memory(r), fmt(r.get("params"), ","),
         ])
     header = ["backend", "strategy", "devices", "batch", "lr", "s/epoch", "images/s", "speed-up",
-              "efficiency", "test acc", "warm-up s", "peak MB", "params"]
+              "efficiency", "test acc", "warm-up s", "peak mem MB", "params"]
     return _table(header, body) if body else ["No run finished successfully."]
 
 
