@@ -94,10 +94,17 @@ def plot_accuracy(rows: list[dict], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    styles = ["-", "--", ":", "-."]
+    strategies = sorted({key(row["result"])[:2] for row in ok})
+    markers = "osD^v<>"
+    counts = sorted({row["result"]["config"]["devices"] for row in ok})
     for row in ok:
         r = row["result"]
         epochs = [e["epoch"] for e in r["epochs"]]
-        ax.plot(epochs, [e["test_acc"] for e in r["epochs"]], marker="o", label=" ".join(map(str, key(r))) + " dev")
+        # line style per backend/strategy, marker per device count: runs that agree exactly stay visible
+        ax.plot(epochs, [e["test_acc"] for e in r["epochs"]], linestyle=styles[strategies.index(key(r)[:2]) % 4],
+                marker=markers[counts.index(r["config"]["devices"]) % len(markers)], markerfacecolor="none",
+                label=" ".join(map(str, key(r))) + " dev")
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy")
     ax.set_title("Test accuracy per epoch")
@@ -121,14 +128,17 @@ def plot_throughput(rows: list[dict], path: Path) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    counts = sorted({p[0] for points in series.values() for p in points})
     for (backend, strategy), points in sorted(series.items()):
         points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"{backend} {strategy}")
-    counts = sorted({p[0] for points in series.values() for p in points})
+        line, = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"{backend} {strategy}")
+        if points[0][0] == 1:  # linear scaling from the 1-device run, for reference
+            ax.plot(counts, [points[0][1] * n for n in counts], linestyle=":", color=line.get_color(), alpha=0.5)
+    ax.set_ylim(bottom=0)
     ax.set_xticks(counts)
     ax.set_xlabel("devices")
     ax.set_ylabel("images / s")
-    ax.set_title("Training throughput vs devices")
+    ax.set_title("Training throughput vs devices (dotted: linear scaling)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

@@ -63,6 +63,20 @@ def test_output_shape(backend, model):
     assert logits.shape == (5, 10) and logits.dtype == np.float32 and np.isfinite(logits).all()
 
 
+# SHA-256 of the canonical initial weights (seed 0): every backend must start from exactly these
+# numbers, under the same canonical names and layouts (conv OIHW, dense (out, in)).
+CANONICAL_FINGERPRINTS = {
+    "resnet18": "1edb562911f9087d60faa0220f475e76ee56775bafc7aab1c426b9bec6b44e2c",
+    "lenet": "d4edbb487ad27285ea3211f777ff08bd27ba74ca46cc26104b6344a7ef061a0f",
+}
+
+
+@pytest.mark.parametrize("model", ["resnet18", "lenet"])
+def test_initial_weights_are_the_canonical_ones(backend, model):
+    from common.weights import fingerprint
+    assert fingerprint(backend.initial_weights(model, 0)) == CANONICAL_FINGERPRINTS[model]
+
+
 def test_initial_weights_are_seeded(backend):
     a, b, c = (backend.initial_weights("lenet", s) for s in (0, 0, 1))
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
