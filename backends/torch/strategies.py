@@ -77,7 +77,30 @@ def _peak_memory(kind: str, devs) -> dict:
     return {"peak_device_mb": max(torch.cuda.max_memory_allocated(d) for d in set(devs)) / 2**20}
 
 
-class ScratchTrainer:
+class TorchTrainer:
+    """What the strategies share: `module` is the model evaluated and reported, `devs` its devices."""
+
+    cfg: RunConfig
+    module: nn.Module
+    devs: list
+
+    def sync(self) -> None:
+        _sync(self.cfg.device_kind, self.devs)
+
+    def slowest(self, seconds: float) -> float:
+        return seconds
+
+    def param_count(self) -> int:
+        return models.count_params(self.module)
+
+    def memory(self) -> dict:
+        return _peak_memory(self.cfg.device_kind, self.devs)
+
+    def canonical(self) -> dict[str, np.ndarray]:
+        return models.to_canonical(self.module)
+
+
+class ScratchTrainer(TorchTrainer):
     """k replicas in one process; gradients reduced with the hand-written allreduce."""
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
@@ -85,6 +108,7 @@ class ScratchTrainer:
         self.n_devices = cfg.devices
         self.devs = devices(cfg.devices, cfg.device_kind)
         self.replicas = [models.build(cfg.model).to(d) for d in self.devs]
+        self.module = self.replicas[0]
 
     def reset(self) -> None:
         for net in self.replicas:
@@ -111,9 +135,6 @@ class ScratchTrainer:
                     p.sub_(p.grad, alpha=scale)
         return metrics
 
-    def sync(self) -> None:
-        _sync(self.cfg.device_kind, self.devs)
-
     def collect(self, handles) -> tuple[float, float]:
         loss = sum(float(l) for step in handles for l, _ in step)
         correct = sum(int(c) for step in handles for _, c in step)
@@ -129,22 +150,10 @@ class ScratchTrainer:
 
     def evaluate(self, batches) -> tuple[int, int]:
         self.average_bn_statistics()
-        return _accuracy_counts(self.replicas[0], batches, self.devs[0])
-
-    def slowest(self, seconds: float) -> float:
-        return seconds
-
-    def param_count(self) -> int:
-        return models.count_params(self.replicas[0])
-
-    def memory(self) -> dict:
-        return _peak_memory(self.cfg.device_kind, self.devs)
-
-    def canonical(self) -> dict[str, np.ndarray]:
-        return models.to_canonical(self.replicas[0])
+        return _accuracy_counts(self.module, batches, self.devs[0])
 
 
-class DataParallelTrainer:
+class DataParallelTrainer(TorchTrainer):
     """nn.DataParallel over cuda:0..k-1 (d2l's concise PyTorch version)."""
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
@@ -172,35 +181,21 @@ class DataParallelTrainer:
         self.optimizer.step()
         return _step_metrics(logits, y, loss * len(y))
 
-    def sync(self) -> None:
-        _sync("gpu", self.devs)
-
     def collect(self, handles) -> tuple[float, float]:
         return sum(float(l) for l, _ in handles), sum(int(c) for _, c in handles)
 
     def evaluate(self, batches) -> tuple[int, int]:
         return _accuracy_counts(self.module, batches, self.devs[0])
 
-    def slowest(self, seconds: float) -> float:
-        return seconds
 
-    def param_count(self) -> int:
-        return models.count_params(self.module)
-
-    def memory(self) -> dict:
-        return _peak_memory("gpu", self.devs)
-
-    def canonical(self) -> dict[str, np.ndarray]:
-        return models.to_canonical(self.module)
-
-
-class DDPTrainer:
+class DDPTrainer(TorchTrainer):
     """One rank of DistributedDataParallel; the process group is set up by launch_ddp."""
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int):
         self.cfg, self.weights, self.rank = cfg, weights, rank
         self.n_devices = cfg.devices
         self.device = devices(cfg.devices, cfg.device_kind)[rank]
+        self.devs = [self.device]
         self.module = models.build(cfg.model).to(self.device)
         models.load_canonical(self.module, weights)
         # broadcast_buffers=False: every rank keeps its own BatchNorm statistics (averaged before
@@ -232,9 +227,6 @@ class DDPTrainer:
         self.optimizer.step()
         return _step_metrics(logits, yi, loss * len(yi))
 
-    def sync(self) -> None:
-        _sync(self.cfg.device_kind, [self.device])
-
     def _all_reduce(self, values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=op)
@@ -261,15 +253,6 @@ class DDPTrainer:
 
     def slowest(self, seconds: float) -> float:
         return self._all_reduce([seconds], op=dist.ReduceOp.MAX)[0]
-
-    def param_count(self) -> int:
-        return models.count_params(self.module)
-
-    def memory(self) -> dict:
-        return _peak_memory(self.cfg.device_kind, [self.device])
-
-    def canonical(self) -> dict[str, np.ndarray]:
-        return models.to_canonical(self.module)
 
 
 TRAINERS = {"scratch": ScratchTrainer, "dp": DataParallelTrainer, "ddp": DDPTrainer}
