@@ -19,6 +19,8 @@ import os
 import pickle
 import socket
 import tempfile
+import time
+import traceback
 import warnings
 
 import numpy as np
@@ -283,29 +285,59 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, cfg_dict: dict, port: int, job, payload, out_path: str) -> None:
-    """Body of one DDP process: join the group, build the trainer, run the job, rank 0 reports."""
+def _rank_main(rank: int, cfg_dict: dict, port: int, job, payload, out_dir: str) -> None:
+    """Body of one DDP process: join the group, run the job; rank 0 reports, a failing rank leaves its error."""
     cfg = RunConfig.from_dict(cfg_dict)
     # CPU 1x1-conv gradients differ from DDP's buckets only in the strides of size-1 dims,
     # which address the same memory: the warning is a false alarm here.
     warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
     configure_threads(cfg, processes=cfg.devices)
     configure_precision()
-    if cfg.device_kind == "gpu":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(
-        "nccl" if cfg.device_kind == "gpu" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank, world_size=cfg.devices, timeout=datetime.timedelta(seconds=max(60, cfg.timeout)))
     try:
+        if cfg.device_kind == "gpu":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(
+            "nccl" if cfg.device_kind == "gpu" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank, world_size=cfg.devices, timeout=datetime.timedelta(seconds=max(60, cfg.timeout)))
         try:
             outcome = ("ok", job(cfg, rank, payload))
         except Diverged as e:  # every rank sees the same all-reduced loss, so all stop together
             outcome = ("diverged", str(e))
+        except BaseException:
+            _record_failure(out_dir, rank)  # before tearing down the group wakes the other ranks
+            raise
+        finally:
+            dist.destroy_process_group()
         if rank == 0:
-            with open(out_path, "wb") as f:
+            with open(os.path.join(out_dir, "rank0.pkl"), "wb") as f:
                 pickle.dump(outcome, f)
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        _record_failure(out_dir, rank)
+        raise
+
+
+def _record_failure(out_dir: str, rank: int) -> None:
+    """When one rank fails, the others fail next in their collectives; the time stamp lets
+    the parent report the first failure, the cause, rather than its echoes."""
+    path = os.path.join(out_dir, f"rank{rank}.error")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(f"{time.time()}\n{traceback.format_exc()}")
+
+
+def _first_failure(out_dir: str) -> str | None:
+    errors = []
+    for name in os.listdir(out_dir):
+        if name.endswith(".error"):
+            with open(os.path.join(out_dir, name)) as f:
+                stamp, _, text = f.read().partition("\n")
+            errors.append((float(stamp), name[4:-6], text.strip()))
+    if not errors:
+        return None
+    errors.sort()
+    _, rank, text = errors[0]
+    others = "".join(f"\n(then rank {r} failed too: {t.splitlines()[-1]})" for _, r, t in errors[1:])
+    return f"DDP rank {rank} failed: {text}{others}"
 
 
 def launch_ddp(cfg: RunConfig, job, payload=None):
@@ -314,16 +346,13 @@ def launch_ddp(cfg: RunConfig, job, payload=None):
     A rank that raises fails the whole run with that rank's traceback; torch's spawn
     terminates the other ranks, so no process is left behind.
     """
-    with tempfile.TemporaryDirectory() as tmp:
-        out_path = os.path.join(tmp, "rank0.pkl")
+    with tempfile.TemporaryDirectory() as out_dir:
         try:
-            mp.start_processes(_rank_main, args=(cfg.to_dict(), _free_port(), job, payload, out_path),
+            mp.start_processes(_rank_main, args=(cfg.to_dict(), _free_port(), job, payload, out_dir),
                                nprocs=cfg.devices, join=True, start_method="spawn")
-        except mp.ProcessRaisedException as e:
-            raise RuntimeError(f"DDP rank {e.error_index} failed: {e}") from None
-        except mp.ProcessExitedException as e:
-            raise RuntimeError(f"DDP rank {e.error_index} died: {e}") from None
-        with open(out_path, "rb") as f:
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            raise RuntimeError(_first_failure(out_dir) or f"DDP rank {e.error_index} failed: {e}") from None
+        with open(os.path.join(out_dir, "rank0.pkl"), "rb") as f:
             status, value = pickle.load(f)
     if status == "diverged":
         raise Diverged(value)
