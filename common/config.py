@@ -7,7 +7,7 @@ file, and the backend's worker reads it back. Nothing here imports a framework.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 MODELS = ("resnet18", "lenet")
 DATASETS = ("fashion-mnist", "synthetic")
@@ -36,6 +36,15 @@ class RunConfig:
     seed: int = 0
     timeout: float = 3600.0
     threads: int | None = None   # CPU threads per process; None: the framework's default
+    # Backend-specific options declared in backends/<name>/backend.toml, e.g. {"kvstore": "device"};
+    # the harness fills in every declared default, so a result records exactly what ran.
+    options: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def variant(self) -> str:
+        """The strategy with its options, e.g. `gluon[kvstore=local]`: one row of a report."""
+        opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
+        return f"{self.strategy}[{opts}]" if opts else self.strategy
 
     @property
     def per_device_batch(self) -> int:

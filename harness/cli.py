@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds before a run is killed")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads per worker process (default: the cores shared among the processes)")
+    p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE[,VALUE]",
+                   help="a backend-specific option declared in its backend.toml (see --list), e.g. kvstore=local; "
+                        "several values run one variant each, e.g. hybridize=on,off")
     p.add_argument("--list", action="store_true", help="show the backends, strategies and devices, then exit")
     p.add_argument("--quiet", action="store_true", help="no progress bar, only a line per finished run")
     return p
@@ -119,6 +122,34 @@ def parse_pythons(items: list[str]) -> dict[str, str]:
             raise UsageError(f"--python {name}: {path} is not an executable file")
         out[backend] = path
     return out
+
+
+def parse_options(items: list[str], backends: dict[str, registry.Backend]) -> dict[str, list[str]]:
+    """{name: [values]} from --option NAME=V1,V2, checked against what the selected backends declare."""
+    declared = {name: o for b in backends.values() for name, o in b.options.items()}
+    out = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        name = name.strip()
+        if not sep or not values:
+            raise UsageError(f"--option takes NAME=VALUE (got {item!r})")
+        if name not in declared:
+            known = ", ".join(sorted(declared)) or "none"
+            raise UsageError(f"unknown option {name!r} for the selected backends (they declare: {known})")
+        chosen = [v.strip() for v in values.split(",") if v.strip()]
+        for v in chosen:
+            if v not in declared[name].values:
+                raise UsageError(f"--option {name}={v}: choose from {', '.join(declared[name].values)}")
+        out[name] = list(dict.fromkeys(chosen))
+    return out
+
+
+def option_variants(backend: registry.Backend, strategy: str, asked: dict[str, list[str]]) -> list[dict[str, str]]:
+    """Every combination of the asked values of the options this strategy has, defaults for the rest."""
+    variants = [{}]
+    for name, option in backend.options_for(strategy).items():
+        variants = [{**v, name: value} for v in variants for value in asked.get(name, [option.default])]
+    return variants
 
 
 # --------------------------------------------------------------------------- plan
@@ -189,6 +220,25 @@ def resolve_data(args) -> tuple[str | None, str]:
     return str(path), f"Fashion-MNIST IDX files in {path} (SHA-256 verified by each worker)"
 
 
+def make_config(args, preset: dict, backend: str, strategy: str, options: dict, n: int, kind: str,
+                data_dir: str | None) -> RunConfig:
+    """One run: the preset's values unless a flag overrides them; batch and lr scale with n by default."""
+    cfg = RunConfig(
+        backend=backend, strategy=strategy, devices=n, device_kind=kind, simulated=(kind == "cpu"),
+        model=args.model or preset["model"],
+        epochs=args.epochs if args.epochs is not None else preset["epochs"],
+        batch_size=args.batch_size if args.batch_size is not None else preset["batch_per_device"] * n,
+        lr=args.lr if args.lr is not None else preset["lr_per_device"] * n,
+        train_size=args.train_size if args.train_size is not None else preset["train_size"],
+        test_size=args.test_size if args.test_size is not None else preset["test_size"],
+        dataset=args.dataset, data_dir=data_dir, seed=args.seed, timeout=args.timeout,
+        threads=args.threads, options=options)
+    try:
+        return cfg.validate()
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+
+
 def build_plan(args) -> Plan:
     names = parse_backends(args.backend)
     pythons = parse_pythons(args.python)
@@ -205,6 +255,7 @@ def build_plan(args) -> Plan:
     preset_name = args.preset if args.preset != "auto" else ("d2l" if kind == "gpu" else "quick")
     preset = PRESETS[preset_name]
     backends = {n: registry.load(n) for n in names}
+    options = parse_options(args.option, backends)
     strategies = select_strategies(args, backends, kind)
     data_dir, data_source = resolve_data(args)
 
@@ -212,25 +263,13 @@ def build_plan(args) -> Plan:
                 preset=preset["title"])
     for name in names:
         for strategy, reason in strategies[name] or [("-", backends[name].reason)]:
-            for n in counts:
-                cfg = RunConfig(
-                    backend=name, strategy=strategy, devices=n, device_kind=kind, simulated=(kind == "cpu"),
-                    model=args.model or preset["model"],
-                    epochs=args.epochs if args.epochs is not None else preset["epochs"],
-                    batch_size=args.batch_size if args.batch_size is not None else preset["batch_per_device"] * n,
-                    lr=args.lr if args.lr is not None else preset["lr_per_device"] * n,
-                    train_size=args.train_size if args.train_size is not None else preset["train_size"],
-                    test_size=args.test_size if args.test_size is not None else preset["test_size"],
-                    dataset=args.dataset, data_dir=data_dir, seed=args.seed, timeout=args.timeout,
-                    threads=args.threads)
-                try:
-                    cfg.validate()
-                except ConfigError as e:
-                    raise UsageError(str(e)) from None
-                if reason:
-                    plan.not_run.append((cfg, reason))
-                else:
-                    plan.configs.append(cfg)
+            for variant in option_variants(backends[name], strategy, options):
+                for n in counts:
+                    cfg = make_config(args, preset, name, strategy, variant, n, kind, data_dir)
+                    if reason:
+                        plan.not_run.append((cfg, reason))
+                    else:
+                        plan.configs.append(cfg)
     return plan
 
 
@@ -246,6 +285,9 @@ def print_listing(plan: Plan) -> None:
         for s in b.strategies.values():
             needs = f" [needs {s.requires}]" if s.requires else ""
             print(f"  {b.name:6} {s.name:8} {s.summary}{needs}")
+        for o in b.options.values():
+            where = f" ({', '.join(o.strategies)})" if o.strategies else ""
+            print(f"  {b.name:6} --option {o.name}={'|'.join(o.values)} (default {o.default}){where}: {o.summary}")
 
 
 def backend_python(name: str, plan: Plan, say) -> str:

@@ -21,12 +21,26 @@ class Strategy:
 
 
 @dataclass
+class Option:
+    """A backend-specific switch (`--option NAME=VALUE`), e.g. MXNet's kvstore type."""
+    name: str
+    values: list[str]
+    default: str
+    summary: str = ""
+    strategies: list[str] | None = None   # None: applies to every strategy
+
+
+@dataclass
 class Backend:
     name: str
     display: str
     implemented: bool
     strategies: dict[str, Strategy] = field(default_factory=dict)
     reason: str = ""                      # why it is unavailable, when it is
+    options: dict[str, Option] = field(default_factory=dict)
+
+    def options_for(self, strategy: str) -> dict[str, Option]:
+        return {k: o for k, o in self.options.items() if o.strategies is None or strategy in o.strategies}
 
     @property
     def requirements(self) -> Path:
@@ -41,7 +55,9 @@ def load(name: str) -> Backend:
     with open(meta, "rb") as f:
         d = tomllib.load(f)
     strategies = {k: Strategy(k, v.get("summary", ""), v.get("requires")) for k, v in d.get("strategies", {}).items()}
-    return Backend(d["name"], d.get("display", d["name"]), True, strategies)
+    options = {k: Option(k, [str(x) for x in v["values"]], str(v["default"]), v.get("summary", ""), v.get("strategies"))
+               for k, v in d.get("options", {}).items()}
+    return Backend(d["name"], d.get("display", d["name"]), True, strategies, options=options)
 
 
 def all_backends() -> dict[str, Backend]:

@@ -56,9 +56,15 @@ class Staging:
 
 # ------------------------------------------------------------------------ numbers
 
+def variant(c: dict) -> str:
+    """The strategy with its backend options, e.g. `gluon[kvstore=local]`."""
+    opts = ",".join(f"{k}={v}" for k, v in sorted((c.get("options") or {}).items()))
+    return f"{c['strategy']}[{opts}]" if opts else c["strategy"]
+
+
 def key(r: dict) -> tuple:
     c = r["config"]
-    return c["backend"], c["strategy"], c["devices"]
+    return c["backend"], variant(c), c["devices"]
 
 
 def with_scaling(results: list[dict]) -> list[dict]:
@@ -173,7 +179,7 @@ def summary_table(rows: list[dict]) -> list[str]:
             continue
         c = r["config"]
         body.append([
-            c["backend"], c["strategy"], f"{c['devices']}{' (sim.)' if c['simulated'] else ''}",
+            c["backend"], variant(c), f"{c['devices']}{' (sim.)' if c['simulated'] else ''}",
             str(c["batch_size"]), f"{c['lr']:g}",
             fmt(row.get("sec_per_epoch"), ".2f"), fmt(row.get("images_per_s"), ".1f"),
             fmt(row.get("speedup"), ".2f"), fmt(row.get("efficiency"), ".0%"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ KILL_GRACE_S = 5.0
 
 
 def label(cfg: RunConfig) -> str:
-    return f"{cfg.backend} {cfg.strategy} x{cfg.devices}"
+    return f"{cfg.backend} {cfg.variant} x{cfg.devices}"
 
 
 def not_run_result(cfg: RunConfig, status: str, reason: str) -> dict:
@@ -110,7 +111,7 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
     """One worker run: config file in, result file out, output logged to workdir/logs/."""
-    name = f"{cfg.backend}-{cfg.strategy}-x{cfg.devices}"
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{cfg.backend}-{cfg.variant}-x{cfg.devices}").strip("-")
     (workdir / "runs").mkdir(parents=True, exist_ok=True)
     (workdir / "logs").mkdir(parents=True, exist_ok=True)
     config_path, result_path = workdir / "runs" / f"{name}.config.json", workdir / "runs" / f"{name}.result.json"

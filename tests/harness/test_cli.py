@@ -100,3 +100,27 @@ def test_pytorch_alias_and_unimplemented_backend(tmp_path):
     assert {c.backend for c in plan.configs} == {"torch"}
     unavailable = {cfg.backend: reason for cfg, reason in plan.not_run}
     assert "not implemented" in unavailable.get("jax", "")
+
+
+def test_backend_options_are_validated_and_expanded(monkeypatch):
+    """--option NAME=V1,V2 runs one variant per value; undeclared names or values are refused."""
+    from harness import cli, registry
+    real_load = registry.load
+
+    def with_option(name):
+        b = real_load(name)
+        if name == "torch":
+            b.options = {"layout": registry.Option("layout", ["nchw", "nhwc"], "nchw", "memory format", ["scratch"])}
+        return b
+
+    monkeypatch.setattr(registry, "load", with_option)
+    parse = lambda *a: cli.build_plan(cli.build_parser().parse_args(
+        ["--backend", "torch", "--dataset", "synthetic", "--gpus", "1", *a]))
+    plan = parse("--option", "layout=nchw,nhwc")
+    assert sorted((c.strategy, c.variant) for c in plan.configs) == [
+        ("ddp", "ddp"), ("scratch", "scratch[layout=nchw]"), ("scratch", "scratch[layout=nhwc]")]
+    assert [c.options for c in parse().configs if c.strategy == "scratch"] == [{"layout": "nchw"}]
+    with pytest.raises(cli.UsageError, match="unknown option 'kvstore'.*declare: layout"):
+        parse("--option", "kvstore=local")
+    with pytest.raises(cli.UsageError, match="layout=nhcw: choose from nchw, nhwc"):
+        parse("--option", "layout=nhcw")
