@@ -275,8 +275,8 @@ def build_plan(args) -> Plan:
 
 # ---------------------------------------------------------------------------- run
 
-def print_listing(plan: Plan) -> None:
-    where = f"{len(plan.gpus)} GPU(s): " + ", ".join(plan.gpus) if plan.gpus else "no GPU: devices are simulated on the CPU"
+def print_listing(gpus: list[str]) -> None:
+    where = f"{len(gpus)} GPU(s): " + ", ".join(gpus) if gpus else "no GPU: devices are simulated on the CPU"
     print(f"Devices: {where}")
     for b in registry.all_backends().values():
         if not b.implemented:
@@ -325,10 +325,10 @@ def execute(plan: Plan, workdir: Path, console: runner.Console) -> list[dict]:
 
 def run_benchmark(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    plan = build_plan(args)
     if args.list:
-        print_listing(plan)
+        print_listing(choose_devices(args)[1])
         return 0
+    plan = build_plan(args)
     console = runner.Console(quiet=args.quiet)
     devices = f"{len(plan.gpus)} visible GPU(s)" if plan.device_kind == "gpu" else "simulated CPU devices (no GPU)"
     cfg0 = (plan.configs or [c for c, _ in plan.not_run])[0]
