@@ -1,0 +1,68 @@
+"""JAX backend: the common interface (DESIGN.md) in JAX, flax (linen) and optax.
+
+  resnet18, lenet        models.py
+  devices, split,        parallel.py
+  allreduce
+  run, train_steps,      strategies.py (pmap, sharding)
+  STRATEGIES
+  environment            environment.py
+
+Simulated devices: without GPUs, a run uses the first N of SIMULATED_DEVICES CPU
+devices that XLA is asked for here. The flag is read once, when jax initialises its
+CPU backend, so it is set before anything in this package imports jax (a count already
+in XLA_FLAGS is kept). It changes nothing on the GPUs.
+"""
+
+import os
+
+SIMULATED_DEVICES = 16   # the harness's limit for --gpus on a CPU-only host
+
+
+def _ask_xla_for_cpu_devices(count: int) -> None:
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "--xla_force_host_platform_device_count" not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
+_ask_xla_for_cpu_devices(SIMULATED_DEVICES)
+
+from backends.jax.environment import environment  # noqa: E402  (after the XLA flag)
+from backends.jax.models import build, count_params, forward, from_canonical, lenet, resnet18, spec  # noqa: E402
+from backends.jax.parallel import allreduce, devices, split  # noqa: E402
+from backends.jax.strategies import TRAINERS as STRATEGIES, run, train_steps  # noqa: E402
+
+NAME = "jax"
+
+
+def initial_weights(model: str, seed: int = 0):
+    """The canonical initial weights of `model` (common/weights.py), as every run starts from."""
+    from common.weights import init_canonical
+    return init_canonical(spec(build(model)), seed)
+
+
+def param_count(model: str) -> int:
+    return count_params(build(model))
+
+
+def predict(model: str, weights, x):
+    """Logits (numpy) of `model` with canonical `weights` on a numpy NCHW batch, in eval mode."""
+    import numpy as np
+    net = build(model)
+    return np.asarray(forward(net, from_canonical(net, weights), np.asarray(x, dtype=np.float32), train=False))
+
+
+def to_numpy(a):
+    import numpy as np
+    return np.asarray(a)
+
+
+def array(values, device):
+    """A framework array holding numpy `values` on `device` (for tests of split/allreduce)."""
+    import jax
+    return jax.device_put(values, device)
+
+
+def device_of(a):
+    """The one device a single-device array lives on."""
+    (device,) = a.devices()
+    return device

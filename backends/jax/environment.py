@@ -1,0 +1,63 @@
+"""What the jax worker runs on, and the settings that must be the same for every backend."""
+
+from __future__ import annotations
+
+import importlib
+
+import flax
+import jax
+import optax
+
+from backends.jax.parallel import devices
+from common import sysinfo
+
+MATMUL_PRECISION = "highest"   # fp32 passes on GPUs: no TF32 in matmuls and convolutions
+
+
+def configure_precision() -> None:
+    """fp32 means fp32 (DESIGN: same for all): XLA would otherwise use TF32 on Ampere and later GPUs."""
+    jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION)
+
+
+def threads_per_process(cfg) -> int:
+    """XLA's CPU thread pool spans the usable cores; JAX offers no switch to resize it, so --threads
+    is not applied and the report records what XLA uses."""
+    return sysinfo.usable_cpus()
+
+
+def device_names(cfg) -> list[str]:
+    if cfg.device_kind == "gpu":   # (too few GPUs: Unsupported, reported as unavailable)
+        return [d.device_kind for d in devices(cfg.devices, "gpu")]
+    return [f"cpu (simulated device {i})" for i in range(cfg.devices)]
+
+
+def cuda_versions() -> tuple[str | None, str | None]:
+    """(CUDA runtime, cuDNN) versions of the installed CUDA plugin, or (None, None) without one."""
+    for plugin in ("jax_cuda13_plugin", "jax_cuda12_plugin", "jaxlib.cuda"):
+        try:
+            versions = importlib.import_module(f"{plugin}._versions")
+            return str(versions.cuda_runtime_get_version()), str(versions.cudnn_get_version())
+        except Exception:   # absent, or present without a usable driver
+            continue
+    return None, None
+
+
+def environment(cfg) -> dict:
+    cuda, cudnn = cuda_versions() if cfg.device_kind == "gpu" else (None, None)
+    return {
+        **sysinfo.host(),
+        "framework": "jax",
+        "framework_version": jax.__version__,
+        "flax": flax.__version__,
+        "optax": optax.__version__,
+        "cuda": cuda,
+        "cudnn": cudnn,
+        "devices": device_names(cfg),
+        "processes": 1,
+        "threads_per_process": threads_per_process(cfg),
+        "precision": {"dtype": "float32", "jax_default_matmul_precision": MATMUL_PRECISION,
+                      "tf32_matmul": False, "tf32_cudnn": False},
+        "collective": {"pmap": "lax.psum of the gradients inside jax.pmap (XLA all-reduce)",
+                       "sharding": "XLA all-reduce from autodiff through jax.shard_map "
+                                   "(jit over a NamedSharding mesh)"}.get(cfg.strategy),
+    }

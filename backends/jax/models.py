@@ -1,0 +1,204 @@
+"""ResNet-18 (d2l's variant for 28x28 inputs) and d2l's from-scratch LeNet, in flax (linen).
+
+Module names follow the canonical parameter names (common/weights.py): the flax tree
+{"params": {"stage2": {"0": {"conv3": {"kernel": ...}}}}} is canonical `stage2.0.conv3.weight`.
+Layouts differ from the canonical ones and are converted here:
+  conv kernel   flax HWIO (kh, kw, in, out)  <->  canonical OIHW (out, in, kh, kw)
+  dense kernel  flax (in, out)               <->  canonical (out, in)
+  BatchNorm     scale, bias, mean, var       <->  weight, bias, running_mean, running_var
+Activations are NHWC inside the network; callers pass canonical NCHW batches to `forward`.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+BN_EPS = 1e-5
+BN_MOMENTUM = 0.9   # flax convention: new = m * old + (1 - m) * batch (0.1 in PyTorch terms)
+
+
+def _conv(features: int, kernel: int, stride: int = 1, padding: int = 0, name: str | None = None) -> nn.Conv:
+    """A conv with torch's explicit symmetric padding (flax's "SAME" pads stride-2 convs differently)."""
+    return nn.Conv(features, (kernel, kernel), strides=stride, padding=((padding, padding), (padding, padding)),
+                   name=name)
+
+
+def _bn(train: bool, name: str) -> nn.BatchNorm:
+    # Two-pass variance (use_fast_variance=False), as torch computes it.
+    return nn.BatchNorm(use_running_average=not train, momentum=BN_MOMENTUM, epsilon=BN_EPS,
+                        use_fast_variance=False, name=name)
+
+
+class Residual(nn.Module):
+    """d2l's residual block: two 3x3 convs with BatchNorm; a 1x1 conv on the shortcut when shape changes."""
+
+    channels: int
+    use_1x1conv: bool = False
+    stride: int = 1
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        y = nn.relu(_bn(train, "bn1")(_conv(self.channels, 3, self.stride, 1, "conv1")(x)))
+        y = _bn(train, "bn2")(_conv(self.channels, 3, 1, 1, "conv2")(y))
+        shortcut = _conv(self.channels, 1, self.stride, 0, "conv3")(x) if self.use_1x1conv else x
+        return nn.relu(y + shortcut)
+
+
+class Stage(nn.Module):
+    """Two residual blocks named "0" and "1" (torch's nn.Sequential indices); the first may downsample."""
+
+    channels: int
+    first: bool
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        if self.first:
+            x = Residual(self.channels, name="0")(x, train)
+        else:
+            x = Residual(self.channels, use_1x1conv=True, stride=2, name="0")(x, train)
+        return Residual(self.channels, name="1")(x, train)
+
+
+class ResNet18(nn.Module):
+    """3x3 stride-1 stem (no max-pool), stages of 64/128/256/512 channels, global average pool, dense."""
+
+    num_classes: int = 10
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        x = nn.relu(_bn(train, "bn")(_conv(64, 3, 1, 1, "conv")(x)))
+        for i, channels in enumerate((64, 128, 256, 512)):
+            x = Stage(channels, first=(i == 0), name=f"stage{i + 1}")(x, train)
+        return nn.Dense(self.num_classes, name="fc")(jnp.mean(x, axis=(1, 2)))
+
+
+class LeNet(nn.Module):
+    """The from-scratch chapter's network: conv3x3(20) relu avgpool, conv5x5(50) relu avgpool, 800-128-10."""
+
+    num_classes: int = 10
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        x = nn.avg_pool(nn.relu(_conv(20, 3, name="conv1")(x)), (2, 2), strides=(2, 2))
+        x = nn.avg_pool(nn.relu(_conv(50, 5, name="conv2")(x)), (2, 2), strides=(2, 2))
+        x = jnp.transpose(x, (0, 3, 1, 2)).reshape(x.shape[0], -1)   # flatten in torch's (C, H, W) order
+        x = nn.relu(nn.Dense(128, name="fc1")(x))
+        return nn.Dense(self.num_classes, name="fc2")(x)
+
+
+def resnet18(num_classes: int = 10, in_channels: int = 1) -> ResNet18:
+    """`in_channels` is read from the input by flax; kept for the common signature."""
+    return ResNet18(num_classes)
+
+
+def lenet(num_classes: int = 10, in_channels: int = 1) -> LeNet:
+    return LeNet(num_classes)
+
+
+MODELS = {"resnet18": resnet18, "lenet": lenet}
+INPUT_SHAPE = (1, 1, 28, 28)   # NCHW, one Fashion-MNIST image
+
+
+def build(model: str) -> nn.Module:
+    return MODELS[model]()
+
+
+def forward(net: nn.Module, variables: dict, x, train: bool):
+    """Logits for an NCHW batch; in training also the updated BatchNorm statistics."""
+    x = jnp.transpose(x, (0, 2, 3, 1))
+    if not train:
+        return net.apply(variables, x, train=False)
+    logits, updates = net.apply(variables, x, train=True, mutable=["batch_stats"])
+    return logits, updates.get("batch_stats", {})
+
+
+def native_shapes(net: nn.Module) -> dict:
+    """{"params": ..., "batch_stats": ...} of shape structs, without computing anything."""
+    x = jax.ShapeDtypeStruct((INPUT_SHAPE[0], *INPUT_SHAPE[2:], INPUT_SHAPE[1]), jnp.float32)
+    shapes = jax.eval_shape(lambda x: net.init(jax.random.key(0), x, train=False), x)
+    return {"params": dict(shapes["params"]), "batch_stats": dict(shapes.get("batch_stats", {}))}
+
+
+def count_params(net: nn.Module) -> int:
+    """Trainable parameters (BatchNorm running statistics are batch_stats, not params)."""
+    return sum(int(np.prod(s.shape)) for s in jax.tree.leaves(native_shapes(net)["params"]))
+
+
+# ------------------------------------------------------------------ canonical weights
+
+def _leaves(tree: dict, prefix: str = ""):
+    """(module path "stage2.0.conv3", leaf name "kernel", the leaf's parent dict) for every leaf."""
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield prefix[:-1], key, tree
+
+
+def _canonical_entry(collection: str, leaf: str, value, siblings: dict):
+    """(canonical leaf name, kind, value in canonical layout) of one native leaf."""
+    if collection == "batch_stats":
+        return {"mean": ("running_mean", "bn_mean"), "var": ("running_var", "bn_var")}[leaf] + (value,)
+    if "scale" in siblings:   # a BatchNorm's parameters
+        return {"scale": ("weight", "bn_gamma"), "bias": ("bias", "bn_beta")}[leaf] + (value,)
+    if leaf == "bias":
+        return "bias", "bias", value
+    if len(value.shape) == 4:
+        return "weight", "conv", _transpose(value, (3, 2, 0, 1))   # HWIO -> OIHW
+    return "weight", "dense", _transpose(value, (1, 0))             # (in, out) -> (out, in)
+
+
+def _transpose(value, axes):
+    if isinstance(value, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(tuple(value.shape[a] for a in axes), value.dtype)
+    return np.transpose(value, axes)
+
+
+def _to_canonical(native: dict):
+    """{canonical name: (kind, value)} for a native tree of arrays or shape structs."""
+    out = {}
+    for collection in ("params", "batch_stats"):
+        for module, leaf, siblings in _leaves(dict(native.get(collection, {}))):
+            name, kind, value = _canonical_entry(collection, leaf, siblings[leaf], siblings)
+            out[f"{module}.{name}"] = (kind, value)
+    return out
+
+
+def spec(net: nn.Module) -> list[tuple[str, tuple[int, ...], str]]:
+    """(canonical name, shape, kind) for every weight common/weights.py initialises."""
+    return [(name, tuple(value.shape), kind) for name, (kind, value) in _to_canonical(native_shapes(net)).items()]
+
+
+def to_canonical(native: dict) -> dict[str, np.ndarray]:
+    """Canonical numpy weights from a {"params", "batch_stats"} tree (host or device arrays)."""
+    native = jax.tree.map(lambda a: np.asarray(a, dtype=np.float32), native)
+    return {name: np.ascontiguousarray(value) for name, (_, value) in _to_canonical(native).items()}
+
+
+def from_canonical(net: nn.Module, weights: dict[str, np.ndarray]) -> dict:
+    """The {"params", "batch_stats"} tree (numpy) holding canonical `weights`, in flax layouts."""
+    expected = {name for name, _, _ in spec(net)}
+    if expected != set(weights):
+        raise KeyError(f"weights do not match the model: missing {sorted(expected - set(weights))[:3]}, "
+                       f"unexpected {sorted(set(weights) - expected)[:3]}")
+    native = {"params": {}, "batch_stats": {}}
+    for collection, shapes in native_shapes(net).items():
+        for module, leaf, siblings in _leaves(shapes):
+            name, kind, _ = _canonical_entry(collection, leaf, siblings[leaf], siblings)
+            node = native[collection]
+            for key in module.split("."):
+                node = node.setdefault(key, {})
+            node[leaf] = _native_layout(kind, weights[f"{module}.{name}"])
+    return native
+
+
+def _native_layout(kind: str, value) -> np.ndarray:
+    value = np.asarray(value, dtype=np.float32)
+    if kind == "conv":
+        value = np.transpose(value, (2, 3, 1, 0))   # OIHW -> HWIO
+    elif kind == "dense":
+        value = value.T                              # (out, in) -> (in, out)
+    return np.ascontiguousarray(value)

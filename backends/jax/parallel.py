@@ -1,0 +1,106 @@
+"""Devices, split and allreduce in JAX: a leading device axis, as pmap takes it, and lax.psum.
+
+Every array that spans the devices is one jax.Array with a NamedSharding over a 1-d
+Mesh whose axis is AXIS; `split` and `allreduce` hand back its per-device pieces.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from common.loop import Unsupported
+
+AXIS = "devices"   # the mesh / pmap axis name collectives refer to
+
+
+def devices(n: int, kind: str = "cpu") -> list:
+    """The first n devices of the platform: real GPUs, or simulated CPU devices (see __init__.py)."""
+    platform = "gpu" if kind == "gpu" else "cpu"
+    try:
+        found = jax.devices(platform)
+    except RuntimeError:
+        found = []
+    if len(found) < n:
+        hint = "" if kind == "gpu" else " (the XLA flag --xla_force_host_platform_device_count sets how many)"
+        raise Unsupported(f"{n} {platform} devices requested, JAX sees {len(found)}{hint}")
+    return found[:n]
+
+
+def mesh(devs: list) -> Mesh:
+    return Mesh(np.asarray(devs), (AXIS,))
+
+
+def device_axis_sharding(devs: list) -> NamedSharding:
+    """Axis 0 split over the devices: row i (or the i-th block of rows) lives on devs[i]."""
+    return NamedSharding(mesh(devs), P(AXIS))
+
+
+def replicated_sharding(devs: list) -> NamedSharding:
+    """The whole array on every device."""
+    return NamedSharding(mesh(devs), P())
+
+
+def check_divisible(batch: int, n: int) -> None:
+    """The documented behaviour for a batch the devices cannot split: refuse it."""
+    if batch % n:
+        raise ValueError(f"batch of {batch} examples cannot be split evenly across {n} devices")
+
+
+def check_batch(X, y, n: int) -> None:
+    if X.shape[0] != y.shape[0]:
+        raise ValueError(f"X has {X.shape[0]} examples but y has {y.shape[0]}")
+    check_divisible(X.shape[0], n)
+
+
+def stack_on_devices(X, y, devs: list):
+    """The global batch reshaped to (devices, batch / devices, ...), slice i placed on devs[i] (pmap's input).
+
+    Uneven shards would weight examples differently in the averaged gradient, so a
+    batch that does not divide evenly is refused with ValueError (see check_divisible).
+    """
+    check_batch(X, y, len(devs))
+    k = len(devs)
+    X = np.asarray(X, dtype=np.float32).reshape(k, -1, *X.shape[1:])
+    y = np.asarray(y, dtype=np.int32).reshape(k, -1)
+    return jax.device_put((X, y), device_axis_sharding(devs))
+
+
+def per_device(a: jax.Array, devs: list) -> list[jax.Array]:
+    """The slices along the device axis, slice i as an array on devs[i] (no copy between devices)."""
+    on = {shard.device: shard.data for shard in a.addressable_shards}
+    return [on[d][0] for d in devs]
+
+
+def split(X, y, devs: list):
+    """Shard a global batch into len(devs) equal parts along axis 0, part i on devs[i] (d2l's split_batch)."""
+    xs, ys = stack_on_devices(X, y, devs)
+    return per_device(xs, devs), per_device(ys, devs)
+
+
+def from_per_device(arrays: list[jax.Array], devs: list) -> jax.Array:
+    """One array with a leading device axis made of per-device arrays, without moving them."""
+    shape = (len(arrays), *arrays[0].shape)
+    return jax.make_array_from_single_device_arrays(
+        shape, device_axis_sharding(devs), [jax.device_put(a, d)[None] for a, d in zip(arrays, devs)])
+
+
+def allreduce(data: list[jax.Array]) -> list[jax.Array]:
+    """lax.psum across the devices: afterwards every device holds the elementwise sum.
+
+    JAX arrays are immutable, so the sums come back as a new list, one array per device.
+    """
+    devs = [next(iter(a.devices())) for a in data]
+    summed = _psum_over(tuple(devs))(from_per_device(data, devs))
+    return per_device(summed, devs)
+
+
+@functools.cache
+def _psum_over(devs: tuple):
+    """A jitted psum over `devs`, built once per device set."""
+    return jax.jit(jax.shard_map(lambda a: lax.psum(a, AXIS), mesh=mesh(list(devs)),
+                                 in_specs=P(AXIS), out_specs=P(AXIS)))

@@ -1,0 +1,261 @@
+"""JAX strategies, each a Trainer for common/loop.py.
+
+Same math in both: one plain SGD step (optax.sgd, no momentum) on the mean cross-entropy
+of the *global* batch of B examples: each device sums the losses of its B/k examples,
+the gradient is the sum over devices divided by B.
+  pmap      jax.pmap of the whole step over a leading device axis; every device keeps its
+            own copy of parameters and optimizer state; the gradients are added with lax.psum.
+  sharding  jax.jit over a device Mesh: parameters replicated (NamedSharding P()), the batch
+            split along its first axis (P("devices")). The forward pass is a jax.shard_map,
+            so each device computes on its own shard; the loss is lax.psum'ed there, and
+            jax.grad through the shard_map yields the global gradient (XLA inserts the
+            all-reduce); the optax update runs on the replicated parameters.
+BatchNorm: inside pmap and shard_map every device normalises with its own shard's
+statistics (as the seeds do; plain jit over a batch-sharded array would normalise over
+the global batch instead). The running statistics are kept per device, with a leading
+device axis, and averaged with lax.pmean before evaluation, so every replica evaluates
+the same model.
+Timing: the step is compiled on its first call (the loop's warm-up step); `step` only
+queues work and returns device arrays, `sync` blocks on them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from backends.jax import models
+from backends.jax.environment import configure_precision
+from backends.jax.parallel import (AXIS, check_batch, device_axis_sharding, devices, mesh, per_device,
+                                   replicated_sharding, stack_on_devices)
+from common import data as datalib
+from common.config import RunConfig
+from common.loop import Unsupported, run_training
+from common.weights import init_canonical
+
+
+def initial_weights(cfg: RunConfig) -> dict[str, np.ndarray]:
+    """The canonical initial weights every run of this config starts from."""
+    return init_canonical(models.spec(models.build(cfg.model)), cfg.seed)
+
+
+# ------------------------------------------------------------------ per-device math
+
+def local_loss(net, params, stats, x, y):
+    """Sum of the cross-entropy over this device's examples; (new BatchNorm stats, loss sum, correct) as aux."""
+    logits, new_stats = models.forward(net, {"params": params, "batch_stats": stats}, x, train=True)
+    loss_sum = optax.softmax_cross_entropy_with_integer_labels(logits, y).sum()
+    correct = jnp.sum(jnp.argmax(logits, axis=-1) == y)
+    return loss_sum, (new_stats, loss_sum, correct)
+
+
+def stacked(tree, devs: list):
+    """One copy of every leaf per device, along a leading device axis."""
+    k = len(devs)
+    return jax.device_put(jax.tree.map(lambda a: np.broadcast_to(a, (k, *np.shape(a))), tree),
+                          device_axis_sharding(devs))
+
+
+def _on_device(a: jax.Array, device) -> jax.Array:
+    """The copy of a replicated array that lives on `device`."""
+    return next(shard.data for shard in a.addressable_shards if shard.device == device)
+
+
+def _predict_classes(net):
+    @jax.jit
+    def predict(params, stats, x):
+        logits = models.forward(net, {"params": params, "batch_stats": stats}, x, train=False)
+        return jnp.argmax(logits, axis=-1)
+    return predict
+
+
+class JaxTrainer:
+    """What the strategies share. `state` is (params, batch_stats, opt_state) on the devices;
+    subclasses decide how it is laid out (`place`), how one step runs (`_step`), how the
+    BatchNorm statistics are averaged, and which copy is evaluated (`replica_0`)."""
+
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
+        self.cfg, self.weights, self.rank = cfg, weights, 0
+        self.n_devices = cfg.devices
+        self.devs = devices(cfg.devices, cfg.device_kind)
+        self.net = models.build(cfg.model)
+        self.tx = optax.sgd(cfg.lr)
+        self.state = None
+        self.last = None          # the latest step's outputs, for sync
+        self.predict = _predict_classes(self.net)
+        self.initial = models.from_canonical(self.net, weights)   # numpy, flax layouts
+
+    def reset(self) -> None:
+        params = self.initial["params"]
+        self.state = self.place(params, self.initial["batch_stats"], self.tx.init(params))
+        self.last = None
+
+    def step(self, x, y):
+        params, stats, opt_state, metrics = self._step(*self.state, *self.place_batch(x, y))
+        self.state, self.last = (params, stats, opt_state), metrics
+        return metrics
+
+    def sync(self) -> None:
+        jax.block_until_ready((self.state, self.last))
+
+    def collect(self, handles) -> tuple[float, float]:
+        """Per-device (loss sum, correct) of every step, read back and added up."""
+        host = jax.device_get(handles)
+        return (float(sum(np.sum(loss, dtype=np.float64) for loss, _ in host)),
+                float(sum(np.sum(correct) for _, correct in host)))
+
+    def average_bn_statistics(self) -> None:
+        """Every device's running statistics replaced by their mean over the devices."""
+        params, stats, opt_state = self.state
+        if jax.tree.leaves(stats):   # (LeNet has none)
+            self.state = (params, self._pmean(stats), opt_state)
+
+    def evaluate(self, batches) -> tuple[int, int]:
+        self.average_bn_statistics()
+        params, stats = self.replica_0()
+        correct = total = 0
+        for x, y in batches:
+            classes = self.predict(params, stats, jax.device_put(np.asarray(x, dtype=np.float32), self.devs[0]))
+            correct += int(np.sum(np.asarray(classes) == np.asarray(y)))
+            total += len(y)
+        return correct, total
+
+    def slowest(self, seconds: float) -> float:
+        return seconds
+
+    def param_count(self) -> int:
+        return models.count_params(self.net)
+
+    def memory(self) -> dict:
+        if self.cfg.device_kind != "gpu":
+            return {}
+        peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in self.devs]
+        peaks = [p for p in peaks if p is not None]
+        return {"peak_device_mb": max(peaks) / 2**20} if peaks else {}
+
+    def canonical(self) -> dict[str, np.ndarray]:
+        params, stats = self.replica_0()
+        return models.to_canonical({"params": params, "batch_stats": stats})
+
+
+class PmapTrainer(JaxTrainer):
+    """jax.pmap: the batch, parameters, optimizer state and BatchNorm statistics all carry a
+    leading device axis; gradients are summed with lax.psum inside the step."""
+
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
+        super().__init__(cfg, weights, rank)
+        self._step = jax.pmap(functools.partial(self.device_step, self.net, self.tx, cfg.batch_size),
+                              axis_name=AXIS, devices=self.devs)
+        self._pmean = jax.pmap(functools.partial(lax.pmean, axis_name=AXIS), axis_name=AXIS, devices=self.devs)
+
+    @staticmethod
+    def device_step(net, tx, batch_size, params, stats, opt_state, x, y):
+        """One device's part: local gradients, psum'ed over the devices, then the same SGD step everywhere."""
+        grads, (stats, loss_sum, correct) = jax.grad(local_loss, argnums=1, has_aux=True)(net, params, stats, x, y)
+        grads = jax.tree.map(lambda g: lax.psum(g, AXIS) / batch_size, grads)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), stats, opt_state, (loss_sum, correct)
+
+    def place(self, params, stats, opt_state):
+        return stacked((params, stats, opt_state), self.devs)
+
+    def place_batch(self, x, y):
+        return stack_on_devices(x, y, self.devs)
+
+    def replica_0(self):
+        params, stats, _ = self.state
+        return jax.tree.map(lambda a: per_device(a, self.devs)[0], (params, stats))
+
+
+class ShardingTrainer(JaxTrainer):
+    """jax.jit over a Mesh with NamedSharding: replicated parameters, a batch-sharded global
+    batch, and the per-device part of the step (forward, BatchNorm) in a jax.shard_map."""
+
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
+        super().__init__(cfg, weights, rank)
+        self.mesh = mesh(self.devs)
+        self.replicated = replicated_sharding(self.devs)
+        self.split_rows = device_axis_sharding(self.devs)
+        loss = self.sharded_loss(self.net, self.mesh, cfg.batch_size)
+        r, s = self.replicated, self.split_rows
+        self._step = jax.jit(functools.partial(self.global_step, loss, self.tx),
+                             out_shardings=(r, s, r, (s, s)))
+        self._pmean = jax.jit(jax.shard_map(functools.partial(lax.pmean, axis_name=AXIS), mesh=self.mesh,
+                                            in_specs=P(AXIS), out_specs=P(AXIS)))
+
+    @staticmethod
+    def sharded_loss(net, mesh, batch_size):
+        """The global mean loss as a function of global arrays; the body runs once per device, on its shard.
+
+        BatchNorm statistics come in and go out with a leading device axis of length 1 per device.
+        """
+        def per_device(params, stats, x, y):
+            unstacked = jax.tree.map(lambda a: a[0], stats)
+            _, (new_stats, loss_sum, correct) = local_loss(net, params, unstacked, x, y)
+            restacked = jax.tree.map(lambda a: a[None], new_stats)
+            return lax.psum(loss_sum, AXIS) / batch_size, (restacked, loss_sum[None], correct[None])
+
+        return jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS), P(AXIS)),
+                             out_specs=(P(), (P(AXIS), P(AXIS), P(AXIS))))
+
+    @staticmethod
+    def global_step(loss, tx, params, stats, opt_state, x, y):
+        grads, (stats, loss_sum, correct) = jax.grad(loss, has_aux=True)(params, stats, x, y)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), stats, opt_state, (loss_sum, correct)
+
+    def place(self, params, stats, opt_state):
+        return (jax.device_put(params, self.replicated), stacked(stats, self.devs),
+                jax.device_put(opt_state, self.replicated))
+
+    def place_batch(self, x, y):
+        check_batch(x, y, self.n_devices)
+        return jax.device_put((np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int32)), self.split_rows)
+
+    def replica_0(self):
+        params, stats, _ = self.state
+        return (jax.tree.map(lambda a: _on_device(a, self.devs[0]), params),
+                jax.tree.map(lambda a: per_device(a, self.devs)[0], stats))
+
+
+TRAINERS = {"pmap": PmapTrainer, "sharding": ShardingTrainer}
+
+
+def check_supported(cfg: RunConfig) -> None:
+    if cfg.strategy not in TRAINERS:
+        raise Unsupported(f"jax has no strategy {cfg.strategy!r}; it has {', '.join(TRAINERS)}")
+    devices(cfg.devices, cfg.device_kind)   # Unsupported when JAX sees too few
+
+
+def _apply_steps(trainer, batches) -> dict[str, np.ndarray]:
+    trainer.reset()
+    for x, y in batches:
+        trainer.step(x, y)
+    trainer.sync()
+    return trainer.canonical()
+
+
+# ----------------------------------------------------------------------- entry points
+
+def run(cfg: RunConfig) -> dict:
+    """Train as the run config says; the metrics part of a result."""
+    check_supported(cfg)
+    configure_precision()
+    trainer = TRAINERS[cfg.strategy](cfg, initial_weights(cfg))
+    return run_training(trainer, cfg, datalib.load(cfg))
+
+
+def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray],
+                batches: list, lr: float, device_kind: str = "cpu") -> dict[str, np.ndarray]:
+    """Apply len(batches) SGD steps from `weights`; the canonical weights afterwards (for tests and checks)."""
+    cfg = RunConfig(backend="jax", strategy=strategy, devices=n_devices, device_kind=device_kind,
+                    model=model, batch_size=len(batches[0][1]), lr=lr).validate()
+    check_supported(cfg)
+    configure_precision()
+    return _apply_steps(TRAINERS[strategy](cfg, weights), batches)

@@ -1,0 +1,201 @@
+"""JAX-only behaviour: pmap and sharding agree, per-device BatchNorm, refusal of uneven batches,
+the forward pass against a numpy reference, and the worker end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.backends.conftest import NAME
+
+pytestmark = pytest.mark.skipif(NAME != "jax", reason="jax backend only")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def batch(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, n).astype(np.int32)
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
+
+
+def trainer(strategy, model, k, batch_size, lr=0.1):
+    from backends.jax import initial_weights
+    from backends.jax.strategies import TRAINERS
+    from common.config import RunConfig
+    cfg = RunConfig(backend="jax", strategy=strategy, devices=k, model=model, batch_size=batch_size, lr=lr).validate()
+    t = TRAINERS[strategy](cfg, initial_weights(model, 0))
+    t.reset()
+    return t
+
+
+def test_pmap_and_sharding_take_the_same_steps_on_two_devices():
+    """ResNet-18 (so per-device BatchNorm is in play), 3 steps of 8 examples on 2 devices: within 1e-5."""
+    from backends.jax import initial_weights, train_steps
+    start = initial_weights("resnet18", 0)
+    batches = [batch(8, seed=s) for s in range(3)]
+    pmap = train_steps("pmap", "resnet18", 2, start, batches, 0.1)
+    sharding = train_steps("sharding", "resnet18", 2, start, batches, 0.1)
+    assert max_abs_diff(pmap, start) > 1e-3
+    assert max_abs_diff(pmap, sharding) <= 1e-5
+
+
+def test_batchnorm_uses_each_devices_own_shard_then_averages(strategy):
+    """After one 2-device step, device i's running statistics are those of a 1-device step on shard i
+    (not of the global batch); before evaluation they become the mean of the two."""
+    from backends.jax.parallel import per_device
+    x, y = batch(8)
+    two = trainer(strategy, "resnet18", 2, 8)
+    two.step(x, y)
+    _, stats, _ = two.state
+    mean_on = [np.asarray(m) for m in per_device(stats["bn"]["mean"], two.devs)]
+    alone = []
+    for i in range(2):
+        one = trainer(strategy, "resnet18", 1, 4)
+        one.step(x[4 * i:4 * (i + 1)], y[4 * i:4 * (i + 1)])
+        alone.append(np.asarray(one.state[1]["bn"]["mean"])[0])
+    global_batch = trainer(strategy, "resnet18", 1, 8)
+    global_batch.step(x, y)
+    for i in range(2):
+        np.testing.assert_allclose(mean_on[i], alone[i], rtol=1e-5, atol=1e-7)
+    assert np.max(np.abs(mean_on[0] - np.asarray(global_batch.state[1]["bn"]["mean"])[0])) > 1e-6
+
+    two.average_bn_statistics()
+    for m in per_device(two.state[1]["bn"]["mean"], two.devs):
+        np.testing.assert_allclose(np.asarray(m), (alone[0] + alone[1]) / 2, rtol=1e-5, atol=1e-7)
+
+
+def test_the_train_step_refuses_a_batch_the_devices_cannot_split(strategy):
+    t = trainer(strategy, "lenet", 2, 8)
+    with pytest.raises(ValueError, match="batch of 7 examples cannot be split evenly across 2 devices"):
+        t.step(*batch(7))
+
+
+# ------------------------------------------------------------- forward pass against numpy
+
+def conv_nchw(x, w, b, stride=1, padding=0):
+    """Cross-correlation as torch's Conv2d defines it, in float64 numpy."""
+    x = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+    n, _, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    oh, ow = (h - kh) // stride + 1, (wd - kw) // stride + 1
+    out = np.zeros((n, o, oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            patch = x[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
+    return out + b[None, :, None, None]
+
+
+def avg_pool2(x):
+    n, c, h, w = x.shape
+    return x[:, :, :h // 2 * 2, :w // 2 * 2].reshape(n, c, h // 2, 2, w // 2, 2).mean(axis=(3, 5))
+
+
+def relu(x):
+    return np.maximum(x, 0)
+
+
+def batchnorm_eval(x, w, name):
+    scale = w[f"{name}.weight"] / np.sqrt(w[f"{name}.running_var"] + 1e-5)
+    return (x - w[f"{name}.running_mean"][None, :, None, None]) * scale[None, :, None, None] + \
+        w[f"{name}.bias"][None, :, None, None]
+
+
+def lenet_numpy(w, x):
+    x = avg_pool2(relu(conv_nchw(x, w["conv1.weight"], w["conv1.bias"])))
+    x = avg_pool2(relu(conv_nchw(x, w["conv2.weight"], w["conv2.bias"])))
+    x = relu(x.reshape(len(x), -1) @ w["fc1.weight"].T + w["fc1.bias"])
+    return x @ w["fc2.weight"].T + w["fc2.bias"]
+
+
+def resnet18_numpy(w, x):
+    def conv(name, x, stride=1, padding=1):
+        return conv_nchw(x, w[f"{name}.weight"], w[f"{name}.bias"], stride, padding)
+
+    def residual(p, x, stride, shortcut_conv):
+        y = relu(batchnorm_eval(conv(f"{p}.conv1", x, stride), w, f"{p}.bn1"))
+        y = batchnorm_eval(conv(f"{p}.conv2", y), w, f"{p}.bn2")
+        return relu(y + (conv(f"{p}.conv3", x, stride, 0) if shortcut_conv else x))
+
+    x = relu(batchnorm_eval(conv("conv", x), w, "bn"))
+    for s in range(1, 5):
+        x = residual(f"stage{s}.0", x, 1 if s == 1 else 2, s > 1)
+        x = residual(f"stage{s}.1", x, 1, False)
+    return x.mean(axis=(2, 3)) @ w["fc.weight"].T + w["fc.bias"]
+
+
+def perturbed(weights, seed=1):
+    """Canonical weights with nonzero biases and BatchNorm statistics, so that every term counts."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, v in weights.items():
+        if name.endswith("running_var"):
+            v = rng.uniform(0.5, 2.0, v.shape)
+        elif name.endswith(("bias", "running_mean")) or ".bn" in name or name.startswith("bn."):
+            v = v + rng.normal(0, 0.1, v.shape)
+        else:   # conv and dense weights: unit-variance scale (d2l's 0.01 leaves deep activations tiny)
+            v = v * (np.sqrt(1.0 / np.prod(v.shape[1:])) / 0.01)
+        out[name] = v.astype(np.float32)
+    return out
+
+
+@pytest.mark.parametrize("model,reference", [("lenet", lenet_numpy), ("resnet18", resnet18_numpy)])
+def test_forward_pass_matches_a_numpy_reference(model, reference):
+    """Eval-mode logits on canonical weights (OIHW, (out, in), NCHW flatten order) equal a float64
+    numpy implementation of the torch definitions, to 1e-4 relative."""
+    from backends.jax import initial_weights, predict
+    w = perturbed(initial_weights(model, 0))
+    x, _ = batch(3)
+    expected = reference({k: v.astype(np.float64) for k, v in w.items()}, x.astype(np.float64))
+    got = predict(model, w, x)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+# ------------------------------------------------------------------------- the worker
+
+def run_worker(tmp_path, **overrides) -> tuple[int, dict]:
+    cfg = {"backend": "jax", "strategy": "pmap", "devices": 2, "model": "lenet", "epochs": 2, "batch_size": 16,
+           "lr": 0.1, "train_size": 64, "test_size": 40, "eval_batch_size": 16, "dataset": "synthetic", **overrides}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    proc = subprocess.run([sys.executable, "-m", "backends.jax", "--config", str(tmp_path / "c.json"),
+                           "--result", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    return proc.returncode, json.loads((tmp_path / "r.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["pmap", "sharding"])
+def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
+    rc, r = run_worker(tmp_path, strategy=name)
+    assert rc == 0 and r["status"] == "ok", r["error"]
+    assert r["schema_version"] == 1 and r["params"] == 129_068
+    assert [e["epoch"] for e in r["epochs"]] == [1, 2]
+    assert all(e["steps"] == 4 and e["images"] == 64 for e in r["epochs"])
+    assert r["epochs"][1]["train_loss"] < r["epochs"][0]["train_loss"]
+    assert all(0.0 <= e["test_acc"] <= 1.0 for e in r["epochs"])
+    env = r["environment"]
+    assert env["framework"] == "jax" and len(env["devices"]) == 2 and env["processes"] == 1
+    assert env["precision"]["jax_default_matmul_precision"] == "highest"
+    assert len(r["weights_hash"]) == 64 and len(r["data_hash"]) == 64
+    assert r["compile_s"] > 0
+
+
+def test_worker_reports_more_devices_than_jax_sees_as_unavailable(tmp_path):
+    rc, r = run_worker(tmp_path, devices=32, batch_size=32, train_size=64)
+    assert rc == 1 and r["status"] == "unavailable"
+    assert "32 cpu devices requested" in r["error"]
+
+
+def test_worker_reports_divergence(tmp_path):
+    rc, r = run_worker(tmp_path, lr=1e30, epochs=1)
+    assert rc == 1 and r["status"] == "diverged"
+    assert "training loss became" in r["error"]
