@@ -12,9 +12,14 @@ Canonical layout: NCHW activations, conv kernels (out, in, kh, kw), dense (out, 
 from __future__ import annotations
 
 import hashlib
+import os
+import tempfile
 import zlib
+from pathlib import Path
 
 import numpy as np
+
+from common import architectures
 
 KINDS = ("conv", "dense", "bias", "bn_gamma", "bn_beta", "bn_mean", "bn_var")
 INIT_STD = 0.01
@@ -44,3 +49,52 @@ def fingerprint(weights: dict[str, np.ndarray]) -> str:
         h.update(f"{name}|{a.shape}|".encode())
         h.update(a.tobytes())
     return h.hexdigest()
+
+
+class WeightsError(ValueError):
+    """A weights file that is missing, altered, or for another model."""
+
+
+def initial_weights(model: str, seed: int) -> dict[str, np.ndarray]:
+    """The canonical initial weights of `model`: what every run of every backend starts from."""
+    return init_canonical(architectures.spec(model), seed)
+
+
+HASH_KEY = "__sha256__"
+
+
+def save(path, weights: dict[str, np.ndarray]) -> str:
+    """Write canonical weights as .npz with their fingerprint inside, atomically; return the fingerprint."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digest = fingerprint(weights)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **{k: np.asarray(v, dtype=np.float32) for k, v in weights.items()},
+                     **{HASH_KEY: np.frombuffer(digest.encode(), dtype=np.uint8)})
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return digest
+
+
+def load(path, model: str | None = None) -> dict[str, np.ndarray]:
+    """Read a weights file, check its fingerprint and, given `model`, that it has that model's names and shapes."""
+    try:
+        with np.load(path) as f:
+            stored = bytes(f[HASH_KEY]).decode() if HASH_KEY in f.files else None
+            weights = {k: f[k] for k in f.files if k != HASH_KEY}
+    except (OSError, ValueError) as e:
+        raise WeightsError(f"cannot read weights file {path}: {e}") from None
+    if stored is None or stored != fingerprint(weights):
+        raise WeightsError(f"weights file {path} does not match its recorded fingerprint")
+    if model is not None:
+        expected = {name: shape for name, shape, _ in architectures.spec(model)}
+        actual = {name: tuple(a.shape) for name, a in weights.items()}
+        if expected != actual:
+            raise WeightsError(f"weights file {path} does not hold {model} weights "
+                               f"(e.g. {sorted(set(expected.items()) ^ set(actual.items()))[:2]})")
+    return weights
