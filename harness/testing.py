@@ -84,7 +84,8 @@ def main(argv: list[str]) -> int:
             print(f"\n=== {name}: environment setup failed ===\n{e}")
             results[name] = Counts(failed=1)
             continue
-        results[name] = run_suite(f"{name} (inside its environment)", python, ["tests/backends"],
+        own = [f"tests/backends/test_{name}.py"] if (ROOT / "tests" / "backends" / f"test_{name}.py").exists() else []
+        results[name] = run_suite(f"{name} (inside its environment)", python, ["tests/backends/test_contract.py", *own],
                                   {"DPBENCH_BACKEND": name}, args.pytest_args)
 
     total = Counts()

@@ -1,0 +1,51 @@
+"""MXNet/Gluon backend: the common interface (DESIGN.md) in mxnet 1.9.1.
+
+  resnet18, lenet        models.py
+  devices, split,        parallel.py
+  allreduce
+  run, train_steps,      strategies.py (scratch, gluon)
+  STRATEGIES
+  environment            environment.py
+  (mxnet itself)         compat.py: numpy aliases, threads, precision, then `import mxnet`
+"""
+
+from backends.mxnet.compat import mx
+from backends.mxnet.environment import environment
+from backends.mxnet.models import build, count_params, lenet, load_canonical, resnet18, spec, to_canonical
+from backends.mxnet.parallel import allreduce, devices, split
+from backends.mxnet.strategies import TRAINERS as STRATEGIES, run, train_steps
+
+NAME = "mxnet"
+
+
+def initial_weights(model: str, seed: int = 0):
+    """The canonical initial weights of `model` (common/weights.py), as every run starts from."""
+    from common.weights import init_canonical
+    return init_canonical(spec(build(model)), seed)
+
+
+def param_count(model: str) -> int:
+    return count_params(build(model))
+
+
+def predict(model: str, weights, x):
+    """Logits (numpy) of `model` with canonical `weights` on a numpy batch, in inference mode."""
+    net = build(model)
+    net.initialize(ctx=mx.cpu())
+    load_canonical(net, weights)
+    return net(mx.nd.array(x, dtype="float32")).asnumpy()   # outside autograd.record: inference mode
+
+
+def to_numpy(a):
+    return a.asnumpy()
+
+
+def array(values, device):
+    """A framework array holding numpy `values` on `device` (for tests of split/allreduce)."""
+    import numpy as np
+    values = np.asarray(values)
+    return mx.nd.array(values, ctx=device, dtype=values.dtype)
+
+
+def device_of(a):
+    return a.context

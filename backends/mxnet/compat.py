@@ -1,0 +1,53 @@
+"""The one place this backend imports mxnet from: what must be settled before `import mxnet`.
+
+* numpy aliases: numpy 1.24 removed np.bool, np.int, np.float, np.complex, np.object and
+  np.str, which mxnet 1.9.1 (its final release) still uses. requirements.txt pins numpy
+  1.23.5 where wheels exist (Python < 3.12); on newer Pythons numpy 1.26 is used and the
+  aliases are restored here, as the builtins they always meant. A no-op on numpy < 1.24.
+* threads: MXNet's engine and oneDNN size their OpenMP pools once, when the library
+  loads, from OMP_NUM_THREADS. So the worker's thread count (--threads of the run, else
+  every usable core, as torch uses for one process) is set here, before the import.
+* fp32 means fp32: tensor-core math off (matters only on GPU builds; DESIGN: the same
+  precision settings for every backend).
+
+Every other module of the backend does `from backends.mxnet.compat import mx`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+from common import sysinfo
+
+REMOVED_NUMPY_ALIASES = {"bool": bool, "int": int, "float": float, "complex": complex, "object": object, "str": str}
+
+
+def restore_numpy_aliases() -> None:
+    for name, builtin in REMOVED_NUMPY_ALIASES.items():
+        if name not in np.__dict__:
+            setattr(np, name, builtin)
+
+
+def worker_threads() -> int:
+    """--threads of the run this worker process was started for, else every usable core."""
+    threads = None
+    if "--config" in sys.argv[:-1]:  # python -m backends.mxnet --config RUN.json --result ...
+        with open(sys.argv[sys.argv.index("--config") + 1]) as f:
+            threads = json.load(f).get("threads")
+    return threads or sysinfo.usable_cpus()
+
+
+restore_numpy_aliases()
+os.environ["OMP_NUM_THREADS"] = str(worker_threads())
+os.environ.setdefault("MXNET_CUDA_ALLOW_TENSOR_CORE", "0")
+os.environ.setdefault("MXNET_CUDA_TENSOR_OP_MATH_ALLOW_CONVERSION", "0")
+
+import mxnet as mx  # noqa: E402  (after the settings above, on purpose)
+
+THREADS = int(os.environ["OMP_NUM_THREADS"])
+
+__all__ = ["mx", "THREADS"]

@@ -1,0 +1,79 @@
+"""What the mxnet worker runs on, its options, and the settings that must be the same for every backend.
+
+Threads and precision are set in compat.py, because MXNet reads them when it is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+
+from backends.mxnet.compat import THREADS, mx
+from common import sysinfo
+
+BACKEND_TOML = Path(__file__).with_name("backend.toml")
+NO_GPU_BUILD = ("the installed mxnet has no CUDA, and mxnet 1.9.1, MXNet's final release, has GPU wheels "
+                "only up to CUDA 11.x, none for Hopper")
+
+
+def declared_defaults() -> dict[str, str]:
+    """{option: default} as backend.toml declares them (the harness fills them in for a run)."""
+    with open(BACKEND_TOML, "rb") as f:
+        return {name: str(o["default"]) for name, o in tomllib.load(f).get("options", {}).items()}
+
+
+def option(cfg, name: str) -> str:
+    """The value of a backend option for this run: the one asked for, else the declared default."""
+    return cfg.options.get(name) or declared_defaults()[name]
+
+
+def hybridized(cfg) -> bool:
+    return option(cfg, "hybridize") == "on"
+
+
+def has_cuda() -> bool:
+    return mx.runtime.Features().is_enabled("CUDA")
+
+
+def visible_gpus() -> int:
+    return mx.context.num_gpus() if has_cuda() else 0
+
+
+def engine_workers() -> int:
+    """Operators MXNet runs at once on one CPU context; the simulated devices run side by side."""
+    return int(os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1"))
+
+
+def device_names(cfg) -> list[str]:
+    if cfg.device_kind == "gpu" and visible_gpus() >= cfg.devices:
+        return [f"gpu({i})" for i in range(cfg.devices)]
+    return [f"cpu({i}) (simulated device {i})" for i in range(cfg.devices)]
+
+
+def collective(cfg) -> str:
+    if cfg.strategy == "gluon":
+        kvstore = option(cfg, "kvstore")
+        if cfg.devices == 1:
+            return f"gluon.Trainer, kvstore '{kvstore}' (not created by Gluon for one device)"
+        return f"gluon.Trainer, kvstore '{kvstore}' (gradients summed by the kvstore, update on each device)"
+    return "hand-written allreduce (copy to device 0, sum, copy back)"
+
+
+def environment(cfg) -> dict:
+    features = mx.runtime.Features()
+    return {
+        **sysinfo.host(),
+        "framework": "mxnet",
+        "framework_version": mx.__version__,
+        "cuda": "enabled" if features.is_enabled("CUDA") else None,
+        "cudnn": "enabled" if features.is_enabled("CUDNN") else None,
+        "devices": device_names(cfg),
+        "processes": 1,
+        "threads_per_process": THREADS,
+        "engine": f"threaded engine per device, {engine_workers()} worker thread(s) per context",
+        "precision": {"dtype": "float32", "tf32_matmul": False, "tf32_cudnn": False},
+        "collective": collective(cfg),
+        "kvstore": option(cfg, "kvstore") if cfg.strategy == "gluon" else None,
+        "hybridize": hybridized(cfg),
+    }

@@ -1,0 +1,158 @@
+"""ResNet-18 (d2l's variant for 28x28 inputs) and d2l's from-scratch LeNet, in Gluon.
+
+Layer for layer the networks of backends/torch/models.py. Child blocks carry the
+canonical names as attribute names, so `_collect_params_with_prefix()` yields
+`stage2.0.conv3.weight`, `bn.gamma`, ...; the canonical names (common/weights.py)
+differ only for BatchNorm's gamma/beta, which torch calls weight/bias. Gluon's layouts
+(conv OIHW, dense (out, in)) are the canonical layouts, so values copy unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from backends.mxnet.compat import mx
+from mxnet.gluon import nn
+
+BN_EPS = 1e-5
+BN_MOMENTUM = 0.9   # MXNet convention: new = m * old + (1 - m) * batch (0.1 in torch terms)
+
+
+def _bn(channels: int) -> nn.BatchNorm:
+    return nn.BatchNorm(momentum=BN_MOMENTUM, epsilon=BN_EPS, in_channels=channels)
+
+
+def _conv(in_channels: int, out_channels: int, kernel: int, stride: int = 1, padding: int = 0) -> nn.Conv2D:
+    return nn.Conv2D(out_channels, kernel, strides=stride, padding=padding, in_channels=in_channels)
+
+
+class Residual(nn.HybridBlock):
+    """d2l's residual block: two 3x3 convs with BatchNorm; a 1x1 conv on the shortcut when shape changes."""
+
+    def __init__(self, in_channels: int, out_channels: int, use_1x1conv: bool = False, stride: int = 1):
+        super().__init__()
+        self.conv1 = _conv(in_channels, out_channels, 3, stride=stride, padding=1)
+        self.bn1 = _bn(out_channels)
+        self.conv2 = _conv(out_channels, out_channels, 3, padding=1)
+        self.bn2 = _bn(out_channels)
+        self.conv3 = _conv(in_channels, out_channels, 1, stride=stride) if use_1x1conv else None
+
+    def hybrid_forward(self, F, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y))
+        shortcut = self.conv3(x) if self.conv3 is not None else x
+        return F.relu(y + shortcut)
+
+
+def _stage(in_channels: int, out_channels: int, first: bool) -> nn.HybridSequential:
+    stage = nn.HybridSequential()
+    if first:
+        stage.add(Residual(in_channels, out_channels), Residual(out_channels, out_channels))
+    else:
+        stage.add(Residual(in_channels, out_channels, use_1x1conv=True, stride=2),
+                  Residual(out_channels, out_channels))
+    return stage
+
+
+class ResNet18(nn.HybridBlock):
+    """3x3 stride-1 stem (no max-pool), stages of 64/128/256/512 channels, global average pool, dense."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1):
+        super().__init__()
+        self.conv = _conv(in_channels, 64, 3, padding=1)
+        self.bn = _bn(64)
+        self.stage1 = _stage(64, 64, first=True)
+        self.stage2 = _stage(64, 128, first=False)
+        self.stage3 = _stage(128, 256, first=False)
+        self.stage4 = _stage(256, 512, first=False)
+        self.pool = nn.GlobalAvgPool2D()
+        self.fc = nn.Dense(num_classes, in_units=512)   # flattens (N, 512, 1, 1) itself
+
+    def hybrid_forward(self, F, x):
+        x = F.relu(self.bn(self.conv(x)))
+        x = self.stage4(self.stage3(self.stage2(self.stage1(x))))
+        return self.fc(self.pool(x))
+
+
+class LeNet(nn.HybridBlock):
+    """The from-scratch chapter's network: conv3x3(20) relu avgpool, conv5x5(50) relu avgpool, 800-128-10."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1):
+        super().__init__()
+        self.conv1 = _conv(in_channels, 20, 3)
+        self.conv2 = _conv(20, 50, 5)
+        self.pool = nn.AvgPool2D(pool_size=2, strides=2)
+        self.fc1 = nn.Dense(128, in_units=800)          # flattens (N, 50, 4, 4) itself
+        self.fc2 = nn.Dense(num_classes, in_units=128)
+
+    def hybrid_forward(self, F, x):
+        x = self.pool(F.relu(self.conv1(x)))
+        x = self.pool(F.relu(self.conv2(x)))
+        return self.fc2(F.relu(self.fc1(x)))
+
+
+def resnet18(num_classes: int = 10, in_channels: int = 1) -> ResNet18:
+    return ResNet18(num_classes, in_channels)
+
+
+def lenet(num_classes: int = 10, in_channels: int = 1) -> LeNet:
+    return LeNet(num_classes, in_channels)
+
+
+MODELS = {"resnet18": resnet18, "lenet": lenet}
+
+
+def build(model: str) -> nn.HybridBlock:
+    return MODELS[model]()
+
+
+def count_params(net: nn.Block) -> int:
+    """Trainable parameters (BatchNorm running statistics have grad_req 'null')."""
+    return sum(int(np.prod(p.shape)) for p in net.collect_params().values() if p.grad_req != "null")
+
+
+# ------------------------------------------------------------------ canonical weights
+
+# Gluon's last name component -> the canonical one (only BatchNorm's differ).
+GLUON_TO_CANONICAL = {"gamma": "weight", "beta": "bias"}
+# Gluon's last name component -> the kind common/weights.py initialises (weights: conv or dense by rank).
+KINDS = {"gamma": "bn_gamma", "beta": "bn_beta", "running_mean": "bn_mean", "running_var": "bn_var", "bias": "bias"}
+
+
+def canonical_name(gluon_name: str) -> str:
+    """`stage1.0.bn1.gamma` -> `stage1.0.bn1.weight`; every other name is already canonical."""
+    block, _, leaf = gluon_name.rpartition(".")
+    return f"{block}.{GLUON_TO_CANONICAL.get(leaf, leaf)}"
+
+
+def _kind(gluon_name: str, shape: tuple[int, ...]) -> str:
+    leaf = gluon_name.rpartition(".")[2]
+    if leaf == "weight":
+        return "conv" if len(shape) == 4 else "dense"
+    return KINDS[leaf]
+
+
+def canonical_params(net: nn.Block) -> dict:
+    """{canonical name: gluon Parameter}, BatchNorm running statistics included."""
+    return {canonical_name(name): p for name, p in net._collect_params_with_prefix().items()}
+
+
+def spec(net: nn.Block) -> list[tuple[str, tuple[int, ...], str]]:
+    """(canonical name, shape, kind) for every weight common/weights.py initialises."""
+    return [(canonical_name(name), tuple(p.shape), _kind(name, tuple(p.shape)))
+            for name, p in net._collect_params_with_prefix().items()]
+
+
+def load_canonical(net: nn.Block, weights: dict[str, np.ndarray]) -> None:
+    """Copy canonical numpy weights into the network on every context it is initialised on."""
+    params = canonical_params(net)
+    if set(params) != set(weights):
+        raise KeyError(f"weights do not match the model: missing {sorted(set(params) - set(weights))[:3]}, "
+                       f"unexpected {sorted(set(weights) - set(params))[:3]}")
+    for name, p in params.items():
+        p.set_data(mx.nd.array(weights[name], dtype=np.float32))
+
+
+def to_canonical(net: nn.Block) -> dict[str, np.ndarray]:
+    """Canonical numpy weights, read from the first context (the others hold the same after a step)."""
+    return {name: p.list_data()[0].asnumpy().copy() for name, p in canonical_params(net).items()}

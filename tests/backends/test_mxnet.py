@@ -1,0 +1,153 @@
+"""MXNet-only behaviour: scratch and gluon agree on several devices, hybridize and the kvstore
+type change no numbers, BatchNorm statistics are averaged before evaluation, the worker end to
+end, and a GPU request on a host without an MXNet GPU build is reported as unavailable."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.backends.conftest import NAME
+
+pytestmark = pytest.mark.skipif(NAME != "mxnet", reason="mxnet backend only")
+ROOT = Path(__file__).resolve().parents[2]
+TOLERANCE = 1e-5    # fp32; the paths differ only in the order of float additions
+
+
+def batches(n_steps, size=12):
+    out = []
+    for seed in range(n_steps):
+        rng = np.random.default_rng(seed)
+        out.append((rng.random((size, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, size).astype(np.int32)))
+    return out
+
+
+def steps(strategy, k=2, n_steps=3, model="lenet", lr=0.5, **options):
+    from backends.mxnet import initial_weights, train_steps
+    weights = initial_weights(model, 0)
+    return weights, train_steps(strategy, model, k, weights, batches(n_steps), lr, options=options)
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
+
+
+def test_scratch_and_gluon_agree_after_three_steps_on_two_devices():
+    start, scratch = steps("scratch")
+    _, gluon = steps("gluon")
+    assert max_abs_diff(scratch, start) > 1e-3
+    assert max_abs_diff(scratch, gluon) <= TOLERANCE
+
+
+def test_scratch_and_gluon_agree_on_resnet18_with_batchnorm():
+    """One ResNet-18 step on 2 devices: weights and device 0's BatchNorm running statistics."""
+    start, scratch = steps("scratch", n_steps=1, model="resnet18", lr=0.1)
+    _, gluon = steps("gluon", n_steps=1, model="resnet18", lr=0.1)
+    assert max_abs_diff(scratch, start) > 1e-4
+    assert not np.array_equal(scratch["bn.running_mean"], start["bn.running_mean"])
+    assert max_abs_diff(scratch, gluon) <= 1e-4   # 20 layers of fp32 convolutions
+
+
+@pytest.mark.parametrize("name", ["scratch", "gluon"])
+def test_hybridized_and_imperative_take_the_same_step(name):
+    start, hybrid = steps(name, hybridize="on")
+    _, imperative = steps(name, hybridize="off")
+    assert max_abs_diff(hybrid, start) > 1e-3
+    assert max_abs_diff(hybrid, imperative) <= TOLERANCE
+
+
+def test_both_kvstore_types_take_the_same_step():
+    start, device = steps("gluon", kvstore="device")
+    _, local = steps("gluon", kvstore="local")
+    assert max_abs_diff(device, start) > 1e-3
+    assert max_abs_diff(device, local) <= TOLERANCE
+
+
+def statistics_per_device(trainer) -> list[list[np.ndarray]]:
+    """The BatchNorm running statistics each of the trainer's devices holds."""
+    from backends.mxnet.strategies import running_statistics
+    if hasattr(trainer, "replicas"):   # scratch: one network per device
+        return [[p.data().asnumpy() for p in running_statistics(net)] for net in trainer.replicas]
+    params = running_statistics(trainer.module)
+    return [[p.list_data()[d].asnumpy() for p in params] for d in range(trainer.n_devices)]
+
+
+@pytest.mark.parametrize("name", ["scratch", "gluon"])
+def test_batchnorm_statistics_are_averaged_across_devices_before_evaluation(name):
+    from backends.mxnet import initial_weights
+    from backends.mxnet.strategies import TRAINERS
+    from common.config import RunConfig
+    cfg = RunConfig(backend="mxnet", strategy=name, devices=2, model="resnet18", batch_size=4, lr=0.1).validate()
+    trainer = TRAINERS[name](cfg, initial_weights("resnet18", 0))
+    trainer.reset()
+    x, y = batches(1, size=4)[0]
+    trainer.step(x, y)
+    before = statistics_per_device(trainer)
+    assert any(not np.allclose(a, b) for a, b in zip(*before))   # each device saw its own shard
+    correct, total = trainer.evaluate([(x, y)])
+    after = statistics_per_device(trainer)
+    assert total == 4 and 0 <= correct <= 4
+    for d in range(2):
+        for a, b0, b1 in zip(after[d], before[0], before[1]):
+            np.testing.assert_allclose(a, (b0 + b1) / 2, rtol=1e-6, atol=1e-7)
+
+
+def run_worker(tmp_path, **overrides) -> tuple[int, dict]:
+    cfg = {"backend": "mxnet", "strategy": "gluon", "devices": 2, "model": "lenet", "epochs": 2, "batch_size": 16,
+           "lr": 0.1, "train_size": 64, "test_size": 40, "eval_batch_size": 16, "dataset": "synthetic",
+           "options": {"kvstore": "device", "hybridize": "on"}, **overrides}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    proc = subprocess.run([sys.executable, "-m", "backends.mxnet", "--config", str(tmp_path / "c.json"),
+                           "--result", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    return proc.returncode, json.loads((tmp_path / "r.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["scratch", "gluon"])
+def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
+    rc, r = run_worker(tmp_path, strategy=name, threads=1)
+    assert rc == 0 and r["status"] == "ok", r["error"]
+    assert r["schema_version"] == 1 and r["params"] == 129_068
+    assert [e["epoch"] for e in r["epochs"]] == [1, 2]
+    assert all(e["steps"] == 4 and e["images"] == 64 for e in r["epochs"])
+    assert r["epochs"][1]["train_loss"] < r["epochs"][0]["train_loss"]
+    assert all(0.0 <= e["test_acc"] <= 1.0 for e in r["epochs"])
+    env = r["environment"]
+    assert env["framework"] == "mxnet" and env["framework_version"] == "1.9.1"
+    assert len(env["devices"]) == 2 and env["processes"] == 1 and env["threads_per_process"] == 1
+    assert env["hybridize"] is True
+    assert env["kvstore"] == ("device" if name == "gluon" else None)
+    assert len(r["weights_hash"]) == 64 and len(r["data_hash"]) == 64
+    assert r["compile_s"] > 0
+
+
+def test_gpu_request_is_unavailable_without_an_mxnet_gpu_build(tmp_path):
+    from backends.mxnet.environment import visible_gpus
+    if visible_gpus():
+        pytest.skip("this MXNet build sees GPUs")
+    rc, r = run_worker(tmp_path, device_kind="gpu", simulated=False)
+    assert rc == 1 and r["status"] == "unavailable"
+    assert "no MXNet GPU build can run here" in r["error"]
+    assert r["environment"]["framework"] == "mxnet"
+
+
+def test_train_steps_refuses_gpus_it_cannot_use():
+    from backends.mxnet import initial_weights, train_steps
+    from backends.mxnet.environment import visible_gpus
+    from common.loop import Unsupported
+    if visible_gpus():
+        pytest.skip("this MXNet build sees GPUs")
+    with pytest.raises(Unsupported, match="GPU"):
+        train_steps("gluon", "lenet", 1, initial_weights("lenet", 0), batches(1), 0.1, device_kind="gpu")
+
+
+def test_numpy_aliases_mxnet_uses_are_there():
+    import backends.mxnet  # noqa: F401  (restores them on numpy >= 1.24)
+    assert np.bool is bool and np.object is object
