@@ -10,6 +10,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 
 MODELS = ("resnet18", "lenet")
+BN_MODES = ("local", "sync")
 DATASETS = ("fashion-mnist", "synthetic")
 
 
@@ -39,6 +40,11 @@ class RunConfig:
     # Backend-specific options declared in backends/<name>/backend.toml, e.g. {"kvstore": "device"};
     # the harness fills in every declared default, so a result records exactly what ran.
     options: dict[str, str] = field(default_factory=dict)
+    # BatchNorm across devices: "local" (each device its own shard's statistics, as the seeds do)
+    # or "sync" (statistics over the global batch: k-device training is 1-device training).
+    bn: str = "local"
+    load_weights: str | None = None   # start from this canonical weights file instead of the seeded init
+    save_weights: str | None = None   # write the canonical weights here after training
 
     @property
     def variant(self) -> str:
@@ -57,8 +63,11 @@ class RunConfig:
             raise ConfigError(f"unknown model {self.model!r}; choose from {', '.join(MODELS)}")
         if self.dataset not in DATASETS:
             raise ConfigError(f"unknown dataset {self.dataset!r}; choose from {', '.join(DATASETS)}")
-        if self.epochs < 1:
-            raise ConfigError(f"--epochs must be at least 1 (got {self.epochs})")
+        if self.epochs < (0 if self.load_weights else 1):
+            raise ConfigError(f"--epochs must be at least 1 (got {self.epochs}); "
+                              "0 evaluates the weights given with --load-weights")
+        if self.bn not in BN_MODES:
+            raise ConfigError(f"unknown --bn {self.bn!r}; choose from {', '.join(BN_MODES)}")
         if self.batch_size < self.devices:
             raise ConfigError(f"--batch-size {self.batch_size} is smaller than the {self.devices} devices")
         if self.batch_size % self.devices:

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Protocol
 
 from common import data as datalib
 from common import progress, sysinfo
-from common.weights import fingerprint
+from common import weights as weightslib
 
 
 class Unsupported(Exception):
@@ -65,9 +65,16 @@ class Trainer(Protocol):
     def memory(self) -> dict:
         """Peak device memory where the framework exposes it ({} otherwise)."""
 
+    def canonical(self) -> dict:
+        """The current weights as canonical numpy arrays (replica 0's)."""
+
 
 def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
-    """Warm up, train cfg.epochs epochs, evaluate after each; return the metrics part of a result."""
+    """Warm up, train cfg.epochs epochs, evaluate after each; return the metrics part of a result.
+
+    With cfg.epochs == 0 (only with --load-weights) the weights are just evaluated."""
+    if cfg.epochs == 0:
+        return evaluate_only(trainer, cfg, dataset)
     report = trainer.rank == 0
     steps = datalib.steps_per_epoch(len(dataset.y_train), cfg.batch_size)
 
@@ -120,11 +127,37 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
 
     return {
         "epochs": epochs,
+        "final_test_acc": epochs[-1]["test_acc"],
+        "saved_weights": save_weights(trainer, cfg),
         "compile_s": compile_s,
         "params": trainer.param_count(),
-        "weights_hash": fingerprint(trainer.weights),
+        "weights_hash": weightslib.fingerprint(trainer.weights),
         "memory": {**trainer.memory(), "peak_host_rss_mb": sysinfo.peak_rss_mb()},
         "data_hash": datalib.batch_sequence_hash(dataset, cfg.batch_size, cfg.seed, cfg.epochs),
         "test_examples": len(dataset.y_test),
         "train_examples": len(dataset.y_train),
+    }
+
+
+def save_weights(trainer: Trainer, cfg) -> dict | None:
+    """--save-weights: the trained weights, canonical, in one file any backend can load."""
+    if not cfg.save_weights or trainer.rank != 0:
+        return None
+    return {"path": cfg.save_weights, "sha256": weightslib.save(cfg.save_weights, trainer.canonical())}
+
+
+def evaluate_only(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
+    trainer.reset()
+    correct, total = trainer.evaluate(datalib.test_batches(dataset, cfg.eval_batch_size))
+    if trainer.rank == 0:
+        progress.emit("evaluated", test_acc=correct / total)
+    return {
+        "epochs": [],
+        "final_test_acc": correct / total,
+        "saved_weights": None,
+        "params": trainer.param_count(),
+        "weights_hash": weightslib.fingerprint(trainer.weights),
+        "memory": {**trainer.memory(), "peak_host_rss_mb": sysinfo.peak_rss_mb()},
+        "test_examples": len(dataset.y_test),
+        "train_examples": 0,
     }

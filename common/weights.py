@@ -60,6 +60,13 @@ def initial_weights(model: str, seed: int) -> dict[str, np.ndarray]:
     return init_canonical(architectures.spec(model), seed)
 
 
+def for_run(cfg) -> dict[str, np.ndarray]:
+    """The weights a run starts from: --load-weights if given, else the seeded canonical init."""
+    if cfg.load_weights:
+        return load(cfg.load_weights, cfg.model)
+    return initial_weights(cfg.model, cfg.seed)
+
+
 HASH_KEY = "__sha256__"
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.distributed.nn.functional as dist_fn
+from torch import nn
 
 
 def devices(n: int, kind: str = "cpu") -> list[torch.device]:
@@ -49,3 +51,42 @@ def allreduce(data: list[torch.Tensor]) -> list[torch.Tensor]:
         for i in range(1, len(data)):
             data[i].copy_(data[0].to(data[i].device))
     return data
+
+
+class CPUSyncBatchNorm(nn.BatchNorm2d):
+    """BatchNorm over the global batch of all DDP ranks, for CPU (torch's SyncBatchNorm is GPU-only).
+
+    Two differentiable all-reduces per layer (the mean, then the centred sum of squares),
+    so autograd carries the gradient through the statistics exactly as for one device
+    holding the whole batch. Running statistics follow torch's rule (unbiased variance).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return super().forward(x)
+        shape = (1, -1, 1, 1)
+        count = torch.tensor(float(x.numel() // x.shape[1]), dtype=x.dtype)
+        count = dist_fn.all_reduce(count)
+        mean = dist_fn.all_reduce(x.sum(dim=(0, 2, 3))) / count
+        centred = x - mean.view(shape)
+        var = dist_fn.all_reduce((centred * centred).sum(dim=(0, 2, 3))) / count
+        with torch.no_grad():
+            self.running_mean.mul_(1 - self.momentum).add_(mean.detach(), alpha=self.momentum)
+            self.running_var.mul_(1 - self.momentum).add_(var.detach() * count / (count - 1), alpha=self.momentum)
+            self.num_batches_tracked.add_(1)
+        y = centred / torch.sqrt(var.view(shape) + self.eps)
+        return y * self.weight.view(shape) + self.bias.view(shape)
+
+
+def convert_sync_batchnorm(module: nn.Module, device_kind: str) -> nn.Module:
+    """--bn sync under DDP: torch's SyncBatchNorm on GPUs, CPUSyncBatchNorm on the CPU."""
+    if device_kind == "gpu":
+        return nn.SyncBatchNorm.convert_sync_batchnorm(module)
+    for name, child in module.named_children():
+        if isinstance(child, nn.BatchNorm2d):
+            sync = CPUSyncBatchNorm(child.num_features, eps=child.eps, momentum=child.momentum)
+            sync.load_state_dict(child.state_dict())
+            setattr(module, name, sync)
+        else:
+            convert_sync_batchnorm(child, device_kind)
+    return module

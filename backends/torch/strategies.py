@@ -33,16 +33,16 @@ from torch.nn import functional as F
 from common import data as datalib
 from common.config import RunConfig
 from common.loop import Diverged, Unsupported, run_training
-from common.weights import init_canonical
+from common.weights import for_run as weights_for_run
 
 from backends.torch import models
 from backends.torch.environment import configure_threads, configure_precision
-from backends.torch.parallel import allreduce, as_tensor, check_divisible, devices, split
+from backends.torch.parallel import allreduce, as_tensor, check_divisible, convert_sync_batchnorm, devices, split
 
 
 def initial_weights(cfg: RunConfig) -> dict[str, np.ndarray]:
-    """The canonical initial weights every run of this config starts from."""
-    return init_canonical(models.spec(models.build(cfg.model)), cfg.seed)
+    """The canonical weights this run starts from (the seeded init, or --load-weights)."""
+    return weights_for_run(cfg)
 
 
 def _step_metrics(logits: torch.Tensor, y: torch.Tensor, loss_sum: torch.Tensor):
@@ -198,7 +198,10 @@ class DDPTrainer(TorchTrainer):
         self.n_devices = cfg.devices
         self.device = devices(cfg.devices, cfg.device_kind)[rank]
         self.devs = [self.device]
-        self.module = models.build(cfg.model).to(self.device)
+        self.module = models.build(cfg.model)
+        if cfg.bn == "sync":
+            self.module = convert_sync_batchnorm(self.module, cfg.device_kind)
+        self.module = self.module.to(self.device)
         models.load_canonical(self.module, weights)
         # broadcast_buffers=False: every rank keeps its own BatchNorm statistics (averaged before
         # evaluation), the same policy as scratch, instead of copying rank 0's at every forward.
@@ -270,6 +273,8 @@ def check_supported(cfg: RunConfig) -> None:
         raise Unsupported(f"torch has no strategy {cfg.strategy!r}; it has {', '.join(TRAINERS)}")
     if cfg.strategy == "dp":
         require_cuda(cfg)
+    if cfg.bn == "sync" and cfg.strategy != "ddp":
+        raise Unsupported(f"torch {cfg.strategy} has no synchronised BatchNorm (--bn sync runs with ddp)")
     if cfg.device_kind == "gpu":
         if not torch.cuda.is_available():
             raise Unsupported("GPU run requested but torch sees no CUDA device")
@@ -392,10 +397,10 @@ def run(cfg: RunConfig) -> dict:
 
 
 def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray],
-                batches: list, lr: float, device_kind: str = "cpu") -> dict[str, np.ndarray]:
+                batches: list, lr: float, device_kind: str = "cpu", bn: str = "local") -> dict[str, np.ndarray]:
     """Apply len(batches) SGD steps from `weights`; the canonical weights afterwards (for tests and checks)."""
     cfg = RunConfig(backend="torch", strategy=strategy, devices=n_devices, device_kind=device_kind,
-                    model=model, batch_size=len(batches[0][1]), lr=lr).validate()
+                    model=model, batch_size=len(batches[0][1]), lr=lr, bn=bn).validate()
     check_supported(cfg)
     if strategy == "ddp":
         return launch_ddp(cfg, _steps_job, (weights, batches))
