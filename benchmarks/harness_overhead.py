@@ -74,7 +74,7 @@ def through_harness(python: str, args) -> float:
                         "--train-size", str(args.train_size), "--test-size", "100", "--epochs", str(args.epochs),
                         "--batch-size", str(args.batch_size), "--lr", str(args.lr), "--threads", str(args.threads),
                         "--python", f"torch={python}", "--out", out, "--quiet"], cwd=ROOT, check=True,
-                       stdout=subprocess.DEVNULL)
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         (report,) = Path(out).iterdir()
         epochs = json.loads((report / "results.json").read_text())["runs"][0]["epochs"]
         return sum(e["images"] for e in epochs) / sum(e["time_s"] for e in epochs)

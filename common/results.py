@@ -88,8 +88,9 @@ def load_result(path) -> dict:
 def summary(result: dict) -> dict:
     """The headline numbers of one run: mean over all epochs (as d2l), warm-up excluded by the loop."""
     epochs = result.get("epochs") or []
-    if not epochs:
-        return {}
+    if not epochs:  # evaluation only (--epochs 0 with --load-weights)
+        acc = result.get("final_test_acc")
+        return {} if acc is None else {"test_acc": acc}
     seconds = sum(e["time_s"] for e in epochs)
     return {
         "sec_per_epoch": seconds / len(epochs),

@@ -1,4 +1,5 @@
-"""The worker entry point every backend shares: `python -m backends.<name> --config C --result R`.
+"""The worker entry point every backend shares: `python -m backends.<name> --config C --result R`
+(a training run), or `--check JOB --result R.npz` (the measurements of `python -m harness check`).
 
 It reads the run config, asks the backend to describe its environment and to run,
 and writes exactly one result file (atomically), whatever happens. Exit status:
@@ -19,9 +20,15 @@ from common.results import new_result, tail, write_json_atomic
 def main(backend, argv=None) -> int:
     """`backend` is a backend package: it provides environment(cfg) -> dict and run(cfg) -> dict."""
     parser = argparse.ArgumentParser(prog=f"python -m {backend.__name__}")
-    parser.add_argument("--config", required=True, help="run-config JSON written by the harness")
-    parser.add_argument("--result", required=True, help="where to write the result JSON")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--config", help="run-config JSON written by the harness: train and write a result JSON")
+    mode.add_argument("--check", help="check-job JSON written by `harness check`: write measurements (.npz)")
+    parser.add_argument("--result", required=True, help="where to write the result")
     args = parser.parse_args(argv)
+    if args.check:
+        from common import check
+        check.run(backend, args.check, args.result)
+        return 0
 
     cfg = RunConfig.load(args.config)
     result = new_result(cfg.to_dict())

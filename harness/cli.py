@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
@@ -11,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import data as datalib
-from common.config import DATASETS, MODELS, ConfigError, RunConfig
+from common import weights as weightslib
+from common.config import BN_MODES, DATASETS, MODELS, ConfigError, RunConfig
 from harness import devices as devicelib
 from harness import envs, registry, report, runner
 
@@ -75,6 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds before a run is killed")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads per worker process (default: the cores shared among the processes)")
+    p.add_argument("--bn", choices=BN_MODES, default="local",
+                   help="BatchNorm across devices: local (each device its shard's statistics, as d2l) or sync "
+                        "(statistics over the global batch: k-device training is 1-device training)")
+    p.add_argument("--load-weights", default=None, metavar="PATH",
+                   help="start from these canonical weights (a file written by --save-weights, any backend); "
+                        "with --epochs 0 they are only evaluated")
+    p.add_argument("--save-weights", default=None, metavar="PATH",
+                   help="write the trained weights, canonical, to PATH (a run of one backend, strategy and device count)")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip the equivalence check (`python -m harness check`, small) the report includes")
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE[,VALUE]",
                    help="a backend-specific option declared in its backend.toml (see --list), e.g. kvstore=local; "
                         "several values run one variant each, e.g. hybridize=on,off")
@@ -181,7 +193,7 @@ def check_device_counts(counts: list[int], kind: str, gpus: list[str]) -> None:
         raise UsageError(f"--gpus {max(counts)}: at most {devicelib.MAX_SIMULATED} simulated CPU devices")
 
 
-def select_strategies(args, backends: dict[str, registry.Backend], kind: str):
+def select_strategies(args, backends: dict[str, registry.Backend], kind: str, bn: str = "local"):
     """{backend: [(strategy, reason-not-run or None)]}, refusing what cannot run if it was asked for."""
     asked = [s.strip() for s in args.strategy.split(",") if s.strip()] if args.strategy else None
     if asked:
@@ -203,8 +215,10 @@ def select_strategies(args, backends: dict[str, registry.Backend], kind: str):
             reason = None
             if needs == "cuda" and kind != "gpu":
                 reason = f"{b.name} {s} needs CUDA GPUs; none is present ({b.strategies[s].summary})"
-                if asked:
-                    raise UsageError(f"strategy {s!r} cannot run here: {reason}")
+            elif bn not in b.strategies[s].bn:
+                reason = f"{b.name} {s} has no {bn} BatchNorm (it runs: {', '.join(b.strategies[s].bn)})"
+            if reason and asked:
+                raise UsageError(f"strategy {s!r} cannot run here: {reason}")
             picks.append((s, reason))
         chosen[b.name] = picks
     return chosen
@@ -232,7 +246,9 @@ def make_config(args, preset: dict, backend: str, strategy: str, options: dict, 
         train_size=args.train_size if args.train_size is not None else preset["train_size"],
         test_size=args.test_size if args.test_size is not None else preset["test_size"],
         dataset=args.dataset, data_dir=data_dir, seed=args.seed, timeout=args.timeout,
-        threads=args.threads, options=options)
+        threads=args.threads, options=options, bn=args.bn,
+        load_weights=os.path.abspath(args.load_weights) if args.load_weights else None,
+        save_weights=os.path.abspath(args.save_weights) if args.save_weights else None)
     try:
         return cfg.validate()
     except ConfigError as e:
@@ -256,7 +272,7 @@ def build_plan(args) -> Plan:
     preset = PRESETS[preset_name]
     backends = {n: registry.load(n) for n in names}
     options = parse_options(args.option, backends)
-    strategies = select_strategies(args, backends, kind)
+    strategies = select_strategies(args, backends, kind, args.bn)
     data_dir, data_source = resolve_data(args)
 
     plan = Plan(backends=backends, pythons=pythons, device_kind=kind, gpus=gpus, data_source=data_source,
@@ -270,7 +286,19 @@ def build_plan(args) -> Plan:
                         plan.not_run.append((cfg, reason))
                     else:
                         plan.configs.append(cfg)
+    check_weights_flags(args, plan)
     return plan
+
+
+def check_weights_flags(args, plan: Plan) -> None:
+    if args.load_weights:
+        try:
+            weightslib.load(args.load_weights, plan.configs[0].model if plan.configs else None)
+        except weightslib.WeightsError as e:
+            raise UsageError(str(e)) from None
+    if args.save_weights and len(plan.configs) != 1:
+        raise UsageError(f"--save-weights needs exactly one run (this request has {len(plan.configs)}): "
+                         "choose one --backend, --strategy and --gpus count")
 
 
 # ---------------------------------------------------------------------------- run
@@ -323,6 +351,29 @@ def execute(plan: Plan, workdir: Path, console: runner.Console) -> list[dict]:
     return results
 
 
+def equivalence(plan: Plan, args, console: runner.Console) -> dict:
+    """A small `harness check` over what this report runs, for its Equivalence section."""
+    from harness import check
+    counts = sorted({c.devices for c in plan.configs}) or [1]
+    strategies = {}
+    for c in plan.configs:
+        strategies.setdefault(c.backend, [])
+        if c.strategy not in strategies[c.backend]:
+            strategies[c.backend].append(c.strategy)
+    steps, batch = 5, 8 * math.lcm(*counts)
+    cfg = plan.configs[0] if plan.configs else None
+    if cfg is None:
+        return {}
+    dataset = (datalib.synthetic(steps * batch, 10, cfg.seed) if cfg.dataset == "synthetic"
+               else datalib.load_fashion_mnist(Path(cfg.data_dir), steps * batch, 10))
+    rows, failures, hashes = check.run_checks(plan.backends, plan.pythons, [cfg.model], strategies, counts, [cfg.bn],
+                                              steps, batch, 0.1, cfg.seed, dataset, plan.device_kind,
+                                              cfg.timeout, say=console.say)
+    return {"rows": [r.__dict__ for r in rows], "failures": failures, "weights_hash": hashes,
+            "setup": f"{cfg.model}, {steps} steps of batch {batch} ({cfg.dataset}), lr 0.1, fp32, bn {cfg.bn}",
+            "table": check.table(rows)}
+
+
 def run_benchmark(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.list:
@@ -345,6 +396,8 @@ def run_benchmark(argv: list[str]) -> int:
         "backends": sorted(plan.backends),
     }
     with report.Staging(Path(args.out), sorted(plan.backends)) as staging:
+        if not args.no_check:
+            meta["equivalence"] = equivalence(plan, args, console)
         results = execute(plan, staging.path, console)
         meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         final = staging.commit(results, meta)
@@ -360,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:1] == ["test"]:
             from harness import testing
             return testing.main(argv[1:])
+        if argv[:1] == ["check"]:
+            from harness import check
+            return check.main(argv[1:])
         return run_benchmark(argv)
     except UsageError as e:
         print(f"harness: error: {e}", file=sys.stderr)

@@ -18,6 +18,7 @@ class Strategy:
     name: str
     summary: str
     requires: str | None = None          # "cuda": refused where no GPU is present
+    bn: list[str] = field(default_factory=lambda: ["local"])   # the BatchNorm modes it runs (--bn)
 
 
 @dataclass
@@ -54,7 +55,8 @@ def load(name: str) -> Backend:
                        reason=f"the {name} backend is not implemented in this version of the suite")
     with open(meta, "rb") as f:
         d = tomllib.load(f)
-    strategies = {k: Strategy(k, v.get("summary", ""), v.get("requires")) for k, v in d.get("strategies", {}).items()}
+    strategies = {k: Strategy(k, v.get("summary", ""), v.get("requires"), v.get("bn", ["local"]))
+                  for k, v in d.get("strategies", {}).items()}
     options = {k: Option(k, [str(x) for x in v["values"]], str(v["default"]), v.get("summary", ""), v.get("strategies"))
                for k, v in d.get("options", {}).items()}
     return Backend(d["name"], d.get("display", d["name"]), True, strategies, options=options)

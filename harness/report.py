@@ -73,12 +73,12 @@ def with_scaling(results: list[dict]) -> list[dict]:
     base = {}
     for r in results:
         s = summary(r) if r["status"] == "ok" else {}
-        if s and r["config"]["devices"] == 1:
+        if s.get("images_per_s") and r["config"]["devices"] == 1:
             base[key(r)[:2]] = s["images_per_s"]
     for r in results:
         s = summary(r) if r["status"] == "ok" else {}
         b = base.get(key(r)[:2])
-        if s and b:
+        if s.get("images_per_s") and b:
             s["speedup"] = s["images_per_s"] / b
             s["efficiency"] = s["speedup"] / r["config"]["devices"]
         rows.append({"result": r, **s})
@@ -93,7 +93,7 @@ def fmt(value, spec: str, missing: str = "—") -> str:
 # --------------------------------------------------------------------------- plots
 
 def plot_accuracy(rows: list[dict], path: Path) -> bool:
-    ok = [row for row in rows if row["result"]["status"] == "ok"]
+    ok = [row for row in rows if row["result"]["status"] == "ok" and row["result"]["epochs"]]
     if not ok:
         return False
     import matplotlib
@@ -192,7 +192,7 @@ def summary_table(rows: list[dict]) -> list[str]:
 
 
 def accuracy_table(rows: list[dict]) -> list[str]:
-    ok = [row["result"] for row in rows if row["result"]["status"] == "ok"]
+    ok = [row["result"] for row in rows if row["result"]["status"] == "ok" and row["result"]["epochs"]]
     if not ok:
         return []
     n = max(len(r["epochs"]) for r in ok)
@@ -257,6 +257,21 @@ def hashes_section(results: list[dict]) -> list[str]:
     return lines
 
 
+def equivalence_section(eq: dict | None) -> list[str]:
+    """The check's table: the same weights and batches through every backend, compared with torch."""
+    if not eq:
+        return ["## Equivalence", "", "Not checked in this run (`--no-check`); `python -m harness check` runs it."]
+    lines = ["## Equivalence", "",
+             f"Every backend and strategy of this report, from the same canonical weights and batches "
+             f"({eq['setup']}), compared with torch (`python -m harness check` runs the full version). "
+             "Tolerances: forward max |Δlogits|; loss relative; gradients and the first SGD update relative "
+             "(L2 over all parameters); the loss trace max |Δ|; k vs 1 device max |Δw| after one step.", ""]
+    lines += eq.get("table", [])
+    for name, reason in (eq.get("failures") or {}).items():
+        lines.append(f"\n- {name}: could not be checked: {reason}")
+    return lines
+
+
 def render(results: list[dict], meta: dict, plots: dict[str, bool]) -> str:
     rows = with_scaling(results)
     ok = [r for r in results if r["status"] == "ok"]
@@ -268,6 +283,9 @@ def render(results: list[dict], meta: dict, plots: dict[str, bool]) -> str:
           f"- Preset: {meta['preset']}; model {cfg.get('model')}, {cfg.get('epochs')} epoch(s), "
           f"train {cfg.get('train_size') or 'all 60,000'} / test {cfg.get('test_size') or 'all 10,000'} images, seed {cfg.get('seed')}",
           f"- Data: {meta['data_source']}",
+          f"- Start: " + (f"weights loaded from `{cfg['load_weights']}`" if cfg.get("load_weights")
+                          else "the canonical seeded initial weights") + f"; BatchNorm: {cfg.get('bn', 'local')}"
+          + (" (statistics over the global batch)" if cfg.get("bn") == "sync" else " (per-device statistics)"),
           f"- Devices: " + ("**simulated** — no GPU was present; each device is a replica on the host CPU, "
                             "so the figures measure the software path, not GPU scaling"
                             if simulated else f"{len(meta.get('gpus', []))} GPU(s): {', '.join(meta.get('gpus', []))}"),
@@ -307,6 +325,7 @@ def render(results: list[dict], meta: dict, plots: dict[str, bool]) -> str:
           "device 0's, as it does by design).",
           "- Precision: fp32 everywhere, TF32 disabled explicitly.", ""]
     L += hashes_section(results) + [""]
+    L += equivalence_section(meta.get("equivalence")) + [""]
     L += ["## Environment", ""] + environment_section(results) + [""]
     L += [f"Raw numbers: [`results.json`](results.json) (schema v{SCHEMA_VERSION}); worker logs in `logs/`.", ""]
     return "\n".join(L)

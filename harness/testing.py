@@ -88,6 +88,12 @@ def main(argv: list[str]) -> int:
         results[name] = run_suite(f"{name} (inside its environment)", python, ["tests/backends/test_contract.py", *own],
                                   {"DPBENCH_BACKEND": name}, args.pytest_args)
 
+    tested = [name for name in names if name in results and results[name].failed == 0]
+    if len(tested) >= 2 and not args.pytest_args:
+        results["cross"] = run_suite(f"cross-backend ({', '.join(tested)})", sys.executable, ["tests/cross"],
+                                     {"DPBENCH_BACKENDS": ",".join(tested),
+                                      "DPBENCH_PYTHONS": ",".join(f"{k}={v}" for k, v in pythons.items())}, [])
+
     total = Counts()
     print("\n=== summary ===")
     for title, c in results.items():

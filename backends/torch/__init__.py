@@ -4,14 +4,15 @@
   devices, split,        parallel.py
   allreduce
   run, train_steps,      strategies.py (scratch, dp, ddp)
-  STRATEGIES
+  train_trace,
+  gradients, STRATEGIES
   environment            environment.py
 """
 
 from backends.torch.environment import environment
 from backends.torch.models import build, count_params, lenet, load_canonical, resnet18, spec, to_canonical
 from backends.torch.parallel import allreduce, devices, split
-from backends.torch.strategies import TRAINERS as STRATEGIES, run, train_steps
+from backends.torch.strategies import TRAINERS as STRATEGIES, gradients, run, train_steps, train_trace
 
 NAME = "torch"
 
@@ -26,12 +27,13 @@ def param_count(model: str) -> int:
     return count_params(build(model))
 
 
-def predict(model: str, weights, x):
-    """Logits (numpy) of `model` with canonical `weights` on a numpy batch, in eval mode."""
+def predict(model: str, weights, x, train: bool = False):
+    """Logits (numpy) of `model` with canonical `weights` on a numpy batch; train=True normalises
+    with the batch's own statistics (BatchNorm in training mode), else with the running ones."""
     import torch
     net = build(model)
     load_canonical(net, weights)
-    net.eval()
+    net.train(train)
     with torch.no_grad():
         return net(torch.from_numpy(x)).numpy()
 

@@ -86,6 +86,11 @@ class TorchTrainer:
     module: nn.Module
     devs: list
 
+    def step(self, x, y):
+        handle = self.backward(x, y)
+        self.update()
+        return handle
+
     def sync(self) -> None:
         _sync(self.cfg.device_kind, self.devs)
 
@@ -100,6 +105,14 @@ class TorchTrainer:
 
     def canonical(self) -> dict[str, np.ndarray]:
         return models.to_canonical(self.module)
+
+    def averaged_canonical(self) -> dict[str, np.ndarray]:
+        """canonical() with BatchNorm running statistics averaged across replicas (the evaluation policy)."""
+        self.average_bn_statistics()
+        return self.canonical()
+
+    def average_bn_statistics(self) -> None:
+        """Nothing to do with one copy of the model (DataParallel keeps device 0's)."""
 
 
 class ScratchTrainer(TorchTrainer):
@@ -118,7 +131,8 @@ class ScratchTrainer(TorchTrainer):
             net.zero_grad(set_to_none=True)
             net.train()
 
-    def step(self, x, y):
+    def backward(self, x, y):
+        """Per-shard summed loss and its gradients on every replica, then the hand-written allreduce."""
         xs, ys = split(x, y, self.devs)
         metrics = []
         for net, xi, yi in zip(self.replicas, xs, ys):
@@ -131,11 +145,19 @@ class ScratchTrainer(TorchTrainer):
         with torch.no_grad():
             for i in range(len(params[0])):
                 allreduce([replica[i].grad for replica in params])
-            scale = self.cfg.lr / self.cfg.batch_size
-            for replica in params:
-                for p in replica:
-                    p.sub_(p.grad, alpha=scale)
         return metrics
+
+    def update(self) -> None:
+        """d2l's sgd: p -= lr * g / B on every replica (g is the gradient of the summed loss)."""
+        scale = self.cfg.lr / self.cfg.batch_size
+        with torch.no_grad():
+            for net in self.replicas:
+                for p in net.parameters():
+                    p.sub_(p.grad, alpha=scale)
+
+    def gradient_dict(self) -> dict[str, np.ndarray]:
+        """The gradient of the global mean loss, as replica 0 holds it after the allreduce."""
+        return {n: (p.grad / self.cfg.batch_size).cpu().numpy() for n, p in self.module.named_parameters()}
 
     def collect(self, handles) -> tuple[float, float]:
         loss = sum(float(l) for step in handles for l, _ in step)
@@ -155,7 +177,36 @@ class ScratchTrainer(TorchTrainer):
         return _accuracy_counts(self.module, batches, self.devs[0])
 
 
-class DataParallelTrainer(TorchTrainer):
+class OptimizerTrainer(TorchTrainer):
+    """dp and ddp: the mean loss of the inputs this process sees, gradients reduced by the
+    framework (DataParallel's gather, DDP's all-reduce average), torch.optim.SGD."""
+
+    optimizer: torch.optim.Optimizer
+    net: nn.Module
+
+    def reset(self) -> None:
+        models.load_canonical(self.module, self.weights)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.net.train()
+
+    def backward(self, x, y):
+        check_divisible(len(y), self.n_devices)
+        xi, yi = self.inputs(x, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        logits = self.net(xi)
+        loss = F.cross_entropy(logits, yi)
+        loss.backward()
+        return _step_metrics(logits, yi, loss * len(yi))
+
+    def update(self) -> None:
+        self.optimizer.step()
+
+    def gradient_dict(self) -> dict[str, np.ndarray]:
+        """The gradient of the global mean loss, after the framework's reduction."""
+        return {n: p.grad.detach().cpu().numpy().copy() for n, p in self.module.named_parameters()}
+
+
+class DataParallelTrainer(OptimizerTrainer):
     """nn.DataParallel over cuda:0..k-1 (d2l's concise PyTorch version)."""
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
@@ -167,21 +218,10 @@ class DataParallelTrainer(TorchTrainer):
         self.net = nn.DataParallel(self.module, device_ids=list(range(cfg.devices)))
         self.optimizer = torch.optim.SGD(self.net.parameters(), lr=cfg.lr)
 
-    def reset(self) -> None:
-        models.load_canonical(self.module, self.weights)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.net.train()
-
-    def step(self, x, y):
-        check_divisible(len(y), self.n_devices)
-        x = as_tensor(x).to(self.devs[0], non_blocking=True)
-        y = as_tensor(y).to(self.devs[0], non_blocking=True).long()
-        self.optimizer.zero_grad(set_to_none=True)
-        logits = self.net(x)
-        loss = F.cross_entropy(logits, y)
-        loss.backward()
-        self.optimizer.step()
-        return _step_metrics(logits, y, loss * len(y))
+    def inputs(self, x, y):
+        """The whole batch goes to device 0; DataParallel scatters it."""
+        return (as_tensor(x).to(self.devs[0], non_blocking=True),
+                as_tensor(y).to(self.devs[0], non_blocking=True).long())
 
     def collect(self, handles) -> tuple[float, float]:
         return sum(float(l) for l, _ in handles), sum(int(c) for _, c in handles)
@@ -190,7 +230,7 @@ class DataParallelTrainer(TorchTrainer):
         return _accuracy_counts(self.module, batches, self.devs[0])
 
 
-class DDPTrainer(TorchTrainer):
+class DDPTrainer(OptimizerTrainer):
     """One rank of DistributedDataParallel; the process group is set up by launch_ddp."""
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int):
@@ -217,20 +257,9 @@ class DDPTrainer(TorchTrainer):
         m = len(a) // self.n_devices
         return as_tensor(a[self.rank * m:(self.rank + 1) * m]).to(self.device, non_blocking=True)
 
-    def reset(self) -> None:
-        models.load_canonical(self.module, self.weights)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.net.train()
-
-    def step(self, x, y):
-        check_divisible(len(y), self.n_devices)
-        xi, yi = self._shard(x), self._shard(y).long()
-        self.optimizer.zero_grad(set_to_none=True)
-        logits = self.net(xi)
-        loss = F.cross_entropy(logits, yi)
-        loss.backward()
-        self.optimizer.step()
-        return _step_metrics(logits, yi, loss * len(yi))
+    def inputs(self, x, y):
+        """This rank's shard of the global batch."""
+        return self._shard(x), self._shard(y).long()
 
     def _all_reduce(self, values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
@@ -369,18 +398,35 @@ def _train_job(cfg: RunConfig, rank: int, payload):
     return run_training(trainer, cfg, datalib.load(cfg))
 
 
-def _steps_job(cfg: RunConfig, rank: int, payload):
-    weights, batches = payload
-    trainer = DDPTrainer(cfg, weights, rank)
-    return _apply_steps(trainer, batches)
-
-
-def _apply_steps(trainer, batches) -> dict[str, np.ndarray]:
+def _probe(trainer, batches: list, kind: str):
+    """What the equivalence checks read: the first batch's (mean loss, gradients), or a
+    trace of SGD steps: the weights after the first and the last, and every step's mean loss."""
+    size = len(batches[0][1])
     trainer.reset()
+    if kind == "gradients":
+        loss_sum, _ = trainer.collect([trainer.backward(*batches[0])])
+        return loss_sum / size, trainer.gradient_dict()
+    losses, first = [], None
     for x, y in batches:
-        trainer.step(x, y)
-    trainer.sync()
-    return trainer.canonical()
+        losses.append(trainer.collect([trainer.step(x, y)])[0] / size)
+        if first is None:
+            first = trainer.averaged_canonical()
+    return {"first": first, "final": trainer.averaged_canonical(), "losses": losses}
+
+
+def _probe_job(cfg: RunConfig, rank: int, payload):
+    weights, batches, kind = payload
+    return _probe(DDPTrainer(cfg, weights, rank), batches, kind)
+
+
+def _probe_run(strategy, model, n_devices, weights, batches, lr, device_kind, bn, kind):
+    cfg = RunConfig(backend="torch", strategy=strategy, devices=n_devices, device_kind=device_kind,
+                    model=model, batch_size=len(batches[0][1]), lr=lr, bn=bn).validate()
+    check_supported(cfg)
+    if strategy == "ddp":
+        return launch_ddp(cfg, _probe_job, (weights, batches, kind))
+    configure_precision()
+    return _probe(TRAINERS[strategy](cfg, weights), batches, kind)
 
 
 # ----------------------------------------------------------------------- entry points
@@ -396,13 +442,21 @@ def run(cfg: RunConfig) -> dict:
     return run_training(trainer, cfg, datalib.load(cfg))
 
 
-def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray],
-                batches: list, lr: float, device_kind: str = "cpu", bn: str = "local") -> dict[str, np.ndarray]:
-    """Apply len(batches) SGD steps from `weights`; the canonical weights afterwards (for tests and checks)."""
-    cfg = RunConfig(backend="torch", strategy=strategy, devices=n_devices, device_kind=device_kind,
-                    model=model, batch_size=len(batches[0][1]), lr=lr, bn=bn).validate()
-    check_supported(cfg)
-    if strategy == "ddp":
-        return launch_ddp(cfg, _steps_job, (weights, batches))
-    configure_precision()
-    return _apply_steps(TRAINERS[strategy](cfg, weights), batches)
+def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
+                lr: float, bn: str = "local", device_kind: str = "cpu") -> dict:
+    """SGD steps from `weights`: {"first": weights after step 1, "final": after the last, "losses": per step}.
+    Weights are canonical, BatchNorm running statistics averaged across replicas."""
+    return _probe_run(strategy, model, n_devices, weights, batches, lr, device_kind, bn, "trace")
+
+
+def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
+                lr: float, bn: str = "local", device_kind: str = "cpu") -> dict[str, np.ndarray]:
+    """The canonical weights after len(batches) SGD steps from `weights` (for tests and checks)."""
+    return train_trace(strategy, model, n_devices, weights, batches, lr, bn, device_kind)["final"]
+
+
+def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,
+              bn: str = "local", device_kind: str = "cpu") -> tuple[float, dict[str, np.ndarray]]:
+    """(mean loss of the global batch, its gradient per trainable canonical parameter), as the strategy
+    computes it: every device on its shard, then the strategy's own reduction; replica 0's copy."""
+    return _probe_run(strategy, model, n_devices, weights, [(x, y)], 1.0, device_kind, bn, "gradients")

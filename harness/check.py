@@ -1,0 +1,268 @@
+"""`python -m harness check`: show, with numbers, that the backends compute the same thing.
+
+On one set of canonical weights (one file, one hash) and the same batches, every selected
+backend, strategy and device count measures (common/check.py, inside its environment):
+forward logits, the first batch's loss and gradients after the allreduce, the weights
+after one SGD step, and the loss of every step of a short trace. The harness compares
+them with torch's and prints one table; the exit status is 1 if any row fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from common import data as datalib
+from common import weights as weightslib
+from common.config import DATASETS
+from harness import envs, registry
+from harness.envs import ROOT
+
+# What "the same" means, per comparison (stated in the table and the report).
+TOLERANCE = {
+    "forward": 1e-4,     # max |logits - torch logits|
+    "loss": 1e-4,        # |loss - torch loss| / |torch loss|
+    "gradients": 1e-4,   # ||g - g_torch|| / ||g_torch||, over all trainable parameters
+    "step": 1e-3,        # ||w1 - w1_torch|| / ||w1_torch - w0||: the first SGD updates agree
+    "trace": 1e-3,       # max over the steps of |loss - torch loss|
+    "k-vs-1": 1e-5,      # max |w1(k devices) - w1(1 device)| (LeNet; ResNet-18 with --bn sync)
+}
+
+
+class CheckError(Exception):
+    """A backend's measurements could not be taken; the message says why."""
+
+
+@dataclass
+class Row:
+    check: str
+    model: str
+    backend: str
+    strategy: str
+    devices: str
+    bn: str
+    value: float | None
+    tolerance: float | None
+    status: str          # ok, FAIL, measured (a documented difference), not run
+    note: str = ""
+
+
+# ------------------------------------------------------------------------ inputs
+
+def prepare(tmp: Path, models: list[str], seed: int, steps: int, batch_size: int, dataset) -> dict:
+    """Write the canonical weights of each model and `steps` batches; the part of the job all backends share."""
+    weights = {}
+    for model in models:
+        path = tmp / f"{model}-seed{seed}.npz"
+        weightslib.save(path, weightslib.initial_weights(model, seed))
+        weights[model] = str(path)
+    batches = list(datalib.train_batches(dataset, batch_size, seed, 0))[:steps]
+    if len(batches) < steps:
+        raise CheckError(f"{steps} batches of {batch_size} need more than the {len(dataset.y_train)} training images")
+    np.savez(tmp / "batches.npz", x=np.stack([b[0] for b in batches]), y=np.stack([b[1] for b in batches]))
+    return {"weights": weights, "batches": str(tmp / "batches.npz"),
+            "weights_hash": {m: weightslib.fingerprint(weightslib.load(p)) for m, p in weights.items()}}
+
+
+def measure(name: str, python: str, job: dict, tmp: Path, timeout: float) -> tuple[dict, dict]:
+    """Run the backend's check worker; its arrays and what it could not run."""
+    job_path, out = tmp / f"{name}.job.json", tmp / f"{name}.npz"
+    job_path.write_text(json.dumps(job))
+    try:
+        proc = subprocess.run([python, "-m", f"backends.{name}", "--check", str(job_path), "--result", str(out)],
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise CheckError(f"{name}: no answer within {timeout:g} s") from None
+    if proc.returncode or not out.exists():
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise CheckError(f"{name} worker failed: {tail[0]}")
+    with np.load(out) as f:
+        arrays = {k: f[k] for k in f.files}
+    return arrays, json.loads(Path(str(out) + ".skipped.json").read_text())
+
+
+# -------------------------------------------------------------------- comparison
+
+def _trainable(model: str) -> list[str]:
+    from common.architectures import spec
+    return [n for n, _, kind in spec(model) if kind not in ("bn_mean", "bn_var")]
+
+
+def _stack(arrays: dict, key: str, names: list[str]) -> np.ndarray:
+    return np.concatenate([arrays[f"{key}|{n}"].astype(np.float64).ravel() for n in names])
+
+
+def _relative(a: np.ndarray, b: np.ndarray, scale: np.ndarray | float | None = None) -> float:
+    denominator = np.linalg.norm(b if scale is None else scale)
+    return float(np.linalg.norm(a - b) / denominator) if denominator else float(np.linalg.norm(a - b))
+
+
+def _verdict(value: float, tolerance: float) -> str:
+    return "ok" if value <= tolerance else "FAIL"
+
+
+def runs_of(arrays: dict) -> list[tuple[str, str, int, str]]:
+    """(model, strategy, devices, bn) of every measured configuration."""
+    found = set()
+    for key in arrays:
+        parts = key.split("|")
+        if len(parts) == 5 and parts[4] == "loss":
+            found.add((parts[0], parts[1], int(parts[2]), parts[3]))
+    return sorted(found)
+
+
+def compare(results: dict[str, tuple[dict, dict]], w0: dict[str, dict], reference: str = "torch") -> list[Row]:
+    rows: list[Row] = []
+    ref_arrays = results[reference][0]
+    ref_runs = runs_of(ref_arrays)
+    for name, (arrays, skipped) in results.items():
+        for model in sorted({k.split("|")[0] for k in arrays if "|forward|" in k}):
+            if name != reference:
+                for mode in ("train", "eval"):
+                    key = f"{model}|forward|{mode}"
+                    diff = float(np.max(np.abs(arrays[key].astype(np.float64) - ref_arrays[key])))
+                    rows.append(Row("forward", model, name, f"({mode} mode)", "1", "-", diff,
+                                    TOLERANCE["forward"], _verdict(diff, TOLERANCE["forward"])))
+        for model, strategy, k, bn in runs_of(arrays):
+            key = f"{model}|{strategy}|{k}|{bn}"
+            ref = next((f"{m}|{s}|{n}|{b}" for m, s, n, b in ref_runs if (m, n, b) == (model, k, bn)), None)
+            if ref and ref != key:
+                rows += _against_reference(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0[model])
+            if k > 1 and f"{model}|{strategy}|1|{bn}|loss" in arrays:
+                rows.append(_k_vs_1(arrays, key, f"{model}|{strategy}|1|{bn}", model, name, strategy, k, bn))
+        for key, reason in skipped.items():
+            model, strategy, k, bn = key.split("|")
+            rows.append(Row("all", model, name, strategy, k, bn, None, None, "not run", reason))
+    return rows
+
+
+def _against_reference(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0) -> list[Row]:
+    names = _trainable(model)
+    common = dict(model=model, backend=name, strategy=strategy, devices=str(k), bn=bn,
+                  note=f"vs torch {ref.split('|')[1]}")
+    loss = abs(float(arrays[f"{key}|loss"]) - float(ref_arrays[f"{ref}|loss"])) / abs(float(ref_arrays[f"{ref}|loss"]))
+    grads = _relative(_stack(arrays, f"{key}|grad", names), _stack(ref_arrays, f"{ref}|grad", names))
+    start = np.concatenate([w0[n].astype(np.float64).ravel() for n in names])
+    first_ref = _stack(ref_arrays, f"{ref}|first", names)
+    step = _relative(_stack(arrays, f"{key}|first", names), first_ref, scale=first_ref - start)
+    trace = float(np.max(np.abs(arrays[f"{key}|losses"] - ref_arrays[f"{ref}|losses"])))
+    return [Row("loss", value=loss, tolerance=TOLERANCE["loss"], status=_verdict(loss, TOLERANCE["loss"]), **common),
+            Row("gradients", value=grads, tolerance=TOLERANCE["gradients"],
+                status=_verdict(grads, TOLERANCE["gradients"]), **common),
+            Row("one step", value=step, tolerance=TOLERANCE["step"], status=_verdict(step, TOLERANCE["step"]), **common),
+            Row(f"{len(arrays[f'{key}|losses'])}-step loss", value=trace, tolerance=TOLERANCE["trace"],
+                status=_verdict(trace, TOLERANCE["trace"]), **common)]
+
+
+def _k_vs_1(arrays, key, one, model, name, strategy, k, bn) -> Row:
+    names = _trainable(model)
+    diff = float(np.max(np.abs(_stack(arrays, f"{key}|first", names) - _stack(arrays, f"{one}|first", names))))
+    if model == "lenet" or bn == "sync":
+        return Row("k vs 1 device", model, name, strategy, str(k), bn, diff, TOLERANCE["k-vs-1"],
+                   _verdict(diff, TOLERANCE["k-vs-1"]))
+    return Row("k vs 1 device", model, name, strategy, str(k), bn, diff, None, "measured",
+               "per-device BatchNorm statistics: k devices normalise over B/k examples each, by design")
+
+
+# --------------------------------------------------------------------------- output
+
+def table(rows: list[Row]) -> list[str]:
+    lines = ["| check | model | backend | strategy | devices | bn | max difference | tolerance | result |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        value = "—" if r.value is None else f"{r.value:.2e}"
+        tol = "—" if r.tolerance is None else f"{r.tolerance:.0e}"
+        result = r.status + (f" ({r.note})" if r.note else "")
+        lines.append(f"| {r.check} | {r.model} | {r.backend} | {r.strategy} | {r.devices} | {r.bn} | {value} | {tol} | {result} |")
+    return lines
+
+
+# ------------------------------------------------------------------------------ run
+
+def run_checks(backends: dict[str, registry.Backend], pythons: dict[str, str], models: list[str],
+               strategies: dict[str, list[str]], counts: list[int], bn_modes: list[str], steps: int,
+               batch_size: int, lr: float, seed: int, dataset, device_kind: str, timeout: float, say=print):
+    """Measure every backend and compare; (rows, {backend: reason it could not be measured}, weights hashes)."""
+    failures, results = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        shared = prepare(Path(tmp), models, seed, steps, batch_size, dataset)
+        for name, backend in backends.items():
+            if not backend.implemented or not strategies.get(name):
+                continue
+            job = {"models": models, "strategies": strategies[name], "devices": counts, "bn": bn_modes,
+                   "lr": lr, "device_kind": device_kind, **shared}
+            say(f"[check] {name}: {', '.join(strategies[name])} x {','.join(map(str, counts))}, "
+                f"{'/'.join(models)}, bn {'/'.join(bn_modes)}")
+            try:
+                python = pythons.get(name) or str(envs.ensure(name, backend.requirements, say=say))
+                results[name] = measure(name, python, job, Path(tmp), timeout)
+            except (CheckError, envs.EnvError) as e:
+                failures[name] = str(e).splitlines()[0]
+        w0 = {m: weightslib.load(p) for m, p in shared["weights"].items()}
+    if "torch" not in results:
+        return [], {**failures, "torch": failures.get("torch", "not measured: torch is the reference")}, shared["weights_hash"]
+    return compare(results, w0), failures, shared["weights_hash"]
+
+
+def main(argv: list[str]) -> int:
+    from harness.cli import (Parser, UsageError, check_device_counts, choose_devices, parse_backends, parse_gpus,
+                             parse_pythons, resolve_data, select_strategies)
+    p = Parser(prog="python -m harness check",
+               description="Compare forward passes, gradients, SGD steps and k-vs-1-device training across "
+                           "backends and strategies on one set of canonical weights; exit 1 on any failure.")
+    p.add_argument("--backend", default="all", help="backends to check (torch is always the reference)")
+    p.add_argument("--gpus", default="1,2", help="device counts to compare")
+    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
+    p.add_argument("--strategy", default=None, help="comma list (default: every strategy that runs here)")
+    p.add_argument("--model", default="lenet,resnet18", help="comma list of models")
+    p.add_argument("--bn", default="local,sync", help="BatchNorm modes: local, sync")
+    p.add_argument("--steps", type=int, default=20, help="SGD steps in the loss trace")
+    p.add_argument("--batch-size", type=int, default=16, help="global batch of each step")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dataset", choices=DATASETS, default="fashion-mnist")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--python", action="append", default=[], metavar="BACKEND=PATH")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per backend")
+    args = p.parse_args(argv)
+
+    names = parse_backends(args.backend)
+    if "torch" not in names:
+        names.insert(0, "torch")   # the reference every other backend is compared with
+    kind, gpus = choose_devices(args)
+    counts = parse_gpus(args.gpus)
+    check_device_counts(counts, kind, gpus)
+    models = [m.strip() for m in args.model.split(",") if m.strip()]
+    bn_modes = [b.strip() for b in args.bn.split(",") if b.strip()]
+    if not set(models) <= {"lenet", "resnet18"} or not models:
+        raise UsageError(f"--model takes lenet and/or resnet18 (got {args.model!r})")
+    if not set(bn_modes) <= {"local", "sync"} or not bn_modes:
+        raise UsageError(f"--bn takes local and/or sync (got {args.bn!r})")
+    if args.steps < 1 or args.batch_size < 1 or any(args.batch_size % n for n in counts):
+        raise UsageError(f"--batch-size {args.batch_size} must split evenly across {counts} devices "
+                         f"and --steps must be at least 1")
+    backends = {n: registry.load(n) for n in names}
+    chosen = {n: [s for s, reason in picks if reason is None] for n, picks in select_strategies(args, backends, kind).items()}
+    data_dir, _ = resolve_data(args)
+    dataset = (datalib.synthetic(args.steps * args.batch_size, 10, args.seed) if args.dataset == "synthetic"
+               else datalib.load_fashion_mnist(Path(data_dir), args.steps * args.batch_size, 10))
+
+    rows, failures, hashes = run_checks(backends, parse_pythons(args.python), models, chosen, counts, bn_modes,
+                                        args.steps, args.batch_size, args.lr, args.seed, dataset, kind, args.timeout)
+    print()
+    print(f"Canonical weights: " + ", ".join(f"{m} {h[:16]}" for m, h in hashes.items()) +
+          f"; {args.steps} batches of {args.batch_size} ({args.dataset}), lr {args.lr:g}, fp32")
+    print("\n".join(table(rows)))
+    for name, reason in failures.items():
+        print(f"{name}: could not be checked: {reason}")
+    failed = [r for r in rows if r.status == "FAIL"]
+    print(f"\n{len(rows)} rows: {sum(r.status == 'ok' for r in rows)} ok, {len(failed)} failed, "
+          f"{sum(r.status == 'measured' for r in rows)} measured, {sum(r.status == 'not run' for r in rows)} not run")
+    return 1 if failed or failures else 0

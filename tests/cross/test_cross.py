@@ -1,0 +1,59 @@
+"""Across backends (run by `python -m harness test` after every backend's own suite, in the harness
+environment): the equivalence check passes, and a checkpoint from one backend evaluates the same in all."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BACKENDS = [b for b in os.environ.get("DPBENCH_BACKENDS", "").split(",") if b]
+PYTHONS = [a for item in os.environ.get("DPBENCH_PYTHONS", "").split(",") if item for a in ("--python", item)]
+
+pytestmark = pytest.mark.skipif(len(BACKENDS) < 2, reason="needs two backends: run by python -m harness test")
+
+
+def harness(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness", *args, *PYTHONS], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=1500)
+
+
+def test_equivalence_check_passes_for_lenet():
+    out = harness("check", "--backend", ",".join(BACKENDS), "--gpus", "1,2", "--model", "lenet", "--bn", "local",
+                  "--steps", "3", "--batch-size", "8", "--dataset", "synthetic")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "| check |" not in line]
+    for backend in BACKENDS:
+        assert any(f"| {backend} |" in r for r in rows), backend
+    forward = [r for r in rows if r.startswith("| forward |")]
+    assert len(forward) == 2 * (len(BACKENDS) - 1)          # train and eval mode, every backend vs torch
+    assert all(r.rstrip(" |").endswith("ok") or "| ok" in r for r in forward)
+
+
+def test_checkpoint_from_one_backend_evaluates_the_same_everywhere(tmp_path):
+    common = ["--model", "lenet", "--dataset", "synthetic", "--test-size", "200", "--no-check", "--quiet"]
+    ckpt = tmp_path / "lenet.npz"
+    trained = harness("--backend", "torch", "--strategy", "scratch", "--gpus", "1", "--epochs", "2",
+                      "--train-size", "512", "--batch-size", "32", "--lr", "0.5", "--save-weights", str(ckpt),
+                      "--out", str(tmp_path / "train"), *common)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    (report,) = (tmp_path / "train").iterdir()
+    run = json.loads((report / "results.json").read_text())["runs"][0]
+    assert run["saved_weights"]["path"] == str(ckpt) and ckpt.is_file()
+    accuracies = {"torch (trained)": run["final_test_acc"]}
+    for backend in BACKENDS:
+        out = harness("--backend", backend, "--gpus", "1", "--epochs", "0", "--load-weights", str(ckpt),
+                      "--batch-size", "8", "--train-size", "64", "--out", str(tmp_path / backend), *common)
+        assert out.returncode == 0, out.stderr[-2000:]
+        (report,) = (tmp_path / backend).iterdir()
+        for r in json.loads((report / "results.json").read_text())["runs"]:
+            assert r["status"] == "ok", r["error"]
+            assert r["epochs"] == [] and r["weights_hash"] == run["saved_weights"]["sha256"]
+            accuracies[f"{backend} {r['config']['strategy']}"] = r["final_test_acc"]
+    assert 0.3 < accuracies["torch (trained)"] < 1.0, accuracies     # it learned something
+    assert len(set(accuracies.values())) == 1, accuracies
