@@ -4,6 +4,7 @@
   devices, split,        parallel.py
   allreduce
   run, train_steps,      strategies.py (pmap, sharding)
+  gradients, train_trace,
   STRATEGIES
   environment            environment.py
 
@@ -29,7 +30,7 @@ _ask_xla_for_cpu_devices(SIMULATED_DEVICES)
 from backends.jax.environment import environment  # noqa: E402  (after the XLA flag)
 from backends.jax.models import build, count_params, forward, from_canonical, lenet, resnet18, spec  # noqa: E402
 from backends.jax.parallel import allreduce, devices, split  # noqa: E402
-from backends.jax.strategies import TRAINERS as STRATEGIES, run, train_steps  # noqa: E402
+from backends.jax.strategies import TRAINERS as STRATEGIES, gradients, run, train_steps, train_trace  # noqa: E402
 
 NAME = "jax"
 
@@ -44,11 +45,15 @@ def param_count(model: str) -> int:
     return count_params(build(model))
 
 
-def predict(model: str, weights, x):
-    """Logits (numpy) of `model` with canonical `weights` on a numpy NCHW batch, in eval mode."""
+def predict(model: str, weights, x, train: bool = False):
+    """Logits (numpy) of `model` with canonical `weights` on a numpy NCHW batch, on one device.
+
+    Eval mode normalises with the running statistics; train=True with the batch's own statistics
+    (the running statistics it would update are dropped)."""
     import numpy as np
     net = build(model)
-    return np.asarray(forward(net, from_canonical(net, weights), np.asarray(x, dtype=np.float32), train=False))
+    out = forward(net, from_canonical(net, weights), np.asarray(x, dtype=np.float32), train=train)
+    return np.asarray(out[0] if train else out)
 
 
 def to_numpy(a):

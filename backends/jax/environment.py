@@ -42,6 +42,14 @@ def cuda_versions() -> tuple[str | None, str | None]:
     return None, None
 
 
+BATCHNORM = {
+    "local": "local: each device normalises with its own shard's statistics; running statistics averaged "
+             "across devices before evaluation",
+    "sync": "sync: flax BatchNorm(axis_name) lax.pmean's the batch statistics over the devices, "
+            "so every device normalises with the global batch's",
+}
+
+
 def environment(cfg) -> dict:
     cuda, cudnn = cuda_versions() if cfg.device_kind == "gpu" else (None, None)
     return {
@@ -60,4 +68,5 @@ def environment(cfg) -> dict:
         "collective": {"pmap": "lax.psum of the gradients inside jax.pmap (XLA all-reduce)",
                        "sharding": "XLA all-reduce from autodiff through jax.shard_map "
                                    "(jit over a NamedSharding mesh)"}.get(cfg.strategy),
+        "batchnorm": BATCHNORM[cfg.bn],
     }

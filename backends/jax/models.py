@@ -26,10 +26,12 @@ def _conv(features: int, kernel: int, stride: int = 1, padding: int = 0, name: s
                    name=name)
 
 
-def _bn(train: bool, name: str) -> nn.BatchNorm:
+def _bn(train: bool, name: str, axis: str | None) -> nn.BatchNorm:
+    """`axis`: None normalises with this device's batch; a pmap / shard_map axis name pmean's the
+    batch statistics over it (synchronised BatchNorm: the global batch's statistics)."""
     # Two-pass variance (use_fast_variance=False), as torch computes it.
     return nn.BatchNorm(use_running_average=not train, momentum=BN_MOMENTUM, epsilon=BN_EPS,
-                        use_fast_variance=False, name=name)
+                        use_fast_variance=False, axis_name=axis, name=name)
 
 
 class Residual(nn.Module):
@@ -38,11 +40,12 @@ class Residual(nn.Module):
     channels: int
     use_1x1conv: bool = False
     stride: int = 1
+    bn_axis: str | None = None
 
     @nn.compact
     def __call__(self, x, train: bool):
-        y = nn.relu(_bn(train, "bn1")(_conv(self.channels, 3, self.stride, 1, "conv1")(x)))
-        y = _bn(train, "bn2")(_conv(self.channels, 3, 1, 1, "conv2")(y))
+        y = nn.relu(_bn(train, "bn1", self.bn_axis)(_conv(self.channels, 3, self.stride, 1, "conv1")(x)))
+        y = _bn(train, "bn2", self.bn_axis)(_conv(self.channels, 3, 1, 1, "conv2")(y))
         shortcut = _conv(self.channels, 1, self.stride, 0, "conv3")(x) if self.use_1x1conv else x
         return nn.relu(y + shortcut)
 
@@ -52,26 +55,30 @@ class Stage(nn.Module):
 
     channels: int
     first: bool
+    bn_axis: str | None = None
 
     @nn.compact
     def __call__(self, x, train: bool):
         if self.first:
-            x = Residual(self.channels, name="0")(x, train)
+            x = Residual(self.channels, bn_axis=self.bn_axis, name="0")(x, train)
         else:
-            x = Residual(self.channels, use_1x1conv=True, stride=2, name="0")(x, train)
-        return Residual(self.channels, name="1")(x, train)
+            x = Residual(self.channels, use_1x1conv=True, stride=2, bn_axis=self.bn_axis, name="0")(x, train)
+        return Residual(self.channels, bn_axis=self.bn_axis, name="1")(x, train)
 
 
 class ResNet18(nn.Module):
-    """3x3 stride-1 stem (no max-pool), stages of 64/128/256/512 channels, global average pool, dense."""
+    """3x3 stride-1 stem (no max-pool), stages of 64/128/256/512 channels, global average pool, dense.
+
+    `bn_axis`: the device axis BatchNorm synchronises its statistics over (None: per device)."""
 
     num_classes: int = 10
+    bn_axis: str | None = None
 
     @nn.compact
     def __call__(self, x, train: bool = False):
-        x = nn.relu(_bn(train, "bn")(_conv(64, 3, 1, 1, "conv")(x)))
+        x = nn.relu(_bn(train, "bn", self.bn_axis)(_conv(64, 3, 1, 1, "conv")(x)))
         for i, channels in enumerate((64, 128, 256, 512)):
-            x = Stage(channels, first=(i == 0), name=f"stage{i + 1}")(x, train)
+            x = Stage(channels, first=(i == 0), bn_axis=self.bn_axis, name=f"stage{i + 1}")(x, train)
         return nn.Dense(self.num_classes, name="fc")(jnp.mean(x, axis=(1, 2)))
 
 
@@ -89,12 +96,13 @@ class LeNet(nn.Module):
         return nn.Dense(self.num_classes, name="fc2")(x)
 
 
-def resnet18(num_classes: int = 10, in_channels: int = 1) -> ResNet18:
+def resnet18(num_classes: int = 10, in_channels: int = 1, bn_axis: str | None = None) -> ResNet18:
     """`in_channels` is read from the input by flax; kept for the common signature."""
-    return ResNet18(num_classes)
+    return ResNet18(num_classes, bn_axis=bn_axis)
 
 
-def lenet(num_classes: int = 10, in_channels: int = 1) -> LeNet:
+def lenet(num_classes: int = 10, in_channels: int = 1, bn_axis: str | None = None) -> LeNet:
+    """LeNet has no BatchNorm: `bn_axis` is accepted and has nothing to do."""
     return LeNet(num_classes)
 
 
@@ -102,8 +110,8 @@ MODELS = {"resnet18": resnet18, "lenet": lenet}
 INPUT_SHAPE = (1, 1, 28, 28)   # NCHW, one Fashion-MNIST image
 
 
-def build(model: str) -> nn.Module:
-    return MODELS[model]()
+def build(model: str, bn_axis: str | None = None) -> nn.Module:
+    return MODELS[model](bn_axis=bn_axis)
 
 
 def forward(net: nn.Module, variables: dict, x, train: bool):

@@ -10,11 +10,16 @@ the gradient is the sum over devices divided by B.
             so each device computes on its own shard; the loss is lax.psum'ed there, and
             jax.grad through the shard_map yields the global gradient (XLA inserts the
             all-reduce); the optax update runs on the replicated parameters.
-BatchNorm: inside pmap and shard_map every device normalises with its own shard's
-statistics (as the seeds do; plain jit over a batch-sharded array would normalise over
-the global batch instead). The running statistics are kept per device, with a leading
-device axis, and averaged with lax.pmean before evaluation, so every replica evaluates
-the same model.
+BatchNorm (--bn): "local", inside pmap and shard_map every device normalises with its own
+shard's statistics (as the seeds do; plain jit over a batch-sharded array would normalise
+over the global batch instead). "sync", flax's BatchNorm(axis_name=AXIS) lax.pmean's the
+batch statistics over the pmap axis / the shard_map mesh axis, so they are the global
+batch's and k-device training is 1-device training. Either way the running statistics
+are kept per device, with a leading device axis, and averaged with lax.pmean before
+evaluation and in `canonical`, so every replica evaluates the same model.
+Gradients: each strategy's step is its `gradients` part (the reduced gradient of the
+global mean loss, as that strategy computes it) followed by the same optax update; the
+equivalence API (`gradients`, `train_trace`) runs those same parts.
 Timing: the step is compiled on its first call (the loop's warm-up step); `step` only
 queues work and returns device arrays, `sync` blocks on them.
 """
@@ -37,12 +42,7 @@ from backends.jax.parallel import (AXIS, check_batch, device_axis_sharding, devi
 from common import data as datalib
 from common.config import RunConfig
 from common.loop import Unsupported, run_training
-from common.weights import init_canonical
-
-
-def initial_weights(cfg: RunConfig) -> dict[str, np.ndarray]:
-    """The canonical initial weights every run of this config starts from."""
-    return init_canonical(models.spec(models.build(cfg.model)), cfg.seed)
+from common.weights import for_run as weights_for_run
 
 
 # ------------------------------------------------------------------ per-device math
@@ -67,6 +67,11 @@ def _on_device(a: jax.Array, device) -> jax.Array:
     return next(shard.data for shard in a.addressable_shards if shard.device == device)
 
 
+def _global_mean(loss_sums, batch_size: int) -> float:
+    """The mean loss of a global batch from the per-device loss sums (added in float64)."""
+    return float(np.sum(np.asarray(loss_sums), dtype=np.float64)) / batch_size
+
+
 def _predict_classes(net):
     @jax.jit
     def predict(params, stats, x):
@@ -77,14 +82,15 @@ def _predict_classes(net):
 
 class JaxTrainer:
     """What the strategies share. `state` is (params, batch_stats, opt_state) on the devices;
-    subclasses decide how it is laid out (`place`), how one step runs (`_step`), how the
-    BatchNorm statistics are averaged, and which copy is evaluated (`replica_0`)."""
+    subclasses decide how it is laid out (`place`), how one step runs (`_step`, of which
+    `_gradients` is the gradient part), how the BatchNorm statistics are averaged (`_pmean`),
+    and where device 0's copy of the parameters is (`params_on_device_0`)."""
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
         self.cfg, self.weights, self.rank = cfg, weights, 0
         self.n_devices = cfg.devices
         self.devs = devices(cfg.devices, cfg.device_kind)
-        self.net = models.build(cfg.model)
+        self.net = models.build(cfg.model, bn_axis=AXIS if cfg.bn == "sync" else None)
         self.tx = optax.sgd(cfg.lr)
         self.state = None
         self.last = None          # the latest step's outputs, for sync
@@ -104,17 +110,27 @@ class JaxTrainer:
     def sync(self) -> None:
         jax.block_until_ready((self.state, self.last))
 
+    def gradients(self, x, y) -> tuple[float, dict[str, np.ndarray]]:
+        """(global mean loss, canonical gradients) at the current state: the gradient part of the
+        step, reduced across the devices as the step reduces it, read from device 0."""
+        params, stats, _ = self.state
+        grads, (_, loss_sum, _) = self._gradients(params, stats, *self.place_batch(x, y))
+        return _global_mean(loss_sum, len(y)), models.to_canonical({"params": self.params_on_device_0(grads)})
+
     def collect(self, handles) -> tuple[float, float]:
         """Per-device (loss sum, correct) of every step, read back and added up."""
         host = jax.device_get(handles)
         return (float(sum(np.sum(loss, dtype=np.float64) for loss, _ in host)),
                 float(sum(np.sum(correct) for _, correct in host)))
 
+    def averaged_bn_statistics(self):
+        """The running statistics with every device's replaced by their mean over the devices."""
+        _, stats, _ = self.state
+        return self._pmean(stats) if jax.tree.leaves(stats) else stats   # (LeNet has none)
+
     def average_bn_statistics(self) -> None:
-        """Every device's running statistics replaced by their mean over the devices."""
-        params, stats, opt_state = self.state
-        if jax.tree.leaves(stats):   # (LeNet has none)
-            self.state = (params, self._pmean(stats), opt_state)
+        params, _, opt_state = self.state
+        self.state = (params, self.averaged_bn_statistics(), opt_state)
 
     def evaluate(self, batches) -> tuple[int, int]:
         self.average_bn_statistics()
@@ -140,8 +156,19 @@ class JaxTrainer:
         return {"peak_device_mb": max(peaks) / 2**20} if peaks else {}
 
     def canonical(self) -> dict[str, np.ndarray]:
-        params, stats = self.replica_0()
-        return models.to_canonical({"params": params, "batch_stats": stats})
+        """Device 0's parameters with the running statistics averaged over the devices (as evaluated),
+        leaving the per-device statistics in the training state as they are."""
+        params, _, _ = self.state
+        return models.to_canonical({"params": self.params_on_device_0(params),
+                                    "batch_stats": self.stats_on_device_0(self.averaged_bn_statistics())})
+
+    def replica_0(self):
+        params, stats, _ = self.state
+        return self.params_on_device_0(params), self.stats_on_device_0(stats)
+
+    def stats_on_device_0(self, stats):
+        """BatchNorm statistics carry a leading device axis in both strategies."""
+        return jax.tree.map(lambda a: per_device(a, self.devs)[0], stats)
 
 
 class PmapTrainer(JaxTrainer):
@@ -152,13 +179,21 @@ class PmapTrainer(JaxTrainer):
         super().__init__(cfg, weights, rank)
         self._step = jax.pmap(functools.partial(self.device_step, self.net, self.tx, cfg.batch_size),
                               axis_name=AXIS, devices=self.devs)
+        self._gradients = jax.pmap(functools.partial(self.device_gradients, self.net, cfg.batch_size),
+                                   axis_name=AXIS, devices=self.devs)
         self._pmean = jax.pmap(functools.partial(lax.pmean, axis_name=AXIS), axis_name=AXIS, devices=self.devs)
 
     @staticmethod
+    def device_gradients(net, batch_size, params, stats, x, y):
+        """One device's gradient of its loss sum, psum'ed over the devices and divided by the global batch:
+        every device holds the gradient of the global mean loss. (grads, (new stats, loss sum, correct))."""
+        grads, aux = jax.grad(local_loss, argnums=1, has_aux=True)(net, params, stats, x, y)
+        return jax.tree.map(lambda g: lax.psum(g, AXIS) / batch_size, grads), aux
+
+    @staticmethod
     def device_step(net, tx, batch_size, params, stats, opt_state, x, y):
-        """One device's part: local gradients, psum'ed over the devices, then the same SGD step everywhere."""
-        grads, (stats, loss_sum, correct) = jax.grad(local_loss, argnums=1, has_aux=True)(net, params, stats, x, y)
-        grads = jax.tree.map(lambda g: lax.psum(g, AXIS) / batch_size, grads)
+        """One device's part: the reduced gradients, then the same SGD step everywhere."""
+        grads, (stats, loss_sum, correct) = PmapTrainer.device_gradients(net, batch_size, params, stats, x, y)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), stats, opt_state, (loss_sum, correct)
 
@@ -168,9 +203,9 @@ class PmapTrainer(JaxTrainer):
     def place_batch(self, x, y):
         return stack_on_devices(x, y, self.devs)
 
-    def replica_0(self):
-        params, stats, _ = self.state
-        return jax.tree.map(lambda a: per_device(a, self.devs)[0], (params, stats))
+    def params_on_device_0(self, tree):
+        """Every device holds its own copy along the leading device axis."""
+        return jax.tree.map(lambda a: per_device(a, self.devs)[0], tree)
 
 
 class ShardingTrainer(JaxTrainer):
@@ -186,6 +221,7 @@ class ShardingTrainer(JaxTrainer):
         r, s = self.replicated, self.split_rows
         self._step = jax.jit(functools.partial(self.global_step, loss, self.tx),
                              out_shardings=(r, s, r, (s, s)))
+        self._gradients = jax.jit(functools.partial(self.global_gradients, loss), out_shardings=(r, (s, s, s)))
         self._pmean = jax.jit(jax.shard_map(functools.partial(lax.pmean, axis_name=AXIS), mesh=self.mesh,
                                             in_specs=P(AXIS), out_specs=P(AXIS)))
 
@@ -205,8 +241,14 @@ class ShardingTrainer(JaxTrainer):
                              out_specs=(P(), (P(AXIS), P(AXIS), P(AXIS))))
 
     @staticmethod
+    def global_gradients(loss, params, stats, x, y):
+        """The gradient of the global mean loss with respect to the replicated parameters: autodiff
+        through the shard_map adds the devices' contributions. (grads, (new stats, loss sums, correct))."""
+        return jax.grad(loss, has_aux=True)(params, stats, x, y)
+
+    @staticmethod
     def global_step(loss, tx, params, stats, opt_state, x, y):
-        grads, (stats, loss_sum, correct) = jax.grad(loss, has_aux=True)(params, stats, x, y)
+        grads, (stats, loss_sum, correct) = ShardingTrainer.global_gradients(loss, params, stats, x, y)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), stats, opt_state, (loss_sum, correct)
 
@@ -218,10 +260,9 @@ class ShardingTrainer(JaxTrainer):
         check_batch(x, y, self.n_devices)
         return jax.device_put((np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int32)), self.split_rows)
 
-    def replica_0(self):
-        params, stats, _ = self.state
-        return (jax.tree.map(lambda a: _on_device(a, self.devs[0]), params),
-                jax.tree.map(lambda a: per_device(a, self.devs)[0], stats))
+    def params_on_device_0(self, tree):
+        """Parameters (and gradients) are replicated: device 0's copy."""
+        return jax.tree.map(lambda a: _on_device(a, self.devs[0]), tree)
 
 
 TRAINERS = {"pmap": PmapTrainer, "sharding": ShardingTrainer}
@@ -233,29 +274,51 @@ def check_supported(cfg: RunConfig) -> None:
     devices(cfg.devices, cfg.device_kind)   # Unsupported when JAX sees too few
 
 
-def _apply_steps(trainer, batches) -> dict[str, np.ndarray]:
+def _trainer(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batch_size: int,
+             lr: float, bn: str, device_kind: str):
+    """A trainer for the equivalence API, at `weights` (reset)."""
+    cfg = RunConfig(backend="jax", strategy=strategy, devices=n_devices, device_kind=device_kind,
+                    model=model, batch_size=batch_size, lr=lr, bn=bn).validate()
+    check_supported(cfg)
+    configure_precision()
+    trainer = TRAINERS[strategy](cfg, weights)
     trainer.reset()
-    for x, y in batches:
-        trainer.step(x, y)
-    trainer.sync()
-    return trainer.canonical()
+    return trainer
 
 
 # ----------------------------------------------------------------------- entry points
 
 def run(cfg: RunConfig) -> dict:
-    """Train as the run config says; the metrics part of a result."""
+    """Train as the run config says, from --load-weights or the seeded init; the metrics part of a result."""
     check_supported(cfg)
     configure_precision()
-    trainer = TRAINERS[cfg.strategy](cfg, initial_weights(cfg))
+    trainer = TRAINERS[cfg.strategy](cfg, weights_for_run(cfg))
     return run_training(trainer, cfg, datalib.load(cfg))
 
 
 def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray],
-                batches: list, lr: float, device_kind: str = "cpu") -> dict[str, np.ndarray]:
+                batches: list, lr: float, device_kind: str = "cpu", bn: str = "local") -> dict[str, np.ndarray]:
     """Apply len(batches) SGD steps from `weights`; the canonical weights afterwards (for tests and checks)."""
-    cfg = RunConfig(backend="jax", strategy=strategy, devices=n_devices, device_kind=device_kind,
-                    model=model, batch_size=len(batches[0][1]), lr=lr).validate()
-    check_supported(cfg)
-    configure_precision()
-    return _apply_steps(TRAINERS[strategy](cfg, weights), batches)
+    return train_trace(strategy, model, n_devices, weights, batches, lr, bn, device_kind)["final"]
+
+
+def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray],
+                batches: list, lr: float, bn: str = "local", device_kind: str = "cpu") -> dict:
+    """{"first": canonical weights after step 1, "final": after the last step, "losses": each step's global
+    mean loss, from that step's own forward pass (before its update)}."""
+    trainer = _trainer(strategy, model, n_devices, weights, len(batches[0][1]), lr, bn, device_kind)
+    losses, first = [], None
+    for x, y in batches:
+        loss_sums, _ = trainer.step(x, y)
+        losses.append(_global_mean(loss_sums, len(y)))
+        if first is None:
+            first = trainer.canonical()
+    return {"first": first, "final": trainer.canonical(), "losses": losses}
+
+
+def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,
+              bn: str = "local", device_kind: str = "cpu") -> tuple[float, dict[str, np.ndarray]]:
+    """(mean cross-entropy of the global batch, canonical gradients of the trainable parameters) at
+    `weights`, as the strategy's step computes and reduces them on n_devices (device 0's copy)."""
+    trainer = _trainer(strategy, model, n_devices, weights, len(y), 1.0, bn, device_kind)   # (lr unused)
+    return trainer.gradients(x, y)

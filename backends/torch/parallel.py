@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.distributed.nn.functional as dist_fn
+import torch.distributed as dist
 from torch import nn
 
 
@@ -53,6 +53,23 @@ def allreduce(data: list[torch.Tensor]) -> list[torch.Tensor]:
     return data
 
 
+class AllReduceSum(torch.autograd.Function):
+    """Sum across ranks, differentiable: each rank's output feeds its own loss and the objective
+    is their sum, so the gradient of the input is the sum of every rank's output gradient."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor) -> torch.Tensor:
+        t = t.clone()
+        dist.all_reduce(t)
+        return t
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
 class CPUSyncBatchNorm(nn.BatchNorm2d):
     """BatchNorm over the global batch of all DDP ranks, for CPU (torch's SyncBatchNorm is GPU-only).
 
@@ -66,10 +83,10 @@ class CPUSyncBatchNorm(nn.BatchNorm2d):
             return super().forward(x)
         shape = (1, -1, 1, 1)
         count = torch.tensor(float(x.numel() // x.shape[1]), dtype=x.dtype)
-        count = dist_fn.all_reduce(count)
-        mean = dist_fn.all_reduce(x.sum(dim=(0, 2, 3))) / count
+        dist.all_reduce(count)
+        mean = AllReduceSum.apply(x.sum(dim=(0, 2, 3))) / count
         centred = x - mean.view(shape)
-        var = dist_fn.all_reduce((centred * centred).sum(dim=(0, 2, 3))) / count
+        var = AllReduceSum.apply((centred * centred).sum(dim=(0, 2, 3))) / count
         with torch.no_grad():
             self.running_mean.mul_(1 - self.momentum).add_(mean.detach(), alpha=self.momentum)
             self.running_var.mul_(1 - self.momentum).add_(var.detach() * count / (count - 1), alpha=self.momentum)

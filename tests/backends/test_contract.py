@@ -139,12 +139,14 @@ def call(fn, *args, **kwargs):
 
 
 def test_train_mode_forward_normalises_with_the_batch_statistics(backend):
-    """A constant added to the input is removed by BatchNorm in training mode, not with running statistics."""
+    """Training mode normalises with the batch's statistics: the running statistics change nothing there."""
     x, _ = batch(6)
     w = backend.initial_weights("resnet18", 0)
-    train_a, train_b = (backend.predict("resnet18", w, v, train=True) for v in (x, x + 0.5))
-    eval_a, eval_b = (backend.predict("resnet18", w, v) for v in (x, x + 0.5))
-    assert np.max(np.abs(train_a - train_b)) <= 1e-4 * np.max(np.abs(train_a))
+    moved = {k: v + 5 if k.endswith("running_mean") else v * 100 if k.endswith("running_var") else v
+             for k, v in w.items()}
+    train_a, train_b = (backend.predict("resnet18", v, x, train=True) for v in (w, moved))
+    eval_a, eval_b = (backend.predict("resnet18", v, x) for v in (w, moved))
+    assert np.max(np.abs(train_a - train_b)) <= 1e-6 * np.max(np.abs(train_a))
     assert np.max(np.abs(eval_a - eval_b)) > 1e-3 * np.max(np.abs(eval_a))
 
 
@@ -189,11 +191,14 @@ def test_trace_agrees_with_steps_and_gradients(backend, strategy):
 
 
 def test_sync_batchnorm_makes_k_devices_one_device(backend, strategy, meta):
-    """--bn sync: ResNet-18 on 2 devices takes the 1-device step (statistics over the global batch)."""
+    """--bn sync: ResNet-18 on 2 devices takes the 1-device step (statistics over the global batch).
+
+    4 images: with d2l's N(0, 0.01) initialisation the float32 gradient of a batch of 8 is already
+    off by ~1e-2 from float64 on one device (XLA and torch alike), which would swamp the comparison."""
     if "sync" not in meta["strategies"][strategy].get("bn", ["local"]):
         pytest.skip(f"{meta['name']} {strategy} has no synchronised BatchNorm")
     w = backend.initial_weights("resnet18", 0)
-    batches = [batch(8, seed=0)]
+    batches = [batch(4, seed=0)]
     one = call(backend.train_steps, strategy, "resnet18", 1, w, batches, 0.1, bn="sync")
     two = call(backend.train_steps, strategy, "resnet18", 2, w, batches, 0.1, bn="sync")
     local = call(backend.train_steps, strategy, "resnet18", 2, w, batches, 0.1, bn="local")
