@@ -18,6 +18,7 @@ import datetime
 import os
 import pickle
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -348,6 +349,12 @@ def _rank_main(rank: int, cfg_dict: dict, port: int, job, payload, out_dir: str)
     except BaseException:
         _record_failure(out_dir, rank)
         raise
+    # Done and reported: leave without running C++ static destructors, where gloo's background
+    # threads can still be joinable and abort the process ("terminate called without an active
+    # exception"), intermittently failing a run that has already succeeded.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _record_failure(out_dir: str, rank: int) -> None:
