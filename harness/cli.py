@@ -85,8 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "with --epochs 0 they are only evaluated")
     p.add_argument("--save-weights", default=None, metavar="PATH",
                    help="write the trained weights, canonical, to PATH (a run of one backend, strategy and device count)")
-    p.add_argument("--no-check", action="store_true",
-                   help="skip the equivalence check (`python -m harness check`, small) the report includes")
+    p.add_argument("--check", action="store_true",
+                   help="also run a small equivalence check (`python -m harness check`) over this report's "
+                        "backends, strategies and devices, and add its table to the report")
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE[,VALUE]",
                    help="a backend-specific option declared in its backend.toml (see --list), e.g. kvstore=local; "
                         "several values run one variant each, e.g. hybridize=on,off")
@@ -396,7 +397,7 @@ def run_benchmark(argv: list[str]) -> int:
         "backends": sorted(plan.backends),
     }
     with report.Staging(Path(args.out), sorted(plan.backends)) as staging:
-        if not args.no_check:
+        if args.check:
             meta["equivalence"] = equivalence(plan, args, console)
         results = execute(plan, staging.path, console)
         meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")

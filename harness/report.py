@@ -260,7 +260,7 @@ def hashes_section(results: list[dict]) -> list[str]:
 def equivalence_section(eq: dict | None) -> list[str]:
     """The check's table: the same weights and batches through every backend, compared with torch."""
     if not eq:
-        return ["## Equivalence", "", "Not checked in this run (`--no-check`); `python -m harness check` runs it."]
+        return ["## Equivalence", "", "Not checked in this run (add `--check`, or run `python -m harness check`)."]
     lines = ["## Equivalence", "",
              f"Every backend and strategy of this report, from the same canonical weights and batches "
              f"({eq['setup']}), compared with torch (`python -m harness check` runs the full version). "

@@ -36,7 +36,7 @@ def test_equivalence_check_passes_for_lenet():
 
 
 def test_checkpoint_from_one_backend_evaluates_the_same_everywhere(tmp_path):
-    common = ["--model", "lenet", "--dataset", "synthetic", "--test-size", "200", "--no-check", "--quiet"]
+    common = ["--model", "lenet", "--dataset", "synthetic", "--test-size", "200", "--quiet"]
     ckpt = tmp_path / "lenet.npz"
     trained = harness("--backend", "torch", "--strategy", "scratch", "--gpus", "1", "--epochs", "2",
                       "--train-size", "512", "--batch-size", "32", "--lr", "0.5", "--save-weights", str(ckpt),
