@@ -133,7 +133,7 @@ def compare(results: dict[str, tuple[dict, dict]], w0: dict[str, dict], referenc
         for model, strategy, k, bn in runs_of(arrays):
             key = f"{model}|{strategy}|{k}|{bn}"
             ref = next((f"{m}|{s}|{n}|{b}" for m, s, n, b in ref_runs if (m, n, b) == (model, k, bn)), None)
-            if ref and ref != key:
+            if ref and (name != reference or ref != key):
                 rows += _against_reference(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0[model])
             if k > 1 and f"{model}|{strategy}|1|{bn}|loss" in arrays:
                 rows.append(_k_vs_1(arrays, key, f"{model}|{strategy}|1|{bn}", model, name, strategy, k, bn))

@@ -128,3 +128,22 @@ def test_backend_options_are_validated_and_expanded(monkeypatch):
         parse("--option", "kvstore=local")
     with pytest.raises(cli.UsageError, match="layout=nhcw: choose from nchw, nhwc"):
         parse("--option", "layout=nhcw")
+
+
+@pytest.mark.parametrize("args, match", [
+    (("--backend", "torch", "--save-weights", "w.npz"), "--save-weights needs exactly one run"),
+    (("--backend", "torch", "--strategy", "scratch", "--bn", "sync"), "torch scratch has no sync BatchNorm"),
+    (("--backend", "torch", "--epochs", "0"), "0 evaluates the weights given with --load-weights"),
+    (("--backend", "torch", "--bn", "global"), "invalid choice: 'global'"),
+])
+def test_weights_and_batchnorm_flags_are_validated(tmp_path, args, match):
+    assert_refused(tmp_path, *args, match=match)
+
+
+def test_load_weights_must_be_a_valid_file_for_the_model(tmp_path):
+    from common import weights
+    weights.save(tmp_path / "lenet.npz", weights.initial_weights("lenet", 0))
+    (tmp_path / "junk.npz").write_bytes(b"not a weights file")
+    assert_refused(tmp_path, "--backend", "torch", "--load-weights", str(tmp_path / "junk.npz"), match="cannot read")
+    assert_refused(tmp_path, "--backend", "torch", "--load-weights", str(tmp_path / "lenet.npz"),
+                   match="does not hold resnet18 weights")
