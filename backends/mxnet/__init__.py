@@ -4,6 +4,7 @@
   devices, split,        parallel.py
   allreduce
   run, train_steps,      strategies.py (scratch, gluon)
+  gradients, train_trace,
   STRATEGIES
   environment            environment.py
   (mxnet itself)         compat.py: numpy aliases, threads, precision, then `import mxnet`
@@ -13,7 +14,8 @@ from backends.mxnet.compat import mx
 from backends.mxnet.environment import environment
 from backends.mxnet.models import build, count_params, lenet, load_canonical, resnet18, spec, to_canonical
 from backends.mxnet.parallel import allreduce, devices, split
-from backends.mxnet.strategies import TRAINERS as STRATEGIES, run, train_steps
+from backends.mxnet.strategies import TRAINERS as STRATEGIES, gradients, run, train_steps, train_trace
+from mxnet import autograd
 
 NAME = "mxnet"
 
@@ -28,12 +30,17 @@ def param_count(model: str) -> int:
     return count_params(build(model))
 
 
-def predict(model: str, weights, x):
-    """Logits (numpy) of `model` with canonical `weights` on a numpy batch, in inference mode."""
+def predict(model: str, weights, x, train: bool = False):
+    """Logits (numpy) of `model` with canonical `weights` on a numpy batch, on one context.
+
+    train=False: inference mode (BatchNorm uses the running statistics). train=True: training
+    mode without recording, so BatchNorm normalises with the batch's own statistics and no
+    weight changes (only this temporary network's running statistics do)."""
     net = build(model)
     net.initialize(ctx=mx.cpu())
     load_canonical(net, weights)
-    return net(mx.nd.array(x, dtype="float32")).asnumpy()   # outside autograd.record: inference mode
+    with autograd.train_mode() if train else autograd.predict_mode():
+        return net(mx.nd.array(x, dtype="float32")).asnumpy()
 
 
 def to_numpy(a):

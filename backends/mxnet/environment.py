@@ -60,6 +60,13 @@ def collective(cfg) -> str:
     return "hand-written allreduce (copy to device 0, sum, copy back)"
 
 
+def batchnorm(cfg) -> str:
+    if cfg.bn == "sync":
+        return (f"sync: gluon.contrib.nn.SyncBatchNorm, statistics over the global batch of "
+                f"{cfg.devices} context(s)")
+    return "local: each context its own shard's statistics; running statistics averaged before evaluation"
+
+
 def environment(cfg) -> dict:
     features = mx.runtime.Features()
     return {
@@ -76,4 +83,5 @@ def environment(cfg) -> dict:
         "collective": collective(cfg),
         "kvstore": option(cfg, "kvstore") if cfg.strategy == "gluon" else None,
         "hybridize": hybridized(cfg),
+        "batchnorm": batchnorm(cfg),
     }

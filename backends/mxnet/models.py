@@ -5,21 +5,37 @@ canonical names as attribute names, so `_collect_params_with_prefix()` yields
 `stage2.0.conv3.weight`, `bn.gamma`, ...; the canonical names (common/weights.py)
 differ only for BatchNorm's gamma/beta, which torch calls weight/bias. Gluon's layouts
 (conv OIHW, dense (out, in)) are the canonical layouts, so values copy unchanged.
+
+BatchNorm is nn.BatchNorm (each context its own shard's statistics) or, for --bn sync,
+Gluon's contrib SyncBatchNorm (statistics over the shards of all contexts); both
+have the same parameters, so the canonical names do not depend on the mode.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
 from backends.mxnet.compat import mx
 from mxnet.gluon import nn
+from mxnet.gluon.contrib.nn import SyncBatchNorm
 
 BN_EPS = 1e-5
 BN_MOMENTUM = 0.9   # MXNet convention: new = m * old + (1 - m) * batch (0.1 in torch terms)
 
+Norm = Callable[[int], nn.HybridBlock]   # channels -> a BatchNorm layer
 
-def _bn(channels: int) -> nn.BatchNorm:
+
+def batchnorm(channels: int) -> nn.BatchNorm:
     return nn.BatchNorm(momentum=BN_MOMENTUM, epsilon=BN_EPS, in_channels=channels)
+
+
+def sync_batchnorm(n_devices: int) -> Norm:
+    """BatchNorm layers whose statistics cover the shards of all n_devices contexts."""
+    def norm(channels: int) -> SyncBatchNorm:
+        return SyncBatchNorm(in_channels=channels, num_devices=n_devices, momentum=BN_MOMENTUM, epsilon=BN_EPS)
+    return norm
 
 
 def _conv(in_channels: int, out_channels: int, kernel: int, stride: int = 1, padding: int = 0) -> nn.Conv2D:
@@ -29,12 +45,13 @@ def _conv(in_channels: int, out_channels: int, kernel: int, stride: int = 1, pad
 class Residual(nn.HybridBlock):
     """d2l's residual block: two 3x3 convs with BatchNorm; a 1x1 conv on the shortcut when shape changes."""
 
-    def __init__(self, in_channels: int, out_channels: int, use_1x1conv: bool = False, stride: int = 1):
+    def __init__(self, in_channels: int, out_channels: int, use_1x1conv: bool = False, stride: int = 1,
+                 norm: Norm = batchnorm):
         super().__init__()
         self.conv1 = _conv(in_channels, out_channels, 3, stride=stride, padding=1)
-        self.bn1 = _bn(out_channels)
+        self.bn1 = norm(out_channels)
         self.conv2 = _conv(out_channels, out_channels, 3, padding=1)
-        self.bn2 = _bn(out_channels)
+        self.bn2 = norm(out_channels)
         self.conv3 = _conv(in_channels, out_channels, 1, stride=stride) if use_1x1conv else None
 
     def hybrid_forward(self, F, x):
@@ -44,27 +61,27 @@ class Residual(nn.HybridBlock):
         return F.relu(y + shortcut)
 
 
-def _stage(in_channels: int, out_channels: int, first: bool) -> nn.HybridSequential:
+def _stage(in_channels: int, out_channels: int, first: bool, norm: Norm) -> nn.HybridSequential:
     stage = nn.HybridSequential()
     if first:
-        stage.add(Residual(in_channels, out_channels), Residual(out_channels, out_channels))
+        stage.add(Residual(in_channels, out_channels, norm=norm), Residual(out_channels, out_channels, norm=norm))
     else:
-        stage.add(Residual(in_channels, out_channels, use_1x1conv=True, stride=2),
-                  Residual(out_channels, out_channels))
+        stage.add(Residual(in_channels, out_channels, use_1x1conv=True, stride=2, norm=norm),
+                  Residual(out_channels, out_channels, norm=norm))
     return stage
 
 
 class ResNet18(nn.HybridBlock):
     """3x3 stride-1 stem (no max-pool), stages of 64/128/256/512 channels, global average pool, dense."""
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 1):
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, norm: Norm = batchnorm):
         super().__init__()
         self.conv = _conv(in_channels, 64, 3, padding=1)
-        self.bn = _bn(64)
-        self.stage1 = _stage(64, 64, first=True)
-        self.stage2 = _stage(64, 128, first=False)
-        self.stage3 = _stage(128, 256, first=False)
-        self.stage4 = _stage(256, 512, first=False)
+        self.bn = norm(64)
+        self.stage1 = _stage(64, 64, first=True, norm=norm)
+        self.stage2 = _stage(64, 128, first=False, norm=norm)
+        self.stage3 = _stage(128, 256, first=False, norm=norm)
+        self.stage4 = _stage(256, 512, first=False, norm=norm)
         self.pool = nn.GlobalAvgPool2D()
         self.fc = nn.Dense(num_classes, in_units=512)   # flattens (N, 512, 1, 1) itself
 
@@ -91,8 +108,8 @@ class LeNet(nn.HybridBlock):
         return self.fc2(F.relu(self.fc1(x)))
 
 
-def resnet18(num_classes: int = 10, in_channels: int = 1) -> ResNet18:
-    return ResNet18(num_classes, in_channels)
+def resnet18(num_classes: int = 10, in_channels: int = 1, norm: Norm = batchnorm) -> ResNet18:
+    return ResNet18(num_classes, in_channels, norm)
 
 
 def lenet(num_classes: int = 10, in_channels: int = 1) -> LeNet:
@@ -102,13 +119,14 @@ def lenet(num_classes: int = 10, in_channels: int = 1) -> LeNet:
 MODELS = {"resnet18": resnet18, "lenet": lenet}
 
 
-def build(model: str) -> nn.HybridBlock:
-    return MODELS[model]()
+def build(model: str, norm: Norm = batchnorm) -> nn.HybridBlock:
+    """The model; `norm` makes its BatchNorm layers (LeNet has none)."""
+    return resnet18(norm=norm) if model == "resnet18" else MODELS[model]()
 
 
 def count_params(net: nn.Block) -> int:
     """Trainable parameters (BatchNorm running statistics have grad_req 'null')."""
-    return sum(int(np.prod(p.shape)) for p in net.collect_params().values() if p.grad_req != "null")
+    return sum(int(np.prod(p.shape)) for p in net.collect_params().values() if not is_statistic(p))
 
 
 # ------------------------------------------------------------------ canonical weights
@@ -153,6 +171,25 @@ def load_canonical(net: nn.Block, weights: dict[str, np.ndarray]) -> None:
         p.set_data(mx.nd.array(weights[name], dtype=np.float32))
 
 
-def to_canonical(net: nn.Block) -> dict[str, np.ndarray]:
-    """Canonical numpy weights, read from the first context (the others hold the same after a step)."""
-    return {name: p.list_data()[0].asnumpy().copy() for name, p in canonical_params(net).items()}
+def is_statistic(p) -> bool:
+    """BatchNorm running statistics: state, not trained (grad_req 'null')."""
+    return p.grad_req == "null"
+
+
+def to_canonical(*nets: nn.Block) -> dict[str, np.ndarray]:
+    """Canonical numpy weights of one network on its contexts, or of replicas of it (one per context).
+
+    Trainable weights are read from the first context (every context holds the same after a
+    step); BatchNorm running statistics are averaged over all contexts, the model evaluation
+    uses. Nothing on the devices changes."""
+    params = [canonical_params(net) for net in nets]
+
+    def copies(name: str) -> list:
+        return [a for p in params for a in p[name].list_data()]
+
+    return {name: _mean_on_host(copies(name) if is_statistic(p) else copies(name)[:1])
+            for name, p in params[0].items()}
+
+
+def _mean_on_host(arrays: list) -> np.ndarray:
+    return np.mean([a.asnumpy() for a in arrays], axis=0, dtype=np.float32)

@@ -5,12 +5,17 @@ Same math in both: one SGD step on the mean cross-entropy of the *global* batch.
            per-shard summed loss, gradients summed by the hand-written allreduce, then
            p -= lr / B * g on every context (d2l's from-scratch chapter)
   gluon    one network initialised on every context (net.initialize(ctx=devices)),
-           split_and_load, autograd.record, gluon.Trainer.step(B) over a kvstore
-           (option kvstore: device or local) (d2l's concise chapter)
-Both load the canonical initial weights into every context first, and both can run
-hybridized (option hybridize). BatchNorm: each context normalises with its own shard's
-statistics in training (as the seeds do); before evaluation the running statistics are
-averaged across contexts, so every context evaluates the same model.
+           split_and_load, autograd.record, a gluon.Trainer over a kvstore (option
+           kvstore: device or local) sums the gradients, each context applies SGD with
+           1 / B (d2l's concise chapter)
+A step is reduce_gradients (each context on its shard, then the strategy's own reduction)
+followed by update; gradients() and train_trace() run the same two halves.
+Both load the run's weights into every context first, and both can run hybridized
+(option hybridize). BatchNorm (--bn): "local", each context normalises with its own
+shard's statistics in training (as the seeds do) and the running statistics are averaged
+across contexts before evaluation; "sync" (gluon only), SyncBatchNorm layers normalise
+with the statistics of the global batch, so k contexts train as one: GPU contexts only
+(on several CPU contexts it deadlocks, see SYNC_BN_ON_CPU), which no build here has.
 Nothing is read back to the host inside a step: it returns NDArrays, read by collect().
 """
 
@@ -25,21 +30,22 @@ from backends.mxnet.parallel import allreduce, as_ndarray, devices, split
 from common import data as datalib
 from common.config import RunConfig
 from common.loop import Unsupported, run_training
-from common.weights import init_canonical
+from common.weights import for_run as weights_for_run
 from mxnet import autograd, gluon
 
 LOSS = gluon.loss.SoftmaxCrossEntropyLoss()   # per example; summed per shard
 
 
-def initial_weights(cfg: RunConfig) -> dict[str, np.ndarray]:
-    """The canonical initial weights every run of this config starts from."""
-    return init_canonical(models.spec(models.build(cfg.model)), cfg.seed)
+def norm_layers(cfg: RunConfig) -> models.Norm:
+    """The BatchNorm layers of the run's --bn mode. On one context the global batch is that
+    context's batch, so sync is plain BatchNorm there (the 1-device run k devices must equal)."""
+    return models.sync_batchnorm(cfg.devices) if cfg.bn == "sync" and cfg.devices > 1 else models.batchnorm
 
 
 def network(cfg: RunConfig, ctx) -> gluon.HybridBlock:
     """The model initialised on ctx (a context or a list of them), hybridized if the run says so.
     Gluon's own initial values are overwritten with the canonical ones by reset()."""
-    net = models.build(cfg.model)
+    net = models.build(cfg.model, norm_layers(cfg))
     net.initialize(ctx=ctx)
     if hybridized(cfg):
         net.hybridize()
@@ -47,11 +53,11 @@ def network(cfg: RunConfig, ctx) -> gluon.HybridBlock:
 
 
 def trainable(net: gluon.Block) -> list:
-    return [p for p in net.collect_params().values() if p.grad_req != "null"]
+    return [p for p in net.collect_params().values() if not models.is_statistic(p)]
 
 
 def running_statistics(net: gluon.Block) -> list:
-    return [p for p in net.collect_params().values() if p.grad_req == "null"]
+    return [p for p in net.collect_params().values() if models.is_statistic(p)]
 
 
 def average(arrays: list) -> None:
@@ -79,11 +85,28 @@ def accuracy_counts(net, batches, ctx) -> tuple[int, int]:
 
 
 class MXNetTrainer:
-    """What the strategies share: `module` is the network evaluated and reported, `devs` its contexts."""
+    """What the strategies share: `module` is the network evaluated and reported, `devs` its contexts.
+    A strategy supplies reduce_gradients and update; a step is the one, then the other."""
 
     cfg: RunConfig
     module: gluon.HybridBlock
     devs: list
+    sync_bn = False   # whether --bn sync can run (BatchNorm statistics over every context's shard)
+
+    def reduce_gradients(self, x, y) -> list:
+        """Forward and backward of each context on its shard, then the strategy's reduction:
+        afterwards every context holds the gradients of the global batch's *summed* loss.
+        Returns the (loss sum, correct) handles of the shards."""
+        raise NotImplementedError
+
+    def update(self, batch_size: int) -> None:
+        """SGD on every context with the reduced gradients, scaled by lr / batch_size."""
+        raise NotImplementedError
+
+    def step(self, x, y):
+        metrics = self.reduce_gradients(x, y)
+        self.update(len(y))
+        return metrics
 
     def sync(self) -> None:
         mx.nd.waitall()
@@ -105,9 +128,17 @@ class MXNetTrainer:
     def canonical(self) -> dict[str, np.ndarray]:
         return models.to_canonical(self.module)
 
+    def canonical_gradients(self) -> dict[str, np.ndarray]:
+        """The reduced gradients as context 0 holds them, by canonical name (trainable parameters only)."""
+        return {name: p.list_grad()[0].asnumpy() for name, p in models.canonical_params(self.module).items()
+                if not models.is_statistic(p)}
+
 
 class ScratchTrainer(MXNetTrainer):
     """One replica per context; gradients reduced with the hand-written allreduce, SGD by hand."""
+
+    # Separate networks per context: their BatchNorm layers cannot share the global batch's statistics.
+    sync_bn = False
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
         self.cfg, self.weights, self.rank = cfg, weights, 0
@@ -120,18 +151,23 @@ class ScratchTrainer(MXNetTrainer):
         for net in self.replicas:
             models.load_canonical(net, self.weights)
 
-    def step(self, x, y):
+    def reduce_gradients(self, x, y):
         xs, ys = split(x, y, self.devs)
         metrics = [forward_backward(net, xi, yi) for net, xi, yi in zip(self.replicas, xs, ys)]
         params = [trainable(net) for net in self.replicas]
         for i in range(len(params[0])):
             allreduce([replica[i].grad() for replica in params])
-        scale = self.cfg.lr / len(y)
-        for replica in params:
-            for p in replica:
+        return metrics
+
+    def update(self, batch_size: int) -> None:
+        scale = self.cfg.lr / batch_size
+        for net in self.replicas:
+            for p in trainable(net):
                 w = p.data()
                 w[:] = w - scale * p.grad()
-        return metrics
+
+    def canonical(self) -> dict[str, np.ndarray]:
+        return models.to_canonical(*self.replicas)
 
     def evaluate(self, batches) -> tuple[int, int]:
         stats = [running_statistics(net) for net in self.replicas]
@@ -141,7 +177,9 @@ class ScratchTrainer(MXNetTrainer):
 
 
 class GluonTrainer(MXNetTrainer):
-    """net.initialize(ctx=devices), split_and_load, autograd.record, Trainer.step(B) over a kvstore."""
+    """net.initialize(ctx=devices), split_and_load, autograd.record, Trainer over a kvstore."""
+
+    sync_bn = True   # one network on every context: its SyncBatchNorm layers meet across them
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
         self.cfg, self.weights, self.rank = cfg, weights, 0
@@ -159,11 +197,14 @@ class GluonTrainer(MXNetTrainer):
     def reset(self) -> None:
         models.load_canonical(self.module, self.weights)   # SGD without momentum keeps no state
 
-    def step(self, x, y):
+    def reduce_gradients(self, x, y):
         xs, ys = split(x, y, self.devs)
         metrics = [forward_backward(self.module, xi, yi) for xi, yi in zip(xs, ys)]
-        self.trainer.step(len(y))   # gradients are of summed losses: rescale by 1 / global batch
+        self.trainer.allreduce_grads()   # the kvstore sums them onto every context, updates nothing
         return metrics
+
+    def update(self, batch_size: int) -> None:
+        self.trainer.update(batch_size)   # allreduce_grads + update(B) is Trainer.step(B)
 
     def evaluate(self, batches) -> tuple[int, int]:
         for p in running_statistics(self.module):
@@ -173,10 +214,21 @@ class GluonTrainer(MXNetTrainer):
 
 TRAINERS = {"scratch": ScratchTrainer, "gluon": GluonTrainer}
 
+SYNC_BN_ON_CPU = (
+    "--bn sync needs SyncBatchNorm across contexts, and mxnet 1.9.1's SyncBatchNorm deadlocks on several "
+    "CPU contexts: its backward holds a temporary-space resource while it waits at a barrier for the other "
+    "contexts, and all CPU contexts share one small round-robin pool of those resources "
+    "(MXNET_CPU_TEMP_COPY), so two contexts can wait on each other forever")
+
 
 def check_supported(cfg: RunConfig) -> None:
     if cfg.strategy not in TRAINERS:
         raise Unsupported(f"mxnet has no strategy {cfg.strategy!r}; it has {', '.join(TRAINERS)}")
+    if cfg.bn == "sync" and not TRAINERS[cfg.strategy].sync_bn:
+        raise Unsupported(f"mxnet {cfg.strategy} keeps a separate network per context, so its BatchNorm "
+                          "cannot use the global batch's statistics (--bn sync runs with gluon)")
+    if cfg.bn == "sync" and cfg.device_kind == "cpu" and cfg.devices > 1:
+        raise Unsupported(SYNC_BN_ON_CPU)
     if cfg.device_kind == "gpu":
         if not has_cuda():
             raise Unsupported(f"GPU run requested, but no MXNet GPU build can run here: {NO_GPU_BUILD}")
@@ -184,12 +236,22 @@ def check_supported(cfg: RunConfig) -> None:
             raise Unsupported(f"{cfg.devices} GPUs requested, MXNet sees {visible_gpus()}")
 
 
-def _apply_steps(trainer, batches) -> dict[str, np.ndarray]:
+def make_trainer(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batch_size: int,
+                 lr: float = 0.1, bn: str = "local", device_kind: str = "cpu", options: dict | None = None):
+    """A strategy's trainer outside a run (for tests and checks), reset to `weights`.
+    `options`: backend options (kvstore, hybridize); the declared defaults otherwise."""
+    cfg = RunConfig(backend="mxnet", strategy=strategy, devices=n_devices, device_kind=device_kind, model=model,
+                    batch_size=batch_size, lr=lr, bn=bn, options=dict(options or {})).validate()
+    check_supported(cfg)
+    trainer = TRAINERS[strategy](cfg, weights)
     trainer.reset()
-    for x, y in batches:
-        trainer.step(x, y)
-    trainer.sync()
-    return trainer.canonical()
+    return trainer
+
+
+def mean_loss(trainer: MXNetTrainer, handles: list, batch_size: int) -> float:
+    """Mean cross-entropy over the global batch, from one step's (loss sum, correct) handles."""
+    loss_sum, _ = trainer.collect([handles])
+    return loss_sum / batch_size
 
 
 # ----------------------------------------------------------------------- entry points
@@ -197,15 +259,42 @@ def _apply_steps(trainer, batches) -> dict[str, np.ndarray]:
 def run(cfg: RunConfig) -> dict:
     """Train as the run config says; the metrics part of a result."""
     check_supported(cfg)
-    trainer = TRAINERS[cfg.strategy](cfg, initial_weights(cfg))
+    trainer = TRAINERS[cfg.strategy](cfg, weights_for_run(cfg))
     return run_training(trainer, cfg, datalib.load(cfg))
 
 
-def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray],
-                batches: list, lr: float, device_kind: str = "cpu", options: dict | None = None) -> dict[str, np.ndarray]:
-    """Apply len(batches) SGD steps from `weights`; the canonical weights afterwards (for tests and checks).
-    `options`: backend options (kvstore, hybridize); the declared defaults otherwise."""
-    cfg = RunConfig(backend="mxnet", strategy=strategy, devices=n_devices, device_kind=device_kind,
-                    model=model, batch_size=len(batches[0][1]), lr=lr, options=dict(options or {})).validate()
-    check_supported(cfg)
-    return _apply_steps(TRAINERS[strategy](cfg, weights), batches)
+def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
+                lr: float, device_kind: str = "cpu", options: dict | None = None,
+                bn: str = "local") -> dict[str, np.ndarray]:
+    """Apply len(batches) SGD steps from `weights`; the canonical weights afterwards."""
+    trainer = make_trainer(strategy, model, n_devices, weights, len(batches[0][1]), lr, bn, device_kind, options)
+    for x, y in batches:
+        trainer.step(x, y)
+    trainer.sync()
+    return trainer.canonical()
+
+
+def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,
+              bn: str = "local", device_kind: str = "cpu",
+              options: dict | None = None) -> tuple[float, dict[str, np.ndarray]]:
+    """(mean loss of the global batch, its gradients by canonical name) as the strategy computes
+    them: each context on its shard, the strategy's reduction, read from context 0. The
+    strategies' gradients are of summed losses, hence the division by the global batch size."""
+    trainer = make_trainer(strategy, model, n_devices, weights, len(y), bn=bn, device_kind=device_kind,
+                           options=options)
+    handles = trainer.reduce_gradients(x, y)
+    grads = {name: g / len(y) for name, g in trainer.canonical_gradients().items()}
+    return mean_loss(trainer, handles, len(y)), grads
+
+
+def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
+                lr: float, bn: str = "local", device_kind: str = "cpu", options: dict | None = None) -> dict:
+    """Train on `batches`: {"first": canonical weights after the first step, "final": after the
+    last, "losses": each step's global mean loss, from its forward pass before its update}."""
+    trainer = make_trainer(strategy, model, n_devices, weights, len(batches[0][1]), lr, bn, device_kind, options)
+    losses, first = [], None
+    for x, y in batches:
+        losses.append(mean_loss(trainer, trainer.step(x, y), len(y)))
+        if first is None:
+            first = trainer.canonical()
+    return {"first": first, "final": trainer.canonical(), "losses": losses}

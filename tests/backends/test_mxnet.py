@@ -1,6 +1,8 @@
 """MXNet-only behaviour: scratch and gluon agree on several devices, hybridize and the kvstore
-type change no numbers, BatchNorm statistics are averaged before evaluation, the worker end to
-end, and a GPU request on a host without an MXNet GPU build is reported as unavailable."""
+type change no numbers, BatchNorm statistics are averaged before evaluation, gradients() are the
+ones a step applies, --bn sync is refused on several CPU contexts (with why), the worker end to end
+(--bn, --save-weights / --load-weights), and a GPU request on a host without an MXNet GPU build
+is reported as unavailable."""
 
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ def test_scratch_and_gluon_agree_after_three_steps_on_two_devices():
 
 
 def test_scratch_and_gluon_agree_on_resnet18_with_batchnorm():
-    """One ResNet-18 step on 2 devices: weights and device 0's BatchNorm running statistics."""
+    """One ResNet-18 step on 2 devices: weights and the BatchNorm running statistics (averaged over devices)."""
     start, scratch = steps("scratch", n_steps=1, model="resnet18", lr=0.1)
     _, gluon = steps("gluon", n_steps=1, model="resnet18", lr=0.1)
     assert max_abs_diff(scratch, start) > 1e-4
@@ -68,6 +70,67 @@ def test_both_kvstore_types_take_the_same_step():
     _, local = steps("gluon", kvstore="local")
     assert max_abs_diff(device, start) > 1e-3
     assert max_abs_diff(device, local) <= TOLERANCE
+
+
+def gradients(strategy, k=2, model="lenet", **options):
+    from backends.mxnet import gradients as gradients_of, initial_weights
+    return gradients_of(strategy, model, k, initial_weights(model, 0), *batches(1)[0], options=options)
+
+
+def test_scratch_and_gluon_give_the_same_gradients_on_resnet18():
+    loss_scratch, scratch = gradients("scratch", model="resnet18")
+    loss_gluon, gluon = gradients("gluon", model="resnet18")
+    assert abs(loss_scratch - loss_gluon) <= 1e-6 * loss_scratch
+    assert max(float(np.max(np.abs(g))) for g in scratch.values()) > 1e-3
+    assert max_abs_diff(scratch, gluon) <= 1e-6
+
+
+def test_both_kvstore_types_give_the_same_gradients():
+    _, device = gradients("gluon", kvstore="device")
+    _, local = gradients("gluon", kvstore="local")
+    assert max(float(np.max(np.abs(g))) for g in device.values()) > 1e-3
+    assert max_abs_diff(device, local) <= 1e-7
+
+
+@pytest.mark.parametrize("name", ["scratch", "gluon"])
+def test_a_step_applies_exactly_the_returned_gradients(name):
+    """LeNet has no running statistics: after one step, w1 = w0 - lr * gradients(w0)."""
+    start, stepped = steps(name, n_steps=1, lr=0.5)
+    _, grads = gradients(name)
+    expected = {k: start[k] - 0.5 * grads[k] for k in grads}
+    assert max_abs_diff(stepped, start) > 1e-3
+    assert max_abs_diff(stepped, expected) <= 1e-7
+
+
+def test_canonical_running_statistics_are_the_mean_over_devices():
+    """canonical() (what --save-weights writes) averages the per-device running statistics, as
+    evaluation does, without an evaluation first; for the first BatchNorm, whose input is the same
+    on 1 and 2 devices, the mean of the shards' means is the batch mean: the 1-device value."""
+    from backends.mxnet import initial_weights, models
+    from backends.mxnet.strategies import make_trainer
+    x, y = batches(1)[0]
+    trainer = make_trainer("gluon", "resnet18", 2, initial_weights("resnet18", 0), len(y), lr=0.1)
+    trainer.step(x, y)
+    per_device = [a.asnumpy() for a in models.canonical_params(trainer.module)["bn.running_mean"].list_data()]
+    assert np.max(np.abs(per_device[0] - per_device[1])) > 1e-6   # each device saw its own shard
+    two = trainer.canonical()["bn.running_mean"]
+    np.testing.assert_allclose(two, (per_device[0] + per_device[1]) / 2, rtol=1e-6, atol=1e-9)
+    _, one = steps("gluon", k=1, n_steps=1, model="resnet18", lr=0.1)
+    np.testing.assert_allclose(two, one["bn.running_mean"], rtol=1e-5, atol=1e-8)
+
+
+def test_sync_batchnorm_is_refused_on_several_cpu_contexts_with_the_reason():
+    from backends.mxnet import initial_weights, train_steps
+    from common.loop import Unsupported
+    with pytest.raises(Unsupported, match="deadlocks on several CPU contexts"):
+        train_steps("gluon", "lenet", 2, initial_weights("lenet", 0), batches(1), 0.1, bn="sync")
+
+
+def test_scratch_refuses_sync_batchnorm():
+    from backends.mxnet import initial_weights, train_steps
+    from common.loop import Unsupported
+    with pytest.raises(Unsupported, match="separate network per context"):
+        train_steps("scratch", "lenet", 2, initial_weights("lenet", 0), batches(1), 0.1, bn="sync")
 
 
 def statistics_per_device(trainer) -> list[list[np.ndarray]]:
@@ -126,6 +189,28 @@ def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
     assert env["kvstore"] == ("device" if name == "gluon" else None)
     assert len(r["weights_hash"]) == 64 and len(r["data_hash"]) == 64
     assert r["compile_s"] > 0
+
+
+@pytest.mark.parametrize("name", ["scratch", "gluon"])
+def test_worker_reports_sync_batchnorm_as_unavailable(tmp_path, name):
+    rc, r = run_worker(tmp_path, strategy=name, bn="sync", threads=1)
+    assert rc == 1 and r["status"] == "unavailable"
+    assert r["environment"]["batchnorm"].startswith("sync: gluon.contrib.nn.SyncBatchNorm")
+
+
+def test_saved_weights_evaluate_to_the_accuracy_they_were_saved_with(tmp_path):
+    """ResNet-18 on 2 devices (BatchNorm statistics per device): --save-weights writes what was
+    evaluated, and a run with --load-weights and 0 epochs starts from it."""
+    from common.weights import fingerprint, load
+    saved = str(tmp_path / "w.npz")
+    common = {"model": "resnet18", "train_size": 32, "test_size": 16, "threads": 1}
+    rc, trained = run_worker(tmp_path, epochs=1, save_weights=saved, **common)
+    assert rc == 0 and trained["status"] == "ok", trained["error"]
+    assert trained["saved_weights"]["path"] == saved
+    rc, evaluated = run_worker(tmp_path, epochs=0, load_weights=saved, **common)
+    assert rc == 0 and evaluated["status"] == "ok", evaluated["error"]
+    assert evaluated["final_test_acc"] == trained["final_test_acc"]
+    assert evaluated["weights_hash"] == fingerprint(load(saved)) != trained["weights_hash"]
 
 
 def test_gpu_request_is_unavailable_without_an_mxnet_gpu_build(tmp_path):
