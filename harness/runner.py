@@ -86,6 +86,14 @@ class Console:
             self.say(f"[{label(cfg)}] {status}: {reason[-1] if reason else ''}")
 
 
+def _relative_to_root(arg: str) -> str:
+    """Paths inside the project shown relative to it: logs can be shared (and committed) as they are."""
+    try:
+        return str(Path(arg).relative_to(ROOT))
+    except ValueError:
+        return arg
+
+
 def _pump(stream, lines: queue.Queue) -> None:
     for line in iter(stream.readline, ""):
         lines.put(line)
@@ -132,7 +140,7 @@ def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
     deadline = time.monotonic() + cfg.timeout
     with open(log_path, "w") as log:
-        log.write("$ " + " ".join(cmd) + "\n")
+        log.write("$ " + " ".join(_relative_to_root(a) for a in cmd) + "\n")
         try:
             while True:
                 try:
