@@ -126,7 +126,7 @@ def plot_accuracy(rows: list[dict], path: Path) -> bool:
 def plot_throughput(rows: list[dict], path: Path) -> bool:
     series: dict[tuple, list] = {}
     for row in rows:
-        if row["result"]["status"] == "ok":
+        if row["result"]["status"] == "ok" and row.get("images_per_s"):   # (evaluation-only runs have none)
             series.setdefault(key(row["result"])[:2], []).append((row["result"]["config"]["devices"], row["images_per_s"]))
     if not any(len(points) > 1 for points in series.values()):
         return False
@@ -243,13 +243,14 @@ def environment_section(results: list[dict]) -> list[str]:
 
 def hashes_section(results: list[dict]) -> list[str]:
     ok = [r for r in results if r["status"] == "ok"]
-    weights = {r.get("weights_hash") for r in ok}
-    data = {r.get("data_hash") for r in ok}
+    weights = {r.get("weights_hash") for r in ok if r.get("weights_hash")}
+    data = {r.get("data_hash") for r in ok if r.get("data_hash")}   # (evaluation-only runs train on nothing)
     lines = []
-    if ok:
-        lines.append(f"- Initial weights (canonical, seeded numpy): "
+    if weights:
+        lines.append(f"- Initial weights (canonical): "
                      + (f"`{next(iter(weights))[:16]}` for every run" if len(weights) == 1
                         else "**differ between runs**: " + ", ".join(f"`{str(w)[:16]}`" for w in weights)))
+    if data:
         lines.append(f"- Training batch sequence: "
                      + (f"`{next(iter(data))[:16]}` for every run" if len(data) == 1
                         else "differs between runs (different device counts drop a different partial batch "

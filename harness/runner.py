@@ -79,8 +79,8 @@ class Console:
     def finished(self, cfg: RunConfig, result: dict) -> None:
         status = result["status"]
         if status == "ok":
-            e = result["epochs"][-1]
-            self.say(f"[{label(cfg)}] ok: test acc {e['test_acc']:.4f}")
+            acc = result.get("final_test_acc")
+            self.say(f"[{label(cfg)}] ok" + (f": test acc {acc:.4f}" if acc is not None else ""))
         else:
             reason = (result.get("error") or "").strip().splitlines()
             self.say(f"[{label(cfg)}] {status}: {reason[-1] if reason else ''}")

@@ -91,3 +91,31 @@ def test_successful_workers_give_speedup_in_report(tmp_path):
     assert "Synthetic data" in text and "simulated" in text
     assert (report / "accuracy.png").stat().st_size > 1000
     assert (report / "throughput.png").stat().st_size > 1000
+
+
+EVAL_ONLY_WORKER = r'''
+import json, sys
+args = sys.argv[sys.argv.index("--config") + 1], sys.argv[sys.argv.index("--result") + 1]
+cfg = json.load(open(args[0]))
+print('@dpbench {"event": "evaluated", "test_acc": 0.625}', flush=True)
+json.dump({"schema_version": 1, "status": "ok", "config": cfg, "environment": {}, "epochs": [], "final_test_acc": 0.625,
+           "compile_s": None, "params": 129068, "weights_hash": "w" * 64, "data_hash": None, "error": None,
+           "memory": {}}, open(args[1], "w"))
+'''
+
+
+def test_evaluation_only_run_reports_its_accuracy(tmp_path):
+    """--epochs 0 --load-weights: no training, one accuracy, a report all the same."""
+    import sys
+    from common import weights
+    weights.save(tmp_path / "w.npz", weights.initial_weights("lenet", 0))
+    worker = tmp_path / "eval_worker.py"
+    worker.write_text(EVAL_ONLY_WORKER)
+    python = fake_python(tmp_path, f'exec {sys.executable} {worker} "$@"')
+    out = tmp_path / "reports"
+    result = run_harness(*BASE, "--gpus", "1", "--epochs", "0", "--load-weights", str(tmp_path / "w.npz"),
+                         "--python", f"torch={python}", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    text = (only_report(out) / "report.md").read_text()
+    assert "| torch | scratch | 1 (sim.) | 32 | 0.05 | — | — | — | — | 0.6250 |" in text
+    assert "weights loaded from" in text
