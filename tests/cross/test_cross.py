@@ -35,11 +35,23 @@ def test_equivalence_check_passes_for_lenet():
     assert all(r.rstrip(" |").endswith("ok") or "| ok" in r for r in forward)
 
 
+def write_he_scaled_lenet(path) -> None:
+    import numpy as np
+    from common import architectures, weights
+    w = weights.initial_weights("lenet", 0)
+    for name, shape, kind in architectures.spec("lenet"):
+        if kind in ("conv", "dense"):
+            w[name] = (w[name] * np.sqrt(2.0 / np.prod(shape[1:])) / 0.01).astype(np.float32)
+    weights.save(path, w)
+
+
 def test_checkpoint_from_one_backend_evaluates_the_same_everywhere(tmp_path):
     common = ["--model", "lenet", "--dataset", "synthetic", "--test-size", "200", "--quiet"]
-    ckpt = tmp_path / "lenet.npz"
+    ckpt, start = tmp_path / "lenet.npz", tmp_path / "start.npz"
+    write_he_scaled_lenet(start)   # d2l's N(0, 0.01) LeNet needs thousands of steps to leave chance
     trained = harness("--backend", "torch", "--strategy", "scratch", "--gpus", "1", "--epochs", "2",
-                      "--train-size", "512", "--batch-size", "32", "--lr", "0.5", "--save-weights", str(ckpt),
+                      "--train-size", "1024", "--batch-size", "32", "--lr", "0.1", "--load-weights", str(start),
+                      "--save-weights", str(ckpt),
                       "--out", str(tmp_path / "train"), *common)
     assert trained.returncode == 0, trained.stderr[-2000:]
     (report,) = (tmp_path / "train").iterdir()
@@ -51,9 +63,12 @@ def test_checkpoint_from_one_backend_evaluates_the_same_everywhere(tmp_path):
                       "--batch-size", "8", "--train-size", "64", "--out", str(tmp_path / backend), *common)
         assert out.returncode == 0, out.stderr[-2000:]
         (report,) = (tmp_path / backend).iterdir()
-        for r in json.loads((report / "results.json").read_text())["runs"]:
+        runs = [r for r in json.loads((report / "results.json").read_text())["runs"]
+                if r["status"] != "unavailable"]          # (e.g. torch dp without CUDA)
+        assert runs, backend
+        for r in runs:
             assert r["status"] == "ok", r["error"]
             assert r["epochs"] == [] and r["weights_hash"] == run["saved_weights"]["sha256"]
             accuracies[f"{backend} {r['config']['strategy']}"] = r["final_test_acc"]
-    assert 0.3 < accuracies["torch (trained)"] < 1.0, accuracies     # it learned something
+    assert 0.3 < accuracies["torch (trained)"] <= 1.0, accuracies    # it learned something
     assert len(set(accuracies.values())) == 1, accuracies
