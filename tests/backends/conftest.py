@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
 NAME = os.environ.get("DPBENCH_BACKEND")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -39,3 +43,14 @@ def pytest_generate_tests(metafunc):
     """`strategy` takes each strategy the backend declares in its backend.toml."""
     if "strategy" in metafunc.fixturenames:
         metafunc.parametrize("strategy", list(load_meta()["strategies"]) if NAME else ["none"])
+
+
+def run_backend_worker(tmp_path, **overrides) -> tuple[int, dict]:
+    """`python -m backends.<NAME>` end to end on a small synthetic LeNet run: (exit status, result)."""
+    cfg = {"backend": NAME, "devices": 2, "model": "lenet", "epochs": 2, "batch_size": 16, "lr": 0.1,
+           "train_size": 64, "test_size": 40, "eval_batch_size": 16, "dataset": "synthetic", **overrides}
+    (tmp_path / "c.json").write_text(json.dumps(cfg))
+    proc = subprocess.run([sys.executable, "-m", f"backends.{NAME}", "--config", str(tmp_path / "c.json"),
+                           "--result", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    return proc.returncode, json.loads((tmp_path / "r.json").read_text())

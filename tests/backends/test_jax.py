@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.backends.conftest import NAME
+from tests.backends.conftest import NAME, run_backend_worker
 
 pytestmark = pytest.mark.skipif(NAME != "jax", reason="jax backend only")
 ROOT = Path(__file__).resolve().parents[2]
@@ -236,13 +236,7 @@ def test_forward_pass_matches_a_numpy_reference(model, reference):
 # ------------------------------------------------------------------------- the worker
 
 def run_worker(tmp_path, **overrides) -> tuple[int, dict]:
-    cfg = {"backend": "jax", "strategy": "pmap", "devices": 2, "model": "lenet", "epochs": 2, "batch_size": 16,
-           "lr": 0.1, "train_size": 64, "test_size": 40, "eval_batch_size": 16, "dataset": "synthetic", **overrides}
-    (tmp_path / "c.json").write_text(json.dumps(cfg))
-    proc = subprocess.run([sys.executable, "-m", "backends.jax", "--config", str(tmp_path / "c.json"),
-                           "--result", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
-    return proc.returncode, json.loads((tmp_path / "r.json").read_text())
+    return run_backend_worker(tmp_path, **{"strategy": "pmap", **overrides})
 
 
 @pytest.mark.parametrize("name", ["pmap", "sharding"])

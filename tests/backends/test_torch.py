@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.backends.conftest import NAME
+from tests.backends.conftest import NAME, run_backend_worker
 
 pytestmark = pytest.mark.skipif(NAME != "torch", reason="torch backend only")
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,13 +66,7 @@ def test_dataparallel_is_refused_without_cuda():
 
 
 def run_worker(tmp_path, **overrides) -> tuple[int, dict]:
-    cfg = {"backend": "torch", "strategy": "ddp", "devices": 2, "model": "lenet", "epochs": 2, "batch_size": 16,
-           "lr": 0.1, "train_size": 64, "test_size": 40, "eval_batch_size": 16, "dataset": "synthetic", **overrides}
-    (tmp_path / "c.json").write_text(json.dumps(cfg))
-    proc = subprocess.run([sys.executable, "-m", "backends.torch", "--config", str(tmp_path / "c.json"),
-                           "--result", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
-    return proc.returncode, json.loads((tmp_path / "r.json").read_text())
+    return run_backend_worker(tmp_path, **{"strategy": "ddp", **overrides})
 
 
 @pytest.mark.parametrize("name", ["scratch", "ddp"])
