@@ -8,6 +8,9 @@ harness, and stores flat arrays in an .npz (readable whatever numpy the harness 
   <model>|<strategy>|<k>|<bn>|grad|<name>             its gradient, after the strategy's reduction
   <model>|<strategy>|<k>|<bn>|first|<name>            weights after one SGD step
   <model>|<strategy>|<k>|<bn>|losses                  the mean loss of every step of the trace
+  <model>|float64|loss, <model>|float64|grad|<name>   the first batch's mean loss and gradient in float64, 1 device
+  <model>|float64|<k>|<bn>|...                        loss, grad, first, losses in float64 (the reference backend
+                                                      only; the whole trace for 1 device, local BatchNorm)
 and a JSON of what could not run here, with the reason.
 """
 
@@ -30,6 +33,9 @@ def measure(backend, job: dict) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         w = weightslib.load(job["weights"][model], model)
         out[f"{model}|forward|train"] = backend.predict(model, w, xs[0], train=True)
         out[f"{model}|forward|eval"] = backend.predict(model, w, xs[0])
+        loss, grads = backend.float64_gradients(model, w, xs[0], ys[0])
+        out[f"{model}|float64|loss"] = np.float64(loss)
+        out.update({f"{model}|float64|grad|{n}": g for n, g in grads.items()})
         for strategy in job["strategies"]:
             for k in job["devices"]:
                 for bn in job["bn"]:
@@ -43,11 +49,21 @@ def measure(backend, job: dict) -> tuple[dict[str, np.ndarray], dict[str, str]]:
                     except Unsupported as e:
                         skipped[key] = str(e)
                         continue
-                    out[f"{key}|loss"] = np.float64(loss)
-                    out[f"{key}|losses"] = np.asarray(trace["losses"], dtype=np.float64)
-                    out.update({f"{key}|grad|{n}": g for n, g in grads.items()})
-                    out.update({f"{key}|first|{n}": v for n, v in trace["first"].items()})
+                    out.update(_flat(key, loss, grads, trace))
+        if job.get("float64"):   # float64 is slow on CPUs: the whole trace once, one step elsewhere
+            for k in job["devices"]:
+                for bn in job["bn"]:
+                    if not (bn == "sync" and model == "lenet"):
+                        steps = batches if (k, bn) == (1, "local") else batches[:1]
+                        loss, grads, trace = backend.float64_reference(model, k, w, steps, job["lr"], bn=bn)
+                        out.update(_flat(f"{model}|float64|{k}|{bn}", loss, grads, trace))
     return out, skipped
+
+
+def _flat(key: str, loss: float, grads: dict, trace: dict) -> dict[str, np.ndarray]:
+    return {f"{key}|loss": np.float64(loss), f"{key}|losses": np.asarray(trace["losses"], dtype=np.float64),
+            **{f"{key}|grad|{n}": g for n, g in grads.items()},
+            **{f"{key}|first|{n}": v for n, v in trace["first"].items()}}
 
 
 def run(backend, job_path: str, result_path: str) -> None:

@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 MODELS = ("resnet18", "lenet")
 BN_MODES = ("local", "sync")
+INITS = ("d2l", "he")    # common/weights.py
+PRECISIONS = ("fp32", "tf32", "bf16")
 DATASETS = ("fashion-mnist", "synthetic")
 
 
@@ -43,14 +45,28 @@ class RunConfig:
     # BatchNorm across devices: "local" (each device its own shard's statistics, as the seeds do)
     # or "sync" (statistics over the global batch: k-device training is 1-device training).
     bn: str = "local"
+    init: str = "d2l"                 # initial weights when none are loaded: d2l's or He-scaled (common/weights.py)
+    # Speed levers (the same flag on every backend that has it; backend.toml says which do).
+    precision: str = "fp32"           # fp32 (TF32 off), tf32 (TF32 matmuls/convs), bf16 (bfloat16 compute)
+    compile: bool = False             # torch.compile / (jit is inherent to JAX) / Gluon hybridize
+    channels_last: bool = False       # torch: NHWC memory format for the model and batches
+    resident_data: bool = False       # each epoch's batches copied to the devices before its timer starts
+    timed_steps: int = 20             # steady-state steps timed one by one after training (step statistics)
     load_weights: str | None = None   # start from this canonical weights file instead of the seeded init
     save_weights: str | None = None   # write the canonical weights here after training
 
     @property
+    def levers(self) -> list[str]:
+        """The speed levers that differ from the plain fp32 eager run, e.g. ["bf16", "compile"]."""
+        return ([self.precision] if self.precision != "fp32" else []) + \
+               [name for name in ("compile", "channels_last", "resident_data") if getattr(self, name)]
+
+    @property
     def variant(self) -> str:
-        """The strategy with its options, e.g. `gluon[kvstore=local]`: one row of a report."""
-        opts = ",".join(f"{k}={v}" for k, v in sorted(self.options.items()))
-        return f"{self.strategy}[{opts}]" if opts else self.strategy
+        """The strategy with its options and levers, e.g. `gluon[kvstore=local]`, `ddp[bf16,compile]`:
+        one row of a report."""
+        opts = [f"{k}={v}" for k, v in sorted(self.options.items())] + self.levers
+        return f"{self.strategy}[{','.join(opts)}]" if opts else self.strategy
 
     @property
     def per_device_batch(self) -> int:
@@ -66,6 +82,12 @@ class RunConfig:
         if self.epochs < (0 if self.load_weights else 1):
             raise ConfigError(f"--epochs must be at least 1 (got {self.epochs}); "
                               "0 evaluates the weights given with --load-weights")
+        if self.init not in INITS:
+            raise ConfigError(f"unknown --init {self.init!r}; choose from {', '.join(INITS)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"unknown --precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
+        if self.timed_steps < 0:
+            raise ConfigError(f"--timed-steps must be at least 0 (got {self.timed_steps})")
         if self.bn not in BN_MODES:
             raise ConfigError(f"unknown --bn {self.bn!r}; choose from {', '.join(BN_MODES)}")
         if self.batch_size < self.devices:

@@ -11,14 +11,22 @@ A backend supplies a Trainer; this module decides what is timed and how:
 * loss / accuracy are read back only after the epoch's timer has stopped, so the
   loop never forces a device sync mid-epoch;
 * evaluation is outside epoch time;
-* with several processes, each epoch's time is the slowest rank's.
+* with several processes, each epoch's time is the slowest rank's;
+* with --resident-data, an epoch's batches are copied to the devices before its timer starts;
+* after training (and after --save-weights), step statistics: --timed-steps further steps,
+  each between two barriers, so each step's time is known (epoch times cannot give a spread);
+* then the communication figure: the strategy's own allreduce of a gradient-sized float32
+  buffer, timed alone, and its share of the median step.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from typing import Any, Iterable, Protocol
+
+import numpy as np
 
 from common import data as datalib
 from common import progress, sysinfo
@@ -68,6 +76,14 @@ class Trainer(Protocol):
     def canonical(self) -> dict:
         """The current weights as canonical numpy arrays (replica 0's)."""
 
+    def stage(self, batches: list) -> list:
+        """--resident-data: the (x, y) numpy batches copied to the devices, in whatever form step() takes."""
+
+    def allreduce_seconds(self, values: int, repeats: int) -> list[float]:
+        """Time `repeats` allreduces (sums over the devices) of a float32 buffer of `values` elements per
+        device, done the way this strategy reduces its gradients, after one untimed warm-up; each closed
+        by a barrier. The slowest rank's seconds for each."""
+
 
 def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
     """Warm up, train cfg.epochs epochs, evaluate after each; return the metrics part of a result.
@@ -80,6 +96,8 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
 
     trainer.reset()
     x0, y0 = next(datalib.train_batches(dataset, cfg.batch_size, cfg.seed, 0))
+    if cfg.resident_data:
+        ((x0, y0),) = trainer.stage([(x0, y0)])
     trainer.sync()
     start = time.perf_counter()
     trainer.step(x0, y0)
@@ -92,6 +110,8 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
     epochs = []
     for epoch in range(cfg.epochs):
         batches = datalib.train_batches(dataset, cfg.batch_size, cfg.seed, epoch)
+        if cfg.resident_data:
+            batches = trainer.stage(list(batches))
         handles = []
         last_emit = 0.0
         trainer.sync()
@@ -125,11 +145,15 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
         if report:
             progress.emit("epoch", **record, epochs=cfg.epochs)
 
+    saved = save_weights(trainer, cfg)
+    step_time = step_statistics(time_steps(trainer, cfg, dataset), cfg.batch_size)
     return {
         "epochs": epochs,
         "final_test_acc": epochs[-1]["test_acc"],
-        "saved_weights": save_weights(trainer, cfg),
+        "saved_weights": saved,
         "compile_s": compile_s,
+        "step_time": step_time,
+        "allreduce": allreduce_figure(trainer, cfg, step_time),
         "params": trainer.param_count(),
         "weights_hash": weightslib.fingerprint(trainer.weights),
         "memory": {**trainer.memory(), "peak_host_rss_mb": sysinfo.peak_rss_mb()},
@@ -137,6 +161,63 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
         "test_examples": len(dataset.y_test),
         "train_examples": len(dataset.y_train),
     }
+
+
+def time_steps(trainer: Trainer, cfg, dataset: datalib.Dataset) -> list[float]:
+    """cfg.timed_steps more steps, each between two barriers (the slowest rank's seconds for each).
+
+    They continue training on the batches of the epochs that follow; the results already recorded
+    (accuracy, saved weights) are not affected."""
+    if not cfg.timed_steps:
+        return []
+    epochs = itertools.count(cfg.epochs)
+    batches = itertools.chain.from_iterable(datalib.train_batches(dataset, cfg.batch_size, cfg.seed, e) for e in epochs)
+    batches = list(itertools.islice(batches, cfg.timed_steps))
+    if cfg.resident_data:
+        batches = trainer.stage(batches)
+    seconds = []
+    for x, y in batches:
+        trainer.sync()
+        start = time.perf_counter()
+        trainer.step(x, y)
+        trainer.sync()
+        seconds.append(trainer.slowest(time.perf_counter() - start))
+    if trainer.rank == 0:
+        progress.emit("timed_steps", steps=len(seconds))
+    return seconds
+
+
+def step_statistics(seconds: list[float], batch_size: int) -> dict | None:
+    """Median and spread (10th and 90th percentiles) of the timed steps."""
+    if not seconds:
+        return None
+    median = float(np.median(seconds))
+    return {"steps": len(seconds), "median_s": median, "p10_s": float(np.percentile(seconds, 10)),
+            "p90_s": float(np.percentile(seconds, 90)), "min_s": min(seconds), "max_s": max(seconds),
+            "images_per_s": batch_size / median}
+
+
+ALLREDUCE_REPEATS = 10
+
+
+def allreduce_figure(trainer: Trainer, cfg, step_time: dict | None) -> dict | None:
+    """The strategy's allreduce of a buffer as large as the model's gradients: time, GB/s, share of a step.
+
+    GB/s is the algorithm bandwidth, gradient bytes / time (NCCL's busbw would multiply it by
+    2(k-1)/k). The share is an upper bound on what communication costs a step: DDP overlaps its
+    bucketed allreduces with the backward pass, and on one device there is nothing to send."""
+    if not cfg.timed_steps:
+        return None
+    values = trainer.param_count()
+    seconds = trainer.allreduce_seconds(values, ALLREDUCE_REPEATS)
+    median = float(np.median(seconds))
+    figure = {"values": values, "bytes": 4 * values, "repeats": len(seconds), "median_s": median,
+              "p10_s": float(np.percentile(seconds, 10)), "p90_s": float(np.percentile(seconds, 90)),
+              "gb_per_s": 4 * values / median / 1e9 if median > 0 else None,
+              "share_of_step": median / step_time["median_s"] if step_time else None}
+    if trainer.rank == 0:
+        progress.emit("allreduce", seconds=median)
+    return figure
 
 
 def save_weights(trainer: Trainer, cfg) -> dict | None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from common import data as datalib
 from common import weights as weightslib
-from common.config import BN_MODES, DATASETS, MODELS, ConfigError, RunConfig
+from common.config import BN_MODES, DATASETS, MODELS, PRECISIONS, ConfigError, RunConfig
 from harness import devices as devicelib
 from harness import envs, registry, report, runner
 
@@ -24,10 +24,14 @@ DEFAULT_TIMEOUT = 3600.0
 # (bs 256 / lr 0.1 on one GPU, bs 512 / lr 0.2 on two); --batch-size / --lr fix them instead.
 PRESETS = {
     "d2l": {"title": "d2l recipe", "model": "resnet18", "epochs": 10, "batch_per_device": 256,
-            "lr_per_device": 0.1, "train_size": None, "test_size": None},
+            "lr_per_device": 0.1, "train_size": None, "test_size": None, "timed_steps": 50},
     "quick": {"title": "CPU quick preset (data subset)", "model": "resnet18", "epochs": 2,
-              "batch_per_device": 32, "lr_per_device": 0.05, "train_size": 2048, "test_size": 1000},
+              "batch_per_device": 32, "lr_per_device": 0.05, "train_size": 2048, "test_size": 1000,
+              "timed_steps": 10},
 }
+# The speed levers: flag -> RunConfig field. Each backend declares in backend.toml which it offers.
+LEVERS = {"precision": "precision", "compile": "compile", "channels_last": "channels_last",
+          "resident_data": "resident_data"}
 
 
 class UsageError(Exception):
@@ -85,9 +89,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "with --epochs 0 they are only evaluated")
     p.add_argument("--save-weights", default=None, metavar="PATH",
                    help="write the trained weights, canonical, to PATH (a run of one backend, strategy and device count)")
-    p.add_argument("--check", action="store_true",
-                   help="also run a small equivalence check (`python -m harness check`) over this report's "
-                        "backends, strategies and devices, and add its table to the report")
+    p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                   help="run a small equivalence check (`python -m harness check`: 5 steps on a few images) over "
+                        "this report's backends, strategies and devices first, and put its table in the report")
+    p.add_argument("--init", choices=weightslib.INITS, default="d2l",
+                   help="initial weights: d2l (kernels ~ N(0, 0.01), the seeds' recipe) or he (the same draws "
+                        "rescaled to He's std sqrt(2 / fan_in))")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32 (TF32 off, set explicitly), tf32 (TF32 matmuls and convolutions; NVIDIA GPUs) or bf16 "
+                        "(bfloat16 compute, float32 weights and SGD); backends without it are reported as refused")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile for torch, hybridize for MXNet; JAX steps are always jit-compiled")
+    p.add_argument("--channels-last", action="store_true", help="torch only: NHWC memory format for model and batches")
+    p.add_argument("--resident-data", action="store_true",
+                   help="copy each epoch's batches to the devices before its timer starts (no host-to-device "
+                        "copy inside the timed steps)")
+    p.add_argument("--timed-steps", type=int, default=None,
+                   help="steps timed one by one after training, for the step-time median and spread "
+                        "(default: the preset's; 0 skips them and the allreduce figure)")
     p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE[,VALUE]",
                    help="a backend-specific option declared in its backend.toml (see --list), e.g. kvstore=local; "
                         "several values run one variant each, e.g. hybridize=on,off")
@@ -225,6 +244,32 @@ def select_strategies(args, backends: dict[str, registry.Backend], kind: str, bn
     return chosen
 
 
+def _flag(lever: str, value) -> str:
+    flag = "--" + lever.replace("_", "-")
+    return flag if value is True else f"{flag} {value}"
+
+
+def refused_levers(args, backends: dict[str, registry.Backend], kind: str) -> dict[str, str]:
+    """{backend: why it cannot run the asked levers}; an error if no selected backend can."""
+    asked = {"precision": args.precision, "compile": args.compile, "channels_last": args.channels_last,
+             "resident_data": args.resident_data}
+    asked = {k: v for k, v in asked.items() if v not in (False, "fp32")}
+    if asked.get("precision") == "tf32" and kind != "gpu":
+        raise UsageError("--precision tf32: TF32 is a mode of NVIDIA tensor cores (Ampere and later); "
+                         "there is none on the CPU")
+    refused = {}
+    for b in backends.values():
+        if not b.implemented:
+            continue
+        reasons = [f"{_flag(lever, value)}: {why}" for lever, value in asked.items() if (why := b.refusal(lever, value))]
+        if reasons:
+            refused[b.name] = f"{b.name} refuses " + "; ".join(reasons)
+    runnable = [b for b in backends.values() if b.implemented and b.name not in refused]
+    if asked and not runnable:
+        raise UsageError("; ".join(refused.values()) or "no selected backend runs these levers")
+    return refused
+
+
 def resolve_data(args) -> tuple[str | None, str]:
     if args.dataset == "synthetic":
         return None, "synthetic (random images; not Fashion-MNIST)"
@@ -247,7 +292,10 @@ def make_config(args, preset: dict, backend: str, strategy: str, options: dict, 
         train_size=args.train_size if args.train_size is not None else preset["train_size"],
         test_size=args.test_size if args.test_size is not None else preset["test_size"],
         dataset=args.dataset, data_dir=data_dir, seed=args.seed, timeout=args.timeout,
-        threads=args.threads, options=options, bn=args.bn,
+        threads=args.threads, options=options, bn=args.bn, init=args.init,
+        precision=args.precision, compile=args.compile, channels_last=args.channels_last,
+        resident_data=args.resident_data,
+        timed_steps=args.timed_steps if args.timed_steps is not None else preset["timed_steps"],
         load_weights=os.path.abspath(args.load_weights) if args.load_weights else None,
         save_weights=os.path.abspath(args.save_weights) if args.save_weights else None)
     try:
@@ -274,12 +322,14 @@ def build_plan(args) -> Plan:
     backends = {n: registry.load(n) for n in names}
     options = parse_options(args.option, backends)
     strategies = select_strategies(args, backends, kind, args.bn)
+    refused = refused_levers(args, backends, kind)
     data_dir, data_source = resolve_data(args)
 
     plan = Plan(backends=backends, pythons=pythons, device_kind=kind, gpus=gpus, data_source=data_source,
                 preset=preset["title"])
     for name in names:
         for strategy, reason in strategies[name] or [("-", backends[name].reason)]:
+            reason = reason or refused.get(name)
             for variant in option_variants(backends[name], strategy, options):
                 for n in counts:
                     cfg = make_config(args, preset, name, strategy, variant, n, kind, data_dir)
@@ -369,9 +419,10 @@ def equivalence(plan: Plan, args, console: runner.Console) -> dict:
                else datalib.load_fashion_mnist(Path(cfg.data_dir), steps * batch, 10))
     rows, failures, hashes = check.run_checks(plan.backends, plan.pythons, [cfg.model], strategies, counts, [cfg.bn],
                                               steps, batch, 0.1, cfg.seed, dataset, plan.device_kind,
-                                              cfg.timeout, say=console.say)
+                                              cfg.timeout, say=console.say, init=cfg.init)
     return {"rows": [r.__dict__ for r in rows], "failures": failures, "weights_hash": hashes,
-            "setup": f"{cfg.model}, {steps} steps of batch {batch} ({cfg.dataset}), lr 0.1, fp32, bn {cfg.bn}",
+            "setup": f"{cfg.model} ({cfg.init} init), {steps} steps of batch {batch} ({cfg.dataset}), lr 0.1, "
+                     f"float32, bn {cfg.bn}",
             "table": check.table(rows)}
 
 

@@ -32,6 +32,21 @@ class Option:
 
 
 @dataclass
+class Lever:
+    """A speed lever (--precision, --compile, --channels-last, --resident-data) as a backend offers it."""
+    name: str
+    summary: str = ""
+    values: list[str] | None = None       # precision: the values it runs
+    refused: str = ""                     # why the backend does not offer it (or the other values)
+
+    def refusal(self, value: str | bool) -> str | None:
+        """Why this backend cannot run the lever at `value`, or None if it can."""
+        if self.values is not None:
+            return None if value in self.values else (self.refused or f"runs {', '.join(self.values)} only")
+        return self.refused or None
+
+
+@dataclass
 class Backend:
     name: str
     display: str
@@ -39,6 +54,13 @@ class Backend:
     strategies: dict[str, Strategy] = field(default_factory=dict)
     reason: str = ""                      # why it is unavailable, when it is
     options: dict[str, Option] = field(default_factory=dict)
+    levers: dict[str, Lever] = field(default_factory=dict)
+
+    def refusal(self, lever: str, value) -> str | None:
+        """Why this backend cannot run `lever` at `value` (None: it can); undeclared levers are refused."""
+        if lever not in self.levers:
+            return f"{self.name} does not declare the {lever} lever"
+        return self.levers[lever].refusal(value)
 
     def options_for(self, strategy: str) -> dict[str, Option]:
         return {k: o for k, o in self.options.items() if o.strategies is None or strategy in o.strategies}
@@ -59,7 +81,9 @@ def load(name: str) -> Backend:
                   for k, v in d.get("strategies", {}).items()}
     options = {k: Option(k, [str(x) for x in v["values"]], str(v["default"]), v.get("summary", ""), v.get("strategies"))
                for k, v in d.get("options", {}).items()}
-    return Backend(d["name"], d.get("display", d["name"]), True, strategies, options=options)
+    levers = {k: Lever(k, v.get("summary", ""), v.get("values"), v.get("refused", ""))
+              for k, v in d.get("levers", {}).items()}
+    return Backend(d["name"], d.get("display", d["name"]), True, strategies, options=options, levers=levers)
 
 
 def all_backends() -> dict[str, Backend]:

@@ -11,6 +11,7 @@ import shutil
 import time
 from pathlib import Path
 
+from common.config import RunConfig
 from common.results import SCHEMA_VERSION, summary, write_json_atomic
 
 # d2l's published figures (10 epochs, V100-class GPUs, FP32, test accuracy of the last epoch).
@@ -57,9 +58,8 @@ class Staging:
 # ------------------------------------------------------------------------ numbers
 
 def variant(c: dict) -> str:
-    """The strategy with its backend options, e.g. `gluon[kvstore=local]`."""
-    opts = ",".join(f"{k}={v}" for k, v in sorted((c.get("options") or {}).items()))
-    return f"{c['strategy']}[{opts}]" if opts else c["strategy"]
+    """The strategy with its backend options and speed levers, e.g. `gluon[kvstore=local]`, `ddp[bf16]`."""
+    return RunConfig.from_dict(c).variant
 
 
 def key(r: dict) -> tuple:
@@ -191,6 +191,28 @@ def summary_table(rows: list[dict]) -> list[str]:
     return _table(header, body) if body else ["No run finished successfully."]
 
 
+def steps_table(rows: list[dict]) -> list[str]:
+    """Step statistics and the communication figure of every run that has them."""
+    body = []
+    for row in rows:
+        r = row["result"]
+        step, ar = r.get("step_time"), r.get("allreduce")
+        if r["status"] != "ok" or not step:
+            continue
+        c = r["config"]
+        ms = lambda v: fmt(None if v is None else 1e3 * v, ".1f")
+        body.append([c["backend"], variant(c), str(c["devices"]), f"{ms(step['median_s'])}",
+                     f"{ms(step['p10_s'])}–{ms(step['p90_s'])}", str(step["steps"]), fmt(step.get("images_per_s"), ".1f"),
+                     ms(ar and ar["median_s"]), fmt(ar and ar.get("gb_per_s"), ".2f"),
+                     fmt(ar and ar.get("share_of_step"), ".0%")])
+    if not body:
+        return []
+    mb = next(row["result"]["allreduce"]["bytes"] for row in rows
+              if row["result"]["status"] == "ok" and row["result"].get("allreduce")) / 1e6
+    return _table(["backend", "strategy", "devices", "step ms (median)", "p10–p90 ms", "steps", "images/s at median",
+                   f"allreduce ms ({mb:.1f} MB)", "allreduce GB/s", "allreduce / step"], body)
+
+
 def accuracy_table(rows: list[dict]) -> list[str]:
     ok = [row["result"] for row in rows if row["result"]["status"] == "ok" and row["result"]["epochs"]]
     if not ok:
@@ -261,16 +283,30 @@ def hashes_section(results: list[dict]) -> list[str]:
 def equivalence_section(eq: dict | None) -> list[str]:
     """The check's table: the same weights and batches through every backend, compared with torch."""
     if not eq:
-        return ["## Equivalence", "", "Not checked in this run (add `--check`, or run `python -m harness check`)."]
+        return ["## Equivalence", "", "Not checked in this run (`--no-check`; run `python -m harness check`)."]
     lines = ["## Equivalence", "",
              f"Every backend and strategy of this report, from the same canonical weights and batches "
              f"({eq['setup']}), compared with torch (`python -m harness check` runs the full version). "
              "Tolerances: forward max |Δlogits|; loss relative; gradients and the first SGD update relative "
-             "(L2 over all parameters); the loss trace max |Δ|; k vs 1 device max |Δw| after one step.", ""]
+             "(L2 over all parameters); the loss trace max |Δ|; k vs 1 device max |Δw| after one step. "
+             "`math (float64)`: the loss and gradients computed in float64, where rounding cannot hide a "
+             "difference in the math. Where float32 itself cannot meet a tolerance (ResNet-18 on a few images), "
+             f"the row's tolerance is 3x the measured float32-vs-float64 distance, and a loss trace that float32 "
+             "cannot follow (chaotic: torch's own float32 run leaves the float64 one) is reported as measured.", ""]
     lines += eq.get("table", [])
     for name, reason in (eq.get("failures") or {}).items():
         lines.append(f"\n- {name}: could not be checked: {reason}")
     return lines
+
+
+def precision_line(cfg: dict) -> str:
+    levers = RunConfig.from_dict(cfg).levers if cfg else []
+    text = {"fp32": "fp32 everywhere, TF32 disabled explicitly", "tf32": "TF32 matmuls and convolutions",
+            "bf16": "bfloat16 compute (autocast / flax dtype), float32 weights, gradients and SGD"}
+    line = f"Precision: {text[cfg.get('precision', 'fp32')]}."
+    others = [lever for lever in levers if lever not in text]
+    return line + (f" Speed levers: {', '.join(others)} (see each backend's backend.toml for what they do)."
+                   if others else " No other speed lever (--compile, --channels-last, --resident-data).")
 
 
 def render(results: list[dict], meta: dict, plots: dict[str, bool]) -> str:
@@ -298,6 +334,15 @@ def render(results: list[dict], meta: dict, plots: dict[str, bool]) -> str:
           "evaluation and data shuffling excluded). Speed-up and efficiency: images/s against the 1-device run "
           "of the same backend and strategy in this report (efficiency = speed-up / devices). "
           "Test acc: after the last epoch.", ""]
+    steps = steps_table(rows)
+    if steps:
+        L += ["## Step time and communication", ""] + steps + [""]
+        L += ["Step time: steady-state steps after training, each between two device barriers (so each step's "
+              "time is known; the barriers remove overlap between steps, so images/s at the median can be a "
+              "little below the epoch figure). Allreduce: the strategy's own reduction of a float32 buffer as "
+              "large as the gradients, timed alone (median of 10); GB/s = bytes / time (algorithm bandwidth). "
+              "Allreduce / step is an upper bound on what communication costs a step: DDP overlaps its bucketed "
+              "allreduces with the backward pass, and simulated CPU devices share one memory.", ""]
     if plots.get("accuracy"):
         L += ["![Test accuracy per epoch](accuracy.png)", ""]
     if plots.get("throughput"):
@@ -324,7 +369,7 @@ def render(results: list[dict], meta: dict, plots: dict[str, bool]) -> str:
           "- BatchNorm: in training each device normalises with its own shard's statistics (as d2l); before "
           "each evaluation the running statistics are averaged across replicas (nn.DataParallel keeps "
           "device 0's, as it does by design).",
-          "- Precision: fp32 everywhere, TF32 disabled explicitly.", ""]
+          "- " + precision_line(cfg), ""]
     L += hashes_section(results) + [""]
     L += equivalence_section(meta.get("equivalence")) + [""]
     L += ["## Environment", ""] + environment_section(results) + [""]

@@ -100,7 +100,7 @@ def _pump(stream, lines: queue.Queue) -> None:
     lines.put(None)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
     """SIGTERM the worker's process group, SIGKILL what is left after a grace period."""
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -161,9 +161,9 @@ def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
                 else:
                     output.append(line)
         except BaseException:
-            _kill_group(proc)
+            kill_group(proc)
             raise
-        _kill_group(proc)  # on timeout: the worker; otherwise: any stray process it left
+        kill_group(proc)  # on timeout: the worker; otherwise: any stray process it left
 
     if timed_out:
         result = failed_result(cfg.to_dict(), "timeout",

@@ -30,7 +30,8 @@ _ask_xla_for_cpu_devices(SIMULATED_DEVICES)
 from backends.jax.environment import environment  # noqa: E402  (after the XLA flag)
 from backends.jax.models import build, count_params, forward, from_canonical, lenet, resnet18, spec  # noqa: E402
 from backends.jax.parallel import allreduce, devices, split  # noqa: E402
-from backends.jax.strategies import TRAINERS as STRATEGIES, gradients, run, train_steps, train_trace  # noqa: E402
+from backends.jax.strategies import (TRAINERS as STRATEGIES, float64_gradients, gradients, run,  # noqa: E402
+                                     train_steps, train_trace)
 
 NAME = "jax"
 

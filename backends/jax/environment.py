@@ -11,12 +11,18 @@ import optax
 from backends.jax.parallel import devices
 from common import sysinfo
 
-MATMUL_PRECISION = "highest"   # fp32 passes on GPUs: no TF32 in matmuls and convolutions
+# jax_default_matmul_precision per --precision. fp32: float32 passes on GPUs, no TF32 in matmuls and
+# convolutions (XLA would otherwise use TF32 on Ampere and later GPUs). tf32: TF32 tensor-core passes.
+# bf16: the operands are bfloat16 already (the modules compute in bfloat16), so the setting only
+# governs what float32 matmuls remain, and they stay float32.
+MATMUL_PRECISION = {"fp32": "highest", "tf32": "tensorfloat32", "bf16": "highest"}
+COMPUTE_DTYPE = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16"}
+COMPILE = "inherent: jax.pmap / jax.jit compile every step whether or not --compile is given"
 
 
-def configure_precision() -> None:
-    """fp32 means fp32 (DESIGN: same for all): XLA would otherwise use TF32 on Ampere and later GPUs."""
-    jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION)
+def configure_precision(cfg) -> None:
+    """fp32 means fp32 (DESIGN: same for all); tf32 and bf16 as --precision asks (see MATMUL_PRECISION)."""
+    jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[cfg.precision])
 
 
 def threads_per_process(cfg) -> int:
@@ -50,6 +56,13 @@ BATCHNORM = {
 }
 
 
+def levers(cfg) -> dict:
+    """The speed levers as they take effect (a refused one, --channels-last, never does: the run is
+    reported unavailable)."""
+    return {"precision": cfg.precision, "compile": cfg.compile, "compile_effect": COMPILE,
+            "channels_last": False, "resident_data": cfg.resident_data}
+
+
 def environment(cfg) -> dict:
     cuda, cudnn = cuda_versions() if cfg.device_kind == "gpu" else (None, None)
     return {
@@ -63,8 +76,10 @@ def environment(cfg) -> dict:
         "devices": device_names(cfg),
         "processes": 1,
         "threads_per_process": threads_per_process(cfg),
-        "precision": {"dtype": "float32", "jax_default_matmul_precision": MATMUL_PRECISION,
-                      "tf32_matmul": False, "tf32_cudnn": False},
+        "precision": {"dtype": COMPUTE_DTYPE[cfg.precision], "param_dtype": "float32",
+                      "jax_default_matmul_precision": MATMUL_PRECISION[cfg.precision],
+                      "tf32_matmul": cfg.precision == "tf32", "tf32_cudnn": cfg.precision == "tf32"},
+        "levers": levers(cfg),
         "collective": {"pmap": "lax.psum of the gradients inside jax.pmap (XLA all-reduce)",
                        "sharding": "XLA all-reduce from autodiff through jax.shard_map "
                                    "(jit over a NamedSharding mesh)"}.get(cfg.strategy),

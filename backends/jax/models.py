@@ -7,9 +7,14 @@ Layouts differ from the canonical ones and are converted here:
   dense kernel  flax (in, out)               <->  canonical (out, in)
   BatchNorm     scale, bias, mean, var       <->  weight, bias, running_mean, running_var
 Activations are NHWC inside the network; callers pass canonical NCHW batches to `forward`.
+`dtype` (None: float32, or whatever the input is) is the compute dtype of every Conv, Dense and
+BatchNorm, e.g. jnp.bfloat16 for --precision bf16; parameters and BatchNorm statistics stay float32
+(param_dtype), and `forward` hands back logits of at least float32, so the loss is computed in float32.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import flax.linen as nn
 import jax
@@ -20,18 +25,20 @@ BN_EPS = 1e-5
 BN_MOMENTUM = 0.9   # flax convention: new = m * old + (1 - m) * batch (0.1 in PyTorch terms)
 
 
-def _conv(features: int, kernel: int, stride: int = 1, padding: int = 0, name: str | None = None) -> nn.Conv:
+def _conv(features: int, kernel: int, stride: int = 1, padding: int = 0, name: str | None = None,
+          dtype: Any = None) -> nn.Conv:
     """A conv with torch's explicit symmetric padding (flax's "SAME" pads stride-2 convs differently)."""
     return nn.Conv(features, (kernel, kernel), strides=stride, padding=((padding, padding), (padding, padding)),
-                   name=name)
+                   dtype=dtype, name=name)
 
 
-def _bn(train: bool, name: str, axis: str | None) -> nn.BatchNorm:
+def _bn(train: bool, name: str, axis: str | None, dtype: Any = None) -> nn.BatchNorm:
     """`axis`: None normalises with this device's batch; a pmap / shard_map axis name pmean's the
-    batch statistics over it (synchronised BatchNorm: the global batch's statistics)."""
+    batch statistics over it (synchronised BatchNorm: the global batch's statistics).
+    With a bfloat16 `dtype` flax still reduces the statistics in float32 and keeps them float32."""
     # Two-pass variance (use_fast_variance=False), as torch computes it.
     return nn.BatchNorm(use_running_average=not train, momentum=BN_MOMENTUM, epsilon=BN_EPS,
-                        use_fast_variance=False, axis_name=axis, name=name)
+                        use_fast_variance=False, axis_name=axis, dtype=dtype, name=name)
 
 
 class Residual(nn.Module):
@@ -41,12 +48,14 @@ class Residual(nn.Module):
     use_1x1conv: bool = False
     stride: int = 1
     bn_axis: str | None = None
+    dtype: Any = None
 
     @nn.compact
     def __call__(self, x, train: bool):
-        y = nn.relu(_bn(train, "bn1", self.bn_axis)(_conv(self.channels, 3, self.stride, 1, "conv1")(x)))
-        y = _bn(train, "bn2", self.bn_axis)(_conv(self.channels, 3, 1, 1, "conv2")(y))
-        shortcut = _conv(self.channels, 1, self.stride, 0, "conv3")(x) if self.use_1x1conv else x
+        d = self.dtype
+        y = nn.relu(_bn(train, "bn1", self.bn_axis, d)(_conv(self.channels, 3, self.stride, 1, "conv1", d)(x)))
+        y = _bn(train, "bn2", self.bn_axis, d)(_conv(self.channels, 3, 1, 1, "conv2", d)(y))
+        shortcut = _conv(self.channels, 1, self.stride, 0, "conv3", d)(x) if self.use_1x1conv else x
         return nn.relu(y + shortcut)
 
 
@@ -56,14 +65,16 @@ class Stage(nn.Module):
     channels: int
     first: bool
     bn_axis: str | None = None
+    dtype: Any = None
 
     @nn.compact
     def __call__(self, x, train: bool):
         if self.first:
-            x = Residual(self.channels, bn_axis=self.bn_axis, name="0")(x, train)
+            x = Residual(self.channels, bn_axis=self.bn_axis, dtype=self.dtype, name="0")(x, train)
         else:
-            x = Residual(self.channels, use_1x1conv=True, stride=2, bn_axis=self.bn_axis, name="0")(x, train)
-        return Residual(self.channels, bn_axis=self.bn_axis, name="1")(x, train)
+            x = Residual(self.channels, use_1x1conv=True, stride=2, bn_axis=self.bn_axis, dtype=self.dtype,
+                         name="0")(x, train)
+        return Residual(self.channels, bn_axis=self.bn_axis, dtype=self.dtype, name="1")(x, train)
 
 
 class ResNet18(nn.Module):
@@ -73,54 +84,64 @@ class ResNet18(nn.Module):
 
     num_classes: int = 10
     bn_axis: str | None = None
+    dtype: Any = None
 
     @nn.compact
     def __call__(self, x, train: bool = False):
-        x = nn.relu(_bn(train, "bn", self.bn_axis)(_conv(64, 3, 1, 1, "conv")(x)))
+        d = self.dtype
+        x = nn.relu(_bn(train, "bn", self.bn_axis, d)(_conv(64, 3, 1, 1, "conv", d)(x)))
         for i, channels in enumerate((64, 128, 256, 512)):
-            x = Stage(channels, first=(i == 0), bn_axis=self.bn_axis, name=f"stage{i + 1}")(x, train)
-        return nn.Dense(self.num_classes, name="fc")(jnp.mean(x, axis=(1, 2)))
+            x = Stage(channels, first=(i == 0), bn_axis=self.bn_axis, dtype=d, name=f"stage{i + 1}")(x, train)
+        return nn.Dense(self.num_classes, dtype=d, name="fc")(jnp.mean(x, axis=(1, 2)))
 
 
 class LeNet(nn.Module):
     """The from-scratch chapter's network: conv3x3(20) relu avgpool, conv5x5(50) relu avgpool, 800-128-10."""
 
     num_classes: int = 10
+    dtype: Any = None
 
     @nn.compact
     def __call__(self, x, train: bool = False):
-        x = nn.avg_pool(nn.relu(_conv(20, 3, name="conv1")(x)), (2, 2), strides=(2, 2))
-        x = nn.avg_pool(nn.relu(_conv(50, 5, name="conv2")(x)), (2, 2), strides=(2, 2))
+        d = self.dtype
+        x = nn.avg_pool(nn.relu(_conv(20, 3, name="conv1", dtype=d)(x)), (2, 2), strides=(2, 2))
+        x = nn.avg_pool(nn.relu(_conv(50, 5, name="conv2", dtype=d)(x)), (2, 2), strides=(2, 2))
         x = jnp.transpose(x, (0, 3, 1, 2)).reshape(x.shape[0], -1)   # flatten in torch's (C, H, W) order
-        x = nn.relu(nn.Dense(128, name="fc1")(x))
-        return nn.Dense(self.num_classes, name="fc2")(x)
+        x = nn.relu(nn.Dense(128, dtype=d, name="fc1")(x))
+        return nn.Dense(self.num_classes, dtype=d, name="fc2")(x)
 
 
-def resnet18(num_classes: int = 10, in_channels: int = 1, bn_axis: str | None = None) -> ResNet18:
+def resnet18(num_classes: int = 10, in_channels: int = 1, bn_axis: str | None = None, dtype: Any = None) -> ResNet18:
     """`in_channels` is read from the input by flax; kept for the common signature."""
-    return ResNet18(num_classes, bn_axis=bn_axis)
+    return ResNet18(num_classes, bn_axis=bn_axis, dtype=dtype)
 
 
-def lenet(num_classes: int = 10, in_channels: int = 1, bn_axis: str | None = None) -> LeNet:
+def lenet(num_classes: int = 10, in_channels: int = 1, bn_axis: str | None = None, dtype: Any = None) -> LeNet:
     """LeNet has no BatchNorm: `bn_axis` is accepted and has nothing to do."""
-    return LeNet(num_classes)
+    return LeNet(num_classes, dtype=dtype)
 
 
 MODELS = {"resnet18": resnet18, "lenet": lenet}
 INPUT_SHAPE = (1, 1, 28, 28)   # NCHW, one Fashion-MNIST image
 
 
-def build(model: str, bn_axis: str | None = None) -> nn.Module:
-    return MODELS[model](bn_axis=bn_axis)
+def build(model: str, bn_axis: str | None = None, dtype: Any = None) -> nn.Module:
+    """`dtype`: the compute dtype (None: that of the input, float32 in training); parameters stay float32."""
+    return MODELS[model](bn_axis=bn_axis, dtype=dtype)
+
+
+def _at_least_float32(logits):
+    """bfloat16 logits as float32 (the loss and argmax in float32); float32 and float64 as they are."""
+    return logits.astype(jnp.promote_types(logits.dtype, jnp.float32))
 
 
 def forward(net: nn.Module, variables: dict, x, train: bool):
-    """Logits for an NCHW batch; in training also the updated BatchNorm statistics."""
+    """Logits (at least float32) for an NCHW batch; in training also the updated BatchNorm statistics."""
     x = jnp.transpose(x, (0, 2, 3, 1))
     if not train:
-        return net.apply(variables, x, train=False)
+        return _at_least_float32(net.apply(variables, x, train=False))
     logits, updates = net.apply(variables, x, train=True, mutable=["batch_stats"])
-    return logits, updates.get("batch_stats", {})
+    return _at_least_float32(logits), updates.get("batch_stats", {})
 
 
 def native_shapes(net: nn.Module) -> dict:
@@ -180,9 +201,9 @@ def spec(net: nn.Module) -> list[tuple[str, tuple[int, ...], str]]:
     return [(name, tuple(value.shape), kind) for name, (kind, value) in _to_canonical(native_shapes(net)).items()]
 
 
-def to_canonical(native: dict) -> dict[str, np.ndarray]:
+def to_canonical(native: dict, dtype=np.float32) -> dict[str, np.ndarray]:
     """Canonical numpy weights from a {"params", "batch_stats"} tree (host or device arrays)."""
-    native = jax.tree.map(lambda a: np.asarray(a, dtype=np.float32), native)
+    native = jax.tree.map(lambda a: np.asarray(a, dtype=dtype), native)
     return {name: np.ascontiguousarray(value) for name, (_, value) in _to_canonical(native).items()}
 
 

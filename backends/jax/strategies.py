@@ -21,12 +21,20 @@ Gradients: each strategy's step is its `gradients` part (the reduced gradient of
 global mean loss, as that strategy computes it) followed by the same optax update; the
 equivalence API (`gradients`, `train_trace`) runs those same parts.
 Timing: the step is compiled on its first call (the loop's warm-up step); `step` only
-queues work and returns device arrays, `sync` blocks on them.
+queues work and returns device arrays, `sync` blocks on them. `stage` (--resident-data)
+places batches on the devices as `step` would, and `step` takes such batches as they are.
+`allreduce_seconds` times the strategy's own collective alone: a pmapped lax.psum, or a
+lax.psum in a jax.shard_map under jax.jit over the strategy's mesh.
+Levers: --precision bf16 builds the modules with dtype bfloat16 (parameters, gradients,
+BatchNorm statistics and SGD in float32); tf32 sets jax_default_matmul_precision and is
+refused on CPU devices; --compile changes nothing (every step is compiled already);
+--channels-last is refused (XLA chooses layouts itself).
 """
 
 from __future__ import annotations
 
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +48,7 @@ from backends.jax.environment import configure_precision
 from backends.jax.parallel import (AXIS, check_batch, device_axis_sharding, devices, mesh, per_device,
                                    replicated_sharding, stack_on_devices)
 from common import data as datalib
-from common.config import RunConfig
+from common.config import PRECISIONS, RunConfig
 from common.loop import Unsupported, run_training
 from common.weights import for_run as weights_for_run
 
@@ -72,6 +80,18 @@ def _global_mean(loss_sums, batch_size: int) -> float:
     return float(np.sum(np.asarray(loss_sums), dtype=np.float64)) / batch_size
 
 
+def _timed(fn, arg, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` calls fn(arg), each blocked until ready, after one untimed call
+    (compilation and warm-up)."""
+    jax.block_until_ready(fn(arg))
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(arg))
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
 def _predict_classes(net):
     @jax.jit
     def predict(params, stats, x):
@@ -82,15 +102,19 @@ def _predict_classes(net):
 
 class JaxTrainer:
     """What the strategies share. `state` is (params, batch_stats, opt_state) on the devices;
-    subclasses decide how it is laid out (`place`), how one step runs (`_step`, of which
-    `_gradients` is the gradient part), how the BatchNorm statistics are averaged (`_pmean`),
-    and where device 0's copy of the parameters is (`params_on_device_0`)."""
+    subclasses decide how it is laid out (`place`), how a batch is laid out (`place_batch`, and
+    `is_placed` to recognise one), how one step runs (`_step`, of which `_gradients` is the
+    gradient part), how the BatchNorm statistics are averaged (`_pmean`), how gradients are
+    summed over the devices (`allreduce`), and where device 0's copy of the parameters is
+    (`params_on_device_0`)."""
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
         self.cfg, self.weights, self.rank = cfg, weights, 0
         self.n_devices = cfg.devices
         self.devs = devices(cfg.devices, cfg.device_kind)
-        self.net = models.build(cfg.model, bn_axis=AXIS if cfg.bn == "sync" else None)
+        self.batch_sharding = device_axis_sharding(self.devs)   # batches: split along axis 0
+        self.net = models.build(cfg.model, bn_axis=AXIS if cfg.bn == "sync" else None,
+                                dtype=jnp.bfloat16 if cfg.precision == "bf16" else None)
         self.tx = optax.sgd(cfg.lr)
         self.state = None
         self.last = None          # the latest step's outputs, for sync
@@ -103,9 +127,39 @@ class JaxTrainer:
         self.last = None
 
     def step(self, x, y):
-        params, stats, opt_state, metrics = self._step(*self.state, *self.place_batch(x, y))
+        params, stats, opt_state, metrics = self._step(*self.state, *self.on_devices(x, y))
         self.state, self.last = (params, stats, opt_state), metrics
         return metrics
+
+    def on_devices(self, x, y):
+        """The batch as the step takes it: a staged one as it is, a numpy one copied to the devices now."""
+        if self.is_placed(x, y):
+            return x, y
+        return self.place_batch(np.asarray(x), np.asarray(y))
+
+    def is_placed(self, x, y) -> bool:
+        """Whether (x, y) is a batch `place_batch` made (the layout `label_ndim` tells apart)."""
+        return all(isinstance(a, jax.Array) and a.sharding == self.batch_sharding for a in (x, y)) and \
+            y.ndim == self.label_ndim
+
+    def stage(self, batches: list) -> list:
+        """--resident-data: every (x, y) batch placed on the devices as the step takes it, the copies
+        finished when this returns."""
+        staged = [self.place_batch(x, y) for x, y in batches]
+        jax.block_until_ready(staged)
+        return staged
+
+    def allreduce_seconds(self, values: int, repeats: int) -> list[float]:
+        """Seconds of each of `repeats` sums over the devices of a float32 buffer of `values` elements per
+        device, reduced as this strategy reduces its gradients (see `allreduce`); one untimed call first."""
+        return _timed(self.allreduce, self.allreduce_buffer(values), repeats)
+
+    def allreduce_buffer(self, values: int) -> jax.Array:
+        """(devices, values) float32, row i on device i and filled with i + 1; made on the devices."""
+        make = jax.jit(lambda: jnp.broadcast_to(jnp.arange(1, self.n_devices + 1, dtype=jnp.float32)[:, None],
+                                                (self.n_devices, values)),
+                       out_shardings=self.batch_sharding)
+        return make()
 
     def sync(self) -> None:
         jax.block_until_ready((self.state, self.last))
@@ -114,7 +168,7 @@ class JaxTrainer:
         """(global mean loss, canonical gradients) at the current state: the gradient part of the
         step, reduced across the devices as the step reduces it, read from device 0."""
         params, stats, _ = self.state
-        grads, (_, loss_sum, _) = self._gradients(params, stats, *self.place_batch(x, y))
+        grads, (_, loss_sum, _) = self._gradients(params, stats, *self.on_devices(x, y))
         return _global_mean(loss_sum, len(y)), models.to_canonical({"params": self.params_on_device_0(grads)})
 
     def collect(self, handles) -> tuple[float, float]:
@@ -175,6 +229,8 @@ class PmapTrainer(JaxTrainer):
     """jax.pmap: the batch, parameters, optimizer state and BatchNorm statistics all carry a
     leading device axis; gradients are summed with lax.psum inside the step."""
 
+    label_ndim = 2   # a placed batch is stacked as (devices, batch / devices, ...)
+
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
         super().__init__(cfg, weights, rank)
         self._step = jax.pmap(functools.partial(self.device_step, self.net, self.tx, cfg.batch_size),
@@ -182,6 +238,8 @@ class PmapTrainer(JaxTrainer):
         self._gradients = jax.pmap(functools.partial(self.device_gradients, self.net, cfg.batch_size),
                                    axis_name=AXIS, devices=self.devs)
         self._pmean = jax.pmap(functools.partial(lax.pmean, axis_name=AXIS), axis_name=AXIS, devices=self.devs)
+        # The gradients' collective alone: lax.psum over the pmap axis, row i of the input on device i.
+        self.allreduce = jax.pmap(functools.partial(lax.psum, axis_name=AXIS), axis_name=AXIS, devices=self.devs)
 
     @staticmethod
     def device_gradients(net, batch_size, params, stats, x, y):
@@ -212,6 +270,8 @@ class ShardingTrainer(JaxTrainer):
     """jax.jit over a Mesh with NamedSharding: replicated parameters, a batch-sharded global
     batch, and the per-device part of the step (forward, BatchNorm) in a jax.shard_map."""
 
+    label_ndim = 1   # a placed batch is the global one, split along its first axis
+
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
         super().__init__(cfg, weights, rank)
         self.mesh = mesh(self.devs)
@@ -224,6 +284,10 @@ class ShardingTrainer(JaxTrainer):
         self._gradients = jax.jit(functools.partial(self.global_gradients, loss), out_shardings=(r, (s, s, s)))
         self._pmean = jax.jit(jax.shard_map(functools.partial(lax.pmean, axis_name=AXIS), mesh=self.mesh,
                                             in_specs=P(AXIS), out_specs=P(AXIS)))
+        # The gradients' collective alone: lax.psum in a shard_map over the mesh, each device contributing its
+        # row, the sum replicated (as the gradients of the replicated parameters are).
+        self.allreduce = jax.jit(jax.shard_map(lambda a: lax.psum(a[0], AXIS), mesh=self.mesh,
+                                               in_specs=P(AXIS), out_specs=P()))
 
     @staticmethod
     def sharded_loss(net, mesh, batch_size):
@@ -271,16 +335,23 @@ TRAINERS = {"pmap": PmapTrainer, "sharding": ShardingTrainer}
 def check_supported(cfg: RunConfig) -> None:
     if cfg.strategy not in TRAINERS:
         raise Unsupported(f"jax has no strategy {cfg.strategy!r}; it has {', '.join(TRAINERS)}")
+    if cfg.precision not in PRECISIONS:
+        raise Unsupported(f"jax has no precision {cfg.precision!r}; it has {', '.join(PRECISIONS)}")
+    if cfg.precision == "tf32" and cfg.device_kind != "gpu":
+        raise Unsupported("TF32 is a mode of NVIDIA tensor cores; there is none on the CPU")
+    if cfg.channels_last:
+        raise Unsupported("XLA chooses memory layouts itself (flax convolutions take NHWC already); "
+                          "there is no memory-format switch")
     devices(cfg.devices, cfg.device_kind)   # Unsupported when JAX sees too few
 
 
 def _trainer(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batch_size: int,
-             lr: float, bn: str, device_kind: str):
+             lr: float, bn: str, device_kind: str, precision: str = "fp32"):
     """A trainer for the equivalence API, at `weights` (reset)."""
     cfg = RunConfig(backend="jax", strategy=strategy, devices=n_devices, device_kind=device_kind,
-                    model=model, batch_size=batch_size, lr=lr, bn=bn).validate()
+                    model=model, batch_size=batch_size, lr=lr, bn=bn, precision=precision).validate()
     check_supported(cfg)
-    configure_precision()
+    configure_precision(cfg)
     trainer = TRAINERS[strategy](cfg, weights)
     trainer.reset()
     return trainer
@@ -291,22 +362,24 @@ def _trainer(strategy: str, model: str, n_devices: int, weights: dict[str, np.nd
 def run(cfg: RunConfig) -> dict:
     """Train as the run config says, from --load-weights or the seeded init; the metrics part of a result."""
     check_supported(cfg)
-    configure_precision()
+    configure_precision(cfg)
     trainer = TRAINERS[cfg.strategy](cfg, weights_for_run(cfg))
     return run_training(trainer, cfg, datalib.load(cfg))
 
 
 def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray],
-                batches: list, lr: float, device_kind: str = "cpu", bn: str = "local") -> dict[str, np.ndarray]:
+                batches: list, lr: float, device_kind: str = "cpu", bn: str = "local",
+                precision: str = "fp32") -> dict[str, np.ndarray]:
     """Apply len(batches) SGD steps from `weights`; the canonical weights afterwards (for tests and checks)."""
-    return train_trace(strategy, model, n_devices, weights, batches, lr, bn, device_kind)["final"]
+    return train_trace(strategy, model, n_devices, weights, batches, lr, bn, device_kind, precision)["final"]
 
 
 def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray],
-                batches: list, lr: float, bn: str = "local", device_kind: str = "cpu") -> dict:
+                batches: list, lr: float, bn: str = "local", device_kind: str = "cpu",
+                precision: str = "fp32") -> dict:
     """{"first": canonical weights after step 1, "final": after the last step, "losses": each step's global
     mean loss, from that step's own forward pass (before its update)}."""
-    trainer = _trainer(strategy, model, n_devices, weights, len(batches[0][1]), lr, bn, device_kind)
+    trainer = _trainer(strategy, model, n_devices, weights, len(batches[0][1]), lr, bn, device_kind, precision)
     losses, first = [], None
     for x, y in batches:
         loss_sums, _ = trainer.step(x, y)
@@ -317,8 +390,30 @@ def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np
 
 
 def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,
-              bn: str = "local", device_kind: str = "cpu") -> tuple[float, dict[str, np.ndarray]]:
+              bn: str = "local", device_kind: str = "cpu",
+              precision: str = "fp32") -> tuple[float, dict[str, np.ndarray]]:
     """(mean cross-entropy of the global batch, canonical gradients of the trainable parameters) at
     `weights`, as the strategy's step computes and reduces them on n_devices (device 0's copy)."""
-    trainer = _trainer(strategy, model, n_devices, weights, len(y), 1.0, bn, device_kind)   # (lr unused)
+    trainer = _trainer(strategy, model, n_devices, weights, len(y), 1.0, bn, device_kind, precision)   # (lr unused)
     return trainer.gradients(x, y)
+
+
+def float64_gradients(model: str, weights: dict[str, np.ndarray], x, y) -> tuple[float, dict[str, np.ndarray]]:
+    """(mean loss, canonical gradients) of one batch on one device, computed in float64.
+
+    `harness check` compares this with torch's float64 gradient: agreement to ~1e-12 shows the
+    model, loss and BatchNorm are the same math, whatever float32 rounding does on top."""
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        net = models.build(model)
+        native = jax.tree.map(lambda a: jnp.asarray(a, dtype=jnp.float64), models.from_canonical(net, weights))
+
+        def mean_loss(params):
+            loss_sum, _ = local_loss(net, params, native["batch_stats"], jnp.asarray(x, jnp.float64), jnp.asarray(y))
+            return loss_sum / len(y)
+
+        loss, grads = jax.value_and_grad(mean_loss)(native["params"])
+        return float(loss), models.to_canonical({"params": grads}, dtype=np.float64)
+    finally:
+        jax.config.update("jax_enable_x64", previous)

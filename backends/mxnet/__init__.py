@@ -2,7 +2,7 @@
 
   resnet18, lenet        models.py
   devices, split,        parallel.py
-  allreduce
+  allreduce, stage
   run, train_steps,      strategies.py (scratch, gluon)
   gradients, train_trace,
   STRATEGIES
@@ -14,7 +14,8 @@ from backends.mxnet.compat import mx
 from backends.mxnet.environment import environment
 from backends.mxnet.models import build, count_params, lenet, load_canonical, resnet18, spec, to_canonical
 from backends.mxnet.parallel import allreduce, devices, split
-from backends.mxnet.strategies import TRAINERS as STRATEGIES, gradients, run, train_steps, train_trace
+from backends.mxnet.strategies import (TRAINERS as STRATEGIES, float64_gradients, gradients, run, train_steps,
+                                       train_trace)
 from mxnet import autograd
 
 NAME = "mxnet"

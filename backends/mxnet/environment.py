@@ -17,10 +17,25 @@ NO_GPU_BUILD = ("the installed mxnet has no CUDA, and mxnet 1.9.1, MXNet's final
                 "only up to CUDA 11.x, none for Hopper")
 
 
+def declared() -> dict:
+    with open(BACKEND_TOML, "rb") as f:
+        return tomllib.load(f)
+
+
 def declared_defaults() -> dict[str, str]:
     """{option: default} as backend.toml declares them (the harness fills them in for a run)."""
-    with open(BACKEND_TOML, "rb") as f:
-        return {name: str(o["default"]) for name, o in tomllib.load(f).get("options", {}).items()}
+    return {name: str(o["default"]) for name, o in declared().get("options", {}).items()}
+
+
+def lever_refusal(cfg) -> str | None:
+    """Why this run's speed levers cannot run here (backend.toml's reasons, as the harness gives
+    them: `--precision bf16: ...`), or None if they can. --compile and --resident-data always run."""
+    levers = declared()["levers"]
+    if cfg.precision not in levers["precision"]["values"]:
+        return f"--precision {cfg.precision}: {levers['precision']['refused']}"
+    if cfg.channels_last:
+        return f"--channels-last: {levers['channels_last']['refused']}"
+    return None
 
 
 def option(cfg, name: str) -> str:
@@ -29,7 +44,8 @@ def option(cfg, name: str) -> str:
 
 
 def hybridized(cfg) -> bool:
-    return option(cfg, "hybridize") == "on"
+    """--compile is hybridize(), whatever the hybridize option says."""
+    return bool(cfg.compile) or option(cfg, "hybridize") == "on"
 
 
 def has_cuda() -> bool:
@@ -83,5 +99,9 @@ def environment(cfg) -> dict:
         "collective": collective(cfg),
         "kvstore": option(cfg, "kvstore") if cfg.strategy == "gluon" else None,
         "hybridize": hybridized(cfg),
+        # The speed levers as they run; a refused one (see lever_refusal) makes the run unavailable.
+        "compile": bool(cfg.compile),            # hybridize(), forced on whatever the hybridize option
+        "channels_last": False,                  # NCHW always
+        "resident_data": bool(cfg.resident_data),
         "batchnorm": batchnorm(cfg),
     }

@@ -29,18 +29,46 @@ def check_divisible(batch: int, n: int) -> None:
         raise ValueError(f"batch of {batch} examples cannot be split evenly across {n} devices")
 
 
+class Shards(tuple):
+    """A global batch already split_and_load-ed: one NDArray per context, shard i on context i
+    (what stage() makes for --resident-data; split() hands it on without copying)."""
+
+    @property
+    def examples(self) -> int:
+        return sum(int(s.shape[0]) for s in self)
+
+
+def examples(y) -> int:
+    """The examples in a global batch of labels, numpy or staged."""
+    return y.examples if isinstance(y, Shards) else len(y)
+
+
 def split(X, y, devs: list):
     """Shard a global batch into len(devs) equal parts along axis 0, part i on devs[i].
 
     gluon.utils.split_and_load, with the batch checked first: uneven shards would weight
-    examples differently in the averaged gradient, so such a batch is refused.
+    examples differently in the averaged gradient, so such a batch is refused. A batch
+    stage()d onto these contexts already is split: its shards are returned as they are.
     """
+    if isinstance(X, Shards) or isinstance(y, Shards):
+        if not (isinstance(X, Shards) and isinstance(y, Shards)):
+            raise TypeError("X and y must both be staged, or neither")
+        wanted = list(devs)
+        if [s.context for s in X] != wanted or [s.context for s in y] != wanted:
+            raise ValueError("the batch was staged onto other contexts")
+        return list(X), list(y)
     if len(X) != len(y):
         raise ValueError(f"X has {len(X)} examples but y has {len(y)}")
     check_divisible(len(y), len(devs))
     xs = gluon.utils.split_and_load(as_ndarray(X, devs[0]), devs, even_split=True)
     ys = gluon.utils.split_and_load(as_ndarray(y, devs[0]), devs, even_split=True)
     return xs, ys
+
+
+def stage(X, y, devs: list) -> tuple[Shards, Shards]:
+    """A numpy batch split and loaded onto devs (as split() does in a step), for step() to take as it is."""
+    xs, ys = split(X, y, devs)
+    return Shards(xs), Shards(ys)
 
 
 def allreduce(data: list) -> list:

@@ -17,16 +17,22 @@ across contexts before evaluation; "sync" (gluon only), SyncBatchNorm layers nor
 with the statistics of the global batch, so k contexts train as one: GPU contexts only
 (on several CPU contexts it deadlocks, see SYNC_BN_ON_CPU), which no build here has.
 Nothing is read back to the host inside a step: it returns NDArrays, read by collect().
+--resident-data: stage() split_and_loads batches onto the contexts ahead (parallel.Shards),
+and a step takes them as they are. --compile is hybridize(). allreduce_seconds() times the
+strategy's own reduction of one gradient-sized buffer: the hand-written allreduce (scratch),
+a kvstore of the run's type (gluon).
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
 from backends.mxnet import models
 from backends.mxnet.compat import mx
-from backends.mxnet.environment import NO_GPU_BUILD, has_cuda, hybridized, option, visible_gpus
-from backends.mxnet.parallel import allreduce, as_ndarray, devices, split
+from backends.mxnet.environment import NO_GPU_BUILD, has_cuda, hybridized, lever_refusal, option, visible_gpus
+from backends.mxnet.parallel import allreduce, as_ndarray, devices, examples, split, stage
 from common import data as datalib
 from common.config import RunConfig
 from common.loop import Unsupported, run_training
@@ -103,10 +109,36 @@ class MXNetTrainer:
         """SGD on every context with the reduced gradients, scaled by lr / batch_size."""
         raise NotImplementedError
 
+    def allreduce_buffers(self, values: int) -> tuple[list, object]:
+        """(one float32 buffer of `values` zeros per context, a function that allreduces them in
+        place the way this strategy reduces its gradients; it returns without waiting)."""
+        raise NotImplementedError
+
     def step(self, x, y):
+        """x, y: a global numpy batch, or one stage() made."""
         metrics = self.reduce_gradients(x, y)
-        self.update(len(y))
+        self.update(examples(y))
         return metrics
+
+    def stage(self, batches: list) -> list:
+        """--resident-data: the batches split_and_load-ed onto the contexts, as step() would, ahead."""
+        staged = [stage(x, y, self.devs) for x, y in batches]
+        self.sync()
+        return staged
+
+    def allreduce_seconds(self, values: int, repeats: int) -> list[float]:
+        """Seconds of each of `repeats` allreduces of `values` float32 per context (one untimed
+        warm-up first), each between two barriers. The buffers are allocated before any timing."""
+        _, reduce = self.allreduce_buffers(values)
+        reduce()
+        seconds = []
+        for _ in range(repeats):
+            self.sync()
+            start = time.perf_counter()
+            reduce()
+            self.sync()
+            seconds.append(time.perf_counter() - start)
+        return seconds
 
     def sync(self) -> None:
         mx.nd.waitall()
@@ -150,6 +182,12 @@ class ScratchTrainer(MXNetTrainer):
     def reset(self) -> None:
         for net in self.replicas:
             models.load_canonical(net, self.weights)
+
+    def allreduce_buffers(self, values: int) -> tuple[list, object]:
+        """The hand-written allreduce (sum onto context 0, copy back), as each gradient is reduced."""
+        buffers = [mx.nd.zeros((values,), ctx=ctx, dtype="float32") for ctx in self.devs]
+        mx.nd.waitall()
+        return buffers, lambda: allreduce(buffers)
 
     def reduce_gradients(self, x, y):
         xs, ys = split(x, y, self.devs)
@@ -197,6 +235,21 @@ class GluonTrainer(MXNetTrainer):
     def reset(self) -> None:
         models.load_canonical(self.module, self.weights)   # SGD without momentum keeps no state
 
+    def allreduce_buffers(self, values: int) -> tuple[list, object]:
+        """A kvstore of the run's type (its own, so its key cannot meet the Trainer's parameter
+        keys), reducing the buffers as Trainer.allreduce_grads reduces each gradient: pushpull of
+        the per-context arrays in place (for a local kvstore, a push and then a pull). On one
+        context Gluon creates no kvstore and reduces nothing (model._create_kvstore), so neither
+        does this."""
+        buffers = [mx.nd.zeros((values,), ctx=ctx, dtype="float32") for ctx in self.devs]
+        if self.n_devices == 1:
+            mx.nd.waitall()
+            return buffers, lambda: None
+        kv = mx.kv.create(option(self.cfg, "kvstore"))
+        kv.init(0, buffers[0])
+        mx.nd.waitall()
+        return buffers, lambda: kv.pushpull(0, buffers)
+
     def reduce_gradients(self, x, y):
         xs, ys = split(x, y, self.devs)
         metrics = [forward_backward(self.module, xi, yi) for xi, yi in zip(xs, ys)]
@@ -224,6 +277,8 @@ SYNC_BN_ON_CPU = (
 def check_supported(cfg: RunConfig) -> None:
     if cfg.strategy not in TRAINERS:
         raise Unsupported(f"mxnet has no strategy {cfg.strategy!r}; it has {', '.join(TRAINERS)}")
+    if reason := lever_refusal(cfg):
+        raise Unsupported(reason)
     if cfg.bn == "sync" and not TRAINERS[cfg.strategy].sync_bn:
         raise Unsupported(f"mxnet {cfg.strategy} keeps a separate network per context, so its BatchNorm "
                           "cannot use the global batch's statistics (--bn sync runs with gluon)")
@@ -237,11 +292,13 @@ def check_supported(cfg: RunConfig) -> None:
 
 
 def make_trainer(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batch_size: int,
-                 lr: float = 0.1, bn: str = "local", device_kind: str = "cpu", options: dict | None = None):
+                 lr: float = 0.1, bn: str = "local", device_kind: str = "cpu", options: dict | None = None,
+                 **levers):
     """A strategy's trainer outside a run (for tests and checks), reset to `weights`.
-    `options`: backend options (kvstore, hybridize); the declared defaults otherwise."""
+    `options`: backend options (kvstore, hybridize); the declared defaults otherwise.
+    `levers`: RunConfig's precision, compile, channels_last, resident_data."""
     cfg = RunConfig(backend="mxnet", strategy=strategy, devices=n_devices, device_kind=device_kind, model=model,
-                    batch_size=batch_size, lr=lr, bn=bn, options=dict(options or {})).validate()
+                    batch_size=batch_size, lr=lr, bn=bn, options=dict(options or {}), **levers).validate()
     check_supported(cfg)
     trainer = TRAINERS[strategy](cfg, weights)
     trainer.reset()
@@ -298,3 +355,18 @@ def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np
         if first is None:
             first = trainer.canonical()
     return {"first": first, "final": trainer.canonical(), "losses": losses}
+
+
+def float64_gradients(model: str, weights: dict[str, np.ndarray], x, y) -> tuple[float, dict[str, np.ndarray]]:
+    """(mean loss, canonical gradients) of one batch on one CPU context, computed in float64.
+
+    `harness check` compares this with torch's float64 gradient: agreement to ~1e-12 shows the
+    model, loss and BatchNorm are the same math, whatever float32 rounding does on top."""
+    net = models.build(model)
+    net.initialize(ctx=mx.cpu())
+    models.load_canonical(net, weights)
+    net.cast("float64")
+    loss, _ = forward_backward(net, mx.nd.array(x, dtype="float64"), mx.nd.array(y, dtype="float64"))
+    grads = {models.canonical_name(name): p.grad().asnumpy().astype(np.float64) / len(y)
+             for name, p in net._collect_params_with_prefix().items() if not models.is_statistic(p)}
+    return float(loss.asscalar()) / len(y), grads

@@ -12,7 +12,8 @@
 from backends.torch.environment import environment
 from backends.torch.models import build, count_params, lenet, load_canonical, resnet18, spec, to_canonical
 from backends.torch.parallel import allreduce, devices, split
-from backends.torch.strategies import TRAINERS as STRATEGIES, gradients, run, train_steps, train_trace
+from backends.torch.strategies import (TRAINERS as STRATEGIES, float64_gradients, float64_reference, gradients, run,
+                                       train_steps, train_trace)
 
 NAME = "torch"
 

@@ -14,11 +14,34 @@ def configure_threads(cfg, processes: int) -> int:
     return threads
 
 
-def configure_precision() -> None:
-    """fp32 means fp32: TF32 off for matmuls and convolutions, set explicitly (DESIGN: same for all)."""
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    torch.set_float32_matmul_precision("highest")
+def configure_precision(cfg) -> dict:
+    """Set the float32 math mode of --precision; return the settings as torch reads them back.
+
+    fp32 means fp32: TF32 off for matmuls and convolutions, set explicitly (DESIGN: same for all).
+    tf32: both on. bf16: TF32 off, so that what runs outside autocast (the SGD update, BatchNorm
+    statistics) stays float32; the strategies open torch.autocast(bfloat16) around forward and loss.
+    """
+    tf32 = cfg.precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    # The matching setting of the newer API: torch refuses to read a mix of the two.
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    return {"mode": cfg.precision, "weights_dtype": "float32",
+            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+            "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "autocast": {"device_type": autocast_device(cfg), "dtype": "bfloat16"} if cfg.precision == "bf16" else None}
+
+
+def autocast_device(cfg) -> str:
+    return "cuda" if cfg.device_kind == "gpu" else "cpu"
+
+
+def compile_target(cfg) -> str | None:
+    """What --compile hands to torch.compile, per strategy (None without --compile)."""
+    if not cfg.compile:
+        return None
+    return {"scratch": "every replica", "dp": "the module given to nn.DataParallel",
+            "ddp": "the DistributedDataParallel-wrapped module"}.get(cfg.strategy)
 
 
 def device_names(cfg) -> list[str]:
@@ -39,7 +62,10 @@ def environment(cfg) -> dict:
         "devices": device_names(cfg),
         "processes": processes,
         "threads_per_process": threads,
-        "precision": {"dtype": "float32", "tf32_matmul": False, "tf32_cudnn": False},
+        "precision": configure_precision(cfg),
+        "compile": {"backend": "inductor", "target": compile_target(cfg)} if cfg.compile else None,
+        "memory_format": "channels_last" if cfg.channels_last else "contiguous_format",
+        "resident_data": cfg.resident_data,
         "collective": {"ddp": "nccl" if cfg.device_kind == "gpu" else "gloo",
                        "scratch": "hand-written allreduce (copy to device 0, sum, copy back)",
                        "dp": "nn.DataParallel scatter/gather + reduce"}.get(cfg.strategy),

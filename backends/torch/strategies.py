@@ -10,13 +10,20 @@ BatchNorm: each device normalises with its own shard's statistics in training (a
 seeds do); before evaluation the running statistics are averaged across replicas, so
 every replica evaluates the same model (dp keeps device 0's, which is how
 DataParallel works).
+
+Levers (RunConfig): precision (fp32 / tf32 / bf16 autocast around forward and loss),
+compile (torch.compile of what runs the forward; `module` stays the plain nn.Module whose
+weights are read and written), channels_last (model and batches in NHWC), resident_data
+(stage(): batches placed on the devices before the timer starts).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import pickle
+import shutil
 import socket
 import sys
 import tempfile
@@ -37,7 +44,7 @@ from common.loop import Diverged, Unsupported, run_training
 from common.weights import for_run as weights_for_run
 
 from backends.torch import models
-from backends.torch.environment import configure_threads, configure_precision
+from backends.torch.environment import autocast_device, configure_precision, configure_threads
 from backends.torch.parallel import allreduce, as_tensor, check_divisible, convert_sync_batchnorm, devices, split
 
 
@@ -80,6 +87,20 @@ def _peak_memory(kind: str, devs) -> dict:
     return {"peak_device_mb": max(torch.cuda.max_memory_allocated(d) for d in set(devs)) / 2**20}
 
 
+class OnDevice:
+    """An input stage() has already put where backward() takes it (sharded, in the memory format)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _prepare_model(net: nn.Module, cfg: RunConfig) -> nn.Module:
+    """--channels-last: the 4-d weights in NHWC (values and canonical names unchanged)."""
+    return net.to(memory_format=torch.channels_last) if cfg.channels_last else net
+
+
 class TorchTrainer:
     """What the strategies share: `module` is the model evaluated and reported, `devs` its devices."""
 
@@ -91,6 +112,39 @@ class TorchTrainer:
         handle = self.backward(x, y)
         self.update()
         return handle
+
+    def autocast(self):
+        """--precision bf16: autocast(bfloat16) around forward and loss; weights, gradients and SGD stay float32."""
+        if self.cfg.precision == "bf16":
+            return torch.autocast(device_type=autocast_device(self.cfg), dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def memory_format(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=torch.channels_last) if self.cfg.channels_last else x
+
+    def placed(self, x, y):
+        """The inputs of backward() on their devices: as stage() left them, else placed now (numpy batches)."""
+        if isinstance(x, OnDevice):
+            return x.value, y.value
+        return self.place(x, y)
+
+    def stage(self, batches: list) -> list:
+        """--resident-data: the numpy batches placed as backward() takes them; step() then copies nothing."""
+        return [tuple(OnDevice(v) for v in self.place(x, y)) for x, y in batches]
+
+    def allreduce_seconds(self, values: int, repeats: int) -> list[float]:
+        """The strategy's gradient reduction of `values` float32 per device, timed `repeats` times
+        (after one untimed call), each between two barriers; the slowest rank's seconds for each."""
+        reduce = self.allreduce_op(values)
+        reduce()
+        seconds = []
+        for _ in range(repeats):
+            self.sync()
+            start = time.perf_counter()
+            reduce()
+            self.sync()
+            seconds.append(self.slowest(time.perf_counter() - start))
+        return seconds
 
     def sync(self) -> None:
         _sync(self.cfg.device_kind, self.devs)
@@ -123,8 +177,14 @@ class ScratchTrainer(TorchTrainer):
         self.cfg, self.weights, self.rank = cfg, weights, 0
         self.n_devices = cfg.devices
         self.devs = devices(cfg.devices, cfg.device_kind)
-        self.replicas = [models.build(cfg.model).to(d) for d in self.devs]
+        self.replicas = [_prepare_model(models.build(cfg.model).to(d), cfg) for d in self.devs]
         self.module = self.replicas[0]
+        # What runs each replica's forward: the replica, or its compiled wrapper (same parameters).
+        self.forwards = self.replicas
+        if cfg.compile:
+            # One forward code, compiled once per device: room for every device before dynamo falls back to eager.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * cfg.devices)
+            self.forwards = [torch.compile(net) for net in self.replicas]
 
     def reset(self) -> None:
         for net in self.replicas:
@@ -132,14 +192,20 @@ class ScratchTrainer(TorchTrainer):
             net.zero_grad(set_to_none=True)
             net.train()
 
+    def place(self, x, y):
+        """One shard per replica device (d2l's split_batch)."""
+        xs, ys = split(x, y, self.devs)
+        return [self.memory_format(xi) for xi in xs], ys
+
     def backward(self, x, y):
         """Per-shard summed loss and its gradients on every replica, then the hand-written allreduce."""
-        xs, ys = split(x, y, self.devs)
+        xs, ys = self.placed(x, y)
         metrics = []
-        for net, xi, yi in zip(self.replicas, xs, ys):
+        for net, forward, xi, yi in zip(self.replicas, self.forwards, xs, ys):
             net.zero_grad(set_to_none=True)
-            logits = net(xi)
-            loss = F.cross_entropy(logits, yi, reduction="sum")
+            with self.autocast():
+                logits = forward(xi)
+                loss = F.cross_entropy(logits, yi, reduction="sum")
             loss.backward()
             metrics.append(_step_metrics(logits, yi, loss))
         params = [list(net.parameters()) for net in self.replicas]
@@ -158,7 +224,13 @@ class ScratchTrainer(TorchTrainer):
 
     def gradient_dict(self) -> dict[str, np.ndarray]:
         """The gradient of the global mean loss, as replica 0 holds it after the allreduce."""
-        return {n: (p.grad / self.cfg.batch_size).cpu().numpy() for n, p in self.module.named_parameters()}
+        return {n: np.ascontiguousarray((p.grad / self.cfg.batch_size).cpu().numpy())
+                for n, p in self.module.named_parameters()}
+
+    def allreduce_op(self, values: int):
+        """One float32 buffer per replica device, summed in place by the hand-written allreduce."""
+        buffers = [torch.ones(values, dtype=torch.float32, device=d) for d in self.devs]
+        return lambda: allreduce(buffers)
 
     def collect(self, handles) -> tuple[float, float]:
         loss = sum(float(l) for step in handles for l, _ in step)
@@ -190,12 +262,17 @@ class OptimizerTrainer(TorchTrainer):
         self.optimizer.zero_grad(set_to_none=True)
         self.net.train()
 
-    def backward(self, x, y):
+    def place(self, x, y):
         check_divisible(len(y), self.n_devices)
         xi, yi = self.inputs(x, y)
+        return self.memory_format(xi), yi
+
+    def backward(self, x, y):
+        xi, yi = self.placed(x, y)
         self.optimizer.zero_grad(set_to_none=True)
-        logits = self.net(xi)
-        loss = F.cross_entropy(logits, yi)
+        with self.autocast():
+            logits = self.net(xi)
+            loss = F.cross_entropy(logits, yi)
         loss.backward()
         return _step_metrics(logits, yi, loss * len(yi))
 
@@ -204,7 +281,7 @@ class OptimizerTrainer(TorchTrainer):
 
     def gradient_dict(self) -> dict[str, np.ndarray]:
         """The gradient of the global mean loss, after the framework's reduction."""
-        return {n: p.grad.detach().cpu().numpy().copy() for n, p in self.module.named_parameters()}
+        return {n: np.ascontiguousarray(p.grad.detach().cpu().numpy()) for n, p in self.module.named_parameters()}
 
 
 class DataParallelTrainer(OptimizerTrainer):
@@ -215,8 +292,13 @@ class DataParallelTrainer(OptimizerTrainer):
         self.cfg, self.weights, self.rank = cfg, weights, 0
         self.n_devices = cfg.devices
         self.devs = devices(cfg.devices, "gpu")
-        self.module = models.build(cfg.model).to(self.devs[0])
-        self.net = nn.DataParallel(self.module, device_ids=list(range(cfg.devices)))
+        self.module = _prepare_model(models.build(cfg.model).to(self.devs[0]), cfg)
+        replicated = self.module
+        if cfg.precision == "bf16":
+            replicated = AutocastForward(replicated, "cuda")
+        if cfg.compile:
+            replicated = torch.compile(replicated)
+        self.net = nn.DataParallel(replicated, device_ids=list(range(cfg.devices)))
         self.optimizer = torch.optim.SGD(self.net.parameters(), lr=cfg.lr)
 
     def inputs(self, x, y):
@@ -230,6 +312,27 @@ class DataParallelTrainer(OptimizerTrainer):
     def evaluate(self, batches) -> tuple[int, int]:
         return _accuracy_counts(self.module, batches, self.devs[0])
 
+    def allreduce_op(self, values: int):
+        """DataParallel's reduction: the replicas' gradients summed onto device 0 (its backward), the
+        result broadcast to every device (as its next forward's replicate broadcasts the weights)."""
+        from torch.cuda import comm
+        buffers = [torch.ones(values, dtype=torch.float32, device=d) for d in self.devs]
+        targets = list(range(self.n_devices))
+        return lambda: comm.broadcast(comm.reduce_add(buffers, destination=0), devices=targets)
+
+
+class AutocastForward(nn.Module):
+    """dp with bf16: autocast opened inside each replica's forward. DataParallel runs replicas in their
+    own threads, where autocast is re-entered with the thread's default dtype (float16 on CUDA)."""
+
+    def __init__(self, inner: nn.Module, device_type: str):
+        super().__init__()
+        self.inner, self.device_type = inner, device_type
+
+    def forward(self, x):
+        with torch.autocast(device_type=self.device_type, dtype=torch.bfloat16):
+            return self.inner(x)
+
 
 class DDPTrainer(OptimizerTrainer):
     """One rank of DistributedDataParallel; the process group is set up by launch_ddp."""
@@ -242,7 +345,7 @@ class DDPTrainer(OptimizerTrainer):
         self.module = models.build(cfg.model)
         if cfg.bn == "sync":
             self.module = convert_sync_batchnorm(self.module, cfg.device_kind)
-        self.module = self.module.to(self.device)
+        self.module = _prepare_model(self.module.to(self.device), cfg)
         models.load_canonical(self.module, weights)
         # broadcast_buffers=False: every rank keeps its own BatchNorm statistics (averaged before
         # evaluation), the same policy as scratch, instead of copying rank 0's at every forward.
@@ -252,6 +355,8 @@ class DDPTrainer(OptimizerTrainer):
             self.net = nn.parallel.DistributedDataParallel(
                 self.module, device_ids=[self.device.index] if cfg.device_kind == "gpu" else None,
                 broadcast_buffers=False, gradient_as_bucket_view=True)
+        if cfg.compile:   # the DDP-wrapped module (dynamo's DDPOptimizer splits the graph at the buckets)
+            self.net = torch.compile(self.net)
         self.optimizer = torch.optim.SGD(self.net.parameters(), lr=cfg.lr)
 
     def _shard(self, a):
@@ -289,6 +394,11 @@ class DDPTrainer(OptimizerTrainer):
     def slowest(self, seconds: float) -> float:
         return self._all_reduce([seconds], op=dist.ReduceOp.MAX)[0]
 
+    def allreduce_op(self, values: int):
+        """torch.distributed.all_reduce (sum) of one flat float32 tensor on this rank's device."""
+        buffer = torch.ones(values, dtype=torch.float32, device=self.device)
+        return lambda: dist.all_reduce(buffer)
+
 
 TRAINERS = {"scratch": ScratchTrainer, "dp": DataParallelTrainer, "ddp": DDPTrainer}
 
@@ -310,6 +420,27 @@ def check_supported(cfg: RunConfig) -> None:
             raise Unsupported("GPU run requested but torch sees no CUDA device")
         if torch.cuda.device_count() < cfg.devices:
             raise Unsupported(f"{cfg.devices} GPUs requested, torch sees {torch.cuda.device_count()}")
+    check_levers(cfg)
+
+
+def check_levers(cfg: RunConfig) -> None:
+    if cfg.precision not in ("fp32", "tf32", "bf16"):
+        raise Unsupported(f"torch has no --precision {cfg.precision!r}")
+    gpu = cfg.device_kind == "gpu"
+    if cfg.precision == "tf32":
+        if not gpu:
+            raise Unsupported("TF32 is a mode of NVIDIA tensor cores; there is none on the CPU")
+        major, minor = torch.cuda.get_device_capability(0)
+        if major < 8:
+            raise Unsupported(f"TF32 needs an Ampere or newer GPU (compute capability 8.0); this one is {major}.{minor}")
+    if cfg.precision == "bf16" and gpu and not torch.cuda.is_bf16_supported(including_emulation=False):
+        raise Unsupported("this GPU has no native bfloat16 arithmetic")
+    if cfg.compile:
+        if cfg.strategy == "dp" and cfg.devices > 1:
+            raise Unsupported("torch.compile does not survive nn.DataParallel's replication: every replica "
+                              "would call device 0's compiled module (use ddp, or dp on one GPU)")
+        if not gpu and not shutil.which(os.environ.get("CXX", "g++")):
+            raise Unsupported("torch.compile on the CPU needs a C++ compiler for TorchInductor; none found")
 
 
 # ------------------------------------------------------------------- multi-process
@@ -327,7 +458,7 @@ def _rank_main(rank: int, cfg_dict: dict, port: int, job, payload, out_dir: str)
     # which address the same memory: the warning is a false alarm here.
     warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
     configure_threads(cfg, processes=cfg.devices)
-    configure_precision()
+    configure_precision(cfg)
     try:
         if cfg.device_kind == "gpu":
             torch.cuda.set_device(rank)
@@ -407,8 +538,11 @@ def _train_job(cfg: RunConfig, rank: int, payload):
 
 def _probe(trainer, batches: list, kind: str):
     """What the equivalence checks read: the first batch's (mean loss, gradients), or a
-    trace of SGD steps: the weights after the first and the last, and every step's mean loss."""
+    trace of SGD steps: the weights after the first and the last, and every step's mean loss.
+    With resident_data the batches go through stage() first."""
     size = len(batches[0][1])
+    if trainer.cfg.resident_data:
+        batches = trainer.stage(batches)
     trainer.reset()
     if kind == "gradients":
         loss_sum, _ = trainer.collect([trainer.backward(*batches[0])])
@@ -426,13 +560,14 @@ def _probe_job(cfg: RunConfig, rank: int, payload):
     return _probe(DDPTrainer(cfg, weights, rank), batches, kind)
 
 
-def _probe_run(strategy, model, n_devices, weights, batches, lr, device_kind, bn, kind):
+def _probe_run(strategy, model, n_devices, weights, batches, lr, device_kind, bn, kind, levers):
+    """`levers`: RunConfig lever fields (precision, compile, channels_last, resident_data)."""
     cfg = RunConfig(backend="torch", strategy=strategy, devices=n_devices, device_kind=device_kind,
-                    model=model, batch_size=len(batches[0][1]), lr=lr, bn=bn).validate()
+                    model=model, batch_size=len(batches[0][1]), lr=lr, bn=bn, **levers).validate()
     check_supported(cfg)
     if strategy == "ddp":
         return launch_ddp(cfg, _probe_job, (weights, batches, kind))
-    configure_precision()
+    configure_precision(cfg)
     return _probe(TRAINERS[strategy](cfg, weights), batches, kind)
 
 
@@ -444,26 +579,51 @@ def run(cfg: RunConfig) -> dict:
     if cfg.strategy == "ddp":
         return launch_ddp(cfg, _train_job)
     configure_threads(cfg, processes=1)
-    configure_precision()
+    configure_precision(cfg)
     trainer = TRAINERS[cfg.strategy](cfg, initial_weights(cfg))
     return run_training(trainer, cfg, datalib.load(cfg))
 
 
 def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
-                lr: float, bn: str = "local", device_kind: str = "cpu") -> dict:
+                lr: float, bn: str = "local", device_kind: str = "cpu", **levers) -> dict:
     """SGD steps from `weights`: {"first": weights after step 1, "final": after the last, "losses": per step}.
-    Weights are canonical, BatchNorm running statistics averaged across replicas."""
-    return _probe_run(strategy, model, n_devices, weights, batches, lr, device_kind, bn, "trace")
+    Weights are canonical, BatchNorm running statistics averaged across replicas. `levers`: RunConfig's
+    precision, compile, channels_last, resident_data (default: the plain fp32 eager run)."""
+    return _probe_run(strategy, model, n_devices, weights, batches, lr, device_kind, bn, "trace", levers)
 
 
 def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
-                lr: float, bn: str = "local", device_kind: str = "cpu") -> dict[str, np.ndarray]:
+                lr: float, bn: str = "local", device_kind: str = "cpu", **levers) -> dict[str, np.ndarray]:
     """The canonical weights after len(batches) SGD steps from `weights` (for tests and checks)."""
-    return train_trace(strategy, model, n_devices, weights, batches, lr, bn, device_kind)["final"]
+    return train_trace(strategy, model, n_devices, weights, batches, lr, bn, device_kind, **levers)["final"]
 
 
 def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,
-              bn: str = "local", device_kind: str = "cpu") -> tuple[float, dict[str, np.ndarray]]:
+              bn: str = "local", device_kind: str = "cpu", **levers) -> tuple[float, dict[str, np.ndarray]]:
     """(mean loss of the global batch, its gradient per trainable canonical parameter), as the strategy
     computes it: every device on its shard, then the strategy's own reduction; replica 0's copy."""
-    return _probe_run(strategy, model, n_devices, weights, [(x, y)], 1.0, device_kind, bn, "gradients")
+    return _probe_run(strategy, model, n_devices, weights, [(x, y)], 1.0, device_kind, bn, "gradients", levers)
+
+
+def float64_reference(model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list, lr: float,
+                      bn: str = "local") -> tuple[float, dict[str, np.ndarray], dict]:
+    """The math every strategy implements, computed in float64 on the CPU: (mean loss, gradients) of the
+    first batch and the trace of SGD steps. `local` BatchNorm: k shards, each normalised with its own
+    statistics; `sync`: statistics over the global batch, which is 1-device training.
+
+    `harness check` measures each float32 implementation's distance from this, so that rounding
+    (float32 sums in a different order) can be told apart from different math."""
+    cfg = RunConfig(backend="torch", strategy="scratch", devices=1 if bn == "sync" else n_devices, model=model,
+                    batch_size=len(batches[0][1]), lr=lr).validate()
+    trainer = ScratchTrainer(cfg, weights)
+    for net in trainer.replicas:
+        net.double()
+    batches = [(np.asarray(x, dtype=np.float64), y) for x, y in batches]
+    loss, grads = _probe(trainer, batches[:1], "gradients")
+    return loss, grads, _probe(trainer, batches, "trace")
+
+
+def float64_gradients(model: str, weights: dict[str, np.ndarray], x, y) -> tuple[float, dict[str, np.ndarray]]:
+    """(mean loss, canonical gradients) of one batch on one CPU device, computed in float64."""
+    loss, grads, _ = float64_reference(model, 1, weights, [(x, y)], 1.0)
+    return loss, grads

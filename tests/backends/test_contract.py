@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from common.loop import Unsupported
+from common.weights import he_scaled
 
 BATCH = 12  # divisible by 1, 2 and 3 devices
 
@@ -190,25 +191,11 @@ def test_trace_agrees_with_steps_and_gradients(backend, strategy):
     assert abs(trace["losses"][0] - loss0) <= 1e-5 * abs(loss0)
 
 
-def well_conditioned(weights: dict, model: str) -> dict:
-    """The weights with conv and dense kernels rescaled to He's std, sqrt(2 / fan_in).
-
-    With d2l's N(0, 0.01) start the deep activations are tiny next to BatchNorm's eps and the
-    float32 gradient of a small batch is off by ~1e-3 from the float64 one in every framework:
-    a comparison at 1e-5 would measure that rounding, not whether the math is the same."""
-    from common.architectures import spec
-    out = dict(weights)
-    for name, shape, kind in spec(model):
-        if kind in ("conv", "dense"):
-            out[name] = (weights[name] * (np.sqrt(2.0 / np.prod(shape[1:])) / 0.01)).astype(np.float32)
-    return out
-
-
 def test_sync_batchnorm_makes_k_devices_one_device(backend, strategy, meta):
     """--bn sync: ResNet-18 on 2 devices takes the 1-device step (statistics over the global batch)."""
     if "sync" not in meta["strategies"][strategy].get("bn", ["local"]):
         pytest.skip(f"{meta['name']} {strategy} has no synchronised BatchNorm")
-    w = well_conditioned(backend.initial_weights("resnet18", 0), "resnet18")
+    w = he_scaled(backend.initial_weights("resnet18", 0), "resnet18")   # well conditioned in float32
     batches = [batch(8, seed=0)]
     one = call(backend.train_steps, strategy, "resnet18", 1, w, batches, 0.1, bn="sync")
     two = call(backend.train_steps, strategy, "resnet18", 2, w, batches, 0.1, bn="sync")

@@ -1,6 +1,7 @@
 """JAX-only behaviour: pmap and sharding agree (steps and gradients), per-device and synchronised
-BatchNorm, refusal of uneven batches, the forward pass against a numpy reference, and the worker end
-to end (including --bn sync and a save / load round trip of the weights)."""
+BatchNorm, refusal of uneven batches, the forward pass against a numpy reference, the timed allreduce,
+staged (--resident-data) batches, the precision and other levers, and the worker end to end (including
+--bn sync, the levers and a save / load round trip of the weights)."""
 
 from __future__ import annotations
 
@@ -29,12 +30,14 @@ def max_abs_diff(a: dict, b: dict) -> float:
     return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
 
 
-def trainer(strategy, model, k, batch_size, lr=0.1, bn="local"):
+def trainer(strategy, model, k, batch_size, lr=0.1, bn="local", precision="fp32"):
     from backends.jax import initial_weights
+    from backends.jax.environment import configure_precision
     from backends.jax.strategies import TRAINERS
     from common.config import RunConfig
     cfg = RunConfig(backend="jax", strategy=strategy, devices=k, model=model, batch_size=batch_size, lr=lr,
-                    bn=bn).validate()
+                    bn=bn, precision=precision).validate()
+    configure_precision(cfg)
     t = TRAINERS[strategy](cfg, initial_weights(model, 0))
     t.reset()
     return t
@@ -152,6 +155,123 @@ def test_the_train_step_refuses_a_batch_the_devices_cannot_split(strategy):
         t.step(*batch(7))
 
 
+# ------------------------------------------------------------- allreduce, staged batches, levers
+
+def test_allreduce_seconds_times_a_psum_that_really_sums(strategy):
+    """`repeats` positive seconds; the collective it times leaves the sum over the 3 devices on each."""
+    t = trainer(strategy, "lenet", 3, 6)
+    seconds = t.allreduce_seconds(1000, 4)
+    assert len(seconds) == 4 and all(isinstance(s, float) and s > 0 for s in seconds)
+    buffer = t.allreduce_buffer(1000)            # device i holds i + 1 in every element
+    rows = {s.device: np.asarray(s.data) for s in buffer.addressable_shards}
+    assert [float(rows[d].ravel()[0]) for d in t.devs] == [1.0, 2.0, 3.0]
+    summed = t.allreduce(buffer)
+    shards = summed.addressable_shards
+    assert {s.device for s in shards} == set(t.devs)
+    for s in shards:
+        a = np.asarray(s.data)
+        assert a.dtype == np.float32 and a.size == 1000 and np.all(a == 6.0)
+
+
+def test_a_staged_batch_gives_the_numpy_step_without_a_copy(strategy):
+    """Batches from `stage` (--resident-data) take exactly the numpy batches' steps, with no host-to-device
+    transfer in the step; a numpy batch afterwards is still copied and accepted."""
+    import jax
+    batches = [batch(8, seed=s) for s in range(2)]
+    plain = trainer(strategy, "lenet", 2, 8, lr=0.5)
+    plain_metrics = [plain.step(x, y) for x, y in batches]
+    staged = trainer(strategy, "lenet", 2, 8, lr=0.5)
+    on_devices = staged.stage(batches)
+    assert all(isinstance(a, jax.Array) for pair in on_devices for a in pair)
+    with jax.transfer_guard("disallow_explicit"):   # a numpy batch would need a device_put here
+        staged_metrics = [staged.step(x, y) for x, y in on_devices]
+        staged.sync()
+    assert max_abs_diff(staged.canonical(), plain.canonical()) <= 1e-6
+    assert max_abs_diff(plain.canonical(), plain.weights) > 1e-3
+    assert staged.collect(staged_metrics) == plain.collect(plain_metrics)
+    with pytest.raises(Exception, match="Disallowed host-to-device transfer"):
+        with jax.transfer_guard("disallow_explicit"):
+            staged.step(*batches[0])
+    staged.step(*batches[0])
+    plain.step(*batches[0])
+    assert max_abs_diff(staged.canonical(), plain.canonical()) <= 1e-6
+
+
+def update_distance(start: dict, a: dict, b: dict) -> float:
+    """|update a - update b| / |update b| (L2 over every weight)."""
+    diff = sum(float(np.sum(((a[k] - start[k]) - (b[k] - start[k])).astype(np.float64) ** 2)) for k in start)
+    norm = sum(float(np.sum((b[k] - start[k]).astype(np.float64) ** 2)) for k in start)
+    return float(np.sqrt(diff / norm))
+
+
+def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same(strategy):
+    """--precision bf16: LeNet's 2-device step computes in bfloat16 (an update within 5e-2 of the fp32 one,
+    but not equal to it), while the parameters and optimizer state stay float32."""
+    import jax
+    from backends.jax import initial_weights, train_steps
+    w = initial_weights("lenet", 0)
+    batches = [batch(8)]
+    fp32 = train_steps(strategy, "lenet", 2, w, batches, 0.5)
+    bf16 = train_steps(strategy, "lenet", 2, w, batches, 0.5, precision="bf16")
+    assert max_abs_diff(fp32, w) > 1e-3
+    distance = update_distance(w, bf16, fp32)
+    assert 1e-5 < distance < 5e-2, distance
+    t = trainer(strategy, "lenet", 2, 8, precision="bf16")
+    loss, correct = t.step(*batches[0])
+    assert {a.dtype for a in jax.tree.leaves(t.state)} == {np.dtype(np.float32)}
+    assert np.asarray(loss).dtype == np.float32
+
+
+def test_bf16_resnet_keeps_parameters_and_batchnorm_statistics_float32():
+    """Only the compute dtype changes: every parameter and running statistic is declared float32."""
+    import jax
+    import jax.numpy as jnp
+    from backends.jax.models import build, native_shapes
+    shapes = native_shapes(build("resnet18", dtype=jnp.bfloat16))
+    assert shapes["batch_stats"] and {s.dtype for s in jax.tree.leaves(shapes)} == {np.dtype(np.float32)}
+
+
+def test_tf32_on_the_cpu_and_channels_last_are_refused(strategy):
+    from backends.jax import initial_weights, train_steps
+    from backends.jax.strategies import check_supported
+    from common.config import RunConfig
+    from common.loop import Unsupported
+    with pytest.raises(Unsupported, match="TF32 is a mode of NVIDIA tensor cores; there is none on the CPU"):
+        train_steps(strategy, "lenet", 1, initial_weights("lenet", 0), [batch(4)], 0.1, precision="tf32")
+    with pytest.raises(Unsupported, match="memory layouts"):
+        check_supported(RunConfig(backend="jax", strategy=strategy, devices=2, channels_last=True))
+    check_supported(RunConfig(backend="jax", strategy=strategy, devices=2, compile=True, resident_data=True,
+                              precision="bf16"))
+
+
+def test_environment_records_the_effective_levers():
+    import jax
+    from backends.jax import environment
+    from backends.jax.environment import configure_precision
+    from common.config import RunConfig
+
+    def cfg(**levers):
+        return RunConfig(backend="jax", strategy="pmap", devices=2, **levers)
+
+    plain = environment(cfg())
+    assert plain["precision"] == {"dtype": "float32", "param_dtype": "float32",
+                                  "jax_default_matmul_precision": "highest", "tf32_matmul": False,
+                                  "tf32_cudnn": False}
+    assert plain["levers"]["compile"] is False and plain["levers"]["resident_data"] is False
+    env = environment(cfg(precision="bf16", compile=True, resident_data=True))
+    assert env["precision"]["dtype"] == "bfloat16" and env["precision"]["param_dtype"] == "float32"
+    assert env["levers"]["precision"] == "bf16" and env["levers"]["resident_data"] is True
+    assert env["levers"]["compile"] is True and "inherent" in env["levers"]["compile_effect"]
+    tf32 = environment(cfg(precision="tf32"))["precision"]
+    assert tf32["jax_default_matmul_precision"] == "tensorfloat32" and tf32["tf32_matmul"] is True
+    try:
+        configure_precision(cfg(precision="tf32"))
+        assert jax.config.jax_default_matmul_precision == "tensorfloat32"
+    finally:
+        configure_precision(cfg())
+    assert jax.config.jax_default_matmul_precision == "highest"
+
+
 # ------------------------------------------------------------- forward pass against numpy
 
 def conv_nchw(x, w, b, stride=1, padding=0):
@@ -241,7 +361,7 @@ def run_worker(tmp_path, **overrides) -> tuple[int, dict]:
 
 @pytest.mark.parametrize("name", ["pmap", "sharding"])
 def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
-    rc, r = run_worker(tmp_path, strategy=name)
+    rc, r = run_worker(tmp_path, strategy=name, timed_steps=5)
     assert rc == 0 and r["status"] == "ok", r["error"]
     assert r["schema_version"] == 1 and r["params"] == 129_068
     assert [e["epoch"] for e in r["epochs"]] == [1, 2]
@@ -253,6 +373,25 @@ def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
     assert env["precision"]["jax_default_matmul_precision"] == "highest"
     assert len(r["weights_hash"]) == 64 and len(r["data_hash"]) == 64
     assert r["compile_s"] > 0
+    assert r["step_time"]["steps"] == 5
+    assert r["allreduce"]["values"] == r["params"] and r["allreduce"]["bytes"] == 4 * r["params"]
+    assert r["allreduce"]["repeats"] == 10 and r["allreduce"]["median_s"] > 0
+
+
+def test_worker_runs_with_the_levers(tmp_path):
+    """bf16, --compile and --resident-data together, end to end: it trains, records the levers, and has
+    step and allreduce figures; --channels-last and tf32 on the CPU are reported unavailable."""
+    rc, r = run_worker(tmp_path, strategy="sharding", precision="bf16", compile=True, resident_data=True,
+                       timed_steps=3)
+    assert rc == 0 and r["status"] == "ok", r["error"]
+    assert r["epochs"][1]["train_loss"] < r["epochs"][0]["train_loss"]
+    assert r["environment"]["precision"]["dtype"] == "bfloat16"
+    assert r["environment"]["levers"] == {**r["environment"]["levers"], "precision": "bf16", "compile": True,
+                                          "resident_data": True, "channels_last": False}
+    assert r["step_time"]["steps"] == 3 and r["allreduce"]["values"] == 129_068
+    for lever, reason in (({"channels_last": True}, "memory layouts"), ({"precision": "tf32"}, "TF32")):
+        rc, r = run_worker(tmp_path, **lever)
+        assert rc == 1 and r["status"] == "unavailable" and reason in r["error"]
 
 
 def test_worker_saves_weights_that_a_later_run_loads_and_evaluates(tmp_path):

@@ -2,7 +2,9 @@
 type change no numbers, BatchNorm statistics are averaged before evaluation, gradients() are the
 ones a step applies, --bn sync is refused on several CPU contexts (with why), the worker end to end
 (--bn, --save-weights / --load-weights), and a GPU request on a host without an MXNet GPU build
-is reported as unavailable."""
+is reported as unavailable. The speed levers: a staged (--resident-data) step is the numpy step,
+--compile hybridizes, bf16 / tf32 / --channels-last are refused; the allreduce figure's reduction
+really sums, on both strategies and kvstore types."""
 
 from __future__ import annotations
 
@@ -162,6 +164,82 @@ def test_batchnorm_statistics_are_averaged_across_devices_before_evaluation(name
             np.testing.assert_allclose(a, (b0 + b1) / 2, rtol=1e-6, atol=1e-7)
 
 
+# ------------------------------------------------------------------ speed levers and the allreduce figure
+
+REDUCTIONS = [("scratch", {}), ("gluon", {"kvstore": "device"}), ("gluon", {"kvstore": "local"})]
+
+
+def lenet_trainer(strategy, k=2, batch_size=12, options=None, **levers):
+    from backends.mxnet import initial_weights
+    from backends.mxnet.strategies import make_trainer
+    return make_trainer(strategy, "lenet", k, initial_weights("lenet", 0), batch_size, lr=0.5,
+                        options=options, **levers)
+
+
+@pytest.mark.parametrize("name,options", REDUCTIONS)
+def test_allreduce_seconds_gives_one_time_per_repeat(name, options):
+    seconds = lenet_trainer(name, options=options).allreduce_seconds(1000, 4)
+    assert len(seconds) == 4
+    assert all(isinstance(s, float) and 0 < s < 60 for s in seconds)
+
+
+@pytest.mark.parametrize("name,options", REDUCTIONS)
+def test_the_timed_allreduce_sums_over_the_contexts(name, options):
+    """The reduction allreduce_seconds times leaves the sum of the contexts' buffers on every context."""
+    trainer = lenet_trainer(name, k=3, options=options)
+    buffers, reduce = trainer.allreduce_buffers(7)
+    assert [b.shape for b in buffers] == [(7,)] * 3 and all(b.dtype == np.float32 for b in buffers)
+    for i, b in enumerate(buffers):
+        b[:] = np.arange(7, dtype=np.float32) * (i + 1) + i    # sum: 6 * arange + 3
+    reduce()
+    trainer.sync()
+    for b, ctx in zip(buffers, trainer.devs):
+        assert b.context == ctx
+        np.testing.assert_array_equal(b.asnumpy(), np.arange(7, dtype=np.float32) * 6 + 3)
+
+
+@pytest.mark.parametrize("name", ["scratch", "gluon"])
+def test_a_staged_step_is_the_numpy_step(name):
+    """--resident-data: batches split_and_load-ed ahead give the numpy batches' steps, loss and count."""
+    from backends.mxnet.parallel import Shards
+    data = batches(2)
+    numpy_trainer, staged_trainer = lenet_trainer(name), lenet_trainer(name)
+    staged = staged_trainer.stage(data)
+    assert len(staged) == 2
+    for x, y in staged:
+        assert isinstance(x, Shards) and isinstance(y, Shards) and y.examples == 12
+        assert [s.context for s in x] == [s.context for s in y] == staged_trainer.devs
+    expected = [numpy_trainer.step(x, y) for x, y in data]
+    got = [staged_trainer.step(x, y) for x, y in staged]
+    assert numpy_trainer.collect(expected) == staged_trainer.collect(got)
+    moved = max_abs_diff(numpy_trainer.canonical(), lenet_trainer(name).canonical())
+    assert moved > 1e-3
+    assert max_abs_diff(numpy_trainer.canonical(), staged_trainer.canonical()) <= 1e-6
+
+
+@pytest.mark.parametrize("levers,flag", [({"precision": "bf16"}, "--precision bf16"),
+                                         ({"precision": "tf32"}, "--precision tf32"),
+                                         ({"channels_last": True}, "--channels-last")])
+def test_refused_levers_are_unsupported_with_the_declared_reason(meta, levers, flag):
+    from common.loop import Unsupported
+    lever = next(iter(levers))
+    with pytest.raises(Unsupported) as refused:
+        lenet_trainer("gluon", **levers)
+    assert str(refused.value) == f"{flag}: {meta['levers'][lever]['refused']}"
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("name", ["scratch", "gluon"])
+def test_compile_hybridizes_even_with_hybridize_off(name):
+    from backends.mxnet.environment import environment
+    compiled = lenet_trainer(name, options={"hybridize": "off"}, compile=True)
+    imperative = lenet_trainer(name, options={"hybridize": "off"})
+    assert compiled.module._active is True and imperative.module._active is False
+    assert all(net._active for net in getattr(compiled, "replicas", [compiled.module]))
+    assert environment(compiled.cfg)["hybridize"] is True and environment(compiled.cfg)["compile"] is True
+    assert environment(imperative.cfg)["hybridize"] is False
+
+
 def run_worker(tmp_path, **overrides) -> tuple[int, dict]:
     return run_backend_worker(tmp_path, **{"strategy": "gluon", "options": {"kvstore": "device", "hybridize": "on"}, **overrides})
 
@@ -182,6 +260,9 @@ def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
     assert env["kvstore"] == ("device" if name == "gluon" else None)
     assert len(r["weights_hash"]) == 64 and len(r["data_hash"]) == 64
     assert r["compile_s"] > 0
+    assert env["compile"] is False and env["resident_data"] is False and env["channels_last"] is False
+    assert r["step_time"]["steps"] == 20                     # the default --timed-steps
+    assert r["allreduce"]["values"] == r["params"] and r["allreduce"]["repeats"] == 10
 
 
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
@@ -189,6 +270,12 @@ def test_worker_reports_sync_batchnorm_as_unavailable(tmp_path, name):
     rc, r = run_worker(tmp_path, strategy=name, bn="sync", threads=1)
     assert rc == 1 and r["status"] == "unavailable"
     assert r["environment"]["batchnorm"].startswith("sync: gluon.contrib.nn.SyncBatchNorm")
+
+
+def test_worker_reports_a_refused_lever_as_unavailable(tmp_path):
+    rc, r = run_worker(tmp_path, precision="bf16", threads=1)
+    assert rc == 1 and r["status"] == "unavailable"
+    assert r["error"].startswith("--precision bf16: mxnet runs float32 only here")
 
 
 def test_saved_weights_evaluate_to_the_accuracy_they_were_saved_with(tmp_path):
@@ -204,6 +291,17 @@ def test_saved_weights_evaluate_to_the_accuracy_they_were_saved_with(tmp_path):
     assert rc == 0 and evaluated["status"] == "ok", evaluated["error"]
     assert evaluated["final_test_acc"] == trained["final_test_acc"]
     assert evaluated["weights_hash"] == fingerprint(load(saved)) != trained["weights_hash"]
+
+
+@pytest.mark.parametrize("name", ["scratch", "gluon"])
+def test_worker_times_steps_and_the_allreduce_of_the_gradients(tmp_path, name):
+    rc, r = run_worker(tmp_path, strategy=name, epochs=1, timed_steps=3, threads=1, resident_data=True)
+    assert rc == 0 and r["status"] == "ok", r["error"]
+    assert r["step_time"]["steps"] == 3
+    # a buffer as large as the gradients: this suite's LeNet (conv 20/50, 800-128-10) has 129,068 parameters
+    assert r["allreduce"]["values"] == r["params"] == 129_068 and r["allreduce"]["bytes"] == 4 * 129_068
+    assert r["allreduce"]["repeats"] == 10 and r["allreduce"]["median_s"] > 0
+    assert r["environment"]["resident_data"] is True
 
 
 def test_gpu_request_is_unavailable_without_an_mxnet_gpu_build(tmp_path):

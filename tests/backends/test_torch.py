@@ -82,9 +82,144 @@ def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
     assert r["environment"]["processes"] == (2 if name == "ddp" else 1)
     assert len(r["weights_hash"]) == 64 and len(r["data_hash"]) == 64
     assert r["compile_s"] > 0
+    assert r["step_time"]["steps"] == 20                      # RunConfig's default --timed-steps
+    assert r["allreduce"]["values"] == r["params"] == 129_068  # a buffer as large as LeNet's gradients
+    assert r["allreduce"]["bytes"] == 4 * 129_068 and r["allreduce"]["repeats"] == 10
+    assert r["environment"]["precision"]["tf32_matmul"] is False and r["environment"]["compile"] is None
 
 
 def test_worker_reports_divergence(tmp_path):
     rc, r = run_worker(tmp_path, strategy="scratch", lr=1e30, epochs=1)
     assert rc == 1 and r["status"] == "diverged"
     assert "training loss became" in r["error"]
+
+
+# ------------------------------------------------------------------ levers and the loop's trainer methods
+
+def lenet_batches(n_steps=1, size=8):
+    rng = np.random.default_rng(0)
+    return [(rng.random((size, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, size).astype(np.int32))
+            for _ in range(n_steps)]
+
+
+def scratch_trainer(devices=2, batch_size=8, **levers):
+    from backends.torch import initial_weights
+    from backends.torch.strategies import ScratchTrainer
+    from common.config import RunConfig
+    cfg = RunConfig(backend="torch", strategy="scratch", devices=devices, model="lenet", batch_size=batch_size,
+                    lr=0.5, **levers).validate()
+    return ScratchTrainer(cfg, initial_weights("lenet", 0))
+
+
+def max_abs_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
+
+
+def flat(weights: dict) -> np.ndarray:
+    return np.concatenate([weights[k].ravel() for k in sorted(weights)])
+
+
+def steps_with(strategy, devices, n_steps=2, **levers):
+    from backends.torch import initial_weights, train_steps
+    start = initial_weights("lenet", 0)
+    return start, train_steps(strategy, "lenet", devices, start, lenet_batches(n_steps), 0.5, **levers)
+
+
+def test_allreduce_seconds_gives_one_positive_time_per_repeat():
+    seconds = scratch_trainer().allreduce_seconds(1000, 4)
+    assert len(seconds) == 4 and all(isinstance(s, float) and s > 0 for s in seconds)
+
+
+def test_scratch_allreduce_op_leaves_the_sum_on_every_replica():
+    """What allreduce_seconds times is a real reduction: after one call every buffer holds the sum (3 x ones)."""
+    trainer = scratch_trainer(devices=3, batch_size=6)
+    reduce = trainer.allreduce_op(10)
+    buffers = reduce()
+    assert len(buffers) == 3 and all(b.dtype.is_floating_point and b.numel() == 10 for b in buffers)
+    assert all(np.array_equal(b.numpy(), np.full(10, 3.0, np.float32)) for b in buffers)
+
+
+def test_a_staged_step_equals_a_numpy_step():
+    """stage() places the shards once; the step on them is the numpy step, to the bit."""
+    import torch
+    trainer = scratch_trainer()
+    batches = lenet_batches(2)
+    trainer.reset()
+    for x, y in batches:
+        trainer.step(x, y)
+    from_numpy = trainer.canonical()
+    staged = trainer.stage(batches)
+    assert len(staged) == 2 and all(isinstance(t, torch.Tensor) for t in staged[0][0].value)
+    trainer.reset()
+    for x, y in staged:
+        trainer.step(x, y)
+    assert max_abs_diff(trainer.canonical(), from_numpy) <= 1e-6
+    assert max_abs_diff(from_numpy, trainer.weights) > 1e-3
+
+
+def test_ddp_resident_data_takes_the_same_steps():
+    _, plain = steps_with("ddp", 2)
+    _, staged = steps_with("ddp", 2, resident_data=True)
+    assert max_abs_diff(staged, plain) <= 1e-6
+
+
+def test_channels_last_takes_the_same_step_in_nhwc():
+    import torch
+    trainer = scratch_trainer(channels_last=True)
+    assert trainer.module.conv2.weight.is_contiguous(memory_format=torch.channels_last)
+    assert not trainer.module.conv2.weight.is_contiguous()
+    (xs, _), = trainer.stage(lenet_batches(1, size=8))
+    assert all(x.is_contiguous(memory_format=torch.channels_last) for x in xs.value)
+    start, plain = steps_with("scratch", 2)
+    _, nhwc = steps_with("scratch", 2, channels_last=True)
+    assert max_abs_diff(plain, start) > 1e-3
+    assert max_abs_diff(nhwc, plain) <= 1e-5
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inside inductor
+def test_compiled_step_equals_the_eager_step():
+    from torch._dynamo.eval_frame import OptimizedModule
+    trainer = scratch_trainer(devices=1, compile=True)
+    assert isinstance(trainer.forwards[0], OptimizedModule) and not isinstance(trainer.module, OptimizedModule)
+    _, eager = steps_with("scratch", 1, n_steps=1)
+    _, compiled = steps_with("scratch", 1, n_steps=1, compile=True)
+    assert max_abs_diff(compiled, eager) <= 1e-5
+
+
+def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same():
+    """Autocast computes forward and loss in bfloat16; weights, gradients and SGD stay float32."""
+    start, fp32 = steps_with("scratch", 2)
+    _, bf16 = steps_with("scratch", 2, precision="bf16")
+    assert all(v.dtype == np.float32 for v in bf16.values())
+    update, bf16_update = flat(fp32) - flat(start), flat(bf16) - flat(start)
+    relative = np.linalg.norm(bf16_update - update) / np.linalg.norm(update)
+    assert 1e-6 < relative < 5e-2
+
+
+def test_tf32_is_refused_on_the_cpu():
+    from common.loop import Unsupported
+    with pytest.raises(Unsupported, match="TF32 is a mode of NVIDIA tensor cores; there is none on the CPU"):
+        steps_with("scratch", 1, precision="tf32")
+
+
+def test_environment_records_the_levers():
+    from backends.torch import environment
+    from common.config import RunConfig
+    cfg = RunConfig(backend="torch", strategy="ddp", devices=2, model="lenet", batch_size=8, precision="bf16",
+                    compile=True, channels_last=True, resident_data=True).validate()
+    env = environment(cfg)
+    assert env["precision"]["autocast"] == {"device_type": "cpu", "dtype": "bfloat16"}
+    assert env["precision"]["tf32_matmul"] is False and env["precision"]["tf32_cudnn"] is False
+    assert env["compile"]["target"] == "the DistributedDataParallel-wrapped module"
+    assert env["memory_format"] == "channels_last" and env["resident_data"] is True
+
+
+def test_worker_runs_ddp_with_every_lever_that_runs_on_the_cpu(tmp_path):
+    rc, r = run_worker(tmp_path, strategy="ddp", timed_steps=3, precision="bf16", channels_last=True,
+                       resident_data=True, epochs=1)
+    assert rc == 0 and r["status"] == "ok", r["error"]
+    assert r["step_time"]["steps"] == 3
+    assert r["allreduce"]["values"] == 129_068 and r["allreduce"]["repeats"] == 10
+    assert r["environment"]["precision"]["mode"] == "bf16" and r["environment"]["memory_format"] == "channels_last"
+    assert np.isfinite(r["epochs"][0]["train_loss"])

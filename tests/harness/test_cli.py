@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from harness import cli
 from harness import devices as devicelib
 from tests.harness.helpers import fake_python, run_harness
 
@@ -38,6 +39,10 @@ def assert_refused(tmp_path, *args, match: str, env=None):
     (("--backend", "torch", "--python", "torch=/nonexistent/python"), "is not an executable file"),
     (("--backend", "torch", "--python", "nonsense"), "--python takes BACKEND=PATH"),
     (("--backend", "torch", "--no-such-flag"), "unrecognized arguments"),
+    (("--backend", "torch", "--precision", "fp16"), "invalid choice: 'fp16'"),
+    (("--backend", "mxnet", "--precision", "bf16"), "mxnet refuses --precision bf16: mxnet runs float32 only"),
+    (("--backend", "jax,mxnet", "--channels-last"), "jax refuses --channels-last: XLA chooses memory layouts"),
+    (("--backend", "torch", "--timed-steps", "-1"), "--timed-steps must be at least 0"),
 ])
 def test_bad_input_is_refused(tmp_path, args, match):
     assert_refused(tmp_path, *args, match=match)
@@ -147,3 +152,19 @@ def test_load_weights_must_be_a_valid_file_for_the_model(tmp_path):
     assert_refused(tmp_path, "--backend", "torch", "--load-weights", str(tmp_path / "junk.npz"), match="cannot read")
     assert_refused(tmp_path, "--backend", "torch", "--load-weights", str(tmp_path / "lenet.npz"),
                    match="does not hold resnet18 weights")
+
+
+@pytest.mark.skipif(not NO_GPU, reason="TF32 runs where there is a GPU")
+def test_tf32_without_a_gpu_is_refused(tmp_path):
+    assert_refused(tmp_path, "--backend", "torch", "--precision", "tf32", match="TF32 is a mode of NVIDIA tensor cores")
+
+
+def test_a_lever_one_backend_lacks_makes_its_rows_not_run_and_labels_the_others():
+    args = cli.build_parser().parse_args(["--backend", "all", "--gpus", "1", "--precision", "bf16",
+                                          "--compile", "--dataset", "synthetic"])
+    plan = cli.build_plan(args)
+    assert {c.backend for c in plan.configs} == {"torch", "jax"}
+    assert {c.variant for c in plan.configs if c.backend == "jax"} == {"pmap[bf16,compile]", "sharding[bf16,compile]"}
+    assert all(c.precision == "bf16" and c.compile for c in plan.configs)
+    refused = [reason for c, reason in plan.not_run if c.backend == "mxnet"]
+    assert refused and all(r.startswith("mxnet refuses --precision bf16") for r in refused)

@@ -61,3 +61,18 @@ def test_render_lists_failures_and_reference_numbers():
     assert "13.1 s/epoch, 0.93" in text                   # d2l's figures beside ours
     assert "**simulated**" in text
     assert "`aaaaaaaaaaaaaaaa` for every run" in text
+
+
+def test_step_statistics_and_allreduce_figure_are_tabulated():
+    r = result(devices=2)
+    r["config"].update(precision="bf16", compile=True)
+    r["step_time"] = {"steps": 10, "median_s": 0.0125, "p10_s": 0.012, "p90_s": 0.014, "min_s": 0.011,
+                      "max_s": 0.02, "images_per_s": 5120.0}
+    r["allreduce"] = {"values": 11175818, "bytes": 44703272, "repeats": 10, "median_s": 0.0025, "p10_s": 0.002,
+                      "p90_s": 0.003, "gb_per_s": 17.88, "share_of_step": 0.2}
+    lines = report.steps_table(report.with_scaling([r, result()]))
+    assert lines[0].startswith("| backend | strategy | devices | step ms (median) |") and "(44.7 MB)" in lines[0]
+    assert lines[2] == "| torch | scratch[bf16,compile] | 2 | 12.5 | 12.0–14.0 | 10 | 5120.0 | 2.5 | 17.88 | 20% |"
+    assert len(lines) == 3                     # the run without step statistics has no row
+    text = report.render([r], {**META, "run_id": "x"}, {})
+    assert "## Step time and communication" in text and "bfloat16 compute" in text and "compile" in text
