@@ -200,10 +200,11 @@ def steps_table(rows: list[dict]) -> list[str]:
         if r["status"] != "ok" or not step:
             continue
         c = r["config"]
-        ms = lambda v: fmt(None if v is None else 1e3 * v, ".1f")
+        ms = lambda v: fmt(None if v is None else 1e3 * v, ".3g")
+        several = c["devices"] > 1     # on one device there is nothing to send: no bandwidth to speak of
         body.append([c["backend"], variant(c), str(c["devices"]), f"{ms(step['median_s'])}",
                      f"{ms(step['p10_s'])}–{ms(step['p90_s'])}", str(step["steps"]), fmt(step.get("images_per_s"), ".1f"),
-                     ms(ar and ar["median_s"]), fmt(ar and ar.get("gb_per_s"), ".2f"),
+                     ms(ar and ar["median_s"]), fmt(ar.get("gb_per_s") if ar and several else None, ".2f"),
                      fmt(ar and ar.get("share_of_step"), ".0%")])
     if not body:
         return []
@@ -293,6 +294,10 @@ def equivalence_section(eq: dict | None) -> list[str]:
              "difference in the math. Where float32 itself cannot meet a tolerance (ResNet-18 on a few images), "
              f"the row's tolerance is 3x the measured float32-vs-float64 distance, and a loss trace that float32 "
              "cannot follow (chaotic: torch's own float32 run leaves the float64 one) is reported as measured.", ""]
+    rows = eq.get("rows") or []
+    counts = {status: sum(r["status"] == status for r in rows) for status in ("ok", "FAIL", "measured", "not run")}
+    lines += [f"**{len(rows)} rows: {counts['ok']} ok, {counts['FAIL']} failed, {counts['measured']} measured, "
+              f"{counts['not run']} not run.**", ""]
     lines += eq.get("table", [])
     for name, reason in (eq.get("failures") or {}).items():
         lines.append(f"\n- {name}: could not be checked: {reason}")

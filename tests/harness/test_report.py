@@ -72,7 +72,9 @@ def test_step_statistics_and_allreduce_figure_are_tabulated():
                       "p90_s": 0.003, "gb_per_s": 17.88, "share_of_step": 0.2}
     lines = report.steps_table(report.with_scaling([r, result()]))
     assert lines[0].startswith("| backend | strategy | devices | step ms (median) |") and "(44.7 MB)" in lines[0]
-    assert lines[2] == "| torch | scratch[bf16,compile] | 2 | 12.5 | 12.0–14.0 | 10 | 5120.0 | 2.5 | 17.88 | 20% |"
+    assert lines[2] == "| torch | scratch[bf16,compile] | 2 | 12.5 | 12–14 | 10 | 5120.0 | 2.5 | 17.88 | 20% |"
     assert len(lines) == 3                     # the run without step statistics has no row
+    r["config"]["devices"] = 1                 # nothing to send: no bandwidth figure
+    assert report.steps_table(report.with_scaling([r]))[2].endswith("| 2.5 | — | 20% |")
     text = report.render([r], {**META, "run_id": "x"}, {})
     assert "## Step time and communication" in text and "bfloat16 compute" in text and "compile" in text
