@@ -200,6 +200,21 @@ def step_statistics(seconds: list[float], batch_size: int) -> dict | None:
 ALLREDUCE_REPEATS = 10
 
 
+def time_calls(trainer: Trainer, call, repeats: int) -> list[float]:
+    """`call()` once untimed (allocation, compilation), then `repeats` times, each between two device
+    barriers; the slowest rank's seconds for each. The timing rule of the allreduce figure; `call`
+    must leave its work where `trainer.sync()` waits for it (or wait for it itself)."""
+    call()
+    seconds = []
+    for _ in range(repeats):
+        trainer.sync()
+        start = time.perf_counter()
+        call()
+        trainer.sync()
+        seconds.append(trainer.slowest(time.perf_counter() - start))
+    return seconds
+
+
 def allreduce_figure(trainer: Trainer, cfg, step_time: dict | None) -> dict | None:
     """The strategy's allreduce of a buffer as large as the model's gradients: time, GB/s, share of a step.
 

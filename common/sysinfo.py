@@ -37,5 +37,15 @@ def host() -> dict:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process (Linux reports KiB)."""
+    """Peak resident memory of this process, in MiB.
+
+    Linux's VmHWM belongs to the process's current memory image. getrusage's ru_maxrss is not
+    reset by exec, so a worker started by a large harness process would report the harness's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0   # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

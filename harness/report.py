@@ -191,6 +191,16 @@ def summary_table(rows: list[dict]) -> list[str]:
     return _table(header, body) if body else ["No run finished successfully."]
 
 
+def milliseconds(seconds: float | None) -> str:
+    """Three significant digits without exponents: 1084, 35.8, 4.50, 0.00039."""
+    if seconds is None:
+        return "—"
+    ms = 1e3 * seconds
+    if ms >= 100:
+        return f"{ms:.0f}"
+    return f"{ms:.3g}" if ms >= 1 else f"{ms:.2g}"
+
+
 def steps_table(rows: list[dict]) -> list[str]:
     """Step statistics and the communication figure of every run that has them."""
     body = []
@@ -200,7 +210,7 @@ def steps_table(rows: list[dict]) -> list[str]:
         if r["status"] != "ok" or not step:
             continue
         c = r["config"]
-        ms = lambda v: fmt(None if v is None else 1e3 * v, ".3g")
+        ms = milliseconds
         several = c["devices"] > 1     # on one device there is nothing to send: no bandwidth to speak of
         body.append([c["backend"], variant(c), str(c["devices"]), f"{ms(step['median_s'])}",
                      f"{ms(step['p10_s'])}–{ms(step['p90_s'])}", str(step["steps"]), fmt(step.get("images_per_s"), ".1f"),

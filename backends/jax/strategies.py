@@ -34,7 +34,6 @@ refused on CPU devices; --compile changes nothing (every step is compiled alread
 from __future__ import annotations
 
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +48,7 @@ from backends.jax.parallel import (AXIS, check_batch, device_axis_sharding, devi
                                    replicated_sharding, stack_on_devices)
 from common import data as datalib
 from common.config import PRECISIONS, RunConfig
-from common.loop import Unsupported, run_training
+from common.loop import Unsupported, run_training, time_calls
 from common.weights import for_run as weights_for_run
 
 
@@ -78,18 +77,6 @@ def _on_device(a: jax.Array, device) -> jax.Array:
 def _global_mean(loss_sums, batch_size: int) -> float:
     """The mean loss of a global batch from the per-device loss sums (added in float64)."""
     return float(np.sum(np.asarray(loss_sums), dtype=np.float64)) / batch_size
-
-
-def _timed(fn, arg, repeats: int) -> list[float]:
-    """Seconds of each of `repeats` calls fn(arg), each blocked until ready, after one untimed call
-    (compilation and warm-up)."""
-    jax.block_until_ready(fn(arg))
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(arg))
-        seconds.append(time.perf_counter() - start)
-    return seconds
 
 
 def _predict_classes(net):
@@ -152,7 +139,8 @@ class JaxTrainer:
     def allreduce_seconds(self, values: int, repeats: int) -> list[float]:
         """Seconds of each of `repeats` sums over the devices of a float32 buffer of `values` elements per
         device, reduced as this strategy reduces its gradients (see `allreduce`); one untimed call first."""
-        return _timed(self.allreduce, self.allreduce_buffer(values), repeats)
+        buffer = self.allreduce_buffer(values)
+        return time_calls(self, lambda: jax.block_until_ready(self.allreduce(buffer)), repeats)
 
     def allreduce_buffer(self, values: int) -> jax.Array:
         """(devices, values) float32, row i on device i and filled with i + 1; made on the devices."""

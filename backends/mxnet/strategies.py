@@ -25,7 +25,6 @@ a kvstore of the run's type (gluon).
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 
@@ -35,7 +34,7 @@ from backends.mxnet.environment import NO_GPU_BUILD, has_cuda, hybridized, lever
 from backends.mxnet.parallel import allreduce, as_ndarray, devices, examples, split, stage
 from common import data as datalib
 from common.config import RunConfig
-from common.loop import Unsupported, run_training
+from common.loop import Unsupported, run_training, time_calls
 from common.weights import for_run as weights_for_run
 from mxnet import autograd, gluon
 
@@ -130,15 +129,7 @@ class MXNetTrainer:
         """Seconds of each of `repeats` allreduces of `values` float32 per context (one untimed
         warm-up first), each between two barriers. The buffers are allocated before any timing."""
         _, reduce = self.allreduce_buffers(values)
-        reduce()
-        seconds = []
-        for _ in range(repeats):
-            self.sync()
-            start = time.perf_counter()
-            reduce()
-            self.sync()
-            seconds.append(time.perf_counter() - start)
-        return seconds
+        return time_calls(self, reduce, repeats)
 
     def sync(self) -> None:
         mx.nd.waitall()

@@ -40,7 +40,7 @@ from torch.nn import functional as F
 
 from common import data as datalib
 from common.config import RunConfig
-from common.loop import Diverged, Unsupported, run_training
+from common.loop import Diverged, Unsupported, run_training, time_calls
 from common.weights import for_run as weights_for_run
 
 from backends.torch import models
@@ -135,16 +135,7 @@ class TorchTrainer:
     def allreduce_seconds(self, values: int, repeats: int) -> list[float]:
         """The strategy's gradient reduction of `values` float32 per device, timed `repeats` times
         (after one untimed call), each between two barriers; the slowest rank's seconds for each."""
-        reduce = self.allreduce_op(values)
-        reduce()
-        seconds = []
-        for _ in range(repeats):
-            self.sync()
-            start = time.perf_counter()
-            reduce()
-            self.sync()
-            seconds.append(self.slowest(time.perf_counter() - start))
-        return seconds
+        return time_calls(self, self.allreduce_op(values), repeats)
 
     def sync(self) -> None:
         _sync(self.cfg.device_kind, self.devs)
