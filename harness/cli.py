@@ -367,6 +367,12 @@ def print_listing(gpus: list[str]) -> None:
         for o in b.options.values():
             where = f" ({', '.join(o.strategies)})" if o.strategies else ""
             print(f"  {b.name:6} --option {o.name}={'|'.join(o.values)} (default {o.default}){where}: {o.summary}")
+        for lever in b.levers.values():
+            flag = "--" + lever.name.replace("_", "-") + (f" {'|'.join(lever.values)}" if lever.values else "")
+            what = lever.summary or ""
+            if lever.refused:
+                what += ("; " if what else "") + f"refused{' otherwise' if lever.values else ''}: {lever.refused}"
+            print(f"  {b.name:6} {flag}: {what}")
 
 
 def backend_python(name: str, plan: Plan, say) -> str:

@@ -95,6 +95,9 @@ def test_list_names_every_backend_and_strategy():
     assert result.returncode == 0, result.stderr
     for word in ("torch", "scratch", "dp", "ddp", "jax", "mxnet"):
         assert word in result.stdout
+    # the speed levers, with the reason where a backend has none
+    assert "  torch  --precision fp32|tf32|bf16: " in result.stdout
+    assert "  jax    --channels-last: refused: XLA chooses memory layouts itself" in result.stdout
 
 
 def test_pytorch_alias_and_unimplemented_backend(monkeypatch):
