@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import data as datalib
+from common import levers as leverlib
 from common import weights as weightslib
 from common.config import BN_MODES, DATASETS, MODELS, PRECISIONS, ConfigError, RunConfig
 from harness import devices as devicelib
@@ -29,9 +30,6 @@ PRESETS = {
               "batch_per_device": 32, "lr_per_device": 0.05, "train_size": 2048, "test_size": 1000,
               "timed_steps": 10},
 }
-# The speed levers: flag -> RunConfig field. Each backend declares in backend.toml which it offers.
-LEVERS = {"precision": "precision", "compile": "compile", "channels_last": "channels_last",
-          "resident_data": "resident_data"}
 
 
 class UsageError(Exception):
@@ -244,16 +242,10 @@ def select_strategies(args, backends: dict[str, registry.Backend], kind: str, bn
     return chosen
 
 
-def _flag(lever: str, value) -> str:
-    flag = "--" + lever.replace("_", "-")
-    return flag if value is True else f"{flag} {value}"
-
-
 def refused_levers(args, backends: dict[str, registry.Backend], kind: str) -> dict[str, str]:
     """{backend: why it cannot run the asked levers}; an error if no selected backend can."""
-    asked = {"precision": args.precision, "compile": args.compile, "channels_last": args.channels_last,
-             "resident_data": args.resident_data}
-    asked = {k: v for k, v in asked.items() if v not in (False, "fp32")}
+    asked = leverlib.asked(precision=args.precision, compile=args.compile, channels_last=args.channels_last,
+                           resident_data=args.resident_data)
     if asked.get("precision") == "tf32" and kind != "gpu":
         raise UsageError("--precision tf32: TF32 is a mode of NVIDIA tensor cores (Ampere and later); "
                          "there is none on the CPU")
@@ -261,7 +253,7 @@ def refused_levers(args, backends: dict[str, registry.Backend], kind: str) -> di
     for b in backends.values():
         if not b.implemented:
             continue
-        reasons = [f"{_flag(lever, value)}: {why}" for lever, value in asked.items() if (why := b.refusal(lever, value))]
+        reasons = leverlib.refusals(b.declared_levers, asked)
         if reasons:
             refused[b.name] = f"{b.name} refuses " + "; ".join(reasons)
     runnable = [b for b in backends.values() if b.implemented and b.name not in refused]

@@ -6,6 +6,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common import levers as leverlib
 from harness.envs import ROOT
 
 BACKENDS_DIR = ROOT / "backends"
@@ -39,12 +40,6 @@ class Lever:
     values: list[str] | None = None       # precision: the values it runs
     refused: str = ""                     # why the backend does not offer it (or the other values)
 
-    def refusal(self, value: str | bool) -> str | None:
-        """Why this backend cannot run the lever at `value`, or None if it can."""
-        if self.values is not None:
-            return None if value in self.values else (self.refused or f"runs {', '.join(self.values)} only")
-        return self.refused or None
-
 
 @dataclass
 class Backend:
@@ -56,11 +51,11 @@ class Backend:
     options: dict[str, Option] = field(default_factory=dict)
     levers: dict[str, Lever] = field(default_factory=dict)
 
+    declared_levers: dict = field(default_factory=dict)   # backend.toml's [levers] table, as read
+
     def refusal(self, lever: str, value) -> str | None:
-        """Why this backend cannot run `lever` at `value` (None: it can); undeclared levers are refused."""
-        if lever not in self.levers:
-            return f"{self.name} does not declare the {lever} lever"
-        return self.levers[lever].refusal(value)
+        """Why this backend cannot run `lever` at `value` (None: it can); common/levers.py decides."""
+        return leverlib.refusal(self.declared_levers, lever, value)
 
     def options_for(self, strategy: str) -> dict[str, Option]:
         return {k: o for k, o in self.options.items() if o.strategies is None or strategy in o.strategies}
@@ -83,7 +78,8 @@ def load(name: str) -> Backend:
                for k, v in d.get("options", {}).items()}
     levers = {k: Lever(k, v.get("summary", ""), v.get("values"), v.get("refused", ""))
               for k, v in d.get("levers", {}).items()}
-    return Backend(d["name"], d.get("display", d["name"]), True, strategies, options=options, levers=levers)
+    return Backend(d["name"], d.get("display", d["name"]), True, strategies, options=options, levers=levers,
+                   declared_levers=d.get("levers", {}))
 
 
 def all_backends() -> dict[str, Backend]:

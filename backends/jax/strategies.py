@@ -47,7 +47,8 @@ from backends.jax.environment import configure_precision
 from backends.jax.parallel import (AXIS, check_batch, device_axis_sharding, devices, mesh, per_device,
                                    replicated_sharding, stack_on_devices)
 from common import data as datalib
-from common.config import PRECISIONS, RunConfig
+from common import levers as leverlib
+from common.config import RunConfig
 from common.loop import Unsupported, run_training, time_calls
 from common.weights import for_run as weights_for_run
 
@@ -323,13 +324,10 @@ TRAINERS = {"pmap": PmapTrainer, "sharding": ShardingTrainer}
 def check_supported(cfg: RunConfig) -> None:
     if cfg.strategy not in TRAINERS:
         raise Unsupported(f"jax has no strategy {cfg.strategy!r}; it has {', '.join(TRAINERS)}")
-    if cfg.precision not in PRECISIONS:
-        raise Unsupported(f"jax has no precision {cfg.precision!r}; it has {', '.join(PRECISIONS)}")
+    if reason := leverlib.check(cfg):   # backend.toml: no channels-last
+        raise Unsupported(reason)
     if cfg.precision == "tf32" and cfg.device_kind != "gpu":
         raise Unsupported("TF32 is a mode of NVIDIA tensor cores; there is none on the CPU")
-    if cfg.channels_last:
-        raise Unsupported("XLA chooses memory layouts itself (flax convolutions take NHWC already); "
-                          "there is no memory-format switch")
     devices(cfg.devices, cfg.device_kind)   # Unsupported when JAX sees too few
 
 

@@ -27,17 +27,6 @@ def declared_defaults() -> dict[str, str]:
     return {name: str(o["default"]) for name, o in declared().get("options", {}).items()}
 
 
-def lever_refusal(cfg) -> str | None:
-    """Why this run's speed levers cannot run here (backend.toml's reasons, as the harness gives
-    them: `--precision bf16: ...`), or None if they can. --compile and --resident-data always run."""
-    levers = declared()["levers"]
-    if cfg.precision not in levers["precision"]["values"]:
-        return f"--precision {cfg.precision}: {levers['precision']['refused']}"
-    if cfg.channels_last:
-        return f"--channels-last: {levers['channels_last']['refused']}"
-    return None
-
-
 def option(cfg, name: str) -> str:
     """The value of a backend option for this run: the one asked for, else the declared default."""
     return cfg.options.get(name) or declared_defaults()[name]
@@ -99,7 +88,7 @@ def environment(cfg) -> dict:
         "collective": collective(cfg),
         "kvstore": option(cfg, "kvstore") if cfg.strategy == "gluon" else None,
         "hybridize": hybridized(cfg),
-        # The speed levers as they run; a refused one (see lever_refusal) makes the run unavailable.
+        # The speed levers as they run; a refused one (common/levers.py, from backend.toml) makes the run unavailable.
         "compile": bool(cfg.compile),            # hybridize(), forced on whatever the hybridize option
         "channels_last": False,                  # NCHW always
         "resident_data": bool(cfg.resident_data),

@@ -30,9 +30,10 @@ import numpy as np
 
 from backends.mxnet import models
 from backends.mxnet.compat import mx
-from backends.mxnet.environment import NO_GPU_BUILD, has_cuda, hybridized, lever_refusal, option, visible_gpus
+from backends.mxnet.environment import NO_GPU_BUILD, has_cuda, hybridized, option, visible_gpus
 from backends.mxnet.parallel import allreduce, as_ndarray, devices, examples, split, stage
 from common import data as datalib
+from common import levers as leverlib
 from common.config import RunConfig
 from common.loop import Unsupported, run_training, time_calls
 from common.weights import for_run as weights_for_run
@@ -268,7 +269,7 @@ SYNC_BN_ON_CPU = (
 def check_supported(cfg: RunConfig) -> None:
     if cfg.strategy not in TRAINERS:
         raise Unsupported(f"mxnet has no strategy {cfg.strategy!r}; it has {', '.join(TRAINERS)}")
-    if reason := lever_refusal(cfg):
+    if reason := leverlib.check(cfg):   # backend.toml: float32 only, no channels-last
         raise Unsupported(reason)
     if cfg.bn == "sync" and not TRAINERS[cfg.strategy].sync_bn:
         raise Unsupported(f"mxnet {cfg.strategy} keeps a separate network per context, so its BatchNorm "

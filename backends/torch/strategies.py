@@ -39,6 +39,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from common import data as datalib
+from common import levers as leverlib
 from common.config import RunConfig
 from common.loop import Diverged, Unsupported, run_training, time_calls
 from common.weights import for_run as weights_for_run
@@ -415,8 +416,8 @@ def check_supported(cfg: RunConfig) -> None:
 
 
 def check_levers(cfg: RunConfig) -> None:
-    if cfg.precision not in ("fp32", "tf32", "bf16"):
-        raise Unsupported(f"torch has no --precision {cfg.precision!r}")
+    if reason := leverlib.check(cfg):   # what backend.toml declares
+        raise Unsupported(reason)
     gpu = cfg.device_kind == "gpu"
     if cfg.precision == "tf32":
         if not gpu:

@@ -1,0 +1,50 @@
+"""Speed levers: which ones a run asks for, and why a backend refuses one.
+
+A backend declares its levers in backends/<name>/backend.toml ([levers.NAME]: `values` for
+precision, `refused` with the reason where it has no such switch). The harness reads them to
+refuse before running; each backend's worker checks the same table, so the two never disagree.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+BACKENDS_DIR = Path(__file__).resolve().parent.parent / "backends"
+PLAIN = {"precision": "fp32", "compile": False, "channels_last": False, "resident_data": False}
+
+
+def asked(**values) -> dict:
+    """The levers among `values` (RunConfig field names) that differ from the plain fp32 eager run."""
+    return {name: value for name, value in values.items() if name in PLAIN and value != PLAIN[name]}
+
+
+def flag(lever: str, value) -> str:
+    name = "--" + lever.replace("_", "-")
+    return name if value is True else f"{name} {value}"
+
+
+def refusal(declared: dict, lever: str, value) -> str | None:
+    """Why a backend with the `declared` [levers] table cannot run `lever` at `value` (None: it can)."""
+    if lever not in declared:
+        return f"no {lever} lever declared"
+    entry = declared[lever]
+    if "values" in entry:
+        return None if value in entry["values"] else (entry.get("refused") or f"runs {', '.join(entry['values'])} only")
+    return entry.get("refused") or None
+
+
+def refusals(declared: dict, levers: dict) -> list[str]:
+    """`--flag value: reason` for every asked lever the backend refuses."""
+    return [f"{flag(lever, value)}: {why}" for lever, value in levers.items() if (why := refusal(declared, lever, value))]
+
+
+def declared(backend: str) -> dict:
+    with open(BACKENDS_DIR / backend / "backend.toml", "rb") as f:
+        return tomllib.load(f).get("levers", {})
+
+
+def check(cfg) -> str | None:
+    """The worker side: why this run's levers cannot run on its backend (one line), or None."""
+    reasons = refusals(declared(cfg.backend), asked(**{name: getattr(cfg, name) for name in PLAIN}))
+    return "; ".join(reasons) or None
