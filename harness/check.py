@@ -34,6 +34,8 @@ TOLERANCE = {
     "k-vs-1": 1e-5,      # max |w1(k devices) - w1(1 device)| (LeNet; ResNet-18 with --bn sync)
     "float64": 1e-10,    # loss and gradients (relative) computed in float64 on 1 device, vs torch's
     "float32": 1e-1,     # a backend's own float32 gradient vs its float64 one: beyond this it is not rounding
+    "state": 1e-4,       # ||s - s_torch|| / ||s_torch||: BatchNorm running mean and variance after the step(s)
+    "same math": 1e-10,  # float64 run of a strategy vs torch's: loss, gradients, weights, BatchNorm state, losses
 }
 # Where float32 itself cannot reach those (ResNet-18's gradients on small batches: each framework's own
 # float32 gradient is ~1e-3..3e-2 from its float64 one, depending on the batch), a row's tolerance is
@@ -41,6 +43,9 @@ TOLERANCE = {
 # only if within TOLERANCE["float32"]): by the triangle inequality two implementations of the same math
 # are then within 2x of it. The float64 rows show that the math itself is the same.
 FLOOR_FACTOR = 3
+
+
+FLOAT64 = ":float64"   # a strategy's float64 run is stored as <strategy>:float64 (common/check.py)
 
 
 class CheckError(Exception):
@@ -109,6 +114,12 @@ def _trainable(model: str) -> list[str]:
     return [n for n, _, kind in spec(model) if kind not in ("bn_mean", "bn_var")]
 
 
+def _statistics(model: str) -> list[str]:
+    """BatchNorm running means and variances: state, not parameters, but part of the math (evaluation uses them)."""
+    from common.architectures import spec
+    return [n for n, _, kind in spec(model) if kind in ("bn_mean", "bn_var")]
+
+
 def _stack(arrays: dict, key: str, names: list[str]) -> np.ndarray:
     return np.concatenate([arrays[f"{key}|{n}"].astype(np.float64).ravel() for n in names])
 
@@ -127,7 +138,7 @@ def runs_of(arrays: dict) -> list[tuple[str, str, int, str]]:
     found = set()
     for key in arrays:
         parts = key.split("|")
-        if len(parts) == 5 and parts[4] == "loss" and parts[1] != "float64":
+        if len(parts) == 5 and parts[4] == "loss" and parts[1] != "float64" and not parts[1].endswith(FLOAT64):
             found.add((parts[0], parts[1], int(parts[2]), parts[3]))
     return sorted(found)
 
@@ -164,6 +175,11 @@ def compare(results: dict[str, tuple[dict, dict]], w0: dict[str, dict], referenc
                 floor = {**floor, "gradients": max(floor["gradients"], own), "step": max(floor["step"], own)}
             if ref and (name != reference or ref != key):
                 rows += _against_reference(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0[model], floor)
+            if ref:
+                rows += _state_rows(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, floor)
+            f64, ref64 = float64_key(key), float64_key(ref) if ref else None
+            if ref64 and f"{f64}|loss" in arrays and f"{ref64}|loss" in ref_arrays and (name != reference or ref != key):
+                rows.append(_same_math(arrays, ref_arrays, f64, ref64, model, name, strategy, k, bn, w0[model]))
             if k > 1 and f"{model}|{strategy}|1|{bn}|loss" in arrays:
                 one_ref = reference_key(model, 1, bn)
                 one_floor = float32_floor(ref_arrays, one_ref, f"{model}|float64|1|{bn}", model, w0[model]) \
@@ -173,6 +189,12 @@ def compare(results: dict[str, tuple[dict, dict]], w0: dict[str, dict], referenc
             model, strategy, k, bn = key.split("|")
             rows.append(Row("all", model, name, strategy, k, bn, None, None, "not run", reason))
     return rows
+
+
+def float64_key(key: str) -> str:
+    """model|strategy|k|bn -> model|strategy:float64|k|bn: the same configuration's float64 run."""
+    model, strategy, k, bn = key.split("|")
+    return f"{model}|{strategy}{FLOAT64}|{k}|{bn}"
 
 
 def distances(arrays, ref_arrays, key, ref, model, w0) -> dict[str, float]:
@@ -187,7 +209,18 @@ def distances(arrays, ref_arrays, key, ref, model, w0) -> dict[str, float]:
         "step": _relative(first, first_ref, scale=first_ref - start),
         "trace": _trace_distance(arrays[f"{key}|losses"], ref_arrays[f"{ref}|losses"]),
         "k-vs-1": float(np.max(np.abs(first - first_ref))),
+        **state_distances(arrays, ref_arrays, key, ref, model),
     }
+
+
+def state_distances(arrays, ref_arrays, key, ref, model) -> dict[str, float]:
+    """How far the BatchNorm running statistics of run `key` are from those of `ref`, after the first
+    step ("state") and after the trace ("final state"); relative, L2 over every layer's mean and variance."""
+    names = _statistics(model)
+    if not names:
+        return {}
+    return {"state": _relative(_stack(arrays, f"{key}|first", names), _stack(ref_arrays, f"{ref}|first", names)),
+            "final state": _relative(_stack(arrays, f"{key}|final", names), _stack(ref_arrays, f"{ref}|final", names))}
 
 
 def _float64_row(arrays, ref_arrays, model, name) -> Row:
@@ -197,6 +230,43 @@ def _float64_row(arrays, ref_arrays, model, name) -> Row:
     value = max(loss / abs(float(ref_arrays[f"{model}|float64|loss"])), grads)
     return Row("math (float64)", model, name, "(1 device)", "1", "-", value, TOLERANCE["float64"],
                _verdict(value, TOLERANCE["float64"]), "loss and gradients in float64 vs torch's")
+
+
+def _same_math(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0) -> Row:
+    """The strategy's own float64 run against torch's float64 run of the same configuration: loss,
+    gradients, the weights after the first and the last step (BatchNorm state included) and every loss.
+    In float64 rounding is ~1e-15, so anything above TOLERANCE["same math"] is a difference in the math."""
+    value = distances(arrays, ref_arrays, key, ref, model, w0)
+    names = _trainable(model) + _statistics(model)
+    value["final"] = _relative(_stack(arrays, f"{key}|final", names), _stack(ref_arrays, f"{ref}|final", names))
+    value.pop("k-vs-1")
+    value.pop("final state", None)   # inside "final"
+    largest = max(value, key=value.get)
+    steps = len(arrays[f"{key}|losses"])
+    tolerance = TOLERANCE["same math"]
+    return Row("same math (float64)", model, name, strategy, str(k), bn, value[largest], tolerance,
+               _verdict(value[largest], tolerance),
+               f"vs torch {ref.split('|')[1].removesuffix(FLOAT64)}: loss, gradients, {steps} steps of weights"
+               f"{' and BatchNorm state' if _statistics(model) else ''}; largest: {largest}")
+
+
+def _state_rows(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, floor) -> list[Row]:
+    """float32 BatchNorm running statistics vs torch's, after one step and after the trace (ResNet-18)."""
+    value = state_distances(arrays, ref_arrays, key, ref, model)
+    if not value or (name == "torch" and ref == key):
+        return []
+    steps = len(arrays[f"{key}|losses"])
+    rows = []
+    for check, label in (("state", "BatchNorm state, one step"), ("final state", f"BatchNorm state, {steps} steps")):
+        if check == "final state" and floor is not None and floor["trace"] > TOLERANCE["trace"]:
+            rows.append(Row(label, model, name, strategy, str(k), bn, value[check], None, "measured",
+                            f"vs torch {ref.split('|')[1]}; chaotic in float32 (see the loss trace)"))
+            continue
+        tolerance, why = _allowed(check, floor, fixed=TOLERANCE["state"])
+        note = f"vs torch {ref.split('|')[1]}" + (f"; tolerance {why}" if why else "")
+        rows.append(Row(label, model, name, strategy, str(k), bn, value[check], tolerance,
+                        _verdict(value[check], tolerance), note))
+    return rows
 
 
 def own_float32_error(arrays, model, strategy) -> float | None:
@@ -216,25 +286,20 @@ def _trace_distance(losses, ref_losses) -> float:
 
 
 def float32_floor(ref_arrays, ref, f64, model, w0) -> dict[str, float] | None:
-    """The reference's own float32 rounding: how far torch's float32 run is from the same math in float64.
+    """The reference's own float32 rounding: how far torch's float32 run is from the same math in float64
+    (the same devices, BatchNorm mode and trace).
 
     Two correct float32 implementations differ by about this much (they round in different orders),
-    so a tolerance below FLOOR_FACTOR x floor would measure rounding, not the math. The float64 trace
-    is computed once (1 device, local BatchNorm); its drift stands for every run's."""
+    so a tolerance below FLOOR_FACTOR x floor would measure rounding, not the math."""
     if f"{f64}|loss" not in ref_arrays:
         return None
-    floor = distances(ref_arrays, ref_arrays, ref, f64, model, w0)
-    one = next((f"{m}|{s}|1|local" for m, s, n, b in runs_of(ref_arrays) if (m, n, b) == (model, 1, "local")), None)
-    full = f"{model}|float64|1|local|losses"
-    if one and full in ref_arrays:
-        floor["trace"] = _trace_distance(ref_arrays[f"{one}|losses"], ref_arrays[full])
-    return floor
+    return distances(ref_arrays, ref_arrays, ref, f64, model, w0)
 
 
-def _allowed(check: str, floor: dict | None) -> tuple[float, str]:
+def _allowed(check: str, floor: dict | None, fixed: float | None = None) -> tuple[float, str]:
     """The tolerance of one comparison and, when float32 rounding sets it, a note saying so."""
-    fixed = TOLERANCE[check]
-    if floor is None or FLOOR_FACTOR * floor[check] <= fixed:
+    fixed = TOLERANCE[check] if fixed is None else fixed
+    if floor is None or check not in floor or FLOOR_FACTOR * floor[check] <= fixed:
         return fixed, ""
     return FLOOR_FACTOR * floor[check], f"{FLOOR_FACTOR}x float32-vs-float64 {floor[check]:.1e}"
 
@@ -289,12 +354,14 @@ def run_checks(backends: dict[str, registry.Backend], pythons: dict[str, str], m
                init: str = "d2l"):
     """Measure every backend and compare; (rows, {backend: reason it could not be measured}, weights hashes)."""
     failures, results = {}, {}
+    # The 1-device runs are the references of the float32 floor, the own-float32 rows and k vs 1: always measured.
+    measured_counts = sorted(set(counts) | {1})
     with tempfile.TemporaryDirectory() as tmp:
         shared = prepare(Path(tmp), models, seed, steps, batch_size, dataset, init)
         for name, backend in backends.items():
             if not backend.implemented or not strategies.get(name):
                 continue
-            job = {"models": models, "strategies": strategies[name], "devices": counts, "bn": bn_modes,
+            job = {"models": models, "strategies": strategies[name], "devices": measured_counts, "bn": bn_modes,
                    "lr": lr, "device_kind": device_kind, "float64": name == "torch", **shared}
             say(f"[check] {name}: {', '.join(strategies[name])} x {','.join(map(str, counts))}, "
                 f"{'/'.join(models)}, bn {'/'.join(bn_modes)}")
@@ -306,7 +373,14 @@ def run_checks(backends: dict[str, registry.Backend], pythons: dict[str, str], m
         w0 = {m: weightslib.load(p) for m, p in shared["weights"].items()}
     if "torch" not in results:
         return [], {**failures, "torch": failures.get("torch", "not measured: torch is the reference")}, shared["weights_hash"]
-    return compare(results, w0), failures, shared["weights_hash"]
+    return asked_rows(compare(results, w0), counts), failures, shared["weights_hash"]
+
+
+def asked_rows(rows: list[Row], counts: list[int]) -> list[Row]:
+    """The rows of the device counts asked for (a 1-device reference measured only as a reference is not shown),
+    and the 1-device rows that concern the backend as a whole (forward, float64 gradients, own float32)."""
+    whole = ("forward", "math (float64)", "float32 vs float64")
+    return [r for r in rows if r.check in whole or int(r.devices) in counts]
 
 
 def main(argv: list[str]) -> int:

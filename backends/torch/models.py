@@ -122,14 +122,15 @@ def _canonical_entries(net: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def load_canonical(net: nn.Module, weights: dict[str, np.ndarray]) -> None:
-    """Copy canonical numpy weights into the module, in place (keeps its device)."""
+    """Copy canonical numpy weights into the module, in place (keeps its device and dtype: copy_ casts,
+    so float32 weights load exactly into a float64 model)."""
     entries = _canonical_entries(net)
     if set(entries) != set(weights):
         raise KeyError(f"weights do not match the model: missing {sorted(set(entries) - set(weights))[:3]}, "
                        f"unexpected {sorted(set(weights) - set(entries))[:3]}")
     with torch.no_grad():
         for name, tensor in entries.items():
-            tensor.copy_(torch.from_numpy(np.asarray(weights[name], dtype=np.float32)))
+            tensor.copy_(torch.from_numpy(np.asarray(weights[name])))
 
 
 def to_canonical(net: nn.Module) -> dict[str, np.ndarray]:

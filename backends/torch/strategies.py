@@ -11,6 +11,10 @@ seeds do); before evaluation the running statistics are averaged across replicas
 every replica evaluates the same model (dp keeps device 0's, which is how
 DataParallel works).
 
+dtype (the equivalence API only): "float64" runs the same strategy code, its split, reduction,
+BatchNorm and SGD step, with every tensor in float64, so that two paths can be proven the same
+math to float64 rounding; the benchmark itself always runs float32.
+
 Levers (RunConfig): precision (fp32 / tf32 / bf16 autocast around forward and loss),
 compile (torch.compile of what runs the forward; `module` stays the plain nn.Module whose
 weights are read and written), channels_last (model and batches in NHWC), resident_data
@@ -103,7 +107,8 @@ def _prepare_model(net: nn.Module, cfg: RunConfig) -> nn.Module:
 
 
 class TorchTrainer:
-    """What the strategies share: `module` is the model evaluated and reported, `devs` its devices."""
+    """What the strategies share: `module` is the model evaluated and reported, `devs` its devices.
+    Each takes a `dtype` for its parameters and BatchNorm statistics (float32; float64 in the checks)."""
 
     cfg: RunConfig
     module: nn.Module
@@ -165,11 +170,11 @@ class TorchTrainer:
 class ScratchTrainer(TorchTrainer):
     """k replicas in one process; gradients reduced with the hand-written allreduce."""
 
-    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0, dtype=torch.float32):
         self.cfg, self.weights, self.rank = cfg, weights, 0
         self.n_devices = cfg.devices
         self.devs = devices(cfg.devices, cfg.device_kind)
-        self.replicas = [_prepare_model(models.build(cfg.model).to(d), cfg) for d in self.devs]
+        self.replicas = [_prepare_model(models.build(cfg.model).to(d, dtype), cfg) for d in self.devs]
         self.module = self.replicas[0]
         # What runs each replica's forward: the replica, or its compiled wrapper (same parameters).
         self.forwards = self.replicas
@@ -279,12 +284,12 @@ class OptimizerTrainer(TorchTrainer):
 class DataParallelTrainer(OptimizerTrainer):
     """nn.DataParallel over cuda:0..k-1 (d2l's concise PyTorch version)."""
 
-    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0, dtype=torch.float32):
         require_cuda(cfg)
         self.cfg, self.weights, self.rank = cfg, weights, 0
         self.n_devices = cfg.devices
         self.devs = devices(cfg.devices, "gpu")
-        self.module = _prepare_model(models.build(cfg.model).to(self.devs[0]), cfg)
+        self.module = _prepare_model(models.build(cfg.model).to(self.devs[0], dtype), cfg)
         replicated = self.module
         if cfg.precision == "bf16":
             replicated = AutocastForward(replicated, "cuda")
@@ -329,7 +334,7 @@ class AutocastForward(nn.Module):
 class DDPTrainer(OptimizerTrainer):
     """One rank of DistributedDataParallel; the process group is set up by launch_ddp."""
 
-    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int):
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int, dtype=torch.float32):
         self.cfg, self.weights, self.rank = cfg, weights, rank
         self.n_devices = cfg.devices
         self.device = devices(cfg.devices, cfg.device_kind)[rank]
@@ -337,7 +342,9 @@ class DDPTrainer(OptimizerTrainer):
         self.module = models.build(cfg.model)
         if cfg.bn == "sync":
             self.module = convert_sync_batchnorm(self.module, cfg.device_kind)
-        self.module = _prepare_model(self.module.to(self.device), cfg)
+        # Parameters and BatchNorm statistics in `dtype` before DDP builds its gradient buckets,
+        # so the all-reduce, the synchronised BatchNorm's all-reduces and the step run in it too.
+        self.module = _prepare_model(self.module.to(self.device, dtype), cfg)
         models.load_canonical(self.module, weights)
         # broadcast_buffers=False: every rank keeps its own BatchNorm statistics (averaged before
         # evaluation), the same policy as scratch, instead of copying rank 0's at every forward.
@@ -548,19 +555,34 @@ def _probe(trainer, batches: list, kind: str):
 
 
 def _probe_job(cfg: RunConfig, rank: int, payload):
-    weights, batches, kind = payload
-    return _probe(DDPTrainer(cfg, weights, rank), batches, kind)
+    weights, batches, kind, dtype = payload
+    return _probe(DDPTrainer(cfg, weights, rank, getattr(torch, dtype)), batches, kind)
 
 
-def _probe_run(strategy, model, n_devices, weights, batches, lr, device_kind, bn, kind, levers):
+DTYPES = ("float32", "float64")
+
+
+def check_dtype(dtype: str, cfg: RunConfig) -> None:
+    """float64 proves the math of the plain eager step; a lever that changes how float32 is computed
+    has no float64 meaning (resident_data only moves the batches earlier, so it runs in float64 too)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    changed = [lever for lever in cfg.levers if lever != "resident_data"]
+    if dtype == "float64" and changed:
+        raise Unsupported(f"dtype float64 runs the plain eager step only, not {', '.join(changed)}")
+
+
+def _probe_run(strategy, model, n_devices, weights, batches, lr, device_kind, bn, kind, dtype, levers):
     """`levers`: RunConfig lever fields (precision, compile, channels_last, resident_data)."""
     cfg = RunConfig(backend="torch", strategy=strategy, devices=n_devices, device_kind=device_kind,
                     model=model, batch_size=len(batches[0][1]), lr=lr, bn=bn, **levers).validate()
+    check_dtype(dtype, cfg)
     check_supported(cfg)
+    batches = [(np.asarray(x, dtype=dtype), y) for x, y in batches]   # float32 -> float64 is exact
     if strategy == "ddp":
-        return launch_ddp(cfg, _probe_job, (weights, batches, kind))
+        return launch_ddp(cfg, _probe_job, (weights, batches, kind, dtype))
     configure_precision(cfg)
-    return _probe(TRAINERS[strategy](cfg, weights), batches, kind)
+    return _probe(TRAINERS[strategy](cfg, weights, dtype=getattr(torch, dtype)), batches, kind)
 
 
 # ----------------------------------------------------------------------- entry points
@@ -577,45 +599,45 @@ def run(cfg: RunConfig) -> dict:
 
 
 def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
-                lr: float, bn: str = "local", device_kind: str = "cpu", **levers) -> dict:
+                lr: float, bn: str = "local", device_kind: str = "cpu", dtype: str = "float32", **levers) -> dict:
     """SGD steps from `weights`: {"first": weights after step 1, "final": after the last, "losses": per step}.
-    Weights are canonical, BatchNorm running statistics averaged across replicas. `levers`: RunConfig's
-    precision, compile, channels_last, resident_data (default: the plain fp32 eager run)."""
-    return _probe_run(strategy, model, n_devices, weights, batches, lr, device_kind, bn, "trace", levers)
+    Weights are canonical, BatchNorm running statistics included and averaged across replicas. `dtype`:
+    "float32", or "float64" for the same strategy code entirely in float64 (arrays returned in it).
+    `levers`: RunConfig's precision, compile, channels_last, resident_data (default: the plain fp32 eager
+    run; with float64 only resident_data)."""
+    return _probe_run(strategy, model, n_devices, weights, batches, lr, device_kind, bn, "trace", dtype, levers)
 
 
 def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
-                lr: float, bn: str = "local", device_kind: str = "cpu", **levers) -> dict[str, np.ndarray]:
+                lr: float, bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
+                **levers) -> dict[str, np.ndarray]:
     """The canonical weights after len(batches) SGD steps from `weights` (for tests and checks)."""
-    return train_trace(strategy, model, n_devices, weights, batches, lr, bn, device_kind, **levers)["final"]
+    return train_trace(strategy, model, n_devices, weights, batches, lr, bn, device_kind, dtype, **levers)["final"]
 
 
 def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,
-              bn: str = "local", device_kind: str = "cpu", **levers) -> tuple[float, dict[str, np.ndarray]]:
+              bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
+              **levers) -> tuple[float, dict[str, np.ndarray]]:
     """(mean loss of the global batch, its gradient per trainable canonical parameter), as the strategy
-    computes it: every device on its shard, then the strategy's own reduction; replica 0's copy."""
-    return _probe_run(strategy, model, n_devices, weights, [(x, y)], 1.0, device_kind, bn, "gradients", levers)
+    computes it: every device on its shard, then the strategy's own reduction; replica 0's copy.
+    `dtype` as in train_trace."""
+    return _probe_run(strategy, model, n_devices, weights, [(x, y)], 1.0, device_kind, bn, "gradients", dtype,
+                      levers)
 
 
 def float64_reference(model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list, lr: float,
                       bn: str = "local") -> tuple[float, dict[str, np.ndarray], dict]:
-    """The math every strategy implements, computed in float64 on the CPU: (mean loss, gradients) of the
-    first batch and the trace of SGD steps. `local` BatchNorm: k shards, each normalised with its own
+    """The math every strategy implements, computed in float64 on the CPU by scratch: (mean loss, gradients)
+    of the first batch and the trace of SGD steps. `local` BatchNorm: k shards, each normalised with its own
     statistics; `sync`: statistics over the global batch, which is 1-device training.
 
     `harness check` measures each float32 implementation's distance from this, so that rounding
     (float32 sums in a different order) can be told apart from different math."""
-    cfg = RunConfig(backend="torch", strategy="scratch", devices=1 if bn == "sync" else n_devices, model=model,
-                    batch_size=len(batches[0][1]), lr=lr).validate()
-    trainer = ScratchTrainer(cfg, weights)
-    for net in trainer.replicas:
-        net.double()
-    batches = [(np.asarray(x, dtype=np.float64), y) for x, y in batches]
-    loss, grads = _probe(trainer, batches[:1], "gradients")
-    return loss, grads, _probe(trainer, batches, "trace")
+    k = 1 if bn == "sync" else n_devices
+    loss, grads = gradients("scratch", model, k, weights, *batches[0], dtype="float64")
+    return loss, grads, train_trace("scratch", model, k, weights, batches, lr, dtype="float64")
 
 
 def float64_gradients(model: str, weights: dict[str, np.ndarray], x, y) -> tuple[float, dict[str, np.ndarray]]:
     """(mean loss, canonical gradients) of one batch on one CPU device, computed in float64."""
-    loss, grads, _ = float64_reference(model, 1, weights, [(x, y)], 1.0)
-    return loss, grads
+    return gradients("scratch", model, 1, weights, x, y, dtype="float64")

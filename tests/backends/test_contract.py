@@ -12,6 +12,7 @@ import pytest
 
 from common.loop import Unsupported
 from common.weights import he_scaled
+from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative, scale
 
 BATCH = 12  # divisible by 1, 2 and 3 devices
 
@@ -85,52 +86,13 @@ def test_initial_weights_are_seeded(backend):
     assert sum(v.size for v in a.values()) == 129_068
 
 
-def max_abs_diff(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max(float(np.max(np.abs(a[k] - b[k]))) for k in a)
-
-
-def steps(backend, strategy, k, n_steps=1, model="lenet", lr=0.5):
-    weights = backend.initial_weights(model, 0)
-    batches = [batch(BATCH, seed=s) for s in range(n_steps)]
-    try:
-        return weights, backend.train_steps(strategy, model, k, weights, batches, lr)
-    except Unsupported as e:
-        pytest.skip(str(e))
-
-
-def test_k_device_step_equals_one_device_step(backend, strategy):
-    """LeNet, fp32: one step on 2 devices with the batch split gives the 1-device parameters (1e-5)."""
-    start, one = steps(backend, strategy, 1)
-    _, two = steps(backend, strategy, 2)
-    assert max_abs_diff(one, start) > 1e-3          # the step really moved the weights
-    assert max_abs_diff(two, one) <= 1e-5
-
-
-def test_strategies_agree_on_one_device(backend, meta):
-    """Every strategy of the backend takes the same 1-device step (3 steps, LeNet, 1e-5)."""
-    results = {}
-    for name in meta["strategies"]:
-        try:
-            results[name] = backend.train_steps(name, "lenet", 1, backend.initial_weights("lenet", 0),
-                                                [batch(BATCH, seed=s) for s in range(3)], 0.5)
-        except Unsupported:
-            continue
-    assert len(results) >= 2, results.keys()
-    first, *others = results.values()
-    for other in others:
-        assert max_abs_diff(first, other) <= 1e-5
-
-
 # ------------------------------------------------------------------ equivalence API (DESIGN: proving fairness)
-#   predict(model, weights, x, train=False); gradients(strategy, model, k, weights, x, y, bn="local")
-#   -> (mean loss, canonical gradients); train_trace(strategy, model, k, weights, batches, lr, bn="local")
-#   -> {"first", "final", "losses"}
-
-def trainable_names(model: str) -> set[str]:
-    from common.architectures import spec
-    return {name for name, _, kind in spec(model) if kind not in ("bn_mean", "bn_var")}
-
+#   predict(model, weights, x, train=False)
+#   gradients(strategy, model, k, weights, x, y, bn="local", dtype="float32") -> (mean loss, canonical gradients)
+#   train_trace(strategy, model, k, weights, batches, lr, bn="local", dtype="float32") -> {"first", "final", "losses"}
+#   train_steps(...) -> trace["final"]: every canonical entry, BatchNorm running statistics included
+# Identity of math is proven with dtype="float64" (numerics.IDENTICAL); float32 claims get a tolerance
+# measured in the same test (numerics.float32_tolerance).
 
 def call(fn, *args, **kwargs):
     try:
@@ -139,69 +101,183 @@ def call(fn, *args, **kwargs):
         pytest.skip(str(e))
 
 
+def steps(backend, strategy, k, n_steps=1, model="lenet", lr=0.5, dtype="float64", bn="local", weights=None):
+    weights = backend.initial_weights(model, 0) if weights is None else weights
+    batches = [batch(BATCH, seed=s) for s in range(n_steps)]
+    return call(backend.train_steps, strategy, model, k, weights, batches, lr, bn=bn, dtype=dtype)
+
+
+def trainable_names(model: str) -> set[str]:
+    from common.architectures import spec
+    return {name for name, _, kind in spec(model) if kind not in ("bn_mean", "bn_var")}
+
+
+def declared_bn_modes(meta, strategy) -> list[str]:
+    return meta["strategies"][strategy].get("bn", ["local"])
+
+
+def test_float64_runs_in_float64_and_leaves_float32_alone(backend, strategy):
+    """dtype="float64" computes in float64, and a float32 call after it is the same as before it."""
+    w = backend.initial_weights("lenet", 0)
+    x, y = batch()
+    before = call(backend.gradients, strategy, "lenet", 2, w, x, y)
+    loss64, grads64 = call(backend.gradients, strategy, "lenet", 2, w, x, y, dtype="float64")
+    after = call(backend.gradients, strategy, "lenet", 2, w, x, y)
+    assert {g.dtype for g in grads64.values()} == {np.dtype(np.float64)}
+    assert {g.dtype for g in after[1].values()} == {np.dtype(np.float32)}
+    assert after[0] == before[0] and max_abs_diff(after[1], before[1]) == 0.0
+    # float64 is not float32 in disguise: the two differ by float32 rounding, not by zero
+    assert 0 < max_abs_diff(before[1], grads64) <= 1e-3 * scale(grads64)
+    assert isinstance(loss64, float)
+
+
+def test_k_device_step_equals_one_device_step(backend, strategy):
+    """LeNet: one step on 2 devices with the batch split is the 1-device step (float64, to rounding)."""
+    start = backend.initial_weights("lenet", 0)
+    one, two = steps(backend, strategy, 1), steps(backend, strategy, 2)
+    assert max_abs_diff(one, start) > 1e-3          # the step really moved the weights
+    assert relative(two, one) <= IDENTICAL
+
+
+def test_k_device_step_in_float32_is_within_float32_rounding(backend, strategy):
+    """The same in float32, judged against float32's own distance from float64 on this machine."""
+    one32, two32 = (steps(backend, strategy, k, dtype="float32") for k in (1, 2))
+    one64, two64 = (steps(backend, strategy, k) for k in (1, 2))
+    assert max_abs_diff(two32, one32) <= float32_tolerance((one32, one64), (two32, two64))
+
+
+def test_strategies_agree_in_float64(backend, meta):
+    """Every strategy of the backend takes the same steps: LeNet (3 steps) and ResNet-18 (1 step, its
+    BatchNorm statistics included), on 1 and 2 devices, in float64."""
+    for model, n_steps in (("lenet", 3), ("resnet18", 1)):
+        for k in (1, 2):
+            results = {}
+            for name in meta["strategies"]:
+                try:
+                    results[name] = backend.train_steps(name, model, k, backend.initial_weights(model, 0),
+                                                        [batch(4, seed=s) for s in range(n_steps)], 0.5,
+                                                        dtype="float64")
+                except Unsupported:
+                    continue
+            assert len(results) >= 2, results.keys()
+            first, *others = results.values()
+            for other in others:
+                assert relative(other, first) <= IDENTICAL, (model, k)
+
+
 def test_train_mode_forward_normalises_with_the_batch_statistics(backend):
-    """Training mode normalises with the batch's statistics: the running statistics change nothing there."""
+    """Training mode normalises with the batch's statistics: the running statistics are not read there."""
     x, _ = batch(6)
     w = backend.initial_weights("resnet18", 0)
     moved = {k: v + 5 if k.endswith("running_mean") else v * 100 if k.endswith("running_var") else v
              for k, v in w.items()}
     train_a, train_b = (backend.predict("resnet18", v, x, train=True) for v in (w, moved))
     eval_a, eval_b = (backend.predict("resnet18", v, x) for v in (w, moved))
-    assert np.max(np.abs(train_a - train_b)) <= 1e-6 * np.max(np.abs(train_a))
+    assert np.array_equal(train_a, train_b)          # the same computation on the same inputs
     assert np.max(np.abs(eval_a - eval_b)) > 1e-3 * np.max(np.abs(eval_a))
 
 
 def test_gradient_is_that_of_the_mean_loss(backend, meta):
-    """Central differences of the global mean loss agree with the returned gradient (LeNet, 1 device)."""
+    """Central differences of the global mean loss agree with the returned gradient (LeNet, 1 device, float64).
+
+    With h = 1e-4 the central difference is off by O(h^2) ~ 1e-8 of the slope and float64 rounding adds
+    ~1e-12: a gradient of another loss (a sum instead of a mean, a missing term) is off by far more."""
     strategy = next(iter(meta["strategies"]))
     x, y = batch()
-    w = {k: v.astype(np.float32) for k, v in backend.initial_weights("lenet", 0).items()}
+    w = {k: v.astype(np.float64) for k, v in backend.initial_weights("lenet", 0).items()}
     w["fc2.weight"] = w["fc2.weight"] * 100   # logits large enough for a visible loss change
-    loss, grads = call(backend.gradients, strategy, "lenet", 1, w, x, y)
+    loss, grads = call(backend.gradients, strategy, "lenet", 1, w, x, y, dtype="float64")
     assert set(grads) == trainable_names("lenet")
-    h = 1e-2
-    for name, index in (("fc2.bias", (3,)), ("fc2.weight", (2, 5))):
+    h = 1e-4
+    for name in ("fc2.bias", "fc2.weight"):   # after the last ReLU: the loss is smooth in them
+        index = np.unravel_index(np.argmax(np.abs(grads[name])), grads[name].shape)   # a visible slope
         plus, minus = ({**w, name: w[name].copy()} for _ in range(2))
         plus[name][index] += h
         minus[name][index] -= h
-        numeric = (call(backend.gradients, strategy, "lenet", 1, plus, x, y)[0] -
-                   call(backend.gradients, strategy, "lenet", 1, minus, x, y)[0]) / (2 * h)
-        assert abs(numeric - grads[name][index]) <= 2e-3 * max(1e-3, abs(numeric)) + 1e-5, name
+        numeric = (call(backend.gradients, strategy, "lenet", 1, plus, x, y, dtype="float64")[0] -
+                   call(backend.gradients, strategy, "lenet", 1, minus, x, y, dtype="float64")[0]) / (2 * h)
+        assert abs(numeric - grads[name][index]) <= 1e-6 * abs(numeric) + 1e-12, name
+        assert abs(numeric) > 1e-6, name        # a slope there is, so the comparison says something
     assert np.isfinite(loss) and 0 < loss < 50
 
 
 def test_k_device_gradients_equal_one_device(backend, strategy):
+    """The gradient after the strategy's reduction over 2 devices is the 1-device gradient (float64)."""
     x, y = batch()
     w = backend.initial_weights("lenet", 0)
-    loss1, g1 = call(backend.gradients, strategy, "lenet", 1, w, x, y)
-    loss2, g2 = call(backend.gradients, strategy, "lenet", 2, w, x, y)
-    assert abs(loss2 - loss1) <= 1e-6 * abs(loss1)
-    assert max_abs_diff(g1, g2) <= 1e-6
-    assert max(float(np.max(np.abs(g))) for g in g1.values()) > 1e-3
+    loss1, g1 = call(backend.gradients, strategy, "lenet", 1, w, x, y, dtype="float64")
+    loss2, g2 = call(backend.gradients, strategy, "lenet", 2, w, x, y, dtype="float64")
+    assert abs(loss2 - loss1) <= IDENTICAL * abs(loss1)
+    assert relative(g2, g1) <= IDENTICAL
+    assert scale(g1) > 1e-3
 
 
 def test_trace_agrees_with_steps_and_gradients(backend, strategy):
+    """A trace's first and final weights are those of 1 and 3 steps, its first loss the gradient call's."""
     w = backend.initial_weights("lenet", 0)
     batches = [batch(BATCH, seed=s) for s in range(3)]
-    trace = call(backend.train_trace, strategy, "lenet", 2, w, batches, 0.5)
+    trace = call(backend.train_trace, strategy, "lenet", 2, w, batches, 0.5, dtype="float64")
     assert len(trace["losses"]) == 3
-    assert max_abs_diff(trace["final"], call(backend.train_steps, strategy, "lenet", 2, w, batches, 0.5)) <= 1e-6
-    assert max_abs_diff(trace["first"], call(backend.train_steps, strategy, "lenet", 2, w, batches[:1], 0.5)) <= 1e-6
-    loss0, _ = call(backend.gradients, strategy, "lenet", 2, w, *batches[0])
-    assert abs(trace["losses"][0] - loss0) <= 1e-5 * abs(loss0)
+    final = call(backend.train_steps, strategy, "lenet", 2, w, batches, 0.5, dtype="float64")
+    first = call(backend.train_steps, strategy, "lenet", 2, w, batches[:1], 0.5, dtype="float64")
+    assert relative(trace["final"], final) <= IDENTICAL and relative(trace["first"], first) <= IDENTICAL
+    assert max_abs_diff(trace["final"], trace["first"]) > 1e-3
+    loss0, _ = call(backend.gradients, strategy, "lenet", 2, w, *batches[0], dtype="float64")
+    assert abs(trace["losses"][0] - loss0) <= IDENTICAL * abs(loss0)
 
 
 def test_sync_batchnorm_makes_k_devices_one_device(backend, strategy, meta):
-    """--bn sync: ResNet-18 on 2 devices takes the 1-device step (statistics over the global batch)."""
-    if "sync" not in meta["strategies"][strategy].get("bn", ["local"]):
+    """--bn sync: ResNet-18 on 2 devices takes the 1-device step (statistics over the global batch),
+    proven in float64; per-device statistics (--bn local) give another step."""
+    if "sync" not in declared_bn_modes(meta, strategy):
         pytest.skip(f"{meta['name']} {strategy} has no synchronised BatchNorm")
-    w = he_scaled(backend.initial_weights("resnet18", 0), "resnet18")   # well conditioned in float32
+    w = backend.initial_weights("resnet18", 0)
     batches = [batch(8, seed=0)]
-    one = call(backend.train_steps, strategy, "resnet18", 1, w, batches, 0.1, bn="sync")
-    two = call(backend.train_steps, strategy, "resnet18", 2, w, batches, 0.1, bn="sync")
-    local = call(backend.train_steps, strategy, "resnet18", 2, w, batches, 0.1, bn="local")
-    assert max_abs_diff(two, one) <= SYNC_BN_TOLERANCE
-    assert max_abs_diff(local, one) > 10 * SYNC_BN_TOLERANCE     # per-device statistics really differ
+    one = call(backend.train_steps, strategy, "resnet18", 1, w, batches, 0.1, bn="sync", dtype="float64")
+    two = call(backend.train_steps, strategy, "resnet18", 2, w, batches, 0.1, bn="sync", dtype="float64")
+    local = call(backend.train_steps, strategy, "resnet18", 2, w, batches, 0.1, bn="local", dtype="float64")
+    assert relative(two, one) <= IDENTICAL
+    assert relative(local, one) > 1e6 * IDENTICAL     # per-device statistics really are other math
 
 
-SYNC_BN_TOLERANCE = 1e-5
+# ------------------------------------------------------------------ BatchNorm running statistics
+
+def stem_convolution(x: np.ndarray, w: dict) -> np.ndarray:
+    """ResNet-18's first layer (3x3, stride 1, padding 1, with bias) in numpy float64: the stem
+    BatchNorm's input, computed without any framework."""
+    kernel, bias = w["conv.weight"].astype(np.float64), w["conv.bias"].astype(np.float64)
+    n, _, height, width = x.shape
+    padded = np.pad(x[:, 0].astype(np.float64), ((0, 0), (1, 1), (1, 1)))
+    out = np.zeros((n, kernel.shape[0], height, width))
+    for i in range(3):
+        for j in range(3):
+            out += kernel[None, :, 0, i, j, None, None] * padded[:, None, i:i + height, j:j + width]
+    return out + bias[None, :, None, None]
+
+
+def expected_running_statistics(x, w, shards: int, ddof: int) -> tuple[np.ndarray, np.ndarray]:
+    """torch's rule after one step, per shard, then averaged over the replicas:
+    mean <- 0.9 mean + 0.1 batch mean, var <- 0.9 var + 0.1 batch variance (ddof=1: unbiased)."""
+    means, variances = [], []
+    for part in np.split(stem_convolution(x, w), shards):
+        means.append(0.9 * w["bn.running_mean"].astype(np.float64) + 0.1 * part.mean(axis=(0, 2, 3)))
+        variances.append(0.9 * w["bn.running_var"].astype(np.float64) + 0.1 * part.var(axis=(0, 2, 3), ddof=ddof))
+    return np.mean(means, axis=0), np.mean(variances, axis=0)
+
+
+@pytest.mark.parametrize("k,bn", [(1, "local"), (2, "local"), (2, "sync")])
+def test_running_statistics_follow_torchs_convention(backend, strategy, meta, k, bn):
+    """After one step the stem BatchNorm's running mean and variance are torch's: momentum 0.1 and the
+    unbiased batch variance, over each device's shard (local) or the global batch (sync). float64,
+    against numpy; the biased variance (another framework's default) is far outside the tolerance."""
+    if bn not in declared_bn_modes(meta, strategy):
+        pytest.skip(f"{meta['name']} {strategy} has no --bn {bn}")
+    w = he_scaled(backend.initial_weights("resnet18", 0), "resnet18")   # statistics of a visible size
+    x, y = batch(4)
+    got = call(backend.train_steps, strategy, "resnet18", k, w, [(x, y)], 0.1, bn=bn, dtype="float64")
+    shards = 1 if bn == "sync" else k
+    mean, var = expected_running_statistics(x, w, shards, ddof=1)
+    _, biased = expected_running_statistics(x, w, shards, ddof=0)
+    assert np.max(np.abs(got["bn.running_mean"] - mean)) <= IDENTICAL * np.max(np.abs(mean))
+    assert np.max(np.abs(got["bn.running_var"] - var)) <= IDENTICAL * np.max(var)
+    assert np.max(np.abs(biased - var)) > 1e4 * IDENTICAL * np.max(var)   # the test can tell the two apart

@@ -8,19 +8,36 @@ from common import architectures, weights
 from harness import check
 
 
-def measurements(model: str, w0: dict, scale: float = 0.0, runs=((("ddp", 1, "local")), ("ddp", 2, "local"))):
-    """What a backend's check worker writes; `scale` perturbs everything by that much."""
-    rng = np.random.default_rng(1)
+def measurements(model: str, w0: dict, scale: float = 0.0, runs=((("ddp", 1, "local")), ("ddp", 2, "local")),
+                 state_scale: float = 0.0):
+    """What a backend's check worker writes; `scale` perturbs everything by that much, `state_scale` the
+    BatchNorm running variances only (another convention for them)."""
     out = {f"{model}|forward|train": np.ones((4, 10)) + scale, f"{model}|forward|eval": np.ones((4, 10))}
     for strategy, k, bn in runs:
         key = f"{model}|{strategy}|{k}|{bn}"
         out[f"{key}|loss"] = np.float64(2.3 * (1 + scale))
         out[f"{key}|losses"] = np.full(3, 2.3) + scale
         for name, shape, kind in architectures.spec(model):
-            if kind in ("bn_mean", "bn_var"):
+            if kind == "bn_mean":
+                out[f"{key}|first|{name}"] = out[f"{key}|final|{name}"] = np.full(shape, 0.2) * (1 + scale)
+                continue
+            if kind == "bn_var":
+                out[f"{key}|first|{name}"] = out[f"{key}|final|{name}"] = np.full(shape, 0.9) + 0.1 * (1 + state_scale)
                 continue
             out[f"{key}|grad|{name}"] = np.full(shape, 0.5) * (1 + scale)
             out[f"{key}|first|{name}"] = w0[name] - 0.05 * (1 + scale) + (1e-3 if k == 2 and bn == "local" else 0)
+            out[f"{key}|final|{name}"] = w0[name] - 0.15 * (1 + scale)
+    return out
+
+
+def as_float64_runs(arrays: dict) -> dict:
+    """The same measurements stored as each strategy's float64 run (common/check.py: <strategy>:float64)."""
+    out = {}
+    for key, value in arrays.items():
+        parts = key.split("|")
+        if len(parts) >= 5 and parts[1] not in ("forward", "float64"):
+            parts[1] += check.FLOAT64
+            out["|".join(parts)] = value
     return out
 
 
@@ -60,7 +77,9 @@ def with_float64(arrays: dict, model: str, runs, grad_error: float, trace_error:
         out[f"{f64}|losses"] = arrays[f"{key}|losses"] + trace_error
         for name in check._trainable(model):
             out[f"{f64}|grad|{name}"] = arrays[f"{key}|grad|{name}"] * (1 + grad_error)
+        for name in check._trainable(model) + check._statistics(model):
             out[f"{f64}|first|{name}"] = arrays[f"{key}|first|{name}"]
+            out[f"{f64}|final|{name}"] = arrays[f"{key}|final|{name}"]
     out[f"{model}|float64|loss"] = np.float64(2.3 * (1 + math_error))
     for name in check._trainable(model):
         out[f"{model}|float64|grad|{name}"] = np.full(w0_shape(model, name), 0.5) * (1 + math_error)
@@ -104,3 +123,128 @@ def test_a_chaotic_float32_trace_is_measured_not_judged():
     rows = check.compare({"torch": (torch, {}), "jax": (other, {})}, w0)
     (trace,) = by(rows, backend="jax", check="3-step loss")
     assert trace.status == "measured" and "chaotic" in trace.note and abs(trace.value - 0.3) < 1e-9
+
+
+# ------------------------------------------------------------- injected differences must fail
+
+def resnet_pair(runs, jax_grad_error=0.0, jax_state_scale=0.0):
+    """torch and a backend on ResNet-18 with a realistic float32 floor (torch's float32 gradient 5e-3 from
+    float64); the backend's gradients off by `jax_grad_error`, its running variances by `jax_state_scale`,
+    in float32 and float64 alike (a difference in the math shows in both)."""
+    w0 = {"resnet18": weights.initial_weights("resnet18", 0)}
+    torch = with_float64(measurements("resnet18", w0["resnet18"], runs=runs), "resnet18", runs, grad_error=5e-3)
+    torch.update(as_float64_runs(measurements("resnet18", w0["resnet18"], runs=runs)))
+    other = measurements("resnet18", w0["resnet18"], runs=runs, state_scale=jax_state_scale)
+    for key in [k for k in other if "|grad|" in k]:
+        other[key] = other[key] * (1 + jax_grad_error)
+    other = with_float64(other, "resnet18", runs, 0, math_error=jax_grad_error)
+    other.update(as_float64_runs(other))
+    return check.compare({"torch": (torch, {}), "jax": (other, {})}, w0)
+
+
+def test_an_injected_gradient_difference_of_1e_3_fails():
+    """float32 cannot see 1e-3 on ResNet-18 (its own rounding is larger), float64 can, and says FAIL."""
+    runs = (("ddp", 1, "local"), ("ddp", 2, "local"))
+    rows = resnet_pair(runs, jax_grad_error=1e-3)
+    assert all(r.status == "ok" for r in by(rows, backend="jax", check="gradients"))      # within 3x 5e-3
+    same = by(rows, backend="jax", check="same math (float64)")
+    assert len(same) == 2 and all(r.status == "FAIL" and abs(r.value - 1e-3) < 1e-9 for r in same), same
+    assert all("largest: gradients" in r.note for r in same)
+    assert by(rows, backend="jax", check="math (float64)")[0].status == "FAIL"
+    # and without the injected difference, every one of those rows is ok
+    clean = resnet_pair(runs)
+    assert all(r.status == "ok" for r in clean if r.check in ("same math (float64)", "math (float64)", "gradients"))
+
+
+def test_an_injected_batchnorm_convention_difference_fails():
+    """Running variances updated with n/(n-1) of another size (1/127: a 2x2 map of 32 images) fail the
+    float32 state row and the float64 row, while the parameters agree."""
+    runs = (("ddp", 1, "local"),)
+    rows = resnet_pair(runs, jax_state_scale=1 / 127)
+    (state,) = by(rows, backend="jax", check="BatchNorm state, one step")
+    assert state.status == "FAIL" and state.value > 1e-4
+    (same,) = by(rows, backend="jax", check="same math (float64)")
+    assert same.status == "FAIL" and "largest: state" in same.note
+    assert by(rows, backend="jax", check="gradients")[0].status == "ok"
+    clean = resnet_pair(runs)
+    assert by(clean, backend="jax", check="BatchNorm state, one step")[0].status == "ok"
+    assert by(clean, backend="jax", check="same math (float64)")[0].status == "ok"
+
+
+# ------------------------------------------------------------- the references are always measured
+
+class RecordingBackend:
+    """A check worker's backend that records what it is asked for and returns fixed numbers."""
+
+    def __init__(self, model: str):
+        self.model, self.calls = model, []
+        self.w = weights.initial_weights(model, 0)
+
+    def predict(self, model, w, x, train=False):
+        return np.zeros((len(x), 10), np.float32)
+
+    def float64_gradients(self, model, w, x, y):
+        return 2.3, {n: np.zeros(s) for n, s, kind in architectures.spec(model) if kind not in ("bn_mean", "bn_var")}
+
+    def gradients(self, strategy, model, k, w, x, y, **options):
+        self.calls.append(("gradients", strategy, k, options.get("dtype", "float32"), 1))
+        return self.float64_gradients(model, w, x, y)
+
+    def train_trace(self, strategy, model, k, w, batches, lr, **options):
+        self.calls.append(("trace", strategy, k, options.get("dtype", "float32"), len(batches)))
+        return {"first": self.w, "final": self.w, "losses": [2.3] * len(batches)}
+
+    def float64_reference(self, model, k, w, batches, lr, bn="local"):
+        self.calls.append(("reference", bn, k, "float64", len(batches)))
+        loss, grads = self.float64_gradients(model, w, None, None)
+        return loss, grads, self.train_trace("-", model, k, w, batches, lr)
+
+
+def test_the_check_worker_measures_float64_runs_and_whole_reference_traces(tmp_path):
+    """Each strategy runs in float32 (whole trace) and float64 (FLOAT64_STEPS); the reference's float64
+    trace is whole for every device count and BatchNorm mode, so each configuration has its own floor."""
+    from common import check as worker
+    backend = RecordingBackend("lenet")
+    np.savez(tmp_path / "b.npz", x=np.zeros((6, 4, 1, 28, 28), np.float32), y=np.zeros((6, 4), np.int32))
+    weights.save(tmp_path / "w.npz", backend.w)
+    job = {"models": ["lenet"], "strategies": ["ddp"], "devices": [1, 2], "bn": ["local"], "lr": 0.1,
+           "device_kind": "cpu", "float64": True, "batches": str(tmp_path / "b.npz"),
+           "weights": {"lenet": str(tmp_path / "w.npz")}}
+    out, skipped = worker.measure(backend, job)
+    traces = [c for c in backend.calls if c[0] == "trace" and c[1] == "ddp"]
+    assert sorted(traces) == sorted([("trace", "ddp", k, dtype, n) for k in (1, 2)
+                                     for dtype, n in (("float32", 6), ("float64", worker.FLOAT64_STEPS))])
+    assert [c for c in backend.calls if c[0] == "reference"] == [("reference", "local", 1, "float64", 6),
+                                                                 ("reference", "local", 2, "float64", 6)]
+    assert "lenet|ddp:float64|2|local|final|fc2.bias" in out and not skipped
+
+
+def test_a_request_without_one_device_still_measures_the_one_device_references(monkeypatch):
+    """`--gpus 2` alone: every backend's job still runs 1 device (the floor and own-float32 references),
+    and the table shows the 2-device rows asked for, not the 1-device ones measured as references."""
+    from harness import registry
+    jobs = {}
+    w0 = weights.initial_weights("lenet", 0)
+
+    def fake_measure(name, python, job, tmp, timeout):
+        jobs[name] = job
+        runs = [(s, k, "local") for s in job["strategies"] for k in job["devices"]]
+        arrays = with_float64(measurements("lenet", w0, runs=runs), "lenet", runs, 0)
+        return {**arrays, **as_float64_runs(arrays)}, {}
+
+    monkeypatch.setattr(check, "measure", fake_measure)
+    backends = {"torch": registry.load("torch"), "jax": registry.load("jax")}
+    rows, failures, _ = check.run_checks(backends, {"torch": "python", "jax": "python"}, ["lenet"],
+                                         {"torch": ["ddp"], "jax": ["pmap"]}, [2], ["local"], 3, 4, 0.1, 0,
+                                         check_dataset(), "cpu", 60, say=lambda m: None)
+    assert jobs["torch"]["devices"] == [1, 2] and jobs["jax"]["devices"] == [1, 2] and not failures
+    shown = {(r.check, r.devices) for r in rows}
+    assert ("float32 vs float64", "1") in shown and ("k vs 1 device", "2") in shown
+    assert not [r for r in rows if r.devices == "1" and r.check in ("loss", "gradients", "same math (float64)")]
+    failed = [r for r in rows if r.status == "FAIL"]
+    assert [(r.check, r.backend) for r in failed] == [("k vs 1 device", "torch"), ("k vs 1 device", "jax")]  # (planted)
+
+
+def check_dataset():
+    from common import data
+    return data.synthetic(12, 10, 0)
