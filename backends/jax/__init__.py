@@ -46,15 +46,17 @@ def param_count(model: str) -> int:
     return count_params(build(model))
 
 
-def predict(model: str, weights, x, train: bool = False):
+def predict(model: str, weights, x, train: bool = False, dtype: str = "float32"):
     """Logits (numpy) of `model` with canonical `weights` on a numpy NCHW batch, on one device.
 
     Eval mode normalises with the running statistics; train=True with the batch's own statistics
-    (the running statistics it would update are dropped)."""
+    (the running statistics it would update are dropped). dtype "float64" computes in float64."""
     import numpy as np
-    net = build(model)
-    out = forward(net, from_canonical(net, weights), np.asarray(x, dtype=np.float32), train=train)
-    return np.asarray(out[0] if train else out)
+    from backends.jax.strategies import DTYPES, computing_in, module_dtypes
+    with computing_in(dtype):
+        net = build(model, **module_dtypes("fp32", dtype))
+        out = forward(net, from_canonical(net, weights), np.asarray(x, dtype=DTYPES[dtype]), train=train)
+        return np.asarray(out[0] if train else out)
 
 
 def to_numpy(a):

@@ -49,10 +49,10 @@ def cuda_versions() -> tuple[str | None, str | None]:
 
 
 BATCHNORM = {
-    "local": "local: each device normalises with its own shard's statistics; running statistics averaged "
-             "across devices before evaluation",
-    "sync": "sync: flax BatchNorm(axis_name) lax.pmean's the batch statistics over the devices, "
-            "so every device normalises with the global batch's",
+    "local": "local: each device normalises with its own shard's statistics; running statistics (torch's "
+             "update: momentum 0.1, unbiased variance) averaged across devices before evaluation",
+    "sync": "sync: BatchNorm(axis_name) lax.pmean's the batch statistics over the devices, "
+            "so every device normalises with the global batch's (running variance unbiased over it)",
 }
 
 

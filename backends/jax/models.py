@@ -8,8 +8,11 @@ Layouts differ from the canonical ones and are converted here:
   BatchNorm     scale, bias, mean, var       <->  weight, bias, running_mean, running_var
 Activations are NHWC inside the network; callers pass canonical NCHW batches to `forward`.
 `dtype` (None: float32, or whatever the input is) is the compute dtype of every Conv, Dense and
-BatchNorm, e.g. jnp.bfloat16 for --precision bf16; parameters and BatchNorm statistics stay float32
-(param_dtype), and `forward` hands back logits of at least float32, so the loss is computed in float32.
+BatchNorm, e.g. jnp.bfloat16 for --precision bf16; parameters and BatchNorm statistics are
+`param_dtype` (float32; float64 for the float64 equivalence runs), and `forward` hands back logits
+of at least float32, so the loss is computed in float32 (or float64).
+BatchNorm is this module's own (see BatchNorm): flax's updates the running variance with the biased
+batch variance, torch with the unbiased one, and every backend follows torch.
 """
 
 from __future__ import annotations
@@ -20,25 +23,81 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 BN_EPS = 1e-5
-BN_MOMENTUM = 0.9   # flax convention: new = m * old + (1 - m) * batch (0.1 in PyTorch terms)
+BN_MOMENTUM = 0.1   # torch's convention: running <- (1 - 0.1) * running + 0.1 * batch
+
+
+def _batch_statistics(x, axis_name: str | None):
+    """(mean, biased variance) per channel of NHWC `x`, in at least float32, and the number of values
+    per channel they were taken over. Two passes, as torch and flax (use_fast_variance=False) compute
+    them; with `axis_name` each pass's per-channel means are lax.pmean'ed over the devices, so both
+    are the global batch's."""
+    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    axes = tuple(range(x.ndim - 1))
+    count = int(np.prod(x.shape[:-1]))
+
+    def mean(values):
+        m = values.mean(axes)
+        return m if axis_name is None else lax.pmean(m, axis_name)
+
+    mu = mean(x)
+    var = mean(lax.square(x - mu))
+    if axis_name is not None:
+        count *= lax.axis_size(axis_name)
+    return mu, var, count
+
+
+class BatchNorm(nn.Module):
+    """flax's BatchNorm (same names: params scale, bias; batch_stats mean, var) with torch's update of the
+    running statistics: the running variance takes the UNBIASED batch variance, var * n / (n - 1) with n
+    the values per channel the statistics were taken over (this device's shard, or with `axis_name` the
+    global batch), while training-mode normalisation uses the biased one, as every framework does.
+
+    The correction is a per-channel scalar factor on the C-element variance vector, after the two
+    reductions flax makes too: no extra pass over the activations, so a step costs what flax's costs.
+    Statistics are reduced in at least float32 (bfloat16 activations included) and normalisation is
+    flax's arithmetic, so float32 and bfloat16 steps compute exactly what flax's BatchNorm computes."""
+
+    use_running_average: bool
+    axis_name: str | None = None
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        features = (x.shape[-1],)
+        stats_dtype = jnp.promote_types(self.param_dtype, jnp.float32)
+        ra_mean = self.variable("batch_stats", "mean", jnp.zeros, features, stats_dtype)
+        ra_var = self.variable("batch_stats", "var", jnp.ones, features, stats_dtype)
+        if self.use_running_average:
+            mean, var = ra_mean.value, ra_var.value
+        else:
+            mean, var, count = _batch_statistics(x, None if self.is_initializing() else self.axis_name)
+            if count < 2:
+                raise ValueError(f"BatchNorm needs more than 1 value per channel in training, got {count}")
+            if not self.is_initializing():
+                ra_mean.value = (1 - BN_MOMENTUM) * ra_mean.value + BN_MOMENTUM * mean
+                ra_var.value = (1 - BN_MOMENTUM) * ra_var.value + BN_MOMENTUM * (var * (count / (count - 1)))
+        scale = self.param("scale", nn.initializers.ones, features, self.param_dtype)
+        bias = self.param("bias", nn.initializers.zeros, features, self.param_dtype)
+        y = (x - mean) * (lax.rsqrt(var + BN_EPS) * scale) + bias
+        return jnp.asarray(y, self.dtype)
 
 
 def _conv(features: int, kernel: int, stride: int = 1, padding: int = 0, name: str | None = None,
-          dtype: Any = None) -> nn.Conv:
+          dtype: Any = None, param_dtype: Any = jnp.float32) -> nn.Conv:
     """A conv with torch's explicit symmetric padding (flax's "SAME" pads stride-2 convs differently)."""
     return nn.Conv(features, (kernel, kernel), strides=stride, padding=((padding, padding), (padding, padding)),
-                   dtype=dtype, name=name)
+                   dtype=dtype, param_dtype=param_dtype, name=name)
 
 
-def _bn(train: bool, name: str, axis: str | None, dtype: Any = None) -> nn.BatchNorm:
+def _bn(train: bool, name: str, axis: str | None, dtype: Any = None, param_dtype: Any = jnp.float32) -> BatchNorm:
     """`axis`: None normalises with this device's batch; a pmap / shard_map axis name pmean's the
-    batch statistics over it (synchronised BatchNorm: the global batch's statistics).
-    With a bfloat16 `dtype` flax still reduces the statistics in float32 and keeps them float32."""
-    # Two-pass variance (use_fast_variance=False), as torch computes it.
-    return nn.BatchNorm(use_running_average=not train, momentum=BN_MOMENTUM, epsilon=BN_EPS,
-                        use_fast_variance=False, axis_name=axis, dtype=dtype, name=name)
+    batch statistics over it (synchronised BatchNorm: the global batch's statistics)."""
+    return BatchNorm(use_running_average=not train, axis_name=axis, dtype=dtype, param_dtype=param_dtype,
+                     name=name)
 
 
 class Residual(nn.Module):
@@ -49,13 +108,14 @@ class Residual(nn.Module):
     stride: int = 1
     bn_axis: str | None = None
     dtype: Any = None
+    param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x, train: bool):
-        d = self.dtype
-        y = nn.relu(_bn(train, "bn1", self.bn_axis, d)(_conv(self.channels, 3, self.stride, 1, "conv1", d)(x)))
-        y = _bn(train, "bn2", self.bn_axis, d)(_conv(self.channels, 3, 1, 1, "conv2", d)(y))
-        shortcut = _conv(self.channels, 1, self.stride, 0, "conv3", d)(x) if self.use_1x1conv else x
+        d, p = self.dtype, self.param_dtype
+        y = nn.relu(_bn(train, "bn1", self.bn_axis, d, p)(_conv(self.channels, 3, self.stride, 1, "conv1", d, p)(x)))
+        y = _bn(train, "bn2", self.bn_axis, d, p)(_conv(self.channels, 3, 1, 1, "conv2", d, p)(y))
+        shortcut = _conv(self.channels, 1, self.stride, 0, "conv3", d, p)(x) if self.use_1x1conv else x
         return nn.relu(y + shortcut)
 
 
@@ -66,15 +126,16 @@ class Stage(nn.Module):
     first: bool
     bn_axis: str | None = None
     dtype: Any = None
+    param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x, train: bool):
+        same = dict(bn_axis=self.bn_axis, dtype=self.dtype, param_dtype=self.param_dtype)
         if self.first:
-            x = Residual(self.channels, bn_axis=self.bn_axis, dtype=self.dtype, name="0")(x, train)
+            x = Residual(self.channels, **same, name="0")(x, train)
         else:
-            x = Residual(self.channels, use_1x1conv=True, stride=2, bn_axis=self.bn_axis, dtype=self.dtype,
-                         name="0")(x, train)
-        return Residual(self.channels, bn_axis=self.bn_axis, dtype=self.dtype, name="1")(x, train)
+            x = Residual(self.channels, use_1x1conv=True, stride=2, **same, name="0")(x, train)
+        return Residual(self.channels, **same, name="1")(x, train)
 
 
 class ResNet18(nn.Module):
@@ -85,14 +146,16 @@ class ResNet18(nn.Module):
     num_classes: int = 10
     bn_axis: str | None = None
     dtype: Any = None
+    param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x, train: bool = False):
-        d = self.dtype
-        x = nn.relu(_bn(train, "bn", self.bn_axis, d)(_conv(64, 3, 1, 1, "conv", d)(x)))
+        d, p = self.dtype, self.param_dtype
+        x = nn.relu(_bn(train, "bn", self.bn_axis, d, p)(_conv(64, 3, 1, 1, "conv", d, p)(x)))
         for i, channels in enumerate((64, 128, 256, 512)):
-            x = Stage(channels, first=(i == 0), bn_axis=self.bn_axis, dtype=d, name=f"stage{i + 1}")(x, train)
-        return nn.Dense(self.num_classes, dtype=d, name="fc")(jnp.mean(x, axis=(1, 2)))
+            x = Stage(channels, first=(i == 0), bn_axis=self.bn_axis, dtype=d, param_dtype=p,
+                      name=f"stage{i + 1}")(x, train)
+        return nn.Dense(self.num_classes, dtype=d, param_dtype=p, name="fc")(jnp.mean(x, axis=(1, 2)))
 
 
 class LeNet(nn.Module):
@@ -100,34 +163,38 @@ class LeNet(nn.Module):
 
     num_classes: int = 10
     dtype: Any = None
+    param_dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, x, train: bool = False):
-        d = self.dtype
-        x = nn.avg_pool(nn.relu(_conv(20, 3, name="conv1", dtype=d)(x)), (2, 2), strides=(2, 2))
-        x = nn.avg_pool(nn.relu(_conv(50, 5, name="conv2", dtype=d)(x)), (2, 2), strides=(2, 2))
+        d, p = self.dtype, self.param_dtype
+        x = nn.avg_pool(nn.relu(_conv(20, 3, name="conv1", dtype=d, param_dtype=p)(x)), (2, 2), strides=(2, 2))
+        x = nn.avg_pool(nn.relu(_conv(50, 5, name="conv2", dtype=d, param_dtype=p)(x)), (2, 2), strides=(2, 2))
         x = jnp.transpose(x, (0, 3, 1, 2)).reshape(x.shape[0], -1)   # flatten in torch's (C, H, W) order
-        x = nn.relu(nn.Dense(128, dtype=d, name="fc1")(x))
-        return nn.Dense(self.num_classes, dtype=d, name="fc2")(x)
+        x = nn.relu(nn.Dense(128, dtype=d, param_dtype=p, name="fc1")(x))
+        return nn.Dense(self.num_classes, dtype=d, param_dtype=p, name="fc2")(x)
 
 
-def resnet18(num_classes: int = 10, in_channels: int = 1, bn_axis: str | None = None, dtype: Any = None) -> ResNet18:
+def resnet18(num_classes: int = 10, in_channels: int = 1, bn_axis: str | None = None, dtype: Any = None,
+             param_dtype: Any = jnp.float32) -> ResNet18:
     """`in_channels` is read from the input by flax; kept for the common signature."""
-    return ResNet18(num_classes, bn_axis=bn_axis, dtype=dtype)
+    return ResNet18(num_classes, bn_axis=bn_axis, dtype=dtype, param_dtype=param_dtype)
 
 
-def lenet(num_classes: int = 10, in_channels: int = 1, bn_axis: str | None = None, dtype: Any = None) -> LeNet:
+def lenet(num_classes: int = 10, in_channels: int = 1, bn_axis: str | None = None, dtype: Any = None,
+          param_dtype: Any = jnp.float32) -> LeNet:
     """LeNet has no BatchNorm: `bn_axis` is accepted and has nothing to do."""
-    return LeNet(num_classes, dtype=dtype)
+    return LeNet(num_classes, dtype=dtype, param_dtype=param_dtype)
 
 
 MODELS = {"resnet18": resnet18, "lenet": lenet}
 INPUT_SHAPE = (1, 1, 28, 28)   # NCHW, one Fashion-MNIST image
 
 
-def build(model: str, bn_axis: str | None = None, dtype: Any = None) -> nn.Module:
-    """`dtype`: the compute dtype (None: that of the input, float32 in training); parameters stay float32."""
-    return MODELS[model](bn_axis=bn_axis, dtype=dtype)
+def build(model: str, bn_axis: str | None = None, dtype: Any = None, param_dtype: Any = jnp.float32) -> nn.Module:
+    """`dtype`: the compute dtype (None: that of the input, float32 in training); `param_dtype`: that of
+    the parameters and BatchNorm statistics (float32; float64 with jax_enable_x64 for float64 runs)."""
+    return MODELS[model](bn_axis=bn_axis, dtype=dtype, param_dtype=param_dtype)
 
 
 def _at_least_float32(logits):
@@ -208,7 +275,8 @@ def to_canonical(native: dict, dtype=np.float32) -> dict[str, np.ndarray]:
 
 
 def from_canonical(net: nn.Module, weights: dict[str, np.ndarray]) -> dict:
-    """The {"params", "batch_stats"} tree (numpy) holding canonical `weights`, in flax layouts."""
+    """The {"params", "batch_stats"} tree (numpy) holding canonical `weights`, in flax layouts and the
+    net's parameter dtype (float32 weights cast to float64 exactly for a float64 net)."""
     expected = {name for name, _, _ in spec(net)}
     if expected != set(weights):
         raise KeyError(f"weights do not match the model: missing {sorted(expected - set(weights))[:3]}, "
@@ -220,12 +288,12 @@ def from_canonical(net: nn.Module, weights: dict[str, np.ndarray]) -> dict:
             node = native[collection]
             for key in module.split("."):
                 node = node.setdefault(key, {})
-            node[leaf] = _native_layout(kind, weights[f"{module}.{name}"])
+            node[leaf] = _native_layout(kind, weights[f"{module}.{name}"], siblings[leaf].dtype)
     return native
 
 
-def _native_layout(kind: str, value) -> np.ndarray:
-    value = np.asarray(value, dtype=np.float32)
+def _native_layout(kind: str, value, dtype) -> np.ndarray:
+    value = np.asarray(value, dtype=dtype)
     if kind == "conv":
         value = np.transpose(value, (2, 3, 1, 0))   # OIHW -> HWIO
     elif kind == "dense":

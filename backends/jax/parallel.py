@@ -57,15 +57,16 @@ def check_batch(X, y, n: int) -> None:
     check_divisible(X.shape[0], n)
 
 
-def stack_on_devices(X, y, devs: list):
-    """The global batch reshaped to (devices, batch / devices, ...), slice i placed on devs[i] (pmap's input).
+def stack_on_devices(X, y, devs: list, dtype=np.float32):
+    """The global batch reshaped to (devices, batch / devices, ...), slice i placed on devs[i] (pmap's input);
+    the images as `dtype` (float64 only for the float64 equivalence runs).
 
     Uneven shards would weight examples differently in the averaged gradient, so a
     batch that does not divide evenly is refused with ValueError (see check_divisible).
     """
     check_batch(X, y, len(devs))
     k = len(devs)
-    X = np.asarray(X, dtype=np.float32).reshape(k, -1, *X.shape[1:])
+    X = np.asarray(X, dtype=dtype).reshape(k, -1, *X.shape[1:])
     y = np.asarray(y, dtype=np.int32).reshape(k, -1)
     return jax.device_put((X, y), device_axis_sharding(devs))
 

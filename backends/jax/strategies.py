@@ -12,14 +12,17 @@ the gradient is the sum over devices divided by B.
             all-reduce); the optax update runs on the replicated parameters.
 BatchNorm (--bn): "local", inside pmap and shard_map every device normalises with its own
 shard's statistics (as the seeds do; plain jit over a batch-sharded array would normalise
-over the global batch instead). "sync", flax's BatchNorm(axis_name=AXIS) lax.pmean's the
+over the global batch instead). "sync", BatchNorm(axis_name=AXIS) (models.py) lax.pmean's the
 batch statistics over the pmap axis / the shard_map mesh axis, so they are the global
 batch's and k-device training is 1-device training. Either way the running statistics
-are kept per device, with a leading device axis, and averaged with lax.pmean before
-evaluation and in `canonical`, so every replica evaluates the same model.
+(torch's update: momentum 0.1, unbiased variance) are kept per device, with a leading device
+axis, and averaged with lax.pmean before evaluation and in `canonical`, so every replica
+evaluates the same model.
 Gradients: each strategy's step is its `gradients` part (the reduced gradient of the
 global mean loss, as that strategy computes it) followed by the same optax update; the
-equivalence API (`gradients`, `train_trace`) runs those same parts.
+equivalence API (`gradients`, `train_trace`, `train_steps`) runs those same parts, in float32
+or, with dtype="float64", the same code with jax_enable_x64 set for the call: parameters,
+BatchNorm statistics, batches, activations, loss, psum / pmean and the SGD update in float64.
 Timing: the step is compiled on its first call (the loop's warm-up step); `step` only
 queues work and returns device arrays, `sync` blocks on them. `stage` (--resident-data)
 places batches on the devices as `step` would, and `step` takes such batches as they are.
@@ -28,11 +31,12 @@ lax.psum in a jax.shard_map under jax.jit over the strategy's mesh.
 Levers: --precision bf16 builds the modules with dtype bfloat16 (parameters, gradients,
 BatchNorm statistics and SGD in float32); tf32 sets jax_default_matmul_precision and is
 refused on CPU devices; --compile changes nothing (every step is compiled already);
---channels-last is refused (XLA chooses layouts itself).
+--channels-last is refused (XLA chooses layouts itself). A float64 call takes no lever (Unsupported).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -51,6 +55,8 @@ from common import levers as leverlib
 from common.config import RunConfig
 from common.loop import Unsupported, run_training, time_calls
 from common.weights import for_run as weights_for_run
+
+DTYPES = {"float32": np.float32, "float64": np.float64}   # of the equivalence API's runs
 
 
 # ------------------------------------------------------------------ per-device math
@@ -94,20 +100,22 @@ class JaxTrainer:
     `is_placed` to recognise one), how one step runs (`_step`, of which `_gradients` is the
     gradient part), how the BatchNorm statistics are averaged (`_pmean`), how gradients are
     summed over the devices (`allreduce`), and where device 0's copy of the parameters is
-    (`params_on_device_0`)."""
+    (`params_on_device_0`). `dtype` "float64" (the equivalence API, under jax_enable_x64) makes
+    every parameter, statistic, batch and result float64; runs are float32."""
 
-    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0, dtype: str = "float32"):
         self.cfg, self.weights, self.rank = cfg, weights, 0
+        self.dtype = np.dtype(DTYPES[dtype])
         self.n_devices = cfg.devices
         self.devs = devices(cfg.devices, cfg.device_kind)
         self.batch_sharding = device_axis_sharding(self.devs)   # batches: split along axis 0
         self.net = models.build(cfg.model, bn_axis=AXIS if cfg.bn == "sync" else None,
-                                dtype=jnp.bfloat16 if cfg.precision == "bf16" else None)
+                                **module_dtypes(cfg.precision, dtype))
         self.tx = optax.sgd(cfg.lr)
         self.state = None
         self.last = None          # the latest step's outputs, for sync
         self.predict = _predict_classes(self.net)
-        self.initial = models.from_canonical(self.net, weights)   # numpy, flax layouts
+        self.initial = models.from_canonical(self.net, weights)   # numpy, flax layouts, self.dtype
 
     def reset(self) -> None:
         params = self.initial["params"]
@@ -158,7 +166,8 @@ class JaxTrainer:
         step, reduced across the devices as the step reduces it, read from device 0."""
         params, stats, _ = self.state
         grads, (_, loss_sum, _) = self._gradients(params, stats, *self.on_devices(x, y))
-        return _global_mean(loss_sum, len(y)), models.to_canonical({"params": self.params_on_device_0(grads)})
+        return _global_mean(loss_sum, len(y)), models.to_canonical({"params": self.params_on_device_0(grads)},
+                                                                   dtype=self.dtype)
 
     def collect(self, handles) -> tuple[float, float]:
         """Per-device (loss sum, correct) of every step, read back and added up."""
@@ -180,7 +189,7 @@ class JaxTrainer:
         params, stats = self.replica_0()
         correct = total = 0
         for x, y in batches:
-            classes = self.predict(params, stats, jax.device_put(np.asarray(x, dtype=np.float32), self.devs[0]))
+            classes = self.predict(params, stats, jax.device_put(np.asarray(x, dtype=self.dtype), self.devs[0]))
             correct += int(np.sum(np.asarray(classes) == np.asarray(y)))
             total += len(y)
         return correct, total
@@ -203,7 +212,8 @@ class JaxTrainer:
         leaving the per-device statistics in the training state as they are."""
         params, _, _ = self.state
         return models.to_canonical({"params": self.params_on_device_0(params),
-                                    "batch_stats": self.stats_on_device_0(self.averaged_bn_statistics())})
+                                    "batch_stats": self.stats_on_device_0(self.averaged_bn_statistics())},
+                                   dtype=self.dtype)
 
     def replica_0(self):
         params, stats, _ = self.state
@@ -220,8 +230,8 @@ class PmapTrainer(JaxTrainer):
 
     label_ndim = 2   # a placed batch is stacked as (devices, batch / devices, ...)
 
-    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
-        super().__init__(cfg, weights, rank)
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0, dtype: str = "float32"):
+        super().__init__(cfg, weights, rank, dtype)
         self._step = jax.pmap(functools.partial(self.device_step, self.net, self.tx, cfg.batch_size),
                               axis_name=AXIS, devices=self.devs)
         self._gradients = jax.pmap(functools.partial(self.device_gradients, self.net, cfg.batch_size),
@@ -248,7 +258,7 @@ class PmapTrainer(JaxTrainer):
         return stacked((params, stats, opt_state), self.devs)
 
     def place_batch(self, x, y):
-        return stack_on_devices(x, y, self.devs)
+        return stack_on_devices(x, y, self.devs, self.dtype)
 
     def params_on_device_0(self, tree):
         """Every device holds its own copy along the leading device axis."""
@@ -261,8 +271,8 @@ class ShardingTrainer(JaxTrainer):
 
     label_ndim = 1   # a placed batch is the global one, split along its first axis
 
-    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
-        super().__init__(cfg, weights, rank)
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0, dtype: str = "float32"):
+        super().__init__(cfg, weights, rank, dtype)
         self.mesh = mesh(self.devs)
         self.replicated = replicated_sharding(self.devs)
         self.split_rows = device_axis_sharding(self.devs)
@@ -311,7 +321,7 @@ class ShardingTrainer(JaxTrainer):
 
     def place_batch(self, x, y):
         check_batch(x, y, self.n_devices)
-        return jax.device_put((np.asarray(x, dtype=np.float32), np.asarray(y, dtype=np.int32)), self.split_rows)
+        return jax.device_put((np.asarray(x, dtype=self.dtype), np.asarray(y, dtype=np.int32)), self.split_rows)
 
     def params_on_device_0(self, tree):
         """Parameters (and gradients) are replicated: device 0's copy."""
@@ -331,14 +341,46 @@ def check_supported(cfg: RunConfig) -> None:
     devices(cfg.devices, cfg.device_kind)   # Unsupported when JAX sees too few
 
 
+def module_dtypes(precision: str, dtype: str) -> dict:
+    """The flax modules' compute and parameter dtypes: float64 throughout for a float64 run, else
+    float32 parameters computing in float32 or, with --precision bf16, bfloat16."""
+    if dtype == "float64":
+        return {"dtype": jnp.float64, "param_dtype": jnp.float64}
+    return {"dtype": jnp.bfloat16 if precision == "bf16" else None, "param_dtype": jnp.float32}
+
+
+def check_levers_for(cfg: RunConfig, dtype: str) -> None:
+    """float64 is the plain fp32 path computed in float64: a speed lever on top of it means nothing."""
+    asked = leverlib.asked(**{name: getattr(cfg, name) for name in leverlib.PLAIN})
+    if dtype == "float64" and asked:
+        levers = ", ".join(leverlib.flag(name, value) for name, value in asked.items())
+        raise Unsupported(f"float64 runs the plain fp32 path in float64, without speed levers ({levers})")
+
+
+@contextlib.contextmanager
+def computing_in(dtype: str):
+    """jax_enable_x64 while a float64 computation lasts (without it JAX makes float64 arrays float32),
+    restored afterwards, so that float32 work later in the process computes exactly as before."""
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", previous or dtype == "float64")
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", previous)
+
+
 def _trainer(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batch_size: int,
-             lr: float, bn: str, device_kind: str, precision: str = "fp32"):
-    """A trainer for the equivalence API, at `weights` (reset)."""
+             lr: float, bn: str, device_kind: str, dtype: str, levers: dict):
+    """A trainer for the equivalence API, at `weights` (reset); call it inside computing_in(dtype).
+    `levers`: RunConfig's precision, compile, channels_last, resident_data."""
     cfg = RunConfig(backend="jax", strategy=strategy, devices=n_devices, device_kind=device_kind,
-                    model=model, batch_size=batch_size, lr=lr, bn=bn, precision=precision).validate()
+                    model=model, batch_size=batch_size, lr=lr, bn=bn, **levers).validate()
     check_supported(cfg)
+    check_levers_for(cfg, dtype)
     configure_precision(cfg)
-    trainer = TRAINERS[strategy](cfg, weights)
+    trainer = TRAINERS[strategy](cfg, weights, dtype=dtype)
     trainer.reset()
     return trainer
 
@@ -354,52 +396,44 @@ def run(cfg: RunConfig) -> dict:
 
 
 def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray],
-                batches: list, lr: float, device_kind: str = "cpu", bn: str = "local",
-                precision: str = "fp32") -> dict[str, np.ndarray]:
+                batches: list, lr: float, bn: str = "local", device_kind: str = "cpu",
+                dtype: str = "float32", **levers) -> dict[str, np.ndarray]:
     """Apply len(batches) SGD steps from `weights`; the canonical weights afterwards (for tests and checks)."""
-    return train_trace(strategy, model, n_devices, weights, batches, lr, bn, device_kind, precision)["final"]
+    return train_trace(strategy, model, n_devices, weights, batches, lr, bn, device_kind, dtype, **levers)["final"]
 
 
 def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray],
                 batches: list, lr: float, bn: str = "local", device_kind: str = "cpu",
-                precision: str = "fp32") -> dict:
-    """{"first": canonical weights after step 1, "final": after the last step, "losses": each step's global
-    mean loss, from that step's own forward pass (before its update)}."""
-    trainer = _trainer(strategy, model, n_devices, weights, len(batches[0][1]), lr, bn, device_kind, precision)
-    losses, first = [], None
-    for x, y in batches:
-        loss_sums, _ = trainer.step(x, y)
-        losses.append(_global_mean(loss_sums, len(y)))
-        if first is None:
-            first = trainer.canonical()
-    return {"first": first, "final": trainer.canonical(), "losses": losses}
+                dtype: str = "float32", **levers) -> dict:
+    """{"first": canonical weights after step 1, "final": after the last step (BatchNorm running statistics
+    averaged over the devices), "losses": each step's global mean loss, from that step's own forward pass
+    (before its update)}, all computed in `dtype` ("float32" or "float64")."""
+    with computing_in(dtype):
+        trainer = _trainer(strategy, model, n_devices, weights, len(batches[0][1]), lr, bn, device_kind, dtype,
+                           levers)
+        losses, first = [], None
+        for x, y in batches:
+            loss_sums, _ = trainer.step(x, y)
+            losses.append(_global_mean(loss_sums, len(y)))
+            if first is None:
+                first = trainer.canonical()
+        return {"first": first, "final": trainer.canonical(), "losses": losses}
 
 
 def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,
-              bn: str = "local", device_kind: str = "cpu",
-              precision: str = "fp32") -> tuple[float, dict[str, np.ndarray]]:
+              bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
+              **levers) -> tuple[float, dict[str, np.ndarray]]:
     """(mean cross-entropy of the global batch, canonical gradients of the trainable parameters) at
-    `weights`, as the strategy's step computes and reduces them on n_devices (device 0's copy)."""
-    trainer = _trainer(strategy, model, n_devices, weights, len(y), 1.0, bn, device_kind, precision)   # (lr unused)
-    return trainer.gradients(x, y)
+    `weights`, as the strategy's step computes and reduces them on n_devices (device 0's copy), in `dtype`."""
+    with computing_in(dtype):
+        trainer = _trainer(strategy, model, n_devices, weights, len(y), 1.0, bn, device_kind, dtype,
+                           levers)   # (lr unused)
+        return trainer.gradients(x, y)
 
 
 def float64_gradients(model: str, weights: dict[str, np.ndarray], x, y) -> tuple[float, dict[str, np.ndarray]]:
-    """(mean loss, canonical gradients) of one batch on one device, computed in float64.
+    """(mean loss, canonical gradients) of one batch on one CPU device, computed in float64.
 
     `harness check` compares this with torch's float64 gradient: agreement to ~1e-12 shows the
     model, loss and BatchNorm are the same math, whatever float32 rounding does on top."""
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    try:
-        net = models.build(model)
-        native = jax.tree.map(lambda a: jnp.asarray(a, dtype=jnp.float64), models.from_canonical(net, weights))
-
-        def mean_loss(params):
-            loss_sum, _ = local_loss(net, params, native["batch_stats"], jnp.asarray(x, jnp.float64), jnp.asarray(y))
-            return loss_sum / len(y)
-
-        loss, grads = jax.value_and_grad(mean_loss)(native["params"])
-        return float(loss), models.to_canonical({"params": grads}, dtype=np.float64)
-    finally:
-        jax.config.update("jax_enable_x64", previous)
+    return gradients("pmap", model, 1, weights, x, y, dtype="float64")
