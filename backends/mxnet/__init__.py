@@ -6,6 +6,7 @@
   run, train_steps,      strategies.py (scratch, gluon)
   gradients, train_trace,
   STRATEGIES
+  (BatchNorm)            batchnorm.py: its layers, torch's running-statistics rule
   environment            environment.py
   (mxnet itself)         compat.py: numpy aliases, threads, precision, then `import mxnet`
 """
@@ -35,8 +36,8 @@ def predict(model: str, weights, x, train: bool = False):
     """Logits (numpy) of `model` with canonical `weights` on a numpy batch, on one context.
 
     train=False: inference mode (BatchNorm uses the running statistics). train=True: training
-    mode without recording, so BatchNorm normalises with the batch's own statistics and no
-    weight changes (only this temporary network's running statistics do)."""
+    mode without recording, so BatchNorm normalises with the batch's own statistics and nothing
+    changes (MXNet's BatchNorm writes its running statistics in the backward pass)."""
     net = build(model)
     net.initialize(ctx=mx.cpu())
     load_canonical(net, weights)

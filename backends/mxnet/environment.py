@@ -66,10 +66,11 @@ def collective(cfg) -> str:
 
 
 def batchnorm(cfg) -> str:
+    rule = "running statistics with torch's rule (momentum 0.1, unbiased variance)"
     if cfg.bn == "sync":
         return (f"sync: gluon.contrib.nn.SyncBatchNorm, statistics over the global batch of "
-                f"{cfg.devices} context(s)")
-    return "local: each context its own shard's statistics; running statistics averaged before evaluation"
+                f"{cfg.devices} context(s); {rule}")
+    return f"local: each context its own shard's statistics; {rule}, averaged before evaluation"
 
 
 def environment(cfg) -> dict:

@@ -8,34 +8,17 @@ differ only for BatchNorm's gamma/beta, which torch calls weight/bias. Gluon's l
 
 BatchNorm is nn.BatchNorm (each context its own shard's statistics) or, for --bn sync,
 Gluon's contrib SyncBatchNorm (statistics over the shards of all contexts); both
-have the same parameters, so the canonical names do not depend on the mode.
+have the same parameters, so the canonical names do not depend on the mode. Their
+running statistics follow torch's convention (batchnorm.py).
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 
+from backends.mxnet.batchnorm import Norm, batchnorm, sync_batchnorm  # noqa: F401  (re-exported)
 from backends.mxnet.compat import mx
 from mxnet.gluon import nn
-from mxnet.gluon.contrib.nn import SyncBatchNorm
-
-BN_EPS = 1e-5
-BN_MOMENTUM = 0.9   # MXNet convention: new = m * old + (1 - m) * batch (0.1 in torch terms)
-
-Norm = Callable[[int], nn.HybridBlock]   # channels -> a BatchNorm layer
-
-
-def batchnorm(channels: int) -> nn.BatchNorm:
-    return nn.BatchNorm(momentum=BN_MOMENTUM, epsilon=BN_EPS, in_channels=channels)
-
-
-def sync_batchnorm(n_devices: int) -> Norm:
-    """BatchNorm layers whose statistics cover the shards of all n_devices contexts."""
-    def norm(channels: int) -> SyncBatchNorm:
-        return SyncBatchNorm(in_channels=channels, num_devices=n_devices, momentum=BN_MOMENTUM, epsilon=BN_EPS)
-    return norm
 
 
 def _conv(in_channels: int, out_channels: int, kernel: int, stride: int = 1, padding: int = 0) -> nn.Conv2D:
@@ -162,13 +145,14 @@ def spec(net: nn.Block) -> list[tuple[str, tuple[int, ...], str]]:
 
 
 def load_canonical(net: nn.Block, weights: dict[str, np.ndarray]) -> None:
-    """Copy canonical numpy weights into the network on every context it is initialised on."""
+    """Copy canonical numpy weights into the network on every context it is initialised on, in the
+    network's dtype (float32 or float64 weights into a float64 network: exact)."""
     params = canonical_params(net)
     if set(params) != set(weights):
         raise KeyError(f"weights do not match the model: missing {sorted(set(params) - set(weights))[:3]}, "
                        f"unexpected {sorted(set(weights) - set(params))[:3]}")
     for name, p in params.items():
-        p.set_data(mx.nd.array(weights[name], dtype=np.float32))
+        p.set_data(mx.nd.array(weights[name], dtype=p.dtype))
 
 
 def is_statistic(p) -> bool:
@@ -177,7 +161,8 @@ def is_statistic(p) -> bool:
 
 
 def to_canonical(*nets: nn.Block) -> dict[str, np.ndarray]:
-    """Canonical numpy weights of one network on its contexts, or of replicas of it (one per context).
+    """Canonical numpy weights of one network on its contexts, or of replicas of it (one per context),
+    in the network's dtype.
 
     Trainable weights are read from the first context (every context holds the same after a
     step); BatchNorm running statistics are averaged over all contexts, the model evaluation
@@ -192,4 +177,4 @@ def to_canonical(*nets: nn.Block) -> dict[str, np.ndarray]:
 
 
 def _mean_on_host(arrays: list) -> np.ndarray:
-    return np.mean([a.asnumpy() for a in arrays], axis=0, dtype=np.float32)
+    return np.mean([a.asnumpy() for a in arrays], axis=0, dtype=arrays[0].dtype)

@@ -16,11 +16,19 @@ shard's statistics in training (as the seeds do) and the running statistics are 
 across contexts before evaluation; "sync" (gluon only), SyncBatchNorm layers normalise
 with the statistics of the global batch, so k contexts train as one: GPU contexts only
 (on several CPU contexts it deadlocks, see SYNC_BN_ON_CPU), which no build here has.
+BatchNorm's running statistics follow torch's convention (unbiased variance): batchnorm.py,
+around each step's forward and backward passes (RunningStatistics.step).
 Nothing is read back to the host inside a step: it returns NDArrays, read by collect().
 --resident-data: stage() split_and_loads batches onto the contexts ahead (parallel.Shards),
 and a step takes them as they are. --compile is hybridize(). allreduce_seconds() times the
 strategy's own reduction of one gradient-sized buffer: the hand-written allreduce (scratch),
 a kvstore of the run's type (gluon).
+dtype (the equivalence API only): "float64" runs the same strategy code, its split, reduction,
+SGD update and BatchNorm, with parameters, statistics, inputs and arithmetic in float64
+(net.cast("float64"); the kvstore and the hand-written allreduce reduce arrays in their own dtype).
+Two differences, neither in the math: gluon's Trainer steps with Float64SGD, because MXNet's sgd
+kernels take the learning rate and gradient scale as float32 operator parameters; and the contexts
+compute one after the other (MXNetTrainer.forward_backward: MXNet's OpenBLAS can hang otherwise).
 """
 
 from __future__ import annotations
@@ -29,9 +37,10 @@ from __future__ import annotations
 import numpy as np
 
 from backends.mxnet import models
+from backends.mxnet.batchnorm import RunningStatistics
 from backends.mxnet.compat import mx
 from backends.mxnet.environment import NO_GPU_BUILD, has_cuda, hybridized, option, visible_gpus
-from backends.mxnet.parallel import allreduce, as_ndarray, devices, examples, split, stage
+from backends.mxnet.parallel import Shards, allreduce, as_ndarray, devices, examples, split, stage
 from common import data as datalib
 from common import levers as leverlib
 from common.config import RunConfig
@@ -40,6 +49,7 @@ from common.weights import for_run as weights_for_run
 from mxnet import autograd, gluon
 
 LOSS = gluon.loss.SoftmaxCrossEntropyLoss()   # per example; summed per shard
+DTYPES = ("float32", "float64")
 
 
 def norm_layers(cfg: RunConfig) -> models.Norm:
@@ -48,11 +58,17 @@ def norm_layers(cfg: RunConfig) -> models.Norm:
     return models.sync_batchnorm(cfg.devices) if cfg.bn == "sync" and cfg.devices > 1 else models.batchnorm
 
 
-def network(cfg: RunConfig, ctx) -> gluon.HybridBlock:
-    """The model initialised on ctx (a context or a list of them), hybridized if the run says so.
-    Gluon's own initial values are overwritten with the canonical ones by reset()."""
+def statistics_shards(cfg: RunConfig) -> int:
+    """How many contexts' shards one BatchNorm layer's statistics cover."""
+    return cfg.devices if cfg.bn == "sync" else 1
+
+
+def network(cfg: RunConfig, ctx, dtype: str) -> gluon.HybridBlock:
+    """The model initialised on ctx (a context or a list of them) in dtype, hybridized if the run
+    says so. Gluon's own initial values are overwritten with the canonical ones by reset()."""
     net = models.build(cfg.model, norm_layers(cfg))
     net.initialize(ctx=ctx)
+    net.cast(dtype)
     if hybridized(cfg):
         net.hybridize()
     return net
@@ -81,22 +97,26 @@ def forward_backward(net, x, y):
     return loss, (logits.argmax(axis=1).astype(y.dtype) == y).sum()
 
 
-def accuracy_counts(net, batches, ctx) -> tuple[int, int]:
+def accuracy_counts(net, batches, ctx, dtype: str) -> tuple[int, int]:
     correct = total = 0
     for x, y in batches:
-        predicted = net(as_ndarray(x, ctx)).argmax(axis=1).asnumpy()   # outside record: inference mode
+        predicted = net(as_ndarray(np.asarray(x, dtype), ctx)).argmax(axis=1).asnumpy()   # inference mode
         correct += int((predicted.astype(np.int64) == y).sum())
         total += len(y)
     return correct, total
 
 
 class MXNetTrainer:
-    """What the strategies share: `module` is the network evaluated and reported, `devs` its contexts.
-    A strategy supplies reduce_gradients and update; a step is the one, then the other."""
+    """What the strategies share: `module` is the network evaluated and reported, `devs` its contexts,
+    `dtype` the floating-point type of its parameters, statistics and arithmetic, `statistics` the
+    running-statistics update of its BatchNorm layers. A strategy supplies reduce_gradients and
+    update; a step is the one, then the other."""
 
     cfg: RunConfig
     module: gluon.HybridBlock
     devs: list
+    dtype: str
+    statistics: RunningStatistics
     sync_bn = False   # whether --bn sync can run (BatchNorm statistics over every context's shard)
 
     def reduce_gradients(self, x, y) -> list:
@@ -120,9 +140,23 @@ class MXNetTrainer:
         self.update(examples(y))
         return metrics
 
+    def forward_backward(self, net, x, y):
+        """forward_backward of one context's shard. In float64 each context finishes before the next
+        starts: float64 convolutions run on mxnet's bundled OpenBLAS 0.3.13 (OpenMP build), whose
+        dgemm can hang forever in exec_blas when two contexts' engine threads call it at once (float32
+        runs use oneDNN instead). The arithmetic is the same; only the overlap is lost."""
+        handles = forward_backward(net, x, y)
+        if self.dtype == "float64":
+            mx.nd.waitall()
+        return handles
+
+    def images(self, x):
+        """Numpy images in the trainer's dtype (float32 -> float64 is exact); staged ones as they are."""
+        return x if isinstance(x, Shards) else np.asarray(x, self.dtype)
+
     def stage(self, batches: list) -> list:
         """--resident-data: the batches split_and_load-ed onto the contexts, as step() would, ahead."""
-        staged = [stage(x, y, self.devs) for x, y in batches]
+        staged = [stage(self.images(x), y, self.devs) for x, y in batches]
         self.sync()
         return staged
 
@@ -164,12 +198,13 @@ class ScratchTrainer(MXNetTrainer):
     # Separate networks per context: their BatchNorm layers cannot share the global batch's statistics.
     sync_bn = False
 
-    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
-        self.cfg, self.weights, self.rank = cfg, weights, 0
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0, dtype: str = "float32"):
+        self.cfg, self.weights, self.rank, self.dtype = cfg, weights, 0, dtype
         self.n_devices = cfg.devices
         self.devs = devices(cfg.devices, cfg.device_kind)
-        self.replicas = [network(cfg, ctx) for ctx in self.devs]
+        self.replicas = [network(cfg, ctx, dtype) for ctx in self.devs]
         self.module = self.replicas[0]
+        self.statistics = RunningStatistics(self.replicas)
 
     def reset(self) -> None:
         for net in self.replicas:
@@ -182,8 +217,9 @@ class ScratchTrainer(MXNetTrainer):
         return buffers, lambda: allreduce(buffers)
 
     def reduce_gradients(self, x, y):
-        xs, ys = split(x, y, self.devs)
-        metrics = [forward_backward(net, xi, yi) for net, xi, yi in zip(self.replicas, xs, ys)]
+        xs, ys = split(self.images(x), y, self.devs)
+        with self.statistics.step(xs[0].shape):
+            metrics = [self.forward_backward(net, xi, yi) for net, xi, yi in zip(self.replicas, xs, ys)]
         params = [trainable(net) for net in self.replicas]
         for i in range(len(params[0])):
             allreduce([replica[i].grad() for replica in params])
@@ -203,7 +239,7 @@ class ScratchTrainer(MXNetTrainer):
         stats = [running_statistics(net) for net in self.replicas]
         for i in range(len(stats[0])):
             average([replica[i].data() for replica in stats])
-        return accuracy_counts(self.module, batches, self.devs[0])
+        return accuracy_counts(self.module, batches, self.devs[0], self.dtype)
 
 
 class GluonTrainer(MXNetTrainer):
@@ -211,18 +247,20 @@ class GluonTrainer(MXNetTrainer):
 
     sync_bn = True   # one network on every context: its SyncBatchNorm layers meet across them
 
-    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0):
-        self.cfg, self.weights, self.rank = cfg, weights, 0
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0, dtype: str = "float32"):
+        self.cfg, self.weights, self.rank, self.dtype = cfg, weights, 0, dtype
         self.n_devices = cfg.devices
         self.devs = devices(cfg.devices, cfg.device_kind)
-        self.module = network(cfg, self.devs)
+        self.module = network(cfg, self.devs, dtype)
+        self.statistics = RunningStatistics([self.module], statistics_shards(cfg))
         # Only the trainable parameters: the kvstore's set-up copies device 0's values to every
         # device, which must not overwrite the per-device BatchNorm statistics.
         # update_on_kvstore=False: the kvstore sums the gradients and each context applies SGD.
         # With the update on the kvstore, its copy of the weights would be re-made after reset(),
         # inside the first timed step; this way the kvstore is set up once, in the warm-up step.
-        self.trainer = gluon.Trainer(trainable(self.module), "sgd", {"learning_rate": cfg.lr},
-                                     kvstore=option(cfg, "kvstore"), update_on_kvstore=False)
+        sgd = Float64SGD(learning_rate=cfg.lr) if dtype == "float64" else mx.optimizer.SGD(learning_rate=cfg.lr)
+        self.trainer = gluon.Trainer(trainable(self.module), sgd, kvstore=option(cfg, "kvstore"),
+                                     update_on_kvstore=False)
 
     def reset(self) -> None:
         models.load_canonical(self.module, self.weights)   # SGD without momentum keeps no state
@@ -243,8 +281,9 @@ class GluonTrainer(MXNetTrainer):
         return buffers, lambda: kv.pushpull(0, buffers)
 
     def reduce_gradients(self, x, y):
-        xs, ys = split(x, y, self.devs)
-        metrics = [forward_backward(self.module, xi, yi) for xi, yi in zip(xs, ys)]
+        xs, ys = split(self.images(x), y, self.devs)
+        with self.statistics.step(xs[0].shape):
+            metrics = [self.forward_backward(self.module, xi, yi) for xi, yi in zip(xs, ys)]
         self.trainer.allreduce_grads()   # the kvstore sums them onto every context, updates nothing
         return metrics
 
@@ -254,7 +293,21 @@ class GluonTrainer(MXNetTrainer):
     def evaluate(self, batches) -> tuple[int, int]:
         for p in running_statistics(self.module):
             average(p.list_data())
-        return accuracy_counts(self.module, batches, self.devs[0])
+        return accuracy_counts(self.module, batches, self.devs[0], self.dtype)
+
+
+class Float64SGD(mx.optimizer.SGD):
+    """Gluon's SGD (no momentum, no weight decay) with its step size kept in float64, for float64 runs.
+    MXNet's sgd kernels take the learning rate and rescale_grad (1 / batch size) as float32 operator
+    parameters, so their float64 step is float32(lr) * float32(1 / B) * g: 4.5e-8 relative off for
+    lr 0.1, B 12. Here w <- w - (lr / B) * g with the scalar a double, as in scratch's update."""
+
+    def _update_impl(self, indices, weights, grads, states, multi_precision=False):
+        as_list = (lambda v: v if isinstance(v, (list, tuple)) else [v])
+        indices, weights, grads = as_list(indices), as_list(weights), as_list(grads)
+        self._update_count(indices)
+        for index, weight, grad in zip(indices, weights, grads):
+            weight[:] = weight - (self._get_lr(index) * self.rescale_grad) * grad
 
 
 TRAINERS = {"scratch": ScratchTrainer, "gluon": GluonTrainer}
@@ -264,6 +317,22 @@ SYNC_BN_ON_CPU = (
     "CPU contexts: its backward holds a temporary-space resource while it waits at a barrier for the other "
     "contexts, and all CPU contexts share one small round-robin pool of those resources "
     "(MXNET_CPU_TEMP_COPY), so two contexts can wait on each other forever")
+
+
+SYNC_BN_IN_FLOAT64 = ("mxnet 1.9.1's SyncBatchNorm operator fails on float64 inputs: it reads its batch statistics "
+                      "as float32 arrays")
+
+
+def check_dtype(dtype: str, cfg: RunConfig) -> None:
+    """float64 proves the math of the plain step; a lever that changes how float32 is computed has
+    no float64 meaning (resident_data only moves the batches earlier, so it runs in float64 too)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    changed = [lever for lever in cfg.levers if lever != "resident_data"]
+    if dtype == "float64" and changed:
+        raise Unsupported(f"dtype float64 runs the plain step only, not {', '.join(changed)}")
+    if dtype == "float64" and statistics_shards(cfg) > 1:
+        raise Unsupported(SYNC_BN_IN_FLOAT64)
 
 
 def check_supported(cfg: RunConfig) -> None:
@@ -284,15 +353,17 @@ def check_supported(cfg: RunConfig) -> None:
 
 
 def make_trainer(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batch_size: int,
-                 lr: float = 0.1, bn: str = "local", device_kind: str = "cpu", options: dict | None = None,
-                 **levers):
+                 lr: float = 0.1, bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
+                 options: dict | None = None, **levers):
     """A strategy's trainer outside a run (for tests and checks), reset to `weights`.
+    `dtype`: "float32", or "float64" for the same strategy code entirely in float64.
     `options`: backend options (kvstore, hybridize); the declared defaults otherwise.
     `levers`: RunConfig's precision, compile, channels_last, resident_data."""
     cfg = RunConfig(backend="mxnet", strategy=strategy, devices=n_devices, device_kind=device_kind, model=model,
                     batch_size=batch_size, lr=lr, bn=bn, options=dict(options or {}), **levers).validate()
+    check_dtype(dtype, cfg)
     check_supported(cfg)
-    trainer = TRAINERS[strategy](cfg, weights)
+    trainer = TRAINERS[strategy](cfg, weights, dtype=dtype)
     trainer.reset()
     return trainer
 
@@ -312,35 +383,16 @@ def run(cfg: RunConfig) -> dict:
     return run_training(trainer, cfg, datalib.load(cfg))
 
 
-def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
-                lr: float, device_kind: str = "cpu", options: dict | None = None,
-                bn: str = "local") -> dict[str, np.ndarray]:
-    """Apply len(batches) SGD steps from `weights`; the canonical weights afterwards."""
-    trainer = make_trainer(strategy, model, n_devices, weights, len(batches[0][1]), lr, bn, device_kind, options)
-    for x, y in batches:
-        trainer.step(x, y)
-    trainer.sync()
-    return trainer.canonical()
-
-
-def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,
-              bn: str = "local", device_kind: str = "cpu",
-              options: dict | None = None) -> tuple[float, dict[str, np.ndarray]]:
-    """(mean loss of the global batch, its gradients by canonical name) as the strategy computes
-    them: each context on its shard, the strategy's reduction, read from context 0. The
-    strategies' gradients are of summed losses, hence the division by the global batch size."""
-    trainer = make_trainer(strategy, model, n_devices, weights, len(y), bn=bn, device_kind=device_kind,
-                           options=options)
-    handles = trainer.reduce_gradients(x, y)
-    grads = {name: g / len(y) for name, g in trainer.canonical_gradients().items()}
-    return mean_loss(trainer, handles, len(y)), grads
-
-
 def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
-                lr: float, bn: str = "local", device_kind: str = "cpu", options: dict | None = None) -> dict:
+                lr: float, bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
+                options: dict | None = None, **levers) -> dict:
     """Train on `batches`: {"first": canonical weights after the first step, "final": after the
-    last, "losses": each step's global mean loss, from its forward pass before its update}."""
-    trainer = make_trainer(strategy, model, n_devices, weights, len(batches[0][1]), lr, bn, device_kind, options)
+    last, "losses": each step's global mean loss, from its forward pass before its update}.
+    Canonical weights include the BatchNorm running statistics, averaged across contexts, in `dtype`
+    ("float32", or "float64" for the same strategy code entirely in float64). `options`: backend
+    options (kvstore, hybridize); `levers`: RunConfig's (with float64 only resident_data)."""
+    trainer = make_trainer(strategy, model, n_devices, weights, len(batches[0][1]), lr, bn, device_kind, dtype,
+                           options, **levers)
     losses, first = [], None
     for x, y in batches:
         losses.append(mean_loss(trainer, trainer.step(x, y), len(y)))
@@ -349,16 +401,35 @@ def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np
     return {"first": first, "final": trainer.canonical(), "losses": losses}
 
 
+def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
+                lr: float, bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
+                options: dict | None = None, **levers) -> dict[str, np.ndarray]:
+    """The canonical weights after len(batches) SGD steps from `weights` (as train_trace's "final")."""
+    trainer = make_trainer(strategy, model, n_devices, weights, len(batches[0][1]), lr, bn, device_kind, dtype,
+                           options, **levers)
+    for x, y in batches:
+        trainer.step(x, y)
+    trainer.sync()
+    return trainer.canonical()
+
+
+def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,
+              bn: str = "local", device_kind: str = "cpu", dtype: str = "float32", options: dict | None = None,
+              **levers) -> tuple[float, dict[str, np.ndarray]]:
+    """(mean loss of the global batch, its gradients by canonical name) as the strategy computes
+    them: each context on its shard, the strategy's reduction, read from context 0. The
+    strategies' gradients are of summed losses, hence the division by the global batch size.
+    `dtype`, `options` and `levers` as in train_trace."""
+    trainer = make_trainer(strategy, model, n_devices, weights, len(y), bn=bn, device_kind=device_kind,
+                           dtype=dtype, options=options, **levers)
+    handles = trainer.reduce_gradients(x, y)
+    grads = {name: g / len(y) for name, g in trainer.canonical_gradients().items()}
+    return mean_loss(trainer, handles, len(y)), grads
+
+
 def float64_gradients(model: str, weights: dict[str, np.ndarray], x, y) -> tuple[float, dict[str, np.ndarray]]:
     """(mean loss, canonical gradients) of one batch on one CPU context, computed in float64.
 
     `harness check` compares this with torch's float64 gradient: agreement to ~1e-12 shows the
     model, loss and BatchNorm are the same math, whatever float32 rounding does on top."""
-    net = models.build(model)
-    net.initialize(ctx=mx.cpu())
-    models.load_canonical(net, weights)
-    net.cast("float64")
-    loss, _ = forward_backward(net, mx.nd.array(x, dtype="float64"), mx.nd.array(y, dtype="float64"))
-    grads = {models.canonical_name(name): p.grad().asnumpy().astype(np.float64) / len(y)
-             for name, p in net._collect_params_with_prefix().items() if not models.is_statistic(p)}
-    return float(loss.asscalar()) / len(y), grads
+    return gradients("scratch", model, 1, weights, x, y, dtype="float64")
