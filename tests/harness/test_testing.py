@@ -1,0 +1,81 @@
+"""`python -m harness test`: the environment each suite's pytest gets, normal and --portable (no framework runs)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from harness import testing
+from harness.envs import ROOT
+from tests.harness.helpers import run_harness
+
+CALLER = {"PATH": "tools/bin", "PYTHONPATH": "vendor/lib", "OMP_NUM_THREADS": "8",
+          "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+
+
+def test_portable_environment_caps_every_framework_to_sse4_and_one_thread():
+    env = testing.suite_env({"DPBENCH_BACKEND": "torch"}, True, CALLER)
+    assert env["ATEN_CPU_CAPABILITY"] == "default"
+    assert env["ONEDNN_MAX_CPU_ISA"] == "SSE41" and env["DNNL_MAX_CPU_ISA"] == "SSE41"
+    assert env["MKL_CBWR"] == "COMPATIBLE" and env["OPENBLAS_CORETYPE"] == "Nehalem"
+    for threads in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MXNET_CPU_WORKER_NTHREADS"):
+        assert env[threads] == "1", threads                      # the caller's 8 threads too
+    assert env["DPBENCH_BACKEND"] == "torch" and env["PATH"] == "tools/bin"
+
+
+def test_portable_xla_flags_are_appended_to_the_callers():
+    env = testing.suite_env({}, True, CALLER)
+    assert env["XLA_FLAGS"] == ("--xla_force_host_platform_device_count=4 "
+                                "--xla_cpu_max_isa=SSE4_2 --xla_cpu_multi_thread_eigen=false")
+    assert testing.suite_env({}, True, {})["XLA_FLAGS"] == "--xla_cpu_max_isa=SSE4_2 --xla_cpu_multi_thread_eigen=false"
+
+
+def test_pythonpath_puts_the_project_first_and_keeps_the_callers_entry():
+    for portable in (False, True):
+        assert testing.suite_env({}, portable, CALLER)["PYTHONPATH"] == f"{ROOT}{os.pathsep}vendor/lib"
+        assert testing.suite_env({}, portable, {})["PYTHONPATH"] == str(ROOT)
+
+
+def test_the_normal_pass_changes_nothing_but_pythonpath():
+    env = testing.suite_env({"DPBENCH_BACKEND": "jax"}, False, CALLER)
+    assert env == {**CALLER, "PYTHONPATH": f"{ROOT}{os.pathsep}vendor/lib", "DPBENCH_BACKEND": "jax"}
+
+
+def test_pinning_leaves_one_usable_cpu_to_the_process_and_what_it_starts():
+    child = "import os; print(len(os.sched_getaffinity(0)))"
+    code = ("import os, subprocess, sys\n"
+            "from harness import testing\n"
+            "testing.pin_to_one_cpu()\n"
+            f"print(len(os.sched_getaffinity(0)), subprocess.run([sys.executable, '-c', {child!r}],\n"
+            "      capture_output=True, text=True).stdout)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["1", "1"], out.stderr
+
+
+def test_probe_facts_read_what_the_libraries_report():
+    # Lines as torch 2.13 (oneDNN 3.12, MKL 2024), MXNet 1.9.1 (oneDNN 2.4) and jaxlib 0.10.2 print them.
+    torch = ("onednn_verbose,v1,info,cpu,runtime:OpenMP,nthr:1\n"
+             "onednn_verbose,v1,info,cpu,isa:Intel SSE4.1\n"
+             "onednn_verbose,v1,primitive,exec,cpu,convolution,jit:sse41,forward_training,src:f32,,mb1_ic16oc32,0.2\n"
+             "MKL_VERBOSE SGEMM(N,N,64,64,64,0x1,0x2,64,0x3,64,0x4,0x5,64) 4.42ms CNR:COMPATIBLE Dyn:1 "
+             "FastMM:1 TID:0  NThr:1\n"
+             "probe: ATen capability DEFAULT, 1 thread(s)\n")
+    assert testing.probe_facts(torch) == ["ATen capability DEFAULT, 1 thread(s)", "oneDNN ISA Intel SSE4.1",
+                                          "oneDNN 1 thread(s)", "oneDNN convolution jit:sse41",
+                                          "MKL CNR COMPATIBLE with 1 thread(s)"]
+    mxnet = ("dnnl_verbose,info,cpu,isa:Intel SSE4.1\n"
+             "dnnl_verbose,exec,cpu,convolution,jit:sse41,forward_inference,src_f32::blocked:aBcd8b:f0,,mb1,0.4\n"
+             "probe: OpenBLAS core Nehalem, 1 OpenMP thread(s)\n")
+    assert testing.probe_facts(mxnet) == ["OpenBLAS core Nehalem, 1 OpenMP thread(s)", "oneDNN ISA Intel SSE4.1",
+                                          "oneDNN convolution jit:sse41"]
+    jax = ("I1122 23:30:25.157505    7150 cpu_compiler.cc:1495] `xla_cpu_max_isa` is set. Will not use features "
+           "newer than: SSE4_2\n")
+    assert testing.probe_facts(jax) == ["XLA codegen capped to SSE4_2"]
+    assert testing.probe_facts("nothing to see\n") == []
+
+
+def test_help_names_the_portable_pass():
+    out = run_harness("test", "--help")
+    assert out.returncode == 0 and "--portable" in out.stdout and "SSE4" in out.stdout
