@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import paired  # noqa: E402
 from common import sysinfo  # noqa: E402
+from harness import envs  # noqa: E402
 
 EXIT_STATUS = """exit status:
   0  within 3%: the interval's lower bound is >= 0.97, the harness costs at most 3%
@@ -99,7 +100,7 @@ def standalone(args) -> dict:
     """One run of the plain loop: images/s, mean training loss, and the hashes of its start and data."""
     stdout = run([args.python, "-c", STANDALONE, args.model, str(args.lr), str(args.steps * args.batch_size),
                   str(args.batch_size), str(args.threads), str(args.seed)],
-                 env={**os.environ, "PYTHONPATH": str(ROOT)})
+                 env=envs.worker_env())
     return json.loads(stdout.strip().splitlines()[-1])
 
 

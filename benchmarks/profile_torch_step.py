@@ -9,7 +9,6 @@ the most time (self time, summed over the profiled steps), and the share of conv
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,11 +61,14 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--bf16", action="store_true", help="autocast forward and loss to bfloat16")
+    p.add_argument("--python", metavar="PATH", help="an interpreter that has torch (a host without network); "
+                                                    "default: .venvs/torch/, built if needed")
     args = p.parse_args()
     from harness import envs, registry
-    python = str(envs.ensure("torch", registry.load("torch").requirements, say=lambda m: print(m, file=sys.stderr)))
+    python = args.python or str(envs.ensure("torch", registry.load("torch").requirements,
+                                             say=lambda m: print(m, file=sys.stderr)))
     return subprocess.run([python, "-c", PROFILE, str(args.batch_size), str(args.steps), args.device,
-                           "1" if args.bf16 else "0"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}).returncode
+                           "1" if args.bf16 else "0"], cwd=ROOT, env=envs.worker_env()).returncode
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ them with torch's and prints one table; the exit status is 1 if any row fails.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -89,7 +88,7 @@ def measure(name: str, python: str, job: dict, tmp: Path, timeout: float) -> tup
     job_path.write_text(json.dumps(job))
     # Its own process group, killed whole on timeout or interrupt: DDP ranks must not outlive the check.
     proc = subprocess.Popen([python, "-m", f"backends.{name}", "--check", str(job_path), "--result", str(out)],
-                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            cwd=ROOT, env=envs.worker_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)

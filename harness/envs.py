@@ -28,6 +28,15 @@ class EnvError(Exception):
     """The environment could not be built; the message holds the reason and pip's tail."""
 
 
+def worker_env(caller=None, **extra: str) -> dict:
+    """The environment of a process we start (a worker, a check, a test suite): the caller's, with the
+    project root first on PYTHONPATH and the caller's entries after it (packages carried to a host
+    without network stay importable), plus `extra`."""
+    caller = os.environ if caller is None else caller
+    path = os.pathsep.join(p for p in (str(ROOT), caller.get("PYTHONPATH", "")) if p)
+    return {**caller, "PYTHONPATH": path, **extra}
+
+
 def venv_python(name: str) -> Path:
     return VENVS / name / "bin" / "python"
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from common import progress
 from common.config import RunConfig
 from common.results import failed_result, load_result, tail
+from harness import envs
 from harness.envs import ROOT
 
 KILL_GRACE_S = 5.0
@@ -125,7 +126,7 @@ def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
     config_path, result_path = workdir / "runs" / f"{name}.config.json", workdir / "runs" / f"{name}.result.json"
     log_path = workdir / "logs" / f"{name}.log"
     cfg.save(config_path)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    env = envs.worker_env(PYTHONUNBUFFERED="1")
     cmd = [python, "-m", f"backends.{cfg.backend}", "--config", str(config_path), "--result", str(result_path)]
 
     console.started(cfg)

@@ -99,15 +99,10 @@ def junit_counts(path: Path) -> Counts:
     return c
 
 
-def pythonpath(caller: Mapping[str, str]) -> str:
-    """The project root first, then whatever the caller had on PYTHONPATH."""
-    return os.pathsep.join(p for p in (str(ROOT), caller.get("PYTHONPATH", "")) if p)
-
-
 def suite_env(extra_env: dict, portable: bool, caller: Mapping[str, str] = os.environ) -> dict:
     """A suite's environment: the caller's, with the project importable and the suite's own variables;
     portable adds the caps of PORTABLE_ENV and appends PORTABLE_XLA_FLAGS to the caller's XLA_FLAGS."""
-    env = {**caller, "PYTHONPATH": pythonpath(caller), **extra_env}
+    env = envs.worker_env(caller, **extra_env)
     if portable:
         env.update(PORTABLE_ENV)
         env["XLA_FLAGS"] = " ".join(f for f in (caller.get("XLA_FLAGS", ""), PORTABLE_XLA_FLAGS) if f)

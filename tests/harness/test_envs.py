@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from harness import envs
 
 
@@ -17,3 +19,16 @@ def test_stamp_follows_requirements(tmp_path, monkeypatch):
     assert envs.is_current("torch", req)
     req.write_text("torch==2.14.0\n")
     assert not envs.is_current("torch", req)                     # pins changed: rebuild
+
+
+def test_a_package_on_the_callers_pythonpath_is_importable_in_a_worker(tmp_path, monkeypatch):
+    """Packages carried to a host without network (PYTHONPATH) stay importable next to the project."""
+    import subprocess
+    import sys
+    (tmp_path / "carried_package.py").write_text("VALUE = 42\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    env = envs.worker_env(EXTRA="1")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(envs.ROOT), str(tmp_path)] and env["EXTRA"] == "1"
+    out = subprocess.run([sys.executable, "-c", "import carried_package, common; print(carried_package.VALUE)"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "42", out.stderr
