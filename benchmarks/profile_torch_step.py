@@ -9,6 +9,7 @@ the most time (self time, summed over the profiled steps), and the share of conv
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,8 @@ def main() -> int:
     p.add_argument("--python", metavar="PATH", help="an interpreter that has torch (a host without network); "
                                                     "default: .venvs/torch/, built if needed")
     args = p.parse_args()
+    if args.python and not os.access(args.python, os.X_OK):
+        p.error(f"--python {args.python} is not an executable file")
     from harness import envs, registry
     python = args.python or str(envs.ensure("torch", registry.load("torch").requirements,
                                              say=lambda m: print(m, file=sys.stderr)))
