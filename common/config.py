@@ -13,6 +13,8 @@ MODELS = ("resnet18", "lenet")
 BN_MODES = ("local", "sync")
 INITS = ("d2l", "he")    # common/weights.py
 PRECISIONS = ("fp32", "tf32", "bf16")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+MAX_PREFETCH = 16
 DATASETS = ("fashion-mnist", "synthetic")
 
 
@@ -51,6 +53,8 @@ class RunConfig:
     compile: bool = False             # torch.compile / (jit is inherent to JAX) / Gluon hybridize
     channels_last: bool = False       # torch: NHWC memory format for the model and batches
     resident_data: bool = False       # each epoch's batches copied to the devices before its timer starts
+    compile_mode: str = "default"     # torch.compile's mode: default, reduce-overhead (CUDA graphs), max-autotune
+    prefetch: int = 2                 # batches put on the devices ahead of their step (0: copied inside it)
     timed_steps: int = 20             # steady-state steps timed one by one after training (step statistics)
     load_weights: str | None = None   # start from this canonical weights file instead of the seeded init
     save_weights: str | None = None   # write the canonical weights here after training
@@ -58,8 +62,9 @@ class RunConfig:
     @property
     def levers(self) -> list[str]:
         """The speed levers that differ from the plain fp32 eager run, e.g. ["bf16", "compile"]."""
-        return ([self.precision] if self.precision != "fp32" else []) + \
-               [name for name in ("compile", "channels_last", "resident_data") if getattr(self, name)]
+        compiled = ["compile" if self.compile_mode == "default" else f"compile={self.compile_mode}"] if self.compile else []
+        return ([self.precision] if self.precision != "fp32" else []) + compiled + \
+               [name for name in ("channels_last", "resident_data") if getattr(self, name)]
 
     @property
     def variant(self) -> str:
@@ -86,6 +91,12 @@ class RunConfig:
             raise ConfigError(f"unknown --init {self.init!r}; choose from {', '.join(INITS)}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"unknown --precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ConfigError(f"unknown --compile-mode {self.compile_mode!r}; choose from {', '.join(COMPILE_MODES)}")
+        if self.compile_mode != "default" and not self.compile:
+            raise ConfigError(f"--compile-mode {self.compile_mode} needs --compile")
+        if not 0 <= self.prefetch <= MAX_PREFETCH:
+            raise ConfigError(f"--prefetch must be between 0 and {MAX_PREFETCH} (got {self.prefetch})")
         if self.timed_steps < 0:
             raise ConfigError(f"--timed-steps must be at least 0 (got {self.timed_steps})")
         if self.bn not in BN_MODES:

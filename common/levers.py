@@ -11,7 +11,8 @@ import tomllib
 from pathlib import Path
 
 BACKENDS_DIR = Path(__file__).resolve().parent.parent / "backends"
-PLAIN = {"precision": "fp32", "compile": False, "channels_last": False, "resident_data": False}
+PLAIN = {"precision": "fp32", "compile": False, "compile_mode": "default", "channels_last": False,
+         "resident_data": False}
 
 
 def asked(**values) -> dict:

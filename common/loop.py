@@ -8,6 +8,10 @@ A backend supplies a Trainer; this module decides what is timed and how:
 * an epoch's time runs from a barrier before its first step to a barrier after its
   last; host->device copies of the batches are inside it (as in d2l), batch assembly
   (one numpy gather of the epoch's permutation) happens before its timer starts;
+* each batch is put on the devices --prefetch batches ahead of the step that takes it
+  (trainer.put: asynchronous copies, from pinned host memory on a copy stream where the
+  framework has them), so copies overlap the steps before; --prefetch 0 leaves the copy
+  to step() itself, one batch at a time;
 * loss / accuracy are read back only after the epoch's timer has stopped, so the
   loop never forces a device sync mid-epoch;
 * evaluation is outside epoch time;
@@ -21,6 +25,7 @@ A backend supplies a Trainer; this module decides what is timed and how:
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 import time
@@ -76,6 +81,9 @@ class Trainer(Protocol):
     def canonical(self) -> dict:
         """The current weights as canonical numpy arrays (replica 0's)."""
 
+    def put(self, x, y) -> Any:
+        """One numpy batch placed on the devices as step() takes it; the copies queued, not waited for."""
+
     def stage(self, batches: list) -> list:
         """--resident-data: the (x, y) numpy batches copied to the devices, in whatever form step() takes."""
 
@@ -95,12 +103,13 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
     steps = datalib.steps_per_epoch(len(dataset.y_train), cfg.batch_size)
 
     trainer.reset()
-    x0, y0 = datalib.train_batches(dataset, cfg.batch_size, cfg.seed, 0)[0]
+    first = datalib.train_batches(dataset, cfg.batch_size, cfg.seed, 0)[:1]
     if cfg.resident_data:
-        ((x0, y0),) = trainer.stage([(x0, y0)])
+        first = trainer.stage(first)
     trainer.sync()
     start = time.perf_counter()
-    trainer.step(x0, y0)
+    for x0, y0 in feed(trainer, first, cfg):
+        trainer.step(x0, y0)
     trainer.sync()
     compile_s = trainer.slowest(time.perf_counter() - start)
     trainer.reset()
@@ -116,7 +125,7 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
         last_emit = 0.0
         trainer.sync()
         start = time.perf_counter()
-        for i, (x, y) in enumerate(batches):
+        for i, (x, y) in enumerate(feed(trainer, batches, cfg)):
             handles.append(trainer.step(x, y))
             now = time.perf_counter()
             if report and now - last_emit > 0.5:
@@ -176,7 +185,7 @@ def time_steps(trainer: Trainer, cfg, dataset: datalib.Dataset) -> list[float]:
     if cfg.resident_data:
         batches = trainer.stage(batches)
     seconds = []
-    for x, y in batches:
+    for x, y in feed(trainer, batches, cfg):   # a step's batch is put (ahead) before its opening barrier
         trainer.sync()
         start = time.perf_counter()
         trainer.step(x, y)
@@ -185,6 +194,26 @@ def time_steps(trainer: Trainer, cfg, dataset: datalib.Dataset) -> list[float]:
     if trainer.rank == 0:
         progress.emit("timed_steps", steps=len(seconds))
     return seconds
+
+
+def feed(trainer: Trainer, batches: list, cfg) -> Iterable:
+    """The batches as step() takes them: staged ones (--resident-data) as they are, numpy ones put on the
+    devices cfg.prefetch batches ahead of their step (0: as they are, step() copies them itself)."""
+    if cfg.resident_data or not cfg.prefetch:
+        return iter(batches)
+    return prefetched(trainer, batches, cfg.prefetch)
+
+
+def prefetched(trainer: Trainer, batches: Iterable, depth: int) -> Iterable:
+    """Each batch trainer.put() `depth` batches before it is yielded: when the step of batch i is queued,
+    the copies of batches i+1..i+depth are queued too, so the device copies while it computes."""
+    ahead = collections.deque()
+    for x, y in batches:
+        ahead.append(trainer.put(x, y))
+        if len(ahead) > depth:
+            yield ahead.popleft()
+    while ahead:
+        yield ahead.popleft()
 
 
 def step_statistics(seconds: list[float], batch_size: int) -> dict | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from common import data as datalib
 from common import levers as leverlib
 from common import weights as weightslib
-from common.config import BN_MODES, DATASETS, MODELS, PRECISIONS, ConfigError, RunConfig
+from common.config import BN_MODES, COMPILE_MODES, DATASETS, MODELS, PRECISIONS, ConfigError, RunConfig
 from harness import devices as devicelib
 from harness import envs, registry, report, runner
 
@@ -98,10 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "(bfloat16 compute, float32 weights and SGD); backends without it are reported as refused")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile for torch, hybridize for MXNet; JAX steps are always jit-compiled")
+    p.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
+                   help="with --compile, torch only: torch.compile's mode (reduce-overhead: CUDA graphs, GPU only; "
+                        "max-autotune: autotuned kernels, long compiles)")
     p.add_argument("--channels-last", action="store_true", help="torch only: NHWC memory format for model and batches")
     p.add_argument("--resident-data", action="store_true",
                    help="copy each epoch's batches to the devices before its timer starts (no host-to-device "
                         "copy inside the timed steps)")
+    p.add_argument("--prefetch", type=int, default=2, metavar="N",
+                   help="put each batch on the devices N batches ahead of its step (pinned host memory and a copy "
+                        "stream on CUDA), so copies overlap compute; 0: each step copies its own batch")
     p.add_argument("--timed-steps", type=int, default=None,
                    help="steps timed one by one after training, for the step-time median and spread "
                         "(default: the preset's; 0 skips them and the allreduce figure)")
@@ -244,8 +250,12 @@ def select_strategies(args, backends: dict[str, registry.Backend], kind: str, bn
 
 def refused_levers(args, backends: dict[str, registry.Backend], kind: str) -> dict[str, str]:
     """{backend: why it cannot run the asked levers}; an error if no selected backend can."""
-    asked = leverlib.asked(precision=args.precision, compile=args.compile, channels_last=args.channels_last,
-                           resident_data=args.resident_data)
+    asked = leverlib.asked(precision=args.precision, compile=args.compile, compile_mode=args.compile_mode,
+                           channels_last=args.channels_last, resident_data=args.resident_data)
+    if args.compile_mode != "default" and not args.compile:
+        raise UsageError(f"--compile-mode {args.compile_mode} needs --compile")
+    if args.compile_mode == "reduce-overhead" and kind != "gpu":
+        raise UsageError("--compile-mode reduce-overhead captures CUDA graphs; there are none on the CPU")
     if asked.get("precision") == "tf32" and kind != "gpu":
         raise UsageError("--precision tf32: TF32 is a mode of NVIDIA tensor cores (Ampere and later); "
                          "there is none on the CPU")
@@ -286,7 +296,7 @@ def make_config(args, preset: dict, backend: str, strategy: str, options: dict, 
         dataset=args.dataset, data_dir=data_dir, seed=args.seed, timeout=args.timeout,
         threads=args.threads, options=options, bn=args.bn, init=args.init,
         precision=args.precision, compile=args.compile, channels_last=args.channels_last,
-        resident_data=args.resident_data,
+        resident_data=args.resident_data, compile_mode=args.compile_mode, prefetch=args.prefetch,
         timed_steps=args.timed_steps if args.timed_steps is not None else preset["timed_steps"],
         load_weights=os.path.abspath(args.load_weights) if args.load_weights else None,
         save_weights=os.path.abspath(args.save_weights) if args.save_weights else None)

@@ -15,7 +15,8 @@ def configure_threads(cfg, processes: int) -> int:
 
 
 def configure_precision(cfg) -> dict:
-    """Set the float32 math mode of --precision; return the settings as torch reads them back.
+    """Set the float32 math mode of --precision (and cuDNN autotuning on GPUs); return the settings as torch
+    reads them back.
 
     fp32 means fp32: TF32 off for matmuls and convolutions, set explicitly (DESIGN: same for all).
     tf32: both on. bf16: TF32 off, so that what runs outside autocast (the SGD update, BatchNorm
@@ -26,9 +27,13 @@ def configure_precision(cfg) -> dict:
     torch.backends.cudnn.allow_tf32 = tf32
     # The matching setting of the newer API: torch refuses to read a mix of the two.
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    # GPU runs let cuDNN time its convolution algorithms for each shape once and keep the fastest,
+    # as XLA autotunes its kernels; CPU runs have no cuDNN.
+    torch.backends.cudnn.benchmark = cfg.device_kind == "gpu"
     return {"mode": cfg.precision, "weights_dtype": "float32",
             "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32,
             "float32_matmul_precision": torch.get_float32_matmul_precision(),
+            "cudnn_benchmark": torch.backends.cudnn.benchmark,
             "autocast": {"device_type": autocast_device(cfg), "dtype": "bfloat16"} if cfg.precision == "bf16" else None}
 
 
@@ -42,6 +47,24 @@ def compile_target(cfg) -> str | None:
         return None
     return {"scratch": "every replica", "dp": "the module given to nn.DataParallel",
             "ddp": "the DistributedDataParallel-wrapped module"}.get(cfg.strategy)
+
+
+def input_copies(cfg) -> str:
+    """How a batch reaches the devices (common/loop.py puts it --prefetch batches ahead of its step)."""
+    if cfg.resident_data:
+        return "none timed: each epoch's batches placed before its timer starts (--resident-data)"
+    if cfg.device_kind != "gpu":
+        return "none: the CPU devices read the host batch (tensors share the numpy memory)"
+    if not cfg.prefetch:
+        return "in the step (--prefetch 0): each batch copied from pageable memory before its forward"
+    return (f"asynchronous, {cfg.prefetch} batches ahead: pinned host memory, one copy stream per GPU, "
+            "the step's stream waits on the copy's event")
+
+
+def sgd_update(cfg) -> str:
+    if cfg.strategy == "scratch":
+        return "torch._foreach_sub_ (p -= lr/B * g), one call per replica"
+    return f"torch.optim.SGD(foreach={cfg.device_kind == 'gpu'})"
 
 
 def device_names(cfg) -> list[str]:
@@ -63,7 +86,9 @@ def environment(cfg) -> dict:
         "processes": processes,
         "threads_per_process": threads,
         "precision": configure_precision(cfg),
-        "compile": {"backend": "inductor", "target": compile_target(cfg)} if cfg.compile else None,
+        "compile": {"backend": "inductor", "mode": cfg.compile_mode, "target": compile_target(cfg)} if cfg.compile else None,
+        "input_copies": input_copies(cfg),
+        "sgd_update": sgd_update(cfg),
         "memory_format": "channels_last" if cfg.channels_last else "contiguous_format",
         "resident_data": cfg.resident_data,
         "collective": {"ddp": "nccl" if cfg.device_kind == "gpu" else "gloo",

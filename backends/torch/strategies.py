@@ -45,7 +45,7 @@ from torch.nn import functional as F
 from common import data as datalib
 from common import levers as leverlib
 from common.config import RunConfig
-from common.loop import Diverged, Unsupported, run_training, time_calls
+from common.loop import Diverged, Unsupported, feed, run_training, time_calls
 from common.weights import for_run as weights_for_run
 
 from backends.torch import models
@@ -93,12 +93,50 @@ def _peak_memory(kind: str, devs) -> dict:
 
 
 class OnDevice:
-    """An input stage() has already put where backward() takes it (sharded, in the memory format)."""
+    """An input put() or stage() has already placed where backward() takes it (sharded, in the memory
+    format). `ready`: {device: CUDA event} its copies record on their copy streams (none on the CPU)."""
 
-    __slots__ = ("value",)
+    __slots__ = ("value", "ready")
 
-    def __init__(self, value):
-        self.value = value
+    def __init__(self, value, ready: dict | None = None):
+        self.value, self.ready = value, ready or {}
+
+    def take(self):
+        """The value, once the step's streams wait for its copies (the CPU thread does not wait)."""
+        for device, event in self.ready.items():
+            torch.cuda.current_stream(device).wait_event(event)
+        for t in (self.value if isinstance(self.value, list) else [self.value]):
+            if t.is_cuda:   # the copy stream allocated it; the compute stream uses it (caching allocator)
+                t.record_stream(torch.cuda.current_stream(t.device))
+        return self.value
+
+
+class CopyStreams:
+    """Host-to-device copies that overlap compute (CUDA): the numpy batch pinned, then copied by one
+    side stream per device; each copy records an event that the step's stream waits for."""
+
+    def __init__(self, devs: list):
+        self.streams = {d: torch.cuda.Stream(d) for d in sorted(set(devs), key=str)}
+
+    def put(self, place, x, y) -> tuple[OnDevice, OnDevice]:
+        """place(x, y) run on the copy streams, from pinned host memory (so the copies are asynchronous)."""
+        x, y = as_tensor(x).pin_memory(), as_tensor(y).pin_memory()
+        with contextlib.ExitStack() as on_copy_streams:
+            for stream in self.streams.values():
+                on_copy_streams.enter_context(torch.cuda.stream(stream))
+            placed = place(x, y)
+            ready = {d: stream.record_event() for d, stream in self.streams.items()}
+        return OnDevice(placed[0], ready), OnDevice(placed[1], ready)
+
+
+def compile_options(cfg: RunConfig) -> dict:
+    """torch.compile's arguments for --compile-mode (none for the default mode)."""
+    return {} if cfg.compile_mode == "default" else {"mode": cfg.compile_mode}
+
+
+def sgd(params, cfg: RunConfig) -> torch.optim.SGD:
+    """torch.optim.SGD, its update one multi-tensor (foreach) kernel per step on CUDA."""
+    return torch.optim.SGD(params, lr=cfg.lr, foreach=cfg.device_kind == "gpu")
 
 
 def _prepare_model(net: nn.Module, cfg: RunConfig) -> nn.Module:
@@ -113,6 +151,13 @@ class TorchTrainer:
     cfg: RunConfig
     module: nn.Module
     devs: list
+    _copies: CopyStreams | None = None
+
+    @property
+    def copies(self) -> CopyStreams:
+        if self._copies is None:
+            self._copies = CopyStreams(self.devs)
+        return self._copies
 
     def step(self, x, y):
         handle = self.backward(x, y)
@@ -129,14 +174,23 @@ class TorchTrainer:
         return x.contiguous(memory_format=torch.channels_last) if self.cfg.channels_last else x
 
     def placed(self, x, y):
-        """The inputs of backward() on their devices: as stage() left them, else placed now (numpy batches)."""
+        """The inputs of backward() on their devices: as put() or stage() left them, else placed now."""
         if isinstance(x, OnDevice):
-            return x.value, y.value
+            return x.take(), y.take()
         return self.place(x, y)
+
+    def put(self, x, y):
+        """One batch placed ahead of its step: on CUDA copied from pinned memory on copy streams, not waited
+        for; on the CPU placed now (the shards are views of the numpy batch: nothing to copy)."""
+        if self.cfg.device_kind == "gpu":
+            return self.copies.put(self.place, x, y)
+        return tuple(OnDevice(v) for v in self.place(x, y))
 
     def stage(self, batches: list) -> list:
         """--resident-data: the numpy batches placed as backward() takes them; step() then copies nothing."""
-        return [tuple(OnDevice(v) for v in self.place(x, y)) for x, y in batches]
+        staged = [self.put(x, y) for x, y in batches]
+        self.sync()
+        return staged
 
     def allreduce_seconds(self, values: int, repeats: int) -> list[float]:
         """The strategy's gradient reduction of `values` float32 per device, timed `repeats` times
@@ -181,7 +235,7 @@ class ScratchTrainer(TorchTrainer):
         if cfg.compile:
             # One forward code, compiled once per device: room for every device before dynamo falls back to eager.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * cfg.devices)
-            self.forwards = [torch.compile(net) for net in self.replicas]
+            self.forwards = [torch.compile(net, **compile_options(cfg)) for net in self.replicas]
 
     def reset(self) -> None:
         for net in self.replicas:
@@ -215,9 +269,9 @@ class ScratchTrainer(TorchTrainer):
         """d2l's sgd: p -= lr * g / B on every replica (g is the gradient of the summed loss)."""
         scale = self.cfg.lr / self.cfg.batch_size
         with torch.no_grad():
-            for net in self.replicas:
-                for p in net.parameters():
-                    p.sub_(p.grad, alpha=scale)
+            for net in self.replicas:   # one multi-tensor kernel per replica on CUDA, not one per parameter
+                params = list(net.parameters())
+                torch._foreach_sub_(params, [p.grad for p in params], alpha=scale)
 
     def gradient_dict(self) -> dict[str, np.ndarray]:
         """The gradient of the global mean loss, as replica 0 holds it after the allreduce."""
@@ -294,9 +348,9 @@ class DataParallelTrainer(OptimizerTrainer):
         if cfg.precision == "bf16":
             replicated = AutocastForward(replicated, "cuda")
         if cfg.compile:
-            replicated = torch.compile(replicated)
+            replicated = torch.compile(replicated, **compile_options(cfg))
         self.net = nn.DataParallel(replicated, device_ids=list(range(cfg.devices)))
-        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=cfg.lr)
+        self.optimizer = sgd(self.net.parameters(), cfg)
 
     def inputs(self, x, y):
         """The whole batch goes to device 0; DataParallel scatters it."""
@@ -355,8 +409,8 @@ class DDPTrainer(OptimizerTrainer):
                 self.module, device_ids=[self.device.index] if cfg.device_kind == "gpu" else None,
                 broadcast_buffers=False, gradient_as_bucket_view=True)
         if cfg.compile:   # the DDP-wrapped module (dynamo's DDPOptimizer splits the graph at the buckets)
-            self.net = torch.compile(self.net)
-        self.optimizer = torch.optim.SGD(self.net.parameters(), lr=cfg.lr)
+            self.net = torch.compile(self.net, **compile_options(cfg))
+        self.optimizer = sgd(self.net.parameters(), cfg)
 
     def _shard(self, a):
         m = len(a) // self.n_devices
@@ -538,13 +592,14 @@ def _train_job(cfg: RunConfig, rank: int, payload):
 def _probe(trainer, batches: list, kind: str):
     """What the equivalence checks read: the first batch's (mean loss, gradients), or a
     trace of SGD steps: the weights after the first and the last, and every step's mean loss.
-    With resident_data the batches go through stage() first."""
+    With resident_data the batches go through stage() first, else through the loop's feed (--prefetch)."""
     size = len(batches[0][1])
     if trainer.cfg.resident_data:
         batches = trainer.stage(batches)
     trainer.reset()
+    batches = feed(trainer, batches, trainer.cfg)   # put ahead of their steps, as in training (--prefetch)
     if kind == "gradients":
-        loss_sum, _ = trainer.collect([trainer.backward(*batches[0])])
+        loss_sum, _ = trainer.collect([trainer.backward(*next(batches))])
         return loss_sum / size, trainer.gradient_dict()
     losses, first = [], None
     for x, y in batches:

@@ -249,3 +249,169 @@ def test_ddp_sync_batchnorm_on_two_ranks_is_batchnorm_on_one_device():
     assert max_abs_diff(one, start) > 1e-3
     assert relative(sync, one) <= IDENTICAL
     assert relative(local, one) > 1e6 * IDENTICAL
+
+
+# ------------------------------------------------------------------ prefetch, foreach, cuDNN autotuning, compile modes
+
+def test_prefetched_batches_take_the_same_steps_bit_for_bit():
+    """--prefetch puts each batch ahead of its step (trainer.put); the steps are the ones a numpy batch takes,
+    to the last bit, for the replicas of scratch and the ranks of ddp (float64)."""
+    for strategy in ("scratch", "ddp"):
+        start, plain = steps_with(strategy, 2, n_steps=3, dtype="float64", prefetch=0)
+        _, ahead = steps_with(strategy, 2, n_steps=3, dtype="float64", prefetch=2)
+        assert max_abs_diff(plain, start) > 1e-3
+        assert all(np.array_equal(ahead[k], plain[k]) for k in plain), strategy
+
+
+def test_put_places_the_shards_without_waiting():
+    from backends.torch.strategies import OnDevice
+    trainer = scratch_trainer()
+    (x, y), = image_batches(1)
+    placed_x, placed_y = trainer.put(x, y)
+    assert isinstance(placed_x, OnDevice) and placed_x.ready == {}     # nothing to wait for on the CPU
+    assert [t.shape[0] for t in placed_x.value] == [4, 4]
+    assert [str(t.dtype) for t in placed_y.value] == ["torch.int64"] * 2
+    assert np.array_equal(np.concatenate([t.numpy() for t in placed_x.take()]), x)
+
+
+def test_scratch_update_is_one_foreach_call_equal_to_the_per_tensor_update():
+    """torch._foreach_sub_ gives the per-parameter p.sub_(g, alpha=lr/B) of d2l's sgd to the last bit (float64)."""
+    import torch
+    from backends.torch import initial_weights
+    from backends.torch.strategies import ScratchTrainer
+    from common.config import RunConfig
+    cfg = RunConfig(backend="torch", strategy="scratch", devices=2, model="lenet", batch_size=8, lr=0.5).validate()
+    trainer = ScratchTrainer(cfg, initial_weights("lenet", 0), dtype=torch.float64)
+    trainer.reset()
+    trainer.backward(*[(np.asarray(x, np.float64), y) for x, y in image_batches(1)][0])
+    expected = [[p.detach().clone().sub_(p.grad, alpha=cfg.lr / cfg.batch_size) for p in net.parameters()]
+                for net in trainer.replicas]
+    trainer.update()
+    for net, want in zip(trainer.replicas, expected):
+        assert all(torch.equal(p, w) for p, w in zip(net.parameters(), want))
+
+
+def test_cudnn_autotuning_is_on_for_gpu_runs_only_and_recorded():
+    from backends.torch.environment import configure_precision
+    from common.config import RunConfig
+    def settings(kind):
+        cfg = RunConfig(backend="torch", strategy="ddp", devices=1, device_kind=kind, simulated=kind == "cpu",
+                        model="lenet", batch_size=8).validate()
+        return configure_precision(cfg)
+    try:
+        assert settings("gpu")["cudnn_benchmark"] is True
+    finally:
+        assert settings("cpu")["cudnn_benchmark"] is False
+
+
+def test_compile_mode_reaches_torch_compile(monkeypatch):
+    import torch
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: modes.append(kw) or module)
+    scratch_trainer(devices=1, compile=True, compile_mode="max-autotune")
+    scratch_trainer(devices=1, compile=True)
+    assert modes == [{"mode": "max-autotune"}, {}]
+
+
+def test_environment_records_the_input_copies_and_the_update():
+    from backends.torch import environment
+    from common.config import RunConfig
+    def env(**kw):
+        values = dict(backend="torch", strategy="scratch", devices=2, model="lenet", batch_size=8)
+        return environment(RunConfig(**{**values, **kw}).validate())
+    assert env()["input_copies"].startswith("none: the CPU devices read the host batch")
+    assert env(resident_data=True)["input_copies"].startswith("none timed")
+    assert env()["sgd_update"].startswith("torch._foreach_sub_")
+    assert env(strategy="ddp")["sgd_update"] == "torch.optim.SGD(foreach=False)"
+    assert env(strategy="ddp", compile=True, compile_mode="max-autotune")["compile"]["mode"] == "max-autotune"
+
+
+# ------------------------------------------------------------------ CUDA only (run where a GPU is present)
+
+def cuda_devices() -> int:
+    if NAME != "torch":
+        return 0
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+needs_cuda = pytest.mark.skipif(cuda_devices() == 0, reason="needs a CUDA GPU")
+GPUS = min(2, cuda_devices())
+
+
+def gpu_steps(strategy, devices, dtype="float32", **levers):
+    from backends.torch import initial_weights, train_steps
+    start = initial_weights("lenet", 0)
+    return train_steps(strategy, "lenet", devices, start, image_batches(2), 0.5, device_kind="gpu", dtype=dtype,
+                       **levers)
+
+
+def cpu_float64_steps(devices):
+    return steps_with("scratch", devices, dtype="float64")[1]
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ["scratch", "dp", "ddp"])
+def test_cuda_strategies_take_the_float64_step_of_the_cpu(name):
+    """On the GPUs, in float64: scratch, nn.DataParallel and NCCL DDP take the CPU's step."""
+    assert relative(gpu_steps(name, GPUS, dtype="float64"), cpu_float64_steps(GPUS)) <= IDENTICAL
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ["scratch", "ddp"])
+def test_cuda_prefetch_from_pinned_memory_takes_the_same_steps_bit_for_bit(name):
+    plain = gpu_steps(name, GPUS, dtype="float64", prefetch=0)
+    ahead = gpu_steps(name, GPUS, dtype="float64", prefetch=2)
+    assert all(np.array_equal(ahead[k], plain[k]) for k in plain)
+
+
+@needs_cuda
+def test_cuda_put_copies_from_pinned_memory_on_a_copy_stream():
+    import torch
+    trainer = scratch_trainer(devices=GPUS, batch_size=8, device_kind="gpu", simulated=False)
+    (x, y), = image_batches(1)
+    placed_x, _ = trainer.put(x, y)
+    assert set(placed_x.ready) == set(trainer.devs)
+    assert all(t.is_cuda for t in placed_x.take())
+    torch.cuda.synchronize()
+    assert np.array_equal(np.concatenate([t.cpu().numpy() for t in placed_x.value]), x)
+
+
+@needs_cuda
+@pytest.mark.parametrize("levers", [{}, {"channels_last": True}, {"compile": True}, {"precision": "tf32"},
+                                    {"precision": "bf16"}])
+def test_cuda_float32_levers_stay_near_the_float64_step(levers):
+    """fp32 on the GPU (TF32 off, cuDNN's autotuned algorithms) stays within 10x the CPU's float32 distance
+    from the float64 step, measured here (TF32 left on would be ~1000x); TF32 and bf16 stay within 10 units
+    of their own rounding (11 and 8 significant bits) of the float64 update."""
+    from backends.torch import initial_weights
+    start = initial_weights("lenet", 0)
+    exact = cpu_float64_steps(GPUS)
+    cpu_fp32 = steps_with("scratch", GPUS)[1]
+    got = gpu_steps("scratch", GPUS, **levers)
+    unit = {"tf32": 2.0 ** -11, "bf16": 2.0 ** -8}.get(levers.get("precision"))
+    if unit is None:
+        assert max_abs_diff(got, exact) <= 10 * max_abs_diff(cpu_fp32, exact)
+    else:
+        update = flat(exact) - flat(start)
+        assert np.linalg.norm(flat(got) - flat(start) - update) / np.linalg.norm(update) < 10 * unit
+
+
+@needs_cuda
+def test_cuda_ddp_sync_batchnorm_is_batchnorm_on_one_device():
+    from backends.torch import initial_weights, train_steps
+    from common.weights import he_scaled
+    start = he_scaled(initial_weights("resnet18", 0), "resnet18")
+    batches = image_batches(1, size=8)
+    one = train_steps("scratch", "resnet18", 1, start, batches, 0.1, dtype="float64")
+    sync = train_steps("ddp", "resnet18", GPUS, start, batches, 0.1, bn="sync", device_kind="gpu", dtype="float64")
+    assert relative(sync, one) <= IDENTICAL
+
+
+@needs_cuda
+def test_cuda_worker_trains_with_prefetch_and_records_it(tmp_path):
+    rc, r = run_worker(tmp_path, strategy="ddp", devices=GPUS, device_kind="gpu", simulated=False, timed_steps=3,
+                       epochs=1)
+    assert rc == 0 and r["status"] == "ok", r["error"]
+    env = r["environment"]
+    assert env["input_copies"].startswith("asynchronous, 2 batches ahead") and env["precision"]["cudnn_benchmark"]

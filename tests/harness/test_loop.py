@@ -28,12 +28,20 @@ class RecordingTrainer:
 
     def __init__(self, events: list):
         self.events, self.weights = events, {"w": np.zeros(1, np.float32)}
+        self.stepped = []   # the labels of every batch step() received, in order
+
+    def put(self, x, y):
+        self.events.append("put")
+        return ("placed", x), ("placed", y)
 
     def reset(self):
         pass
 
     def step(self, x, y):
         self.events.append("step")
+        if isinstance(y, tuple):   # put() made it
+            x, y = x[1], y[1]
+        self.stepped.append(y.tobytes())
         return (float(len(y)), 0.0)
 
     def sync(self):
@@ -58,6 +66,9 @@ class RecordingTrainer:
     def stage(self, batches):
         return batches
 
+    def allreduce_seconds(self, values, repeats):
+        return [1.0] * repeats
+
 
 def recording_dataset(events: list) -> datalib.Dataset:
     data = datalib.synthetic(48, 8, 0)
@@ -80,12 +91,51 @@ def timed_epochs(events: list) -> list[list[str]]:
         i = end + 1
 
 
+def config(**overrides) -> RunConfig:
+    values = dict(backend="fake", strategy="fake", devices=1, model="lenet", epochs=2, batch_size=8,
+                  timed_steps=0, dataset="synthetic")
+    return RunConfig(**{**values, **overrides}).validate()
+
+
 def test_an_epochs_batches_are_assembled_before_its_timer_starts():
     events = []
-    cfg = RunConfig(backend="fake", strategy="fake", devices=1, model="lenet", epochs=2, batch_size=8,
-                    timed_steps=0, dataset="synthetic").validate()
-    loop.run_training(RecordingTrainer(events), cfg, recording_dataset(events))
+    loop.run_training(RecordingTrainer(events), config(prefetch=0), recording_dataset(events))
     epochs = timed_epochs(events)
     assert len(epochs) == 3                                      # the warm-up step, then two epochs
     assert epochs[1] == epochs[2] == ["sync"] + ["step"] * 6 + ["sync"]   # no gather inside a timed interval
     assert events.count("gather") >= 3                          # each epoch's shuffle happened, outside
+
+
+def test_with_prefetch_each_batch_is_put_ahead_of_its_step_inside_the_timer():
+    """--prefetch 2: the copies of batches i+1 and i+2 are queued before step i (they overlap it on a GPU);
+    every put of an epoch is inside its timed interval, and no gather is."""
+    events = []
+    loop.run_training(RecordingTrainer(events), config(prefetch=2), recording_dataset(events))
+    epochs = timed_epochs(events)
+    assert len(epochs) == 3
+    expected = ["sync"] + ["put"] * 3 + ["step", "put"] * 3 + ["step"] * 3 + ["sync"]
+    assert epochs[1] == epochs[2] == expected
+    assert epochs[0] == ["sync", "put", "step", "sync"]          # the warm-up step goes through put() too
+
+
+def test_prefetch_gives_every_step_the_same_batches_in_the_same_order():
+    """Whatever the depth (0 = no put at all, more than an epoch's 6 steps included), the steps receive
+    the same batches, in the same order, timed steps included."""
+    def stepped(depth):
+        trainer = RecordingTrainer([])
+        loop.run_training(trainer, config(prefetch=depth, timed_steps=5), datalib.synthetic(48, 8, 0))
+        return trainer.stepped
+    plain = stepped(0)
+    assert len(plain) == 1 + 2 * 6 + 5 and len(set(plain[1:7])) == 6
+    for depth in (1, 2, 5, 16):
+        assert stepped(depth) == plain
+
+
+def test_prefetched_puts_depth_batches_ahead():
+    events = []
+    trainer = RecordingTrainer(events)
+    batches = [(np.zeros(1), np.full(1, i)) for i in range(4)]
+    for x, y in loop.prefetched(trainer, batches, 1):
+        trainer.step(x, y)
+    assert events == ["put", "put", "step", "put", "step", "put", "step", "step"]
+    assert trainer.stepped == [batch_y.tobytes() for _, batch_y in batches]
