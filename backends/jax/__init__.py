@@ -47,13 +47,16 @@ def param_count(model: str) -> int:
 
 
 def predict(model: str, weights, x, train: bool = False, dtype: str = "float32"):
-    """Logits (numpy) of `model` with canonical `weights` on a numpy NCHW batch, on one device.
+    """Logits (numpy) of `model` with canonical `weights` on a numpy NCHW batch, on one CPU device.
 
     Eval mode normalises with the running statistics; train=True with the batch's own statistics
     (the running statistics it would update are dropped). dtype "float64" computes in float64."""
+    import jax
     import numpy as np
     from backends.jax.strategies import DTYPES, computing_in, module_dtypes
-    with computing_in(dtype):
+    # On the CPU at full float32 precision whatever the host has: on a GPU XLA's default would be TF32
+    # matmuls, and the equivalence check compares these logits with the other backends' CPU logits.
+    with computing_in(dtype), jax.default_device(jax.devices("cpu")[0]), jax.default_matmul_precision("highest"):
         net = build(model, **module_dtypes("fp32", dtype))
         out = forward(net, from_canonical(net, weights), np.asarray(x, dtype=DTYPES[dtype]), train=train)
         return np.asarray(out[0] if train else out)

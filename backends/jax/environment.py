@@ -63,6 +63,16 @@ def levers(cfg) -> dict:
             "channels_last": False, "resident_data": cfg.resident_data}
 
 
+def input_copies(cfg) -> str:
+    """How a batch reaches the devices (common/loop.py puts it --prefetch batches ahead of its step)."""
+    if cfg.resident_data:
+        return "none timed: each epoch's batches placed before its timer starts (--resident-data)"
+    if not cfg.prefetch:
+        return "in the step (--prefetch 0): jax.device_put of each batch just before its step"
+    where = "to the GPUs" if cfg.device_kind == "gpu" else "to the simulated CPU devices"
+    return f"asynchronous, {cfg.prefetch} batches ahead: jax.device_put {where}, not waited for"
+
+
 def environment(cfg) -> dict:
     cuda, cudnn = cuda_versions() if cfg.device_kind == "gpu" else (None, None)
     return {
@@ -80,6 +90,8 @@ def environment(cfg) -> dict:
                       "jax_default_matmul_precision": MATMUL_PRECISION[cfg.precision],
                       "tf32_matmul": cfg.precision == "tf32", "tf32_cudnn": cfg.precision == "tf32"},
         "levers": levers(cfg),
+        "input_copies": input_copies(cfg),
+        "sgd_update": "optax.sgd inside the compiled step, (params, batch_stats, opt_state) donated",
         "collective": {"pmap": "lax.psum of the gradients inside jax.pmap (XLA all-reduce)",
                        "sharding": "XLA all-reduce from autodiff through jax.shard_map "
                                    "(jit over a NamedSharding mesh)"}.get(cfg.strategy),

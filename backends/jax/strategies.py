@@ -24,8 +24,9 @@ equivalence API (`gradients`, `train_trace`, `train_steps`) runs those same part
 or, with dtype="float64", the same code with jax_enable_x64 set for the call: parameters,
 BatchNorm statistics, batches, activations, loss, psum / pmean and the SGD update in float64.
 Timing: the step is compiled on its first call (the loop's warm-up step); `step` only
-queues work and returns device arrays, `sync` blocks on them. `stage` (--resident-data)
-places batches on the devices as `step` would, and `step` takes such batches as they are.
+queues work and returns device arrays, `sync` blocks on them; it donates the state it replaces.
+`put` (--prefetch) and `stage` (--resident-data) place batches on the devices as `step` would,
+and `step` takes such batches as they are.
 `allreduce_seconds` times the strategy's own collective alone: a pmapped lax.psum, or a
 lax.psum in a jax.shard_map under jax.jit over the strategy's mesh.
 Levers: --precision bf16 builds the modules with dtype bfloat16 (parameters, gradients,
@@ -53,10 +54,15 @@ from backends.jax.parallel import (AXIS, check_batch, device_axis_sharding, devi
 from common import data as datalib
 from common import levers as leverlib
 from common.config import RunConfig
-from common.loop import Unsupported, run_training, time_calls
+from common.loop import Unsupported, feed, run_training, time_calls
 from common.weights import for_run as weights_for_run
 
 DTYPES = {"float32": np.float32, "float64": np.float64}   # of the equivalence API's runs
+
+# The step's (params, batch_stats, opt_state) arguments are donated: XLA writes the new state into the old
+# one's buffers instead of allocating a second copy of the model every step (the state is replaced by the
+# step's outputs and never read again).
+DONATED = (0, 1, 2)
 
 
 # ------------------------------------------------------------------ per-device math
@@ -131,17 +137,22 @@ class JaxTrainer:
         """The batch as the step takes it: a staged one as it is, a numpy one copied to the devices now."""
         if self.is_placed(x, y):
             return x, y
-        return self.place_batch(np.asarray(x), np.asarray(y))
+        return self.put(x, y)
 
     def is_placed(self, x, y) -> bool:
         """Whether (x, y) is a batch `place_batch` made (the layout `label_ndim` tells apart)."""
         return all(isinstance(a, jax.Array) and a.sharding == self.batch_sharding for a in (x, y)) and \
             y.ndim == self.label_ndim
 
+    def put(self, x, y):
+        """One batch placed on the devices as the step takes it; jax.device_put returns before the copies
+        finish (the flax examples' prefetch_to_device does the same)."""
+        return self.place_batch(np.asarray(x), np.asarray(y))
+
     def stage(self, batches: list) -> list:
         """--resident-data: every (x, y) batch placed on the devices as the step takes it, the copies
         finished when this returns."""
-        staged = [self.place_batch(x, y) for x, y in batches]
+        staged = [self.put(x, y) for x, y in batches]
         jax.block_until_ready(staged)
         return staged
 
@@ -233,7 +244,7 @@ class PmapTrainer(JaxTrainer):
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0, dtype: str = "float32"):
         super().__init__(cfg, weights, rank, dtype)
         self._step = jax.pmap(functools.partial(self.device_step, self.net, self.tx, cfg.batch_size),
-                              axis_name=AXIS, devices=self.devs)
+                              axis_name=AXIS, devices=self.devs, donate_argnums=DONATED)
         self._gradients = jax.pmap(functools.partial(self.device_gradients, self.net, cfg.batch_size),
                                    axis_name=AXIS, devices=self.devs)
         self._pmean = jax.pmap(functools.partial(lax.pmean, axis_name=AXIS), axis_name=AXIS, devices=self.devs)
@@ -279,7 +290,7 @@ class ShardingTrainer(JaxTrainer):
         loss = self.sharded_loss(self.net, self.mesh, cfg.batch_size)
         r, s = self.replicated, self.split_rows
         self._step = jax.jit(functools.partial(self.global_step, loss, self.tx),
-                             out_shardings=(r, s, r, (s, s)))
+                             out_shardings=(r, s, r, (s, s)), donate_argnums=DONATED)
         self._gradients = jax.jit(functools.partial(self.global_gradients, loss), out_shardings=(r, (s, s, s)))
         self._pmean = jax.jit(jax.shard_map(functools.partial(lax.pmean, axis_name=AXIS), mesh=self.mesh,
                                             in_specs=P(AXIS), out_specs=P(AXIS)))
@@ -411,10 +422,12 @@ def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np
     with computing_in(dtype):
         trainer = _trainer(strategy, model, n_devices, weights, len(batches[0][1]), lr, bn, device_kind, dtype,
                            levers)
-        losses, first = [], None
-        for x, y in batches:
+        losses, first, size = [], None, len(batches[0][1])
+        if trainer.cfg.resident_data:
+            batches = trainer.stage(batches)
+        for x, y in feed(trainer, batches, trainer.cfg):   # put ahead of their steps, as in training (--prefetch)
             loss_sums, _ = trainer.step(x, y)
-            losses.append(_global_mean(loss_sums, len(y)))
+            losses.append(_global_mean(loss_sums, size))
             if first is None:
                 first = trainer.canonical()
         return {"first": first, "final": trainer.canonical(), "losses": losses}

@@ -7,7 +7,7 @@
 * threads: MXNet's engine and oneDNN size their OpenMP pools once, when the library
   loads, from OMP_NUM_THREADS. So the worker's thread count (--threads of the run, else
   every usable core, as torch uses for one process) is set here, before the import.
-* fp32 means fp32: tensor-core math off (matters only on GPU builds; DESIGN: the same
+* fp32 means fp32: tensor-core math and TF32 off (matters only on GPU builds; DESIGN: the same
   precision settings for every backend).
 
 Every other module of the backend does `from backends.mxnet.compat import mx`.
@@ -45,6 +45,9 @@ restore_numpy_aliases()
 os.environ["OMP_NUM_THREADS"] = str(worker_threads())
 os.environ.setdefault("MXNET_CUDA_ALLOW_TENSOR_CORE", "0")
 os.environ.setdefault("MXNET_CUDA_TENSOR_OP_MATH_ALLOW_CONVERSION", "0")
+# cuDNN 8 and cuBLAS 11 use TF32 for float32 on Ampere and later GPUs unless told not to (MXNet's own
+# switches above predate TF32); this is the libraries' own switch, read when they load.
+os.environ.setdefault("NVIDIA_TF32_OVERRIDE", "0")
 
 import mxnet as mx  # noqa: E402  (after the settings above, on purpose)
 

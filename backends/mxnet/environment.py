@@ -73,6 +73,18 @@ def batchnorm(cfg) -> str:
     return f"local: each context its own shard's statistics; {rule}, averaged before evaluation"
 
 
+def input_copies(cfg) -> str:
+    """How a batch reaches the contexts (common/loop.py puts it --prefetch batches ahead of its step)."""
+    if cfg.resident_data:
+        return "none timed: each epoch's batches placed before its timer starts (--resident-data)"
+    if not cfg.prefetch:
+        return "in the step (--prefetch 0): split_and_load of each batch just before its forward"
+    if cfg.device_kind == "gpu":
+        return (f"asynchronous, {cfg.prefetch} batches ahead: pinned host memory (cpu_pinned), "
+                "split_and_load's copies queued on the engine")
+    return f"asynchronous, {cfg.prefetch} batches ahead: split_and_load onto the CPU contexts, queued on the engine"
+
+
 def environment(cfg) -> dict:
     features = mx.runtime.Features()
     return {
@@ -85,7 +97,8 @@ def environment(cfg) -> dict:
         "processes": 1,
         "threads_per_process": THREADS,
         "engine": f"threaded engine per device, {engine_workers()} worker thread(s) per context",
-        "precision": {"dtype": "float32", "tf32_matmul": False, "tf32_cudnn": False},
+        "precision": {"dtype": "float32", "tf32_matmul": False, "tf32_cudnn": False,
+                      "NVIDIA_TF32_OVERRIDE": os.environ.get("NVIDIA_TF32_OVERRIDE")},
         "collective": collective(cfg),
         "kvstore": option(cfg, "kvstore") if cfg.strategy == "gluon" else None,
         "hybridize": hybridized(cfg),
@@ -93,5 +106,6 @@ def environment(cfg) -> dict:
         "compile": bool(cfg.compile),            # hybridize(), forced on whatever the hybridize option
         "channels_last": False,                  # NCHW always
         "resident_data": bool(cfg.resident_data),
+        "input_copies": input_copies(cfg),
         "batchnorm": batchnorm(cfg),
     }

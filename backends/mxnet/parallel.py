@@ -43,12 +43,13 @@ def examples(y) -> int:
     return y.examples if isinstance(y, Shards) else len(y)
 
 
-def split(X, y, devs: list):
+def split(X, y, devs: list, host=None):
     """Shard a global batch into len(devs) equal parts along axis 0, part i on devs[i].
 
     gluon.utils.split_and_load, with the batch checked first: uneven shards would weight
     examples differently in the averaged gradient, so such a batch is refused. A batch
-    stage()d onto these contexts already is split: its shards are returned as they are.
+    stage()d onto these contexts already is split: its shards are returned as they are. `host`: the
+    context the numpy batch is loaded into first (default: the first device).
     """
     if isinstance(X, Shards) or isinstance(y, Shards):
         if not (isinstance(X, Shards) and isinstance(y, Shards)):
@@ -60,14 +61,19 @@ def split(X, y, devs: list):
     if len(X) != len(y):
         raise ValueError(f"X has {len(X)} examples but y has {len(y)}")
     check_divisible(len(y), len(devs))
-    xs = gluon.utils.split_and_load(as_ndarray(X, devs[0]), devs, even_split=True)
-    ys = gluon.utils.split_and_load(as_ndarray(y, devs[0]), devs, even_split=True)
+    host = host or devs[0]
+    xs = gluon.utils.split_and_load(as_ndarray(X, host), devs, even_split=True)
+    ys = gluon.utils.split_and_load(as_ndarray(y, host), devs, even_split=True)
     return xs, ys
 
 
 def stage(X, y, devs: list) -> tuple[Shards, Shards]:
-    """A numpy batch split and loaded onto devs (as split() does in a step), for step() to take as it is."""
-    xs, ys = split(X, y, devs)
+    """A numpy batch split and loaded onto devs (as split() does in a step), for step() to take as it is.
+
+    On GPUs the batch goes through pinned host memory: each shard's copy to its GPU is then an
+    asynchronous engine operation, which overlaps the steps queued before it (--prefetch)."""
+    host = mx.cpu_pinned(0) if devs[0].device_type == "gpu" else None
+    xs, ys = split(X, y, devs, host)
     return Shards(xs), Shards(ys)
 
 

@@ -44,7 +44,7 @@ from backends.mxnet.parallel import Shards, allreduce, as_ndarray, devices, exam
 from common import data as datalib
 from common import levers as leverlib
 from common.config import RunConfig
-from common.loop import Unsupported, run_training, time_calls
+from common.loop import Unsupported, feed, run_training, time_calls
 from common.weights import for_run as weights_for_run
 from mxnet import autograd, gluon
 
@@ -154,9 +154,13 @@ class MXNetTrainer:
         """Numpy images in the trainer's dtype (float32 -> float64 is exact); staged ones as they are."""
         return x if isinstance(x, Shards) else np.asarray(x, self.dtype)
 
+    def put(self, x, y):
+        """One batch split_and_load-ed onto the contexts, as step() would, without waiting for the copies."""
+        return stage(self.images(x), y, self.devs)
+
     def stage(self, batches: list) -> list:
         """--resident-data: the batches split_and_load-ed onto the contexts, as step() would, ahead."""
-        staged = [stage(self.images(x), y, self.devs) for x, y in batches]
+        staged = [self.put(x, y) for x, y in batches]
         self.sync()
         return staged
 
@@ -368,6 +372,13 @@ def make_trainer(strategy: str, model: str, n_devices: int, weights: dict[str, n
     return trainer
 
 
+def fed(trainer: MXNetTrainer, batches: list):
+    """The batches as training feeds them to step(): staged (--resident-data), else put --prefetch ahead."""
+    if trainer.cfg.resident_data:
+        batches = trainer.stage(batches)
+    return feed(trainer, batches, trainer.cfg)
+
+
 def mean_loss(trainer: MXNetTrainer, handles: list, batch_size: int) -> float:
     """Mean cross-entropy over the global batch, from one step's (loss sum, correct) handles."""
     loss_sum, _ = trainer.collect([handles])
@@ -393,9 +404,9 @@ def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np
     options (kvstore, hybridize); `levers`: RunConfig's (with float64 only resident_data)."""
     trainer = make_trainer(strategy, model, n_devices, weights, len(batches[0][1]), lr, bn, device_kind, dtype,
                            options, **levers)
-    losses, first = [], None
-    for x, y in batches:
-        losses.append(mean_loss(trainer, trainer.step(x, y), len(y)))
+    losses, first, size = [], None, len(batches[0][1])
+    for x, y in fed(trainer, batches):
+        losses.append(mean_loss(trainer, trainer.step(x, y), size))
         if first is None:
             first = trainer.canonical()
     return {"first": first, "final": trainer.canonical(), "losses": losses}
@@ -407,7 +418,7 @@ def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np
     """The canonical weights after len(batches) SGD steps from `weights` (as train_trace's "final")."""
     trainer = make_trainer(strategy, model, n_devices, weights, len(batches[0][1]), lr, bn, device_kind, dtype,
                            options, **levers)
-    for x, y in batches:
+    for x, y in fed(trainer, batches):
         trainer.step(x, y)
     trainer.sync()
     return trainer.canonical()

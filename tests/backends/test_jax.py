@@ -589,3 +589,130 @@ def test_worker_reports_divergence(tmp_path):
     rc, r = run_worker(tmp_path, lr=1e30, epochs=1)
     assert rc == 1 and r["status"] == "diverged"
     assert "training loss became" in r["error"]
+
+
+# ------------------------------------------------------------------ prefetch, donation, predict on the CPU
+
+def traces_with(strategy, **levers):
+    from backends.jax import initial_weights, train_trace
+    start = initial_weights("lenet", 0)
+    batches = [batch(8, seed=s) for s in range(3)]
+    return start, train_trace(strategy, "lenet", 2, start, batches, 0.5, dtype="float64", **levers)
+
+
+def bitwise_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_prefetched_batches_take_the_same_steps_bit_for_bit(strategy):
+    """--prefetch puts each batch on the devices ahead of its step (trainer.put); the steps are the ones a
+    numpy batch takes, to the last bit (float64)."""
+    start, plain = traces_with(strategy, prefetch=0)
+    _, ahead = traces_with(strategy, prefetch=2)
+    assert max_abs_diff(plain["final"], start) > 1e-3
+    assert bitwise_equal(ahead["final"], plain["final"]) and ahead["losses"] == plain["losses"]
+
+
+def test_donated_state_gives_the_same_steps_bit_for_bit_and_leaves_the_weights_alone(strategy, monkeypatch):
+    """The step donates (params, batch_stats, opt_state): the old buffers are consumed, the steps are those
+    without donation to the last bit (float64), and the caller's weights are not written into."""
+    import jax
+    from backends.jax import strategies
+    start, donated = traces_with(strategy)
+    kept = {k: v.copy() for k, v in start.items()}
+    _, again = traces_with(strategy)
+    monkeypatch.setattr(strategies, "DONATED", ())
+    _, undonated = traces_with(strategy)
+    assert bitwise_equal(donated["final"], undonated["final"]) and donated["losses"] == undonated["losses"]
+    assert bitwise_equal(again["final"], donated["final"])
+    monkeypatch.undo()
+    t = trainer(strategy, "lenet", 2, 8, dtype="float32")
+    old = t.state
+    t.step(*batch(8))
+    t.sync()
+    assert all(a.is_deleted() for a in jax.tree.leaves(old))
+    t.reset()                      # from the numpy initial weights: still intact
+    assert bitwise_equal(t.canonical(), kept)
+
+
+def test_put_returns_the_batch_placed_as_the_step_takes_it(strategy):
+    t = trainer(strategy, "lenet", 2, 8, dtype="float32")
+    x, y = batch(8)
+    placed = t.put(x, y)
+    assert t.is_placed(*placed)
+    assert np.array_equal(np.asarray(placed[0]).reshape(x.shape), x)
+
+
+def test_predict_runs_on_the_cpu_at_full_float32_precision(monkeypatch):
+    """Whatever the process's default (TF32 on a GPU host), predict's forward runs at "highest" matmul
+    precision on a CPU device: its logits are compared with the other backends' CPU logits."""
+    import jax
+    import backends.jax as jax_backend
+    from backends.jax import initial_weights, models
+    seen = []
+    real = jax_backend.forward
+
+    def spy(net, variables, x, train):
+        seen.append((jax.config.jax_default_matmul_precision, jax.config.jax_default_device))
+        return real(net, variables, x, train)
+
+    monkeypatch.setattr(jax_backend, "forward", spy)
+    previous = jax.config.jax_default_matmul_precision
+    jax.config.update("jax_default_matmul_precision", "tensorfloat32")
+    try:
+        jax_backend.predict("lenet", initial_weights("lenet", 0), batch(2)[0])
+    finally:
+        jax.config.update("jax_default_matmul_precision", previous)
+    (precision, device), = seen
+    assert precision == "highest" and device.platform == "cpu"
+    lowered = jax.jit(lambda x: models.forward(models.build("lenet"), models.from_canonical(
+        models.build("lenet"), initial_weights("lenet", 0)), x, False))
+    with jax.default_matmul_precision("highest"):   # what that setting does to the convolutions it lowers
+        assert "HIGHEST" in lowered.lower(batch(2)[0]).as_text()
+
+
+# ------------------------------------------------------------------ GPU only (run where a GPU is present)
+
+def gpu_count() -> int:
+    if NAME != "jax":
+        return 0
+    import backends.jax  # noqa: F401  (first: it asks XLA for the simulated CPU devices before jax starts)
+    import jax
+    try:
+        return len(jax.devices("gpu"))
+    except RuntimeError:
+        return 0
+
+
+needs_gpu = pytest.mark.skipif(gpu_count() == 0, reason="needs a GPU JAX can see")
+GPUS = min(2, gpu_count())
+
+
+@needs_gpu
+def test_gpu_steps_in_float64_are_the_cpu_steps(strategy):
+    from backends.jax import initial_weights, train_steps
+    start = initial_weights("lenet", 0)
+    batches = [batch(8, seed=s) for s in range(2)]
+    on_gpu = train_steps(strategy, "lenet", GPUS, start, batches, 0.5, device_kind="gpu", dtype="float64")
+    on_cpu = train_steps(strategy, "lenet", GPUS, start, batches, 0.5, dtype="float64")
+    assert relative(on_gpu, on_cpu) <= IDENTICAL
+
+
+@needs_gpu
+def test_gpu_fp32_steps_run_at_full_precision(strategy):
+    """fp32 on the GPU (jax_default_matmul_precision "highest") stays within 10x the CPU's float32 distance
+    from the float64 step, measured here; XLA's default (TF32 on Ampere and later) is ~1000x."""
+    from backends.jax import initial_weights, train_steps
+    start = initial_weights("lenet", 0)
+    batches = [batch(8, seed=s) for s in range(2)]
+    exact = train_steps(strategy, "lenet", GPUS, start, batches, 0.5, dtype="float64")
+    cpu = train_steps(strategy, "lenet", GPUS, start, batches, 0.5)
+    gpu = train_steps(strategy, "lenet", GPUS, start, batches, 0.5, device_kind="gpu")
+    assert max_abs_diff(gpu, exact) <= 10 * max_abs_diff(cpu, exact)
+
+
+@needs_gpu
+def test_gpu_worker_trains_with_prefetch(tmp_path):
+    rc, r = run_worker(tmp_path, devices=GPUS, device_kind="gpu", simulated=False, timed_steps=3, epochs=1)
+    assert rc == 0 and r["status"] == "ok", r["error"]
+    assert r["environment"]["input_copies"].startswith("asynchronous, 2 batches ahead")

@@ -405,3 +405,63 @@ def test_train_steps_refuses_gpus_it_cannot_use():
 def test_numpy_aliases_mxnet_uses_are_there():
     import backends.mxnet  # noqa: F401  (restores them on numpy >= 1.24)
     assert np.bool is bool and np.object is object
+
+
+# ------------------------------------------------------------------ prefetch; GPU only
+
+def trace_with(strategy, **levers):
+    from backends.mxnet import initial_weights, train_trace
+    weights = initial_weights("lenet", 0)
+    return weights, train_trace(strategy, "lenet", 2, weights, batches(3), 0.5, dtype="float64", **levers)
+
+
+@pytest.mark.parametrize("name", ["scratch", "gluon"])
+def test_prefetched_batches_take_the_same_steps_bit_for_bit(name):
+    """--prefetch puts each batch onto the contexts ahead of its step (trainer.put); the steps and their losses
+    are the numpy batches', to the last bit (float64)."""
+    start, plain = trace_with(name, prefetch=0)
+    _, ahead = trace_with(name, prefetch=2)
+    assert max_abs_diff(plain["final"], start) > 1e-3
+    assert all(np.array_equal(ahead["final"][k], plain["final"][k]) for k in plain["final"])
+    assert ahead["losses"] == plain["losses"]
+
+
+def test_put_splits_the_batch_onto_the_contexts():
+    from backends.mxnet.parallel import Shards
+    trainer = lenet_trainer("gluon")
+    (x, y), = batches(1)
+    px, py = trainer.put(x, y)
+    assert isinstance(px, Shards) and py.examples == 12 and [s.context for s in px] == trainer.devs
+    np.testing.assert_array_equal(np.concatenate([s.asnumpy() for s in px]), x)
+
+
+def test_fp32_keeps_tf32_off_in_the_cuda_libraries():
+    import os
+    from backends.mxnet import environment
+    from common.config import RunConfig
+    assert os.environ["NVIDIA_TF32_OVERRIDE"] == "0"
+    cfg = RunConfig(backend="mxnet", strategy="gluon", devices=2, model="lenet", batch_size=8).validate()
+    env = environment(cfg)
+    assert env["precision"]["NVIDIA_TF32_OVERRIDE"] == "0"
+    assert env["input_copies"].startswith("asynchronous, 2 batches ahead: split_and_load onto the CPU contexts")
+
+
+def mxnet_gpus() -> int:
+    if NAME != "mxnet":
+        return 0
+    from backends.mxnet.environment import visible_gpus
+    return visible_gpus()
+
+
+needs_gpu = pytest.mark.skipif(mxnet_gpus() == 0, reason="needs an MXNet GPU build and a GPU")
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", ["scratch", "gluon"])
+def test_gpu_steps_from_pinned_memory_are_the_cpu_steps(name):
+    from backends.mxnet import initial_weights, train_steps
+    weights = initial_weights("lenet", 0)
+    k = min(2, mxnet_gpus())
+    on_gpu = train_steps(name, "lenet", k, weights, batches(2), 0.5, device_kind="gpu", dtype="float64")
+    on_cpu = train_steps(name, "lenet", k, weights, batches(2), 0.5, dtype="float64")
+    assert relative(on_gpu, on_cpu) <= IDENTICAL
