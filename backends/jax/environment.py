@@ -8,7 +8,7 @@ import flax
 import jax
 import optax
 
-from backends.jax.parallel import devices
+from backends.jax.parallel import gpu_count
 from common import sysinfo
 
 # jax_default_matmul_precision per --precision. fp32: float32 passes on GPUs, no TF32 in matmuls and
@@ -32,8 +32,8 @@ def threads_per_process(cfg) -> int:
 
 
 def device_names(cfg) -> list[str]:
-    if cfg.device_kind == "gpu":   # (too few GPUs: Unsupported, reported as unavailable)
-        return [d.device_kind for d in devices(cfg.devices, "gpu")]
+    if cfg.device_kind == "gpu":   # (too few GPUs: the run raises Unsupported, reported as unavailable)
+        return [d.device_kind for d in jax.devices("gpu")[:cfg.devices]] if gpu_count() else []
     return [f"cpu (simulated device {i})" for i in range(cfg.devices)]
 
 
@@ -84,6 +84,7 @@ def environment(cfg) -> dict:
         "cuda": cuda,
         "cudnn": cudnn,
         "devices": device_names(cfg),
+        "framework_gpus": gpu_count(),   # what JAX itself sees, whatever the harness found
         "processes": 1,
         "threads_per_process": threads_per_process(cfg),
         "precision": {"dtype": COMPUTE_DTYPE[cfg.precision], "param_dtype": "float32",

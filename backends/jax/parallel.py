@@ -26,9 +26,20 @@ def devices(n: int, kind: str = "cpu") -> list:
     except RuntimeError:
         found = []
     if len(found) < n:
-        hint = "" if kind == "gpu" else " (the XLA flag --xla_force_host_platform_device_count sets how many)"
-        raise Unsupported(f"{n} {platform} devices requested, JAX sees {len(found)}{hint}")
+        if kind == "gpu":
+            hint = " (this jaxlib has no CUDA plugin: install jax[cuda12])" if not found else ""
+            raise Unsupported(f"{n} GPU(s) requested, JAX sees {len(found)}{hint}")
+        raise Unsupported(f"{n} CPU devices requested, JAX sees {len(found)} "
+                          "(the XLA flag --xla_force_host_platform_device_count sets how many)")
     return found[:n]
+
+
+def gpu_count() -> int:
+    """The GPUs JAX itself sees (0 without a CUDA plugin)."""
+    try:
+        return len(jax.devices("gpu"))
+    except RuntimeError:
+        return 0
 
 
 def mesh(devs: list) -> Mesh:

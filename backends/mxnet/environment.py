@@ -94,6 +94,7 @@ def environment(cfg) -> dict:
         "cuda": "enabled" if features.is_enabled("CUDA") else None,
         "cudnn": "enabled" if features.is_enabled("CUDNN") else None,
         "devices": device_names(cfg),
+        "framework_gpus": visible_gpus(),   # what MXNet itself sees, whatever the harness found
         "processes": 1,
         "threads_per_process": THREADS,
         "engine": f"threaded engine per device, {engine_workers()} worker thread(s) per context",

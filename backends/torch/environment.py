@@ -83,6 +83,7 @@ def environment(cfg) -> dict:
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "devices": device_names(cfg),
+        "framework_gpus": torch.cuda.device_count(),   # what torch itself sees, whatever the harness found
         "processes": processes,
         "threads_per_process": threads,
         "precision": configure_precision(cfg),

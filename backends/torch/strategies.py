@@ -470,7 +470,8 @@ def check_supported(cfg: RunConfig) -> None:
         raise Unsupported(f"torch {cfg.strategy} has no synchronised BatchNorm (--bn sync runs with ddp)")
     if cfg.device_kind == "gpu":
         if not torch.cuda.is_available():
-            raise Unsupported("GPU run requested but torch sees no CUDA device")
+            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+            raise Unsupported(f"GPU run requested but torch ({torch.__version__}, {build}) sees no CUDA device")
         if torch.cuda.device_count() < cfg.devices:
             raise Unsupported(f"{cfg.devices} GPUs requested, torch sees {torch.cuda.device_count()}")
     check_levers(cfg)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.envs import worker_env
+
 NAME = os.environ.get("DPBENCH_BACKEND")
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,5 +54,5 @@ def run_backend_worker(tmp_path, **overrides) -> tuple[int, dict]:
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     proc = subprocess.run([sys.executable, "-m", f"backends.{NAME}", "--config", str(tmp_path / "c.json"),
                            "--result", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+                          env=worker_env(), timeout=300)
     return proc.returncode, json.loads((tmp_path / "r.json").read_text())

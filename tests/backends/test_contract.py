@@ -12,6 +12,7 @@ import pytest
 
 from common.loop import Unsupported
 from common.weights import he_scaled
+from tests.backends.conftest import NAME, run_backend_worker
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative, scale
 
 BATCH = 12  # divisible by 1, 2 and 3 devices
@@ -281,3 +282,15 @@ def test_running_statistics_follow_torchs_convention(backend, strategy, meta, k,
     assert np.max(np.abs(got["bn.running_mean"] - mean)) <= IDENTICAL * np.max(np.abs(mean))
     assert np.max(np.abs(got["bn.running_var"] - var)) <= IDENTICAL * np.max(var)
     assert np.max(np.abs(biased - var)) > 1e4 * IDENTICAL * np.max(var)   # the test can tell the two apart
+
+
+def test_a_gpu_run_the_framework_cannot_see_a_gpu_for_is_unavailable_with_the_reason(tmp_path, meta):
+    """What a host with a GPU the harness found but no CUDA runtime in the framework gets: an unavailable
+    result saying so, with the framework's own GPU count in its environment."""
+    rc, r = run_backend_worker(tmp_path, strategy=next(iter(meta["strategies"])), devices=1, batch_size=8,
+                               device_kind="gpu", simulated=False)
+    if r["environment"].get("framework_gpus"):
+        pytest.skip(f"{NAME} sees a GPU here")
+    assert rc == 1 and r["status"] == "unavailable"
+    assert "GPU" in r["error"] and len(r["error"].splitlines()) == 1
+    assert r["environment"]["framework_gpus"] == 0

@@ -582,7 +582,7 @@ def test_worker_saves_weights_that_a_later_run_loads_and_evaluates(tmp_path):
 def test_worker_reports_more_devices_than_jax_sees_as_unavailable(tmp_path):
     rc, r = run_worker(tmp_path, devices=32, batch_size=32, train_size=64)
     assert rc == 1 and r["status"] == "unavailable"
-    assert "32 cpu devices requested" in r["error"]
+    assert "32 CPU devices requested" in r["error"]
 
 
 def test_worker_reports_divergence(tmp_path):
@@ -677,11 +677,8 @@ def gpu_count() -> int:
     if NAME != "jax":
         return 0
     import backends.jax  # noqa: F401  (first: it asks XLA for the simulated CPU devices before jax starts)
-    import jax
-    try:
-        return len(jax.devices("gpu"))
-    except RuntimeError:
-        return 0
+    from backends.jax.parallel import gpu_count as seen_by_jax
+    return seen_by_jax()
 
 
 needs_gpu = pytest.mark.skipif(gpu_count() == 0, reason="needs a GPU JAX can see")
