@@ -425,9 +425,10 @@ def main(argv: list[str]) -> int:
     names = parse_backends(args.backend)
     if "torch" not in names:
         names.insert(0, "torch")   # the reference every other backend is compared with
-    kind, gpus = choose_devices(args)
+    devices = choose_devices(args)
+    kind = devices.kind
     counts = parse_gpus(args.gpus)
-    check_device_counts(counts, kind, gpus)
+    check_device_counts(counts, kind, devices.gpus, devices.why)
     models = [m.strip() for m in args.model.split(",") if m.strip()]
     bn_modes = [b.strip() for b in args.bn.split(",") if b.strip()]
     if not set(models) <= {"lenet", "resnet18"} or not models:
@@ -443,6 +444,7 @@ def main(argv: list[str]) -> int:
     dataset = (datalib.synthetic(args.steps * args.batch_size, 10, args.seed) if args.dataset == "synthetic"
                else datalib.load_fashion_mnist(Path(data_dir), args.steps * args.batch_size, 10))
 
+    print(devices.line)
     rows, failures, hashes = run_checks(backends, parse_pythons(args.python), models, chosen, counts, bn_modes,
                                         args.steps, args.batch_size, args.lr, args.seed, dataset, kind, args.timeout,
                                         init=args.init)

@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data-parallel devices: a count (2) or a sweep (1,2,4). Default: 1,2 "
                         "(1 with a single GPU). Without GPUs these are simulated CPU devices")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
-                   help="auto: the GPUs if any are visible, else simulated CPU devices")
+                   help="auto: the GPUs if any are found (nvidia-smi, else the driver's /proc files), else "
+                        "simulated CPU devices; cpu: simulated even where GPUs exist; gpu: refuse to run without one")
     p.add_argument("--strategy", default=None,
                    help="comma list (torch: scratch, dp, ddp). Default: every strategy that runs on this hardware")
     p.add_argument("--preset", choices=("auto", *PRESETS), default="auto",
@@ -199,20 +200,38 @@ class Plan:
     preset: str = ""
     device_kind: str = "cpu"
     gpus: list[str] = field(default_factory=list)
+    detection: str = ""          # how the GPUs were found, or why the devices are simulated
     data_source: str = ""
 
 
-def choose_devices(args) -> tuple[str, list[str]]:
-    gpus = devicelib.visible_gpus() if args.device != "cpu" else []
-    if args.device == "gpu" and not gpus:
-        raise UsageError("--device gpu: no GPU is visible (nvidia-smi finds none)")
-    return ("gpu" if gpus else "cpu"), gpus
+@dataclass
+class Devices:
+    kind: str                    # "gpu" or "cpu" (simulated)
+    gpus: list[str]
+    why: str                     # devices.Detection.how, or "--device cpu"
+
+    @property
+    def line(self) -> str:
+        """The one line printed before anything runs (and atop --list)."""
+        if self.kind == "gpu":
+            return f"devices: {devicelib.describe(self.gpus)}, {self.why}"
+        return f"devices: simulated CPU devices ({self.why})"
 
 
-def check_device_counts(counts: list[int], kind: str, gpus: list[str]) -> None:
+def choose_devices(args) -> Devices:
+    if args.device == "cpu":
+        return Devices("cpu", [], "--device cpu")   # asked for: no need to look for GPUs
+    found = devicelib.detect()
+    if args.device == "gpu" and not found.gpus:
+        raise UsageError(f"--device gpu: no GPU is visible ({found.how})")
+    return Devices("gpu" if found.gpus else "cpu", found.gpus, found.how)
+
+
+def check_device_counts(counts: list[int], kind: str, gpus: list[str], how: str = "") -> None:
     if kind == "gpu" and max(counts) > len(gpus):
         listed = "; ".join(f"{i}: {g}" for i, g in enumerate(gpus))
-        raise UsageError(f"--gpus {max(counts)} asks for more devices than the {len(gpus)} visible GPU(s) ({listed})")
+        raise UsageError(f"--gpus {max(counts)} asks for more devices than the {len(gpus)} visible GPU(s) ({listed})"
+                         + (f", {how}" if how else ""))
     if kind == "cpu" and max(counts) > devicelib.MAX_SIMULATED:
         raise UsageError(f"--gpus {max(counts)}: at most {devicelib.MAX_SIMULATED} simulated CPU devices")
 
@@ -309,9 +328,10 @@ def make_config(args, preset: dict, backend: str, strategy: str, options: dict, 
 def build_plan(args) -> Plan:
     names = parse_backends(args.backend)
     pythons = parse_pythons(args.python)
-    kind, gpus = choose_devices(args)
+    devices = choose_devices(args)
+    kind, gpus = devices.kind, devices.gpus
     counts = parse_gpus(args.gpus) if args.gpus else ([1, 2] if kind == "cpu" or len(gpus) >= 2 else [1])
-    check_device_counts(counts, kind, gpus)
+    check_device_counts(counts, kind, gpus, devices.why)
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive (got {args.timeout})")
     if args.threads is not None and args.threads < 1:
@@ -327,8 +347,8 @@ def build_plan(args) -> Plan:
     refused = refused_levers(args, backends, kind)
     data_dir, data_source = resolve_data(args)
 
-    plan = Plan(backends=backends, pythons=pythons, device_kind=kind, gpus=gpus, data_source=data_source,
-                preset=preset["title"])
+    plan = Plan(backends=backends, pythons=pythons, device_kind=kind, gpus=gpus, detection=devices.why,
+                data_source=data_source, preset=preset["title"])
     for name in names:
         for strategy, reason in strategies[name] or [("-", backends[name].reason)]:
             reason = reason or refused.get(name)
@@ -356,9 +376,8 @@ def check_weights_flags(args, plan: Plan) -> None:
 
 # ---------------------------------------------------------------------------- run
 
-def print_listing(gpus: list[str]) -> None:
-    where = f"{len(gpus)} GPU(s): " + ", ".join(gpus) if gpus else "no GPU: devices are simulated on the CPU"
-    print(f"Devices: {where}")
+def print_listing(devices: Devices) -> None:
+    print(devices.line)
     for b in registry.all_backends().values():
         if not b.implemented:
             print(f"  {b.name:6} unavailable: {b.reason}")
@@ -437,14 +456,15 @@ def equivalence(plan: Plan, args, console: runner.Console) -> dict:
 def run_benchmark(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.list:
-        print_listing(choose_devices(args)[1])
+        print_listing(choose_devices(args))
         return 0
     plan = build_plan(args)
     console = runner.Console(quiet=args.quiet)
-    devices = f"{len(plan.gpus)} visible GPU(s)" if plan.device_kind == "gpu" else "simulated CPU devices (no GPU)"
+    # Printed even with --quiet: which devices ran is what a result means, and it is one line.
+    console.say(Devices(plan.device_kind, plan.gpus, plan.detection).line)
     cfg0 = (plan.configs or [c for c, _ in plan.not_run])[0]
     console.say(f"Preset: {plan.preset}: {cfg0.model}, {cfg0.epochs} epoch(s), "
-                f"train {cfg0.train_size or 'all'} / test {cfg0.test_size or 'all'} images, {devices}; "
+                f"train {cfg0.train_size or 'all'} / test {cfg0.test_size or 'all'} images; "
                 f"{len(plan.configs)} run(s)")
     meta = {
         "command": "python -m harness " + " ".join(shlex.quote(a) for a in argv),
@@ -452,6 +472,7 @@ def run_benchmark(argv: list[str]) -> int:
         "preset": plan.preset,
         "device_kind": plan.device_kind,
         "gpus": plan.gpus,
+        "detection": plan.detection,
         "data_source": plan.data_source,
         "backends": sorted(plan.backends),
     }

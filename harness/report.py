@@ -270,8 +270,20 @@ def environment_section(results: list[dict]) -> list[str]:
                      f"{env.get('framework')} {env.get('framework_version')} (CUDA {env.get('cuda') or '—'}, "
                      f"cuDNN {env.get('cudnn') or '—'}), Python {env.get('python')}, numpy {env.get('numpy')}; "
                      f"{env.get('processes')} process(es) x {env.get('threads_per_process')} CPU thread(s); "
-                     f"precision: {precision}; collective: {env.get('collective')}")
+                     f"precision: {precision}; collective: {env.get('collective')}"
+                     + "".join(f"; {label}: {setting(env[name])}" for name, label in GPU_SETTINGS if env.get(name)))
+        if r["config"].get("device_kind", "cpu") == "cpu" and env.get("framework_gpus"):
+            lines.append(f"  - **{env.get('framework')} itself sees {env['framework_gpus']} GPU(s), yet this run used "
+                         f"simulated CPU devices**: the harness found no GPU (see Devices above, or pass --device gpu)")
     return lines
+
+
+# What a GPU run's speed depends on beyond the framework (recorded by the workers that have them).
+GPU_SETTINGS = (("input_copies", "input copies"), ("sgd_update", "SGD update"), ("compile", "compile"))
+
+
+def setting(value) -> str:
+    return ", ".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else str(value)
 
 
 def hashes_section(results: list[dict]) -> list[str]:
@@ -327,11 +339,20 @@ def precision_line(cfg: dict) -> str:
                    if others else " No other speed lever (--compile, --channels-last, --resident-data).")
 
 
+def devices_line(meta: dict) -> str:
+    """What ran and how the devices were found (results saved before `detection` existed lack it)."""
+    how = meta.get("detection")
+    if meta.get("device_kind") == "cpu":
+        return (f"- Devices: **simulated** ({how or 'no GPU was present'}): each device is a replica on the host "
+                "CPU, so the figures measure the software path, not GPU scaling")
+    gpus = meta.get("gpus", [])
+    return f"- Devices: {len(gpus)} GPU(s): {', '.join(gpus)}" + (f", {how}" if how else "")
+
+
 def render(results: list[dict], meta: dict, plots: dict[str, bool]) -> str:
     rows = with_scaling(results)
     ok = [r for r in results if r["status"] == "ok"]
     cfg = (ok or results)[0]["config"] if results else {}
-    simulated = meta.get("device_kind") == "cpu"
     L = [f"# Data-parallel training report `{meta['run_id']}`", ""]
     L += [f"- Command: `{meta['command']}`",
           f"- Started {meta['started']}, finished {meta.get('finished', '—')}",
@@ -341,9 +362,7 @@ def render(results: list[dict], meta: dict, plots: dict[str, bool]) -> str:
           f"- Start: " + (f"weights loaded from `{cfg['load_weights']}`" if cfg.get("load_weights")
                           else "the canonical seeded initial weights") + f"; BatchNorm: {cfg.get('bn', 'local')}"
           + (" (statistics over the global batch)" if cfg.get("bn") == "sync" else " (per-device statistics)"),
-          f"- Devices: " + ("**simulated** — no GPU was present; each device is a replica on the host CPU, "
-                            "so the figures measure the software path, not GPU scaling"
-                            if simulated else f"{len(meta.get('gpus', []))} GPU(s): {', '.join(meta.get('gpus', []))}"),
+          devices_line(meta),
           ""]
     if cfg.get("dataset") == "synthetic":
         L += ["> **Synthetic data**: random images, not Fashion-MNIST. Accuracy figures mean nothing here.", ""]

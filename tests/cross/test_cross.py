@@ -26,8 +26,8 @@ def harness(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_equivalence_check_passes_for_lenet():
-    out = harness("check", "--backend", ",".join(BACKENDS), "--gpus", "1,2", "--model", "lenet", "--bn", "local",
-                  "--steps", "3", "--batch-size", "8", "--dataset", "synthetic")
+    out = harness("check", "--backend", ",".join(BACKENDS), "--device", "cpu", "--gpus", "1,2", "--model", "lenet",
+                  "--bn", "local", "--steps", "3", "--batch-size", "8", "--dataset", "synthetic")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "| check |" not in line]
     for backend in BACKENDS:
@@ -42,7 +42,8 @@ def test_equivalence_check_passes_for_lenet():
 
 
 def test_checkpoint_from_one_backend_evaluates_the_same_everywhere(tmp_path):
-    common = ["--model", "lenet", "--dataset", "synthetic", "--test-size", "200", "--quiet", "--no-check"]
+    common = ["--device", "cpu", "--model", "lenet", "--dataset", "synthetic", "--test-size", "200", "--quiet",
+              "--no-check"]
     ckpt, start = tmp_path / "lenet.npz", tmp_path / "start.npz"
     # d2l's N(0, 0.01) LeNet needs thousands of steps to leave chance
     weights.save(start, weights.initial_weights("lenet", 0, init="he"))

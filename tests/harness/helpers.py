@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shlex
 import struct
 import subprocess
 import sys
@@ -15,8 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_harness(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m harness ARGS` in a subprocess with this interpreter."""
+    """`python -m harness ARGS` in a subprocess with this interpreter; an `env` value of None unsets that variable."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    full_env = {name: value for name, value in full_env.items() if value is not None}
     return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
@@ -42,3 +44,21 @@ def fake_python(tmp_path: Path, body: str, name: str = "fake-python") -> str:
     path.write_text("#!/bin/bash\n" + body + "\n")
     path.chmod(0o755)
     return str(path)
+
+
+def fake_nvidia_smi(bin_dir: Path, gpus: list[str] = (), mig_listing: list[str] = (), exit_code: int = 0,
+                    error: str = "") -> Path:
+    """An `nvidia-smi` in bin_dir: `--query-gpu=...` prints the CSV lines `gpus`, `-L` prints `mig_listing`.
+
+    It uses shell builtins only, so it works with PATH holding nothing but bin_dir.
+    """
+    def printf(lines):
+        return "printf '%s\\n' " + " ".join(map(shlex.quote, lines)) if lines else ":"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    path = bin_dir / "nvidia-smi"
+    path.write_text("#!/bin/sh\n"
+                    + (f"echo {shlex.quote(error)} >&2\n" if error else "")
+                    + f'case "$1" in\n  -L) {printf(mig_listing)};;\n  *) {printf(gpus)};;\nesac\n'
+                    + f"exit {exit_code}\n")
+    path.chmod(0o755)
+    return path

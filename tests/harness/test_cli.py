@@ -1,4 +1,7 @@
-"""Bad input exits 2 with one clear line, no traceback, and nothing written."""
+"""Bad input exits 2 with one clear line, no traceback, and nothing written.
+
+Every test sets the device situation itself (`--device cpu`, or a fake nvidia-smi first on PATH), so the
+verdicts are the same on a host with GPUs and on one without."""
 
 from __future__ import annotations
 
@@ -7,15 +10,15 @@ import os
 import pytest
 
 from harness import cli
-from harness import devices as devicelib
-from tests.harness.helpers import fake_python, run_harness
+from tests.harness.helpers import fake_nvidia_smi, run_harness
 
-NO_GPU = not devicelib.visible_gpus()
+CPU = ("--device", "cpu")
 
 
-def assert_refused(tmp_path, *args, match: str, env=None):
+def assert_refused(tmp_path, *args, match: str, env=None, device=CPU):
+    """Simulated CPU devices unless `device` says otherwise (then `env` sets up the GPUs)."""
     out = tmp_path / "reports"
-    result = run_harness(*args, "--out", str(out), "--dataset", "synthetic", env=env)
+    result = run_harness(*args, *device, "--out", str(out), "--dataset", "synthetic", env=env)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -50,36 +53,33 @@ def test_bad_input_is_refused(tmp_path, args, match):
 
 def test_missing_data_dir_is_refused(tmp_path):
     out = tmp_path / "reports"
-    result = run_harness("--backend", "torch", "--data-dir", str(tmp_path / "nowhere"), "--out", str(out))
+    result = run_harness("--backend", "torch", *CPU, "--data-dir", str(tmp_path / "nowhere"), "--out", str(out))
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"harness: error: --data-dir {tmp_path / 'nowhere'} does not exist"]
     assert not out.exists()
 
 
 def test_data_dir_without_files_is_refused(tmp_path):
-    result = run_harness("--backend", "torch", "--data-dir", str(tmp_path), "--out", str(tmp_path / "r"))
+    result = run_harness("--backend", "torch", *CPU, "--data-dir", str(tmp_path), "--out", str(tmp_path / "r"))
     assert result.returncode == 2
     assert "lacks Fashion-MNIST files: train-images-idx3-ubyte" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.skipif(not NO_GPU, reason="this host has GPUs")
 def test_dataparallel_on_cpu_is_refused(tmp_path):
     assert_refused(tmp_path, "--backend", "torch", "--strategy", "dp", match="needs CUDA GPUs")
 
 
-@pytest.mark.skipif(not NO_GPU, reason="this host has GPUs")
 def test_too_many_simulated_devices_is_refused(tmp_path):
     assert_refused(tmp_path, "--backend", "torch", "--gpus", "64", match="at most 16 simulated CPU devices")
 
 
 def test_more_gpus_than_present_is_refused(tmp_path):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake_python(bin_dir, 'echo "0, NVIDIA H100 80GB HBM3"', name="nvidia-smi")
-    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "0"}
-    assert_refused(tmp_path, "--backend", "torch", "--gpus", "2", env=env,
-                   match="more devices than the 1 visible GPU(s) (0: NVIDIA H100 80GB HBM3)")
+    fake_nvidia_smi(tmp_path / "bin", ["0, GPU-5f9f1a2b-0000-1111-2222-333344445555, NVIDIA H100 80GB HBM3"])
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "0"}
+    assert_refused(tmp_path, "--backend", "torch", "--gpus", "2", env=env, device=(),
+                   match="more devices than the 1 visible GPU(s) (0: NVIDIA H100 80GB HBM3), "
+                         "found by nvidia-smi (CUDA_VISIBLE_DEVICES=0)")
 
 
 def test_help_exits_zero():
@@ -91,8 +91,9 @@ def test_help_exits_zero():
 
 
 def test_list_names_every_backend_and_strategy():
-    result = run_harness("--list")
+    result = run_harness("--list", *CPU)
     assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "devices: simulated CPU devices (--device cpu)"
     for word in ("torch", "scratch", "dp", "ddp", "jax", "mxnet"):
         assert word in result.stdout
     # the speed levers, with the reason where a backend has none
@@ -107,7 +108,7 @@ def test_pytorch_alias_and_unimplemented_backend(monkeypatch):
     real_load = registry.load
     monkeypatch.setattr(registry, "load", lambda name: real_load(name) if name == "torch" else registry.Backend(
         name, name, implemented=False, reason=f"the {name} backend is not implemented in this version of the suite"))
-    args = build_parser().parse_args(["--backend", "pytorch,jax", "--dataset", "synthetic", "--gpus", "1"])
+    args = build_parser().parse_args(["--backend", "pytorch,jax", "--dataset", "synthetic", "--gpus", "1", *CPU])
     plan = build_plan(args)
     assert {c.backend for c in plan.configs} == {"torch"}
     unavailable = {cfg.backend: reason for cfg, reason in plan.not_run}
@@ -127,7 +128,7 @@ def test_backend_options_are_validated_and_expanded(monkeypatch):
 
     monkeypatch.setattr(registry, "load", with_option)
     parse = lambda *a: cli.build_plan(cli.build_parser().parse_args(
-        ["--backend", "torch", "--dataset", "synthetic", "--gpus", "1", *a]))
+        ["--backend", "torch", "--dataset", "synthetic", "--gpus", "1", *CPU, *a]))
     plan = parse("--option", "layout=nchw,nhwc")
     assert sorted((c.strategy, c.variant) for c in plan.configs) == [
         ("ddp", "ddp"), ("scratch", "scratch[layout=nchw]"), ("scratch", "scratch[layout=nhwc]")]
@@ -157,14 +158,13 @@ def test_load_weights_must_be_a_valid_file_for_the_model(tmp_path):
                    match="does not hold resnet18 weights")
 
 
-@pytest.mark.skipif(not NO_GPU, reason="TF32 runs where there is a GPU")
 def test_tf32_without_a_gpu_is_refused(tmp_path):
     assert_refused(tmp_path, "--backend", "torch", "--precision", "tf32", match="TF32 is a mode of NVIDIA tensor cores")
 
 
 def test_a_lever_one_backend_lacks_makes_its_rows_not_run_and_labels_the_others():
     args = cli.build_parser().parse_args(["--backend", "all", "--gpus", "1", "--precision", "bf16",
-                                          "--compile", "--dataset", "synthetic"])
+                                          "--compile", "--dataset", "synthetic", *CPU])
     plan = cli.build_plan(args)
     assert {c.backend for c in plan.configs} == {"torch", "jax"}
     assert {c.variant for c in plan.configs if c.backend == "jax"} == {"pmap[bf16,compile]", "sharding[bf16,compile]"}

@@ -32,7 +32,8 @@ def test_planning_a_full_run_loads_no_framework():
     code = (
         "import sys\n"
         "from harness import cli, runner, report, testing, envs, registry\n"
-        "args = cli.build_parser().parse_args(['--backend', 'all', '--gpus', '1,2', '--dataset', 'synthetic'])\n"
+        "args = cli.build_parser().parse_args(['--backend', 'all', '--gpus', '1,2', '--device', 'cpu', "
+        "'--dataset', 'synthetic'])\n"
         "plan = cli.build_plan(args)\n"
         "assert plan.configs, 'nothing planned'\n"
         f"print(sorted(set({sorted(FRAMEWORKS)!r}) & set(m.split('.')[0] for m in sys.modules)))\n")

@@ -78,3 +78,39 @@ def test_step_statistics_and_allreduce_figure_are_tabulated():
     assert report.steps_table(report.with_scaling([r]))[2].endswith("| 2.5 | — | 20% |")
     text = report.render([r], {**META, "run_id": "x"}, {})
     assert "## Step time and communication" in text and "bfloat16 compute" in text and "compile" in text
+
+
+def test_the_devices_line_says_how_they_were_found_and_old_results_still_render():
+    def devices_line(**meta):
+        text = report.render([result()], {**META, "run_id": "r", **meta}, {})
+        return next(line for line in text.splitlines() if line.startswith("- Devices: "))
+    assert devices_line(device_kind="gpu", gpus=["NVIDIA H200"], detection="found by nvidia-smi") == (
+        "- Devices: 1 GPU(s): NVIDIA H200, found by nvidia-smi")
+    assert devices_line(detection="no GPU found: nvidia-smi is not on PATH") == (
+        "- Devices: **simulated** (no GPU found: nvidia-smi is not on PATH): each device is a replica on the host "
+        "CPU, so the figures measure the software path, not GPU scaling")
+    # results.json written before the detection line existed
+    assert devices_line(device_kind="gpu", gpus=["NVIDIA H200"]) == "- Devices: 1 GPU(s): NVIDIA H200"
+    assert devices_line().startswith("- Devices: **simulated** (no GPU was present): ")
+
+
+def test_environment_lines_say_how_batches_reach_the_devices_and_how_sgd_updates():
+    r = result(devices=2)
+    r["environment"] = {"framework": "torch", "devices": ["NVIDIA H200", "NVIDIA H200"],
+                        "precision": {"mode": "fp32", "cudnn_benchmark": True},
+                        "input_copies": "asynchronous, 2 batches ahead: pinned host memory",
+                        "sgd_update": "torch._foreach_sub_", "compile": {"backend": "inductor", "mode": "max-autotune"}}
+    (line,) = [l for l in report.environment_section([r]) if l.startswith("- **torch scratch**")]
+    assert "precision: mode=fp32, cudnn_benchmark=True" in line
+    assert line.endswith("; input copies: asynchronous, 2 batches ahead: pinned host memory; "
+                         "SGD update: torch._foreach_sub_; compile: backend=inductor, mode=max-autotune")
+
+
+def test_a_cpu_run_whose_framework_sees_gpus_says_so():
+    r = result(devices=2)
+    r["config"]["device_kind"] = "cpu"
+    r["environment"] = {"framework": "torch", "devices": ["cpu (simulated device 0)"], "framework_gpus": 1}
+    lines = report.environment_section([r])
+    assert any(l.startswith("  - **torch itself sees 1 GPU(s), yet this run used simulated CPU devices**") for l in lines)
+    r["environment"]["framework_gpus"] = 0
+    assert not any("itself sees" in l for l in report.environment_section([r]))

@@ -7,10 +7,11 @@ import os
 import time
 from pathlib import Path
 
-from tests.harness.helpers import fake_python, run_harness
+from tests.harness.helpers import fake_nvidia_smi, fake_python, run_harness
 
-BASE = ("--backend", "torch", "--strategy", "scratch", "--dataset", "synthetic", "--model", "lenet",
-        "--epochs", "1", "--train-size", "64", "--test-size", "32", "--batch-size", "32", "--quiet", "--no-check")
+ANY_DEVICE = ("--backend", "torch", "--strategy", "scratch", "--dataset", "synthetic", "--model", "lenet",
+              "--epochs", "1", "--train-size", "64", "--test-size", "32", "--batch-size", "32", "--quiet", "--no-check")
+BASE = (*ANY_DEVICE, "--device", "cpu")     # simulated devices, whatever GPUs the host has
 
 
 def only_report(out: Path) -> Path:
@@ -88,7 +89,10 @@ def test_successful_workers_give_speedup_in_report(tmp_path):
     # 4 devices: time / sqrt(4) -> twice the images/s: speed-up 2.00, efficiency 50%
     assert "| torch | scratch | 4 (sim.) | 32 | 0.2 | 1.00 | 64.0 | 2.00 | 50% | 0.6000 |" in text
     assert "| torch | scratch | 1 (sim.) | 32 | 0.05 | 2.00 | 32.0 | 1.00 | 100% | 0.6000 |" in text
-    assert "Synthetic data" in text and "simulated" in text
+    assert "Synthetic data" in text
+    assert "- Devices: **simulated** (--device cpu): each device is a replica on the host CPU" in text
+    # the devices line is printed even with --quiet
+    assert result.stderr.splitlines()[0] == "devices: simulated CPU devices (--device cpu)"
     assert (report / "accuracy.png").stat().st_size > 1000
     assert (report / "throughput.png").stat().st_size > 1000
 
@@ -119,3 +123,24 @@ def test_evaluation_only_run_reports_its_accuracy(tmp_path):
     text = (only_report(out) / "report.md").read_text()
     assert "| torch | scratch | 1 (sim.) | 32 | 0.05 | — | — | — | — | 0.6250 |" in text
     assert "weights loaded from" in text
+
+
+def test_a_gpu_run_says_how_its_gpus_were_found(tmp_path):
+    """The console line, the report and results.json all say which GPUs ran and how they were found."""
+    import sys
+    fake_nvidia_smi(tmp_path / "bin", ["0, GPU-8a1c2b3d-0000-1111-2222-333344445555, NVIDIA H200"])
+    worker = tmp_path / "fake_worker.py"
+    worker.write_text(FAKE_WORKER)
+    python = fake_python(tmp_path, f'exec {sys.executable} {worker} "$@"')
+    out = tmp_path / "reports"
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "GPU-8a1c"}
+    result = run_harness(*ANY_DEVICE, "--gpus", "1", "--python", f"torch={python}", "--out", str(out), env=env)
+    assert result.returncode == 0, result.stderr
+    line = "1 GPU (NVIDIA H200), found by nvidia-smi (CUDA_VISIBLE_DEVICES=GPU-8a1c)"
+    assert result.stderr.splitlines()[0] == f"devices: {line}"
+    report = only_report(out)
+    assert "- Devices: 1 GPU(s): NVIDIA H200, found by nvidia-smi (CUDA_VISIBLE_DEVICES=GPU-8a1c)\n" in (
+        report / "report.md").read_text()
+    saved = json.loads((report / "results.json").read_text())
+    assert saved["detection"] == "found by nvidia-smi (CUDA_VISIBLE_DEVICES=GPU-8a1c)"
+    assert saved["gpus"] == ["NVIDIA H200"] and saved["device_kind"] == "gpu"
