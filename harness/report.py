@@ -253,6 +253,19 @@ def failures(rows: list[dict]) -> list[str]:
     return lines
 
 
+def input_line(cfg: dict) -> str:
+    """How batches reach the devices: assembled before each epoch's timer, copied inside it."""
+    line = ("Input: each epoch's batches are assembled (one gather of its permutation) before its timer "
+            "starts; ")
+    if cfg.get("resident_data"):
+        return line + "with --resident-data they are also copied to the devices before it (no copy is timed)."
+    prefetch = cfg.get("prefetch", 0)
+    if not prefetch:
+        return line + "each step copies its own batch to the devices (--prefetch 0), inside the epoch time."
+    return line + (f"each batch is put on the devices {prefetch} batches ahead of its step (pinned host memory "
+                   "and asynchronous copies on GPUs), so the copies, inside the epoch time, overlap compute.")
+
+
 def environment_section(results: list[dict]) -> list[str]:
     """Host once, then one line per backend/strategy from its largest run."""
     largest: dict[tuple, dict] = {}
@@ -266,7 +279,7 @@ def environment_section(results: list[dict]) -> list[str]:
     for (backend, strategy), r in sorted(largest.items()):
         env = r["environment"]
         precision = ", ".join(f"{k}={v}" for k, v in (env.get("precision") or {}).items())
-        lines.append(f"- **{backend} {strategy}** ({r['config']['devices']} devices: {', '.join(env.get('devices') or [])}): "
+        lines.append(f"- **{backend} {strategy}** ({r['config']['devices']} devices: {', '.join(env.get('devices') or []) or 'none the framework sees'}): "
                      f"{env.get('framework')} {env.get('framework_version')} (CUDA {env.get('cuda') or '—'}, "
                      f"cuDNN {env.get('cudnn') or '—'}), Python {env.get('python')}, numpy {env.get('numpy')}; "
                      f"{env.get('processes')} process(es) x {env.get('threads_per_process')} CPU thread(s); "
@@ -403,6 +416,7 @@ def render(results: list[dict], meta: dict, plots: dict[str, bool]) -> str:
           "no weight decay).",
           "- Timing: one warm-up step (timed and reported as warm-up / compile) then a reset to the initial "
           "weights; each epoch is timed between device barriers; multi-process runs report the slowest rank.",
+          "- " + input_line(cfg),
           "- BatchNorm: in training each device normalises with its own shard's statistics (as d2l); before "
           "each evaluation the running statistics are averaged across replicas (nn.DataParallel keeps "
           "device 0's, as it does by design).",

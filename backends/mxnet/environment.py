@@ -51,8 +51,8 @@ def engine_workers() -> int:
 
 
 def device_names(cfg) -> list[str]:
-    if cfg.device_kind == "gpu" and visible_gpus() >= cfg.devices:
-        return [f"gpu({i})" for i in range(cfg.devices)]
+    if cfg.device_kind == "gpu":   # (too few GPUs: the run is reported unavailable)
+        return [f"gpu({i})" for i in range(min(cfg.devices, visible_gpus()))]
     return [f"cpu({i}) (simulated device {i})" for i in range(cfg.devices)]
 
 

@@ -68,8 +68,8 @@ def sgd_update(cfg) -> str:
 
 
 def device_names(cfg) -> list[str]:
-    if cfg.device_kind == "gpu" and torch.cuda.is_available():
-        return [torch.cuda.get_device_name(i) for i in range(cfg.devices)]
+    if cfg.device_kind == "gpu":   # (too few GPUs: the run is reported unavailable)
+        return [torch.cuda.get_device_name(i) for i in range(min(cfg.devices, torch.cuda.device_count()))]
     return [f"cpu (simulated device {i})" for i in range(cfg.devices)]
 
 

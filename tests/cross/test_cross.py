@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from common import weights
+from harness.devices import detect
+from harness.envs import worker_env
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = [b for b in os.environ.get("DPBENCH_BACKENDS", "").split(",") if b]
@@ -22,7 +24,7 @@ pytestmark = pytest.mark.skipif(len(BACKENDS) < 2, reason="needs two backends: r
 
 def harness(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "harness", *args, *PYTHONS], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=1500)
+                          env=worker_env(), timeout=1500)
 
 
 def test_equivalence_check_passes_for_lenet():
@@ -39,6 +41,19 @@ def test_equivalence_check_passes_for_lenet():
     math = [r.split(" | ") for r in rows if r.startswith("| math (float64) |")]
     assert len(math) == len(BACKENDS) - 1
     assert all(float(cells[6]) <= 1e-12 and cells[8].startswith("ok") for cells in math), math
+
+
+@pytest.mark.skipif(not detect().gpus, reason="needs a GPU")
+def test_equivalence_check_passes_on_the_gpu():
+    """On a GPU the check's float32 rows run at full precision (TF32 off: its 1e-4 forward rows would fail
+    otherwise) and its float64 references on the CPU; every backend that can use the GPU passes, 1 device."""
+    out = harness("check", "--backend", ",".join(BACKENDS), "--device", "gpu", "--gpus", "1", "--model", "lenet",
+                  "--bn", "local", "--steps", "3", "--batch-size", "8", "--dataset", "synthetic")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "| check |" not in line]
+    assert not [r for r in rows if "| failed" in r], rows
+    ran = [r for r in rows if r.rstrip(" |").endswith("ok") or "| ok" in r]
+    assert any("| torch |" in r for r in ran) and any("| jax |" in r for r in ran), rows
 
 
 def test_checkpoint_from_one_backend_evaluates_the_same_everywhere(tmp_path):

@@ -114,3 +114,12 @@ def test_a_cpu_run_whose_framework_sees_gpus_says_so():
     assert any(l.startswith("  - **torch itself sees 1 GPU(s), yet this run used simulated CPU devices**") for l in lines)
     r["environment"]["framework_gpus"] = 0
     assert not any("itself sees" in l for l in report.environment_section([r]))
+
+
+def test_the_method_says_how_batches_reach_the_devices():
+    ahead, inside, resident = ({**result()["config"], **kw} for kw in
+                               ({"prefetch": 2}, {"prefetch": 0}, {"prefetch": 2, "resident_data": True}))
+    assert "put on the devices 2 batches ahead of its step" in report.input_line(ahead)
+    assert "each step copies its own batch to the devices (--prefetch 0)" in report.input_line(inside)
+    assert "no copy is timed" in report.input_line(resident)
+    assert all(report.input_line(c).startswith("Input: each epoch's batches are assembled") for c in (ahead, inside))
