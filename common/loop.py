@@ -196,6 +196,16 @@ def time_steps(trainer: Trainer, cfg, dataset: datalib.Dataset) -> list[float]:
     return seconds
 
 
+def input_copies(cfg, ahead: str, in_step: str) -> str:
+    """The environment's line on how batches reach the devices; `ahead` and `in_step` say how the backend
+    copies a batch put ahead of its step (--prefetch N) and one its step copies itself (--prefetch 0)."""
+    if cfg.resident_data:
+        return "none timed: each epoch's batches placed before its timer starts (--resident-data)"
+    if not cfg.prefetch:
+        return f"in the step (--prefetch 0): {in_step}"
+    return f"{cfg.prefetch} batches ahead of their step: {ahead}"
+
+
 def feed(trainer: Trainer, batches: list, cfg) -> Iterable:
     """The batches as step() takes them: staged ones (--resident-data) as they are, numpy ones put on the
     devices cfg.prefetch batches ahead of their step (0: as they are, step() copies them itself)."""

@@ -9,7 +9,7 @@ import jax
 import optax
 
 from backends.jax.parallel import gpu_count
-from common import sysinfo
+from common import loop, sysinfo
 
 # jax_default_matmul_precision per --precision. fp32: float32 passes on GPUs, no TF32 in matmuls and
 # convolutions (XLA would otherwise use TF32 on Ampere and later GPUs). tf32: TF32 tensor-core passes.
@@ -64,13 +64,9 @@ def levers(cfg) -> dict:
 
 
 def input_copies(cfg) -> str:
-    """How a batch reaches the devices (common/loop.py puts it --prefetch batches ahead of its step)."""
-    if cfg.resident_data:
-        return "none timed: each epoch's batches placed before its timer starts (--resident-data)"
-    if not cfg.prefetch:
-        return "in the step (--prefetch 0): jax.device_put of each batch just before its step"
-    where = "to the GPUs" if cfg.device_kind == "gpu" else "to the simulated CPU devices"
-    return f"asynchronous, {cfg.prefetch} batches ahead: jax.device_put {where}, not waited for"
+    where = "the GPUs" if cfg.device_kind == "gpu" else "the simulated CPU devices"
+    return loop.input_copies(cfg, ahead=f"jax.device_put to {where}, not waited for",
+                             in_step=f"jax.device_put to {where} just before the step")
 
 
 def environment(cfg) -> dict:

@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 
 from backends.mxnet.compat import THREADS, mx
-from common import sysinfo
+from common import loop, sysinfo
 
 BACKEND_TOML = Path(__file__).with_name("backend.toml")
 NO_GPU_BUILD = ("the installed mxnet has no CUDA, and mxnet 1.9.1, MXNet's final release, has GPU wheels "
@@ -74,15 +74,9 @@ def batchnorm(cfg) -> str:
 
 
 def input_copies(cfg) -> str:
-    """How a batch reaches the contexts (common/loop.py puts it --prefetch batches ahead of its step)."""
-    if cfg.resident_data:
-        return "none timed: each epoch's batches placed before its timer starts (--resident-data)"
-    if not cfg.prefetch:
-        return "in the step (--prefetch 0): split_and_load of each batch just before its forward"
-    if cfg.device_kind == "gpu":
-        return (f"asynchronous, {cfg.prefetch} batches ahead: pinned host memory (cpu_pinned), "
-                "split_and_load's copies queued on the engine")
-    return f"asynchronous, {cfg.prefetch} batches ahead: split_and_load onto the CPU contexts, queued on the engine"
+    ahead = ("pinned host memory (cpu_pinned), split_and_load's copies queued on the engine" if cfg.device_kind == "gpu"
+             else "split_and_load onto the CPU contexts, queued on the engine")
+    return loop.input_copies(cfg, ahead=ahead, in_step="split_and_load just before the forward")
 
 
 def environment(cfg) -> dict:

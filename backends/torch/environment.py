@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from common import sysinfo
+from common import loop, sysinfo
 
 
 def configure_threads(cfg, processes: int) -> int:
@@ -50,15 +50,11 @@ def compile_target(cfg) -> str | None:
 
 
 def input_copies(cfg) -> str:
-    """How a batch reaches the devices (common/loop.py puts it --prefetch batches ahead of its step)."""
-    if cfg.resident_data:
-        return "none timed: each epoch's batches placed before its timer starts (--resident-data)"
     if cfg.device_kind != "gpu":
-        return "none: the CPU devices read the host batch (tensors share the numpy memory)"
-    if not cfg.prefetch:
-        return "in the step (--prefetch 0): each batch copied from pageable memory before its forward"
-    return (f"asynchronous, {cfg.prefetch} batches ahead: pinned host memory, one copy stream per GPU, "
-            "the step's stream waits on the copy's event")
+        none = "no copy (the CPU devices read the numpy batch's memory)"
+        return loop.input_copies(cfg, ahead=none, in_step=none)
+    return loop.input_copies(cfg, ahead="pinned host memory, one copy stream per GPU, the step's stream waits on "
+                                        "the copy's event", in_step="copied from pageable memory before the forward")
 
 
 def sgd_update(cfg) -> str:

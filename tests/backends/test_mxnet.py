@@ -443,7 +443,7 @@ def test_fp32_keeps_tf32_off_in_the_cuda_libraries():
     cfg = RunConfig(backend="mxnet", strategy="gluon", devices=2, model="lenet", batch_size=8).validate()
     env = environment(cfg)
     assert env["precision"]["NVIDIA_TF32_OVERRIDE"] == "0"
-    assert env["input_copies"].startswith("asynchronous, 2 batches ahead: split_and_load onto the CPU contexts")
+    assert env["input_copies"] == "2 batches ahead of their step: split_and_load onto the CPU contexts, queued on the engine"
 
 
 def mxnet_gpus() -> int:

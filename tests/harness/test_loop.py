@@ -139,3 +139,11 @@ def test_prefetched_puts_depth_batches_ahead():
         trainer.step(x, y)
     assert events == ["put", "put", "step", "put", "step", "put", "step", "step"]
     assert trainer.stepped == [batch_y.tobytes() for _, batch_y in batches]
+
+
+def test_the_input_line_names_what_runs():
+    def line(**kw):
+        return loop.input_copies(config(**kw), ahead="copied ahead", in_step="copied in the step")
+    assert line(prefetch=2) == "2 batches ahead of their step: copied ahead"
+    assert line(prefetch=0) == "in the step (--prefetch 0): copied in the step"
+    assert line(prefetch=2, resident_data=True).startswith("none timed")
