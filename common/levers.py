@@ -40,6 +40,21 @@ def refusals(declared: dict, levers: dict) -> list[str]:
     return [f"{flag(lever, value)}: {why}" for lever, value in levers.items() if (why := refusal(declared, lever, value))]
 
 
+DTYPES = ("float32", "float64")   # of the backends' equivalence API (gradients, train_trace, train_steps)
+
+
+def check_dtype(dtype: str, cfg) -> None:
+    """The equivalence API's dtype, the same rule in every backend: float64 proves the math of the plain
+    step; a lever that changes how float32 is computed (precision, compile, channels-last) has no float64
+    meaning, while --resident-data only moves the batches earlier, so it runs in float64 too."""
+    from common.loop import Unsupported   # (common.loop imports nothing of this module)
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    changed = [lever for lever in cfg.levers if lever != "resident_data"]
+    if dtype == "float64" and changed:
+        raise Unsupported(f"dtype float64 runs the plain step only, not {', '.join(changed)}")
+
+
 def declared(backend: str) -> dict:
     with open(BACKENDS_DIR / backend / "backend.toml", "rb") as f:
         return tomllib.load(f).get("levers", {})

@@ -360,14 +360,6 @@ def module_dtypes(precision: str, dtype: str) -> dict:
     return {"dtype": jnp.bfloat16 if precision == "bf16" else None, "param_dtype": jnp.float32}
 
 
-def check_levers_for(cfg: RunConfig, dtype: str) -> None:
-    """float64 is the plain fp32 path computed in float64: a speed lever on top of it means nothing."""
-    asked = leverlib.asked(**{name: getattr(cfg, name) for name in leverlib.PLAIN})
-    if dtype == "float64" and asked:
-        levers = ", ".join(leverlib.flag(name, value) for name, value in asked.items())
-        raise Unsupported(f"float64 runs the plain fp32 path in float64, without speed levers ({levers})")
-
-
 @contextlib.contextmanager
 def computing_in(dtype: str):
     """jax_enable_x64 while a float64 computation lasts (without it JAX makes float64 arrays float32),
@@ -389,7 +381,7 @@ def _trainer(strategy: str, model: str, n_devices: int, weights: dict[str, np.nd
     cfg = RunConfig(backend="jax", strategy=strategy, devices=n_devices, device_kind=device_kind,
                     model=model, batch_size=batch_size, lr=lr, bn=bn, **levers).validate()
     check_supported(cfg)
-    check_levers_for(cfg, dtype)
+    leverlib.check_dtype(dtype, cfg)
     configure_precision(cfg)
     trainer = TRAINERS[strategy](cfg, weights, dtype=dtype)
     trainer.reset()

@@ -49,7 +49,6 @@ from common.weights import for_run as weights_for_run
 from mxnet import autograd, gluon
 
 LOSS = gluon.loss.SoftmaxCrossEntropyLoss()   # per example; summed per shard
-DTYPES = ("float32", "float64")
 
 
 def norm_layers(cfg: RunConfig) -> models.Norm:
@@ -328,13 +327,8 @@ SYNC_BN_IN_FLOAT64 = ("mxnet 1.9.1's SyncBatchNorm operator fails on float64 inp
 
 
 def check_dtype(dtype: str, cfg: RunConfig) -> None:
-    """float64 proves the math of the plain step; a lever that changes how float32 is computed has
-    no float64 meaning (resident_data only moves the batches earlier, so it runs in float64 too)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
-    changed = [lever for lever in cfg.levers if lever != "resident_data"]
-    if dtype == "float64" and changed:
-        raise Unsupported(f"dtype float64 runs the plain step only, not {', '.join(changed)}")
+    """The common rule (common/levers.py), and: float64 has no synchronised BatchNorm over several contexts."""
+    leverlib.check_dtype(dtype, cfg)
     if dtype == "float64" and statistics_shards(cfg) > 1:
         raise Unsupported(SYNC_BN_IN_FLOAT64)
 

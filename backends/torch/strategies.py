@@ -615,24 +615,11 @@ def _probe_job(cfg: RunConfig, rank: int, payload):
     return _probe(DDPTrainer(cfg, weights, rank, getattr(torch, dtype)), batches, kind)
 
 
-DTYPES = ("float32", "float64")
-
-
-def check_dtype(dtype: str, cfg: RunConfig) -> None:
-    """float64 proves the math of the plain eager step; a lever that changes how float32 is computed
-    has no float64 meaning (resident_data only moves the batches earlier, so it runs in float64 too)."""
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
-    changed = [lever for lever in cfg.levers if lever != "resident_data"]
-    if dtype == "float64" and changed:
-        raise Unsupported(f"dtype float64 runs the plain eager step only, not {', '.join(changed)}")
-
-
 def _probe_run(strategy, model, n_devices, weights, batches, lr, device_kind, bn, kind, dtype, levers):
     """`levers`: RunConfig lever fields (precision, compile, channels_last, resident_data)."""
     cfg = RunConfig(backend="torch", strategy=strategy, devices=n_devices, device_kind=device_kind,
                     model=model, batch_size=len(batches[0][1]), lr=lr, bn=bn, **levers).validate()
-    check_dtype(dtype, cfg)
+    leverlib.check_dtype(dtype, cfg)
     check_supported(cfg)
     batches = [(np.asarray(x, dtype=dtype), y) for x, y in batches]   # float32 -> float64 is exact
     if strategy == "ddp":

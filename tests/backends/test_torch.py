@@ -198,7 +198,7 @@ def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same():
 def test_float64_refuses_the_float32_levers_and_unknown_dtypes():
     from common.loop import Unsupported
     for lever in ({"precision": "bf16"}, {"compile": True}, {"channels_last": True}):
-        with pytest.raises(Unsupported, match="dtype float64 runs the plain eager step only"):
+        with pytest.raises(Unsupported, match="dtype float64 runs the plain step only"):
             steps_with("scratch", 1, dtype="float64", **lever)
     with pytest.raises(ValueError, match="unknown dtype 'float16'"):
         steps_with("scratch", 1, dtype="float16")
