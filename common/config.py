@@ -7,6 +7,7 @@ file, and the backend's worker reads it back. Nothing here imports a framework.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 
 MODELS = ("resnet18", "lenet")
@@ -16,10 +17,42 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 MAX_PREFETCH = 16
 DATASETS = ("fashion-mnist", "synthetic")
+MAX_SEED = 2**32 - 1     # numpy's SeedSequence and every framework's seed accept 0..2**32-1
+# A fixed bound, not one derived from this host's cores: a config must mean the same on every host (the
+# worker validates it again). 1024 is above the hardware threads of any current CPU; far larger counts
+# make the frameworks' thread pools crash instead of failing cleanly.
+MAX_THREADS = 1024
 
 
 class ConfigError(ValueError):
     """A request that cannot run. The message is one line, meant for the user."""
+
+
+# Checks shared by the run config and `harness check`, so both commands refuse the same values.
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_seed(seed) -> None:
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"--seed must be between 0 and {MAX_SEED} (got {seed})")
+
+
+def check_lr(lr) -> None:
+    if not is_number(lr) or not math.isfinite(lr) or lr <= 0:
+        raise ConfigError(f"--lr must be positive and finite (got {lr})")
+
+
+def check_timeout(timeout) -> None:
+    # inf or nan would switch the timeout off silently (a nan deadline never passes)
+    if not is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
+        raise ConfigError(f"--timeout must be positive and finite, in seconds (got {timeout})")
+
+
+def check_threads(threads) -> None:
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise ConfigError(f"--threads must be between 1 and {MAX_THREADS} (got {threads})")
 
 
 @dataclass
@@ -106,8 +139,10 @@ class RunConfig:
         if self.batch_size % self.devices:
             raise ConfigError(f"--batch-size {self.batch_size} cannot be split evenly across "
                               f"{self.devices} devices (use a multiple of {self.devices})")
-        if not self.lr > 0:
-            raise ConfigError(f"--lr must be positive (got {self.lr})")
+        check_lr(self.lr)
+        check_seed(self.seed)
+        check_timeout(self.timeout)
+        check_threads(self.threads)
         for name in ("train_size", "test_size"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -14,6 +14,7 @@ import os
 import struct
 import tempfile
 import urllib.request
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,11 +65,14 @@ def read_idx_bytes(raw: bytes) -> np.ndarray:
 
 def read_raw(path: Path) -> bytes:
     """Bytes of an IDX file, decompressing `.gz` transparently."""
-    with open(path, "rb") as f:
-        head = f.read(2)
-    opener = gzip.open if head == b"\x1f\x8b" else open
-    with opener(path, "rb") as f:
-        return f.read()
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+        opener = gzip.open if head == b"\x1f\x8b" else open
+        with opener(path, "rb") as f:
+            return f.read()
+    except (OSError, EOFError, zlib.error) as e:   # unreadable, truncated or corrupt .gz
+        raise DataError(f"cannot read {path}: {e}") from None
 
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
@@ -110,7 +114,7 @@ def locate(data_dir: str | None = None) -> Path:
     if data_dir is not None:
         d = Path(data_dir)
         if not d.is_dir():
-            raise DataError(f"--data-dir {data_dir} does not exist")
+            raise DataError(f"--data-dir {data_dir} " + ("is not a directory" if d.exists() else "does not exist"))
         if not has_all_files(d):
             missing = [stem for stem, _ in FILES.values() if not _file_in(d, stem)]
             raise DataError(f"--data-dir {data_dir} lacks Fashion-MNIST files: {', '.join(missing)}")
@@ -187,7 +191,30 @@ def _load_verified(directory: Path, key: str, verify: bool) -> np.ndarray:
         actual = hashlib.sha256(raw).hexdigest()
         if actual != sha:
             raise DataError(f"checksum mismatch for {path}: got {actual[:16]}..., expected {sha[:16]}...")
-    return read_idx_bytes(raw)
+    try:
+        return read_idx_bytes(raw)
+    except DataError as e:
+        raise DataError(f"{path}: {e}") from None
+
+
+def _read_parts(directory: Path, verify: bool) -> dict[str, np.ndarray]:
+    """The four arrays, checked to be 28x28 images with one label each."""
+    parts = {key: _load_verified(directory, key, verify) for key in FILES}
+    for split in ("train", "test"):
+        images, labels = parts[f"{split}_images"], parts[f"{split}_labels"]
+        if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.ndim != 1:
+            raise DataError(f"{directory}: the {split} files hold arrays of shape {images.shape} and "
+                            f"{labels.shape}, not 28x28 images and their labels")
+        if len(images) != len(labels):
+            raise DataError(f"{directory}: {len(images)} {split} images but {len(labels)} labels")
+    return parts
+
+
+def verify(directory: Path) -> tuple[int, int]:
+    """Read and check the four files once (checksums, format, one label per image); the number of
+    training and test images. The harness calls it before any run, so bad data is one error, not one per run."""
+    parts = _read_parts(directory, verify=True)
+    return len(parts["train_labels"]), len(parts["test_labels"])
 
 
 def _images(u8: np.ndarray) -> np.ndarray:
@@ -197,7 +224,7 @@ def _images(u8: np.ndarray) -> np.ndarray:
 def load_fashion_mnist(directory: Path, train_size: int | None = None, test_size: int | None = None,
                        verify: bool = True) -> Dataset:
     """Read and verify the four files; keep the first train_size / test_size examples."""
-    parts = {key: _load_verified(directory, key, verify) for key in FILES}
+    parts = _read_parts(directory, verify)
     return Dataset(
         name="fashion-mnist", source=str(directory),
         x_train=_images(parts["train_images"][:train_size]),
@@ -224,10 +251,13 @@ def synthetic(train_size: int, test_size: int, seed: int = 0) -> Dataset:
     return Dataset("synthetic", "generated (synthetic; not Fashion-MNIST)", x_train, y_train, x_test, y_test)
 
 
+SYNTHETIC_SIZES = (60000, 10000)   # as many images as Fashion-MNIST
+
+
 def load(cfg) -> Dataset:
     """The dataset a run config asks for."""
     if cfg.dataset == "synthetic":
-        return synthetic(cfg.train_size or 60000, cfg.test_size or 10000, cfg.seed)
+        return synthetic(cfg.train_size or SYNTHETIC_SIZES[0], cfg.test_size or SYNTHETIC_SIZES[1], cfg.seed)
     return load_fashion_mnist(Path(cfg.data_dir), cfg.train_size, cfg.test_size)
 
 

@@ -6,9 +6,18 @@ Anything else a worker prints is its own log; the harness keeps it and shows it 
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 MARKER = "@dpbench "
+
+# The fields the harness shows for each event, all finite numbers. A line that lacks one is not a progress
+# record (the worker's output is untrusted: a malformed line must not stop the harness).
+FIELDS = {
+    "warmup": ("seconds",),
+    "step": ("epoch", "epochs", "step", "steps"),
+    "epoch": ("epoch", "epochs", "time_s", "images_per_s", "train_loss", "test_acc"),
+}
 
 
 def emit(event: str, **fields) -> None:
@@ -17,11 +26,19 @@ def emit(event: str, **fields) -> None:
 
 
 def parse(line: str) -> dict | None:
-    """The progress record in a line, or None for ordinary output."""
+    """The progress record in a line, or None for ordinary output (and for a malformed record)."""
     if not line.startswith(MARKER):
         return None
     try:
         record = json.loads(line[len(MARKER):])
-    except ValueError:
+    except (ValueError, RecursionError):   # not JSON, or absurdly nested
         return None
-    return record if isinstance(record, dict) and "event" in record else None
+    if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+        return None
+    if not all(_finite_number(record.get(name)) for name in FIELDS.get(record["event"], ())):
+        return None
+    return record
+
+
+def _finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

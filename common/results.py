@@ -74,15 +74,69 @@ def tail(text: str, n: int = ERROR_TAIL_CHARS) -> str:
     return text if len(text) <= n else "..." + text[-n:]
 
 
-def load_result(path) -> dict:
-    """Read a worker's result and check it is one we understand."""
-    with open(path) as f:
-        result = json.load(f)
-    if not isinstance(result, dict) or result.get("schema_version") != SCHEMA_VERSION:
-        raise ValueError(f"{path}: not a schema v{SCHEMA_VERSION} result")
-    if result.get("status") not in STATUSES:
-        raise ValueError(f"{path}: unknown status {result.get('status')!r}")
+def load_result(path, config: dict) -> dict:
+    """Read the result of the run given `config` and check it holds what the report reads, with the types it
+    expects: a worker's file is untrusted input. ValueError, with a one-line reason, otherwise."""
+    try:
+        with open(path) as f:
+            result = json.load(f)
+    except (ValueError, RecursionError) as e:   # not JSON (or not UTF-8), or absurdly nested
+        raise ValueError(f"{path}: not a JSON file ({type(e).__name__})") from None
+    problem = result_problem(result, config)
+    if problem:
+        raise ValueError(f"{path}: {problem}")
     return result
+
+
+# Optional top-level fields and the types the report can use.
+FIELD_TYPES = {"environment": dict, "error": (str, type(None)), "epochs": list, "memory": (dict, type(None)),
+               "step_time": (dict, type(None)), "allreduce": (dict, type(None)),
+               "weights_hash": (str, type(None)), "data_hash": (str, type(None))}
+EPOCH_FIELDS = ("epoch", "time_s", "steps", "images", "images_per_s", "train_loss", "train_acc", "test_acc")
+
+
+def result_problem(result, config: dict) -> str | None:
+    """Why `result` is not a usable result of the run given `config`, or None."""
+    if not isinstance(result, dict) or result.get("schema_version") != SCHEMA_VERSION:
+        return f"not a schema v{SCHEMA_VERSION} result"
+    if not isinstance(result.get("status"), str) or result["status"] not in STATUSES:
+        return f"unknown status {result.get('status')!r}"
+    if result.get("config") != config:
+        return "its config is missing or is not the one this run was given"
+    for name, kinds in FIELD_TYPES.items():
+        if name in result and not isinstance(result[name], kinds):
+            return f"{name} is a {type(result[name]).__name__}"
+    for name in ("compile_s", "params", "final_test_acc"):
+        if result.get(name) is not None and not _number(result[name]):
+            return f"{name} is not a number"
+    environment = result.get("environment") or {}
+    if not isinstance(environment.get("devices") or [], list) or not isinstance(environment.get("precision") or {}, dict):
+        return "environment.devices or environment.precision has the wrong type"
+    return _metrics_problem(result) if result["status"] == "ok" else None
+
+
+def _metrics_problem(result: dict) -> str | None:
+    for epoch in result.get("epochs") or []:
+        if not isinstance(epoch, dict) or not all(_number(epoch.get(name)) for name in EPOCH_FIELDS):
+            return f"an epoch record lacks one of {', '.join(EPOCH_FIELDS)} (finite numbers)"
+        if epoch["time_s"] <= 0:
+            return "an epoch took no time"
+    required = {"step_time": ("median_s", "p10_s", "p90_s", "steps"), "allreduce": ("median_s", "bytes"),
+                "memory": ()}
+    optional = {"step_time": ("images_per_s",), "allreduce": ("gb_per_s", "share_of_step"),
+                "memory": ("peak_device_mb", "peak_host_rss_mb")}
+    for name in required:
+        part = result.get(name)
+        if part is None:
+            continue
+        if not all(_number(part.get(k)) for k in required[name]) or \
+                not all(part.get(k) is None or _number(part[k]) for k in optional[name]):
+            return f"{name} lacks a field or has one that is not a number"
+    return None
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def summary(result: dict) -> dict:

@@ -108,15 +108,27 @@ def save(path, weights: dict[str, np.ndarray]) -> str:
     return digest
 
 
+def _read_npz(path) -> tuple[str | None, dict[str, np.ndarray]]:
+    """(the recorded fingerprint, the arrays) of an .npz file; every array is read now, so a damaged member fails here."""
+    with open(path, "rb") as raw:
+        if raw.read(4) != b"PK\x03\x04":   # np.load would also accept .npy and pickles
+            raise WeightsError(f"cannot read weights file {path}: not an .npz archive (as --save-weights writes)")
+    with np.load(path, allow_pickle=False) as f:
+        stored = bytes(f[HASH_KEY]).decode() if HASH_KEY in f.files else None
+        return stored, {k: f[k] for k in f.files if k != HASH_KEY}
+
+
 def load(path, model: str | None = None) -> dict[str, np.ndarray]:
     """Read a weights file, check its fingerprint and, given `model`, that it has that model's names and shapes."""
     try:
-        with np.load(path) as f:
-            stored = bytes(f[HASH_KEY]).decode() if HASH_KEY in f.files else None
-            weights = {k: f[k] for k in f.files if k != HASH_KEY}
-    except (OSError, ValueError) as e:
-        raise WeightsError(f"cannot read weights file {path}: {e}") from None
-    if stored is None or stored != fingerprint(weights):
+        stored, weights = _read_npz(path)
+        matches = stored is not None and stored == fingerprint(weights)
+    except WeightsError:
+        raise
+    except Exception as e:   # noqa: BLE001 - a damaged archive fails in many ways (zip, CRC, zlib, EOF, dtype)
+        detail = (str(e).strip().splitlines() or [""])[0]
+        raise WeightsError(f"cannot read weights file {path}: {type(e).__name__}" + (f": {detail}" if detail else "")) from None
+    if not matches:
         raise WeightsError(f"weights file {path} does not match its recorded fingerprint")
     if model is not None:
         expected = {name: shape for name, shape, _ in architectures.spec(model)}

@@ -9,12 +9,22 @@ and writes exactly one result file (atomically), whatever happens. Exit status:
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 
 from common.config import RunConfig
 from common.loop import Diverged, Unsupported
 from common.results import new_result, tail, write_json_atomic
+
+# Where a worker keeps its scratch files (torch DDP's per-rank error files): beside its result, inside the
+# directory the harness removes whatever happens, so a worker killed by a signal leaves nothing in /tmp.
+SCRATCH_ENV = "DPBENCH_SCRATCH_DIR"
+
+
+def scratch_dir() -> str | None:
+    """The directory for a worker's temporary files (None: the system's temp directory)."""
+    return os.environ.get(SCRATCH_ENV)
 
 
 def main(backend, argv=None) -> int:
@@ -25,6 +35,7 @@ def main(backend, argv=None) -> int:
     mode.add_argument("--check", help="check-job JSON written by `harness check`: write measurements (.npz)")
     parser.add_argument("--result", required=True, help="where to write the result")
     args = parser.parse_args(argv)
+    os.environ.setdefault(SCRATCH_ENV, os.path.dirname(os.path.abspath(args.result)))
     if args.check:
         from common import check
         check.run(backend, args.check, args.result)

@@ -399,28 +399,30 @@ def asked_rows(rows: list[Row], counts: list[int]) -> list[Row]:
 
 
 def main(argv: list[str]) -> int:
-    from harness.cli import (Parser, UsageError, check_device_counts, choose_devices, parse_backends, parse_gpus,
-                             parse_pythons, resolve_data, select_strategies)
+    from harness.cli import (Parser, UsageError, absolute_path, check_device_counts, check_shared, choose_devices,
+                             name_list, nonempty, parse_backends, parse_gpus, parse_pythons, resolve_data, select_strategies)
     p = Parser(prog="python -m harness check",
                description="Compare forward passes, gradients, SGD steps and k-vs-1-device training across "
                            "backends and strategies on one set of canonical weights; exit 1 on any failure.")
-    p.add_argument("--backend", default="all", help="backends to check (torch is always the reference)")
-    p.add_argument("--gpus", default="1,2", help="device counts to compare")
+    p.add_argument("--backend", type=name_list, default="all", help="backends to check (torch is always the reference)")
+    p.add_argument("--gpus", type=name_list, default="1,2", help="device counts to compare")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
-    p.add_argument("--strategy", default=None, help="comma list (default: every strategy that runs here)")
-    p.add_argument("--model", default="lenet,resnet18", help="comma list of models")
-    p.add_argument("--bn", default="local,sync", help="BatchNorm modes: local, sync")
-    p.add_argument("--steps", type=int, default=20, help="SGD steps in the loss trace")
+    p.add_argument("--strategy", type=name_list, default=None, help="comma list (default: every strategy that runs here)")
+    p.add_argument("--model", type=name_list, default="lenet,resnet18", help="comma list of models")
+    p.add_argument("--bn", type=name_list, default="local,sync", help="BatchNorm modes: local, sync")
+    p.add_argument("--steps", type=int, default=20,
+                   help="SGD steps in the loss trace; steps x batch size may not exceed the training images")
     p.add_argument("--batch-size", type=int, default=16, help="global batch of each step")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--init", choices=weightslib.INITS, default="d2l",
                    help="canonical weights to compare on: d2l (what runs start from) or he (He-scaled kernels)")
     p.add_argument("--dataset", choices=DATASETS, default="fashion-mnist")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--python", action="append", default=[], metavar="BACKEND=PATH")
+    p.add_argument("--data-dir", type=absolute_path, default=None)
+    p.add_argument("--python", action="append", type=nonempty, default=[], metavar="BACKEND=PATH")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per backend")
     args = p.parse_args(argv)
+    check_shared(seed=args.seed, lr=args.lr, timeout=args.timeout)
 
     names = parse_backends(args.backend)
     if "torch" not in names:
@@ -435,12 +437,16 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--model takes lenet and/or resnet18 (got {args.model!r})")
     if not set(bn_modes) <= {"local", "sync"} or not bn_modes:
         raise UsageError(f"--bn takes local and/or sync (got {args.bn!r})")
-    if args.steps < 1 or args.batch_size < 1 or any(args.batch_size % n for n in counts):
-        raise UsageError(f"--batch-size {args.batch_size} must split evenly across {counts} devices "
-                         f"and --steps must be at least 1")
+    if args.steps < 1:
+        raise UsageError(f"--steps must be at least 1 (got {args.steps})")
+    if args.batch_size < 1 or any(args.batch_size % n for n in counts):
+        raise UsageError(f"--batch-size {args.batch_size} must split evenly across {counts} devices")
     backends = {n: registry.load(n) for n in names}
     chosen = {n: [s for s, reason in picks if reason is None] for n, picks in select_strategies(args, backends, kind).items()}
-    data_dir, _ = resolve_data(args)
+    data_dir, _, (train_images, _) = resolve_data(args)
+    if args.steps * args.batch_size > train_images:   # each step takes its own batch of the first epoch
+        raise UsageError(f"--steps {args.steps} x --batch-size {args.batch_size} needs more than the "
+                         f"{train_images} training images of {args.dataset}")
     dataset = (datalib.synthetic(args.steps * args.batch_size, 10, args.seed) if args.dataset == "synthetic"
                else datalib.load_fashion_mnist(Path(data_dir), args.steps * args.batch_size, 10))
 

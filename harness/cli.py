@@ -14,9 +14,10 @@ from pathlib import Path
 from common import data as datalib
 from common import levers as leverlib
 from common import weights as weightslib
+from common import config as configlib
 from common.config import BN_MODES, COMPILE_MODES, DATASETS, MODELS, PRECISIONS, ConfigError, RunConfig
 from harness import devices as devicelib
-from harness import envs, registry, report, runner
+from harness import envs, interrupts, registry, report, runner
 
 DEFAULT_TIMEOUT = 3600.0
 
@@ -41,6 +42,46 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see --help)")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" only where the help text does not already say what the default is."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, []) or "default" in (action.help or "").lower():
+            return action.help
+        return super()._get_help_string(action)
+
+
+def nonempty(value: str) -> str:
+    """An argparse type: an empty value is refused rather than read as "not given" (`--gpus ''`)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return value
+
+
+def name_list(value: str) -> str:
+    """An argparse type: a comma list naming at least one thing (`--strategy ,` is not "every strategy")."""
+    if not any(part.strip() for part in value.split(",")):
+        raise argparse.ArgumentTypeError(f"{value!r} names nothing")
+    return value
+
+
+def absolute_path(value: str) -> str:
+    """An argparse type: a non-empty path, made absolute now, since workers run from the project root."""
+    return os.path.abspath(nonempty(value))
+
+
+def check_shared(seed=0, lr=None, timeout=DEFAULT_TIMEOUT, threads=None) -> None:
+    """The checks the main command and `harness check` share (common/config.py)."""
+    try:
+        configlib.check_seed(seed)
+        configlib.check_timeout(timeout)
+        configlib.check_threads(threads)
+        if lr is not None:
+            configlib.check_lr(lr)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = Parser(
         prog="python -m harness",
@@ -50,15 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Subcommands: `python -m harness test` runs the test suite (each backend inside its own "
                "environment). Examples: `python -m harness --backend torch --gpus 2`, "
                "`python -m harness --backend all --gpus 1,2 --strategy ddp,pmap`.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--backend", default="all", help="torch (alias pytorch), jax, mxnet, all, or a comma list")
-    p.add_argument("--gpus", default=None,
+        formatter_class=HelpFormatter)
+    p.add_argument("--backend", type=name_list, default="all", help="torch (alias pytorch), jax, mxnet, all, or a comma list")
+    p.add_argument("--gpus", type=name_list, default=None,
                    help="data-parallel devices: a count (2) or a sweep (1,2,4). Default: 1,2 "
                         "(1 with a single GPU). Without GPUs these are simulated CPU devices")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
                    help="auto: the GPUs if any are found (nvidia-smi, else the driver's /proc files), else "
                         "simulated CPU devices; cpu: simulated even where GPUs exist; gpu: refuse to run without one")
-    p.add_argument("--strategy", default=None,
+    p.add_argument("--strategy", type=name_list, default=None,
                    help="comma list (torch: scratch, dp, ddp). Default: every strategy that runs on this hardware")
     p.add_argument("--preset", choices=("auto", *PRESETS), default="auto",
                    help="d2l: 10 epochs, full data, batch 256 and lr 0.1 per device; quick: 2 epochs on "
@@ -72,21 +113,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test-size", type=int, default=None, help="evaluate on the first N test images (default: the preset's)")
     p.add_argument("--dataset", choices=DATASETS, default="fashion-mnist",
                    help="synthetic: random images for smoke runs, labelled as such in the report")
-    p.add_argument("--data-dir", default=None, help="directory with the four Fashion-MNIST IDX files (.gz or not)")
+    p.add_argument("--data-dir", type=absolute_path, default=None, help="directory with the four Fashion-MNIST IDX files (.gz or not)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and of the batch order")
-    p.add_argument("--out", default="reports", help="reports are written to OUT/<run-id>/")
-    p.add_argument("--python", action="append", default=[], metavar="BACKEND=PATH",
+    p.add_argument("--out", type=absolute_path, default="reports", help="reports are written to OUT/<run-id>/")
+    p.add_argument("--python", action="append", type=nonempty, default=[], metavar="BACKEND=PATH",
                    help="run BACKEND with this interpreter (it must have the framework) instead of .venvs/BACKEND/")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds before a run is killed")
     p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads per worker process (default: the cores shared among the processes)")
+                   help=f"CPU threads per worker process, 1 to {configlib.MAX_THREADS} "
+                        "(default: the cores shared among the processes)")
     p.add_argument("--bn", choices=BN_MODES, default="local",
                    help="BatchNorm across devices: local (each device its shard's statistics, as d2l) or sync "
                         "(statistics over the global batch: k-device training is 1-device training)")
-    p.add_argument("--load-weights", default=None, metavar="PATH",
+    p.add_argument("--load-weights", type=absolute_path, default=None, metavar="PATH",
                    help="start from these canonical weights (a file written by --save-weights, any backend); "
                         "with --epochs 0 they are only evaluated")
-    p.add_argument("--save-weights", default=None, metavar="PATH",
+    p.add_argument("--save-weights", type=absolute_path, default=None, metavar="PATH",
                    help="write the trained weights, canonical, to PATH (a run of one backend, strategy and device count)")
     p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                    help="run a small equivalence check (`python -m harness check`: 5 steps on a few images) over "
@@ -112,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timed-steps", type=int, default=None,
                    help="steps timed one by one after training, for the step-time median and spread "
                         "(default: the preset's; 0 skips them and the allreduce figure)")
-    p.add_argument("--option", action="append", default=[], metavar="NAME=VALUE[,VALUE]",
+    p.add_argument("--option", action="append", type=nonempty, default=[], metavar="NAME=VALUE[,VALUE]",
                    help="a backend-specific option declared in its backend.toml (see --list), e.g. kvstore=local; "
                         "several values run one variant each, e.g. hybridize=on,off")
     p.add_argument("--list", action="store_true", help="show the backends, strategies and devices, then exit")
@@ -157,7 +199,7 @@ def parse_pythons(items: list[str]) -> dict[str, str]:
             raise UsageError(f"--python takes BACKEND=PATH, e.g. torch=/usr/bin/python3 (got {item!r})")
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             raise UsageError(f"--python {name}: {path} is not an executable file")
-        out[backend] = path
+        out[backend] = os.path.abspath(path)   # workers run from the project root, not from here
     return out
 
 
@@ -179,6 +221,17 @@ def parse_options(items: list[str], backends: dict[str, registry.Backend]) -> di
                 raise UsageError(f"--option {name}={v}: choose from {', '.join(declared[name].values)}")
         out[name] = list(dict.fromkeys(chosen))
     return out
+
+
+def check_options_apply(options: dict[str, list[str]], backends: dict[str, registry.Backend], strategies) -> None:
+    """An option no selected strategy has would be dropped without a word (kvstore with MXNet scratch): refuse it."""
+    for name in options:
+        users = [f"{b} {s}" for b, picks in strategies.items() for s, _ in picks if name in backends[b].options_for(s)]
+        if not users:
+            owners = [f"{b.name} {', '.join(b.options[name].strategies or b.strategies)}"
+                      for b in backends.values() if name in b.options]
+            raise UsageError(f"--option {name} does not apply to the selected strategies "
+                             f"(it applies to: {'; '.join(owners)})")
 
 
 def option_variants(backend: registry.Backend, strategy: str, asked: dict[str, list[str]]) -> list[dict[str, str]]:
@@ -291,14 +344,27 @@ def refused_levers(args, backends: dict[str, registry.Backend], kind: str) -> di
     return refused
 
 
-def resolve_data(args) -> tuple[str | None, str]:
+def resolve_data(args) -> tuple[str | None, str, tuple[int, int]]:
+    """(data directory, where the data comes from, (training images, test images)).
+
+    The files are read and verified here, once, so that bad data is one error before anything runs."""
     if args.dataset == "synthetic":
-        return None, "synthetic (random images; not Fashion-MNIST)"
+        return None, "synthetic (random images; not Fashion-MNIST)", datalib.SYNTHETIC_SIZES
     try:
         path = datalib.locate_or_download(args.data_dir)
+        sizes = datalib.verify(path)
     except datalib.DataError as e:
         raise UsageError(str(e)) from None
-    return str(path), f"Fashion-MNIST IDX files in {path} (SHA-256 verified by each worker)"
+    return str(path), f"Fashion-MNIST IDX files in {path} (SHA-256 verified before the runs and by each worker)", sizes
+
+
+def check_subset_sizes(args, sizes: tuple[int, int]) -> None:
+    """--train-size / --test-size may not ask for more images than the dataset has (they would be clipped
+    while the report claimed the number asked for)."""
+    for flag, asked, available, split in (("--train-size", args.train_size, sizes[0], "training"),
+                                          ("--test-size", args.test_size, sizes[1], "test")):
+        if asked is not None and asked > available:
+            raise UsageError(f"{flag} {asked} is more than the {available} {split} images of {args.dataset}")
 
 
 def make_config(args, preset: dict, backend: str, strategy: str, options: dict, n: int, kind: str,
@@ -330,12 +396,9 @@ def build_plan(args) -> Plan:
     pythons = parse_pythons(args.python)
     devices = choose_devices(args)
     kind, gpus = devices.kind, devices.gpus
-    counts = parse_gpus(args.gpus) if args.gpus else ([1, 2] if kind == "cpu" or len(gpus) >= 2 else [1])
+    counts = parse_gpus(args.gpus) if args.gpus is not None else ([1, 2] if kind == "cpu" or len(gpus) >= 2 else [1])
     check_device_counts(counts, kind, gpus, devices.why)
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be positive (got {args.timeout})")
-    if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads must be at least 1 (got {args.threads})")
+    check_shared(seed=args.seed, lr=args.lr, timeout=args.timeout, threads=args.threads)
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out {args.out} exists and is not a directory")
 
@@ -344,8 +407,10 @@ def build_plan(args) -> Plan:
     backends = {n: registry.load(n) for n in names}
     options = parse_options(args.option, backends)
     strategies = select_strategies(args, backends, kind, args.bn)
+    check_options_apply(options, backends, strategies)
     refused = refused_levers(args, backends, kind)
-    data_dir, data_source = resolve_data(args)
+    data_dir, data_source, sizes = resolve_data(args)
+    check_subset_sizes(args, sizes)
 
     plan = Plan(backends=backends, pythons=pythons, device_kind=kind, gpus=gpus, detection=devices.why,
                 data_source=data_source, preset=preset["title"])
@@ -369,9 +434,29 @@ def check_weights_flags(args, plan: Plan) -> None:
             weightslib.load(args.load_weights, plan.configs[0].model if plan.configs else None)
         except weightslib.WeightsError as e:
             raise UsageError(str(e)) from None
-    if args.save_weights and len(plan.configs) != 1:
+    if args.save_weights is None:
+        return
+    if len(plan.configs) != 1:
         raise UsageError(f"--save-weights needs exactly one run (this request has {len(plan.configs)}): "
                          "choose one --backend, --strategy and --gpus count")
+    if plan.configs[0].epochs == 0:
+        raise UsageError("--save-weights with --epochs 0: nothing is trained to save "
+                         "(the loaded weights are already in the --load-weights file)")
+    check_writable_file(args.save_weights, "--save-weights")
+
+
+def check_writable_file(path: str, flag: str) -> None:
+    """Refused before training rather than after it: PATH must not be a directory, and its nearest existing
+    ancestor (missing directories are created when the file is written) must be a writable directory."""
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is a directory; name a file")
+    ancestor = os.path.dirname(path)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise UsageError(f"{flag} {path}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK):
+        raise UsageError(f"{flag} {path}: {ancestor} is not writable")
 
 
 # ---------------------------------------------------------------------------- run
@@ -402,31 +487,24 @@ def backend_python(name: str, plan: Plan, say) -> str:
     return str(envs.ensure(name, plan.backends[name].requirements, say=say))
 
 
-def execute(plan: Plan, workdir: Path, console: runner.Console) -> list[dict]:
-    """Run every planned config; never lets one failure stop the others."""
-    results = [runner.not_run_result(cfg, "unavailable", reason) for cfg, reason in plan.not_run]
-    pending = list(plan.configs)
+def execute(plan: Plan, workdir: Path, console: runner.Console, results: list[dict]) -> None:
+    """Run the planned configs in order, appending each one's result to `results` as it ends; never lets
+    one failure stop the others. An interrupt propagates: `results` then holds the runs that finished,
+    and plan.configs[len(results):] are the ones that did not."""
     pythons: dict[str, str | Exception] = {}
-    try:
-        while pending:
-            cfg = pending[0]
-            if cfg.backend not in pythons:
-                try:
-                    pythons[cfg.backend] = backend_python(cfg.backend, plan, console.say)
-                except envs.EnvError as e:
-                    pythons[cfg.backend] = e
-            python = pythons[cfg.backend]
-            if isinstance(python, Exception):
-                result = runner.not_run_result(cfg, "failed", f"environment setup failed: {python}")
-                console.finished(cfg, result)
-            else:
-                result = runner.run(cfg, python, workdir, console)
-            results.append(result)
-            pending.pop(0)
-    except KeyboardInterrupt:
-        console.say("Interrupted: writing the report with the runs finished so far")
-        results += [runner.not_run_result(c, "interrupted", "interrupted by the user") for c in pending]
-    return results
+    for cfg in plan.configs:
+        if cfg.backend not in pythons:
+            try:
+                pythons[cfg.backend] = backend_python(cfg.backend, plan, console.say)
+            except envs.EnvError as e:
+                pythons[cfg.backend] = e
+        python = pythons[cfg.backend]
+        if isinstance(python, Exception):
+            result = runner.not_run_result(cfg, "failed", f"environment setup failed: {python}")
+            console.finished(cfg, result)
+        else:
+            result = runner.run(cfg, python, workdir, console)
+        results.append(result)
 
 
 def equivalence(plan: Plan, args, console: runner.Console) -> dict:
@@ -460,12 +538,6 @@ def run_benchmark(argv: list[str]) -> int:
         return 0
     plan = build_plan(args)
     console = runner.Console(quiet=args.quiet)
-    # Printed even with --quiet: which devices ran is what a result means, and it is one line.
-    console.say(Devices(plan.device_kind, plan.gpus, plan.detection).line)
-    cfg0 = (plan.configs or [c for c, _ in plan.not_run])[0]
-    console.say(f"Preset: {plan.preset}: {cfg0.model}, {cfg0.epochs} epoch(s), "
-                f"train {cfg0.train_size or 'all'} / test {cfg0.test_size or 'all'} images; "
-                f"{len(plan.configs)} run(s)")
     meta = {
         "command": "python -m harness " + " ".join(shlex.quote(a) for a in argv),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -476,16 +548,62 @@ def run_benchmark(argv: list[str]) -> int:
         "data_source": plan.data_source,
         "backends": sorted(plan.backends),
     }
-    with report.Staging(Path(args.out), sorted(plan.backends)) as staging:
-        if args.check:
-            meta["equivalence"] = equivalence(plan, args, console)
-        results = execute(plan, staging.path, console)
+    with create_staging(args.out, sorted(plan.backends)) as staging:
+        results = run_all(plan, args, console, meta, staging.path)
         meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-        final = staging.commit(results, meta)
+        interrupts.finishing()   # from here on a signal must not lose the results: it only sets the exit status
+        final = save_report(staging, results, meta)
     console.say("\n" + "\n".join(report.summary_table(report.with_scaling(results))))
+    if final is None:
+        return interrupts.exit_status() or 1
     console.say(f"\nReport: {final / 'report.md'}")
     bad = [r for r in results if r["status"] not in ("ok", "unavailable")]
-    return 1 if bad else 0
+    return interrupts.exit_status() or (1 if bad else 0)
+
+
+def create_staging(out: str, backends: list[str]) -> report.Staging:
+    """The report's staging directory, made before any work starts: an --out that cannot hold a report
+    (under a file, read-only, a name too long) fails now, in one line, not after hours of training."""
+    try:
+        return report.Staging(Path(out), backends).create()
+    except OSError as e:
+        raise UsageError(f"--out {out}: {e.strerror or e}") from None
+
+
+def run_all(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path) -> list[dict]:
+    """The equivalence check, then every run. An interrupt (Ctrl-C, SIGTERM, SIGHUP) at any point ends
+    them: the runs that finished keep their results, the others are reported as interrupted."""
+    results = [runner.not_run_result(cfg, "unavailable", reason) for cfg, reason in plan.not_run]
+    finished: list[dict] = []
+    try:
+        # Printed even with --quiet: which devices ran is what a result means, and it is one line.
+        console.say(Devices(plan.device_kind, plan.gpus, plan.detection).line)
+        cfg0 = (plan.configs or [c for c, _ in plan.not_run])[0]
+        console.say(f"Preset: {plan.preset}: {cfg0.model}, {cfg0.epochs} epoch(s), "
+                    f"train {cfg0.train_size or 'all'} / test {cfg0.test_size or 'all'} images; "
+                    f"{len(plan.configs)} run(s)")
+        if args.check:
+            meta["equivalence"] = {"interrupted": True}   # replaced by the table if the check finishes
+            meta["equivalence"] = equivalence(plan, args, console)
+        execute(plan, workdir, console, finished)
+    except KeyboardInterrupt as e:
+        why = f"interrupted by {e}" if str(e) else "interrupted by the user"
+        console.say(f"Interrupted ({str(e) or 'SIGINT'}): writing the report with the runs finished so far")
+        # execute() appends one result per config, in order: the rest never finished
+        finished += [runner.not_run_result(cfg, "interrupted", why) for cfg in plan.configs[len(finished):]]
+    return results + finished
+
+
+def save_report(staging: report.Staging, results: list[dict], meta: dict) -> Path | None:
+    """The report's directory; None if it could not be written (a full disk, say), after one line
+    saying where the results were kept instead."""
+    try:
+        return staging.commit(results, meta)
+    except OSError as e:
+        kept = staging.rescue(results, meta)
+        print(f"harness: error: could not write the report in {staging.out}: {e.strerror or e}; "
+              f"the results are kept in {kept}", file=sys.stderr)
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -494,10 +612,15 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:1] == ["test"]:
             from harness import testing
             return testing.main(argv[1:])
-        if argv[:1] == ["check"]:
-            from harness import check
-            return check.main(argv[1:])
-        return run_benchmark(argv)
+        with interrupts.handled():   # SIGTERM and SIGHUP stop the harness the way Ctrl-C does
+            try:
+                if argv[:1] == ["check"]:
+                    from harness import check
+                    return check.main(argv[1:])
+                return run_benchmark(argv)
+            except KeyboardInterrupt:   # while planning, before anything ran: nothing to report
+                print("harness: interrupted", file=sys.stderr)
+                return interrupts.exit_status() or 130
     except UsageError as e:
         print(f"harness: error: {e}", file=sys.stderr)
         return 2

@@ -2,12 +2,13 @@
 
 Everything is written into a hidden staging directory and renamed into place at the
 end, so a report directory is either complete or absent; an existing report is never
-overwritten (the run id gets a suffix instead).
+overwritten, and two runs started in the same second get different run ids (a suffix -2, -3).
 """
 
 from __future__ import annotations
 
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,21 +29,53 @@ STATUS_NOTE = {
 
 
 class Staging:
-    """`with Staging(out, backends) as s: ...; s.commit(results, meta)` -> the final directory."""
+    """`with Staging(out, backends) as s: ...; s.commit(results, meta)` -> the final directory.
+
+    The staging directory `.tmp-<run-id>` is removed on leaving, whatever happened, unless `rescue`
+    had to keep it because it holds the only copy of the results.
+    """
 
     def __init__(self, out: Path, backends: list[str]):
         self.out = out
         self.run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + ("all" if len(backends) > 2 else "-".join(backends))
-        self.path = out / f".tmp-{self.run_id}"
+        self.path: Path | None = None
+        self.keep = False
+
+    def create(self) -> "Staging":
+        """Claim a run id no other run has: the first free one of ID, ID-2, ID-3, ... (ids have one-second
+        resolution, and runs started together share an --out). mkdir is atomic: one process wins each name."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        base, n = self.run_id, 1
+        while True:
+            run_id = base if n == 1 else f"{base}-{n}"
+            n += 1
+            if (self.out / run_id).exists():
+                continue
+            try:
+                (self.out / f".tmp-{run_id}").mkdir()
+            except FileExistsError:
+                continue
+            self.run_id, self.path = run_id, self.out / f".tmp-{run_id}"
+            return self
 
     def __enter__(self) -> "Staging":
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.path.mkdir()
-        return self
+        return self if self.path else self.create()
 
     def __exit__(self, *exc) -> None:
-        if self.path.exists():
+        if self.path.exists() and not self.keep:
             shutil.rmtree(self.path, ignore_errors=True)
+
+    def rescue(self, results: list[dict], meta: dict) -> Path:
+        """The report could not be written (a full disk, say): put its results.json where it can be found,
+        in the system's temp directory; failing that, keep the staging directory (its runs/ holds each
+        finished run's result JSON until the report is written). Returns where the results are."""
+        fallback = Path(tempfile.gettempdir()) / f"dpbench-{self.run_id}-results.json"
+        try:
+            write_json_atomic(fallback, results_document(results, {**meta, "run_id": self.run_id}))
+            return fallback
+        except OSError:
+            self.keep = True
+            return self.path
 
     def commit(self, results: list[dict], meta: dict) -> Path:
         write(self.path, results, {**meta, "run_id": self.run_id})
@@ -320,6 +353,8 @@ def equivalence_section(eq: dict | None) -> list[str]:
     """The check's table: the same weights and batches through every backend, compared with torch."""
     if not eq:
         return ["## Equivalence", "", "Not checked in this run (`--no-check`; run `python -m harness check`)."]
+    if eq.get("interrupted"):
+        return ["## Equivalence", "", "Interrupted before the check finished (run `python -m harness check`)."]
     lines = ["## Equivalence", "",
              f"Every backend and strategy of this report, from the same canonical weights and batches "
              f"({eq['setup']}), compared with torch (`python -m harness check` runs the full version). "
@@ -428,12 +463,16 @@ def render(results: list[dict], meta: dict, plots: dict[str, bool]) -> str:
     return "\n".join(L)
 
 
+def results_document(results: list[dict], meta: dict) -> dict:
+    """What results.json holds: every number of the report."""
+    return {"schema_version": SCHEMA_VERSION, **meta, "runs": results}
+
+
 def write(directory: Path, results: list[dict], meta: dict) -> None:
     rows = with_scaling(results)
     plots = {"accuracy": plot_accuracy(rows, directory / "accuracy.png"),
              "throughput": plot_throughput(rows, directory / "throughput.png")}
-    write_json_atomic(directory / "results.json",
-                      {"schema_version": SCHEMA_VERSION, **meta, "runs": results})
+    write_json_atomic(directory / "results.json", results_document(results, meta))
     (directory / "report.md").write_text(render(results, meta, plots))
     runs = directory / "runs"
     if runs.exists():

@@ -20,7 +20,7 @@ from pathlib import Path
 from common import progress
 from common.config import RunConfig
 from common.results import failed_result, load_result, tail
-from harness import envs
+from harness import envs, interrupts
 from harness.envs import ROOT
 
 KILL_GRACE_S = 5.0
@@ -44,19 +44,25 @@ class Console:
 
     def say(self, text: str) -> None:
         self._clear()
-        print(text, file=self.stream, flush=True)
+        self._write(text + "\n")
 
     def _clear(self) -> None:
         if self._width:
-            self.stream.write("\r" + " " * self._width + "\r")
+            self._write("\r" + " " * self._width + "\r")
             self._width = 0
 
     def _bar(self, text: str) -> None:
         if self.live:
             self._clear()
+            self._write(text)
+            self._width = len(text)
+
+    def _write(self, text: str) -> None:
+        try:
             self.stream.write(text)
             self.stream.flush()
-            self._width = len(text)
+        except OSError:
+            pass  # the terminal is gone (it sent SIGHUP): the runs and the report go on without it
 
     def started(self, cfg: RunConfig) -> None:
         if not self.quiet:
@@ -102,20 +108,25 @@ def _pump(stream, lines: queue.Queue) -> None:
 
 
 def kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM the worker's process group, SIGKILL what is left after a grace period."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return  # the group is empty: nothing left behind
-    try:
-        proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # DDP ranks may outlive their parent
-    except ProcessLookupError:
-        pass
-    proc.wait()
+    """SIGTERM the worker's process group, SIGKILL what is left after a grace period.
+
+    Held against further interrupts: a second Ctrl-C during the grace period would otherwise skip
+    the SIGKILL and leave a worker that ignores SIGTERM running after the harness is gone.
+    """
+    with interrupts.held():
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return  # the group is empty: nothing left behind
+        try:
+            proc.wait(timeout=KILL_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # DDP ranks may outlive their parent
+        except ProcessLookupError:
+            pass
+        proc.wait()
 
 
 def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
@@ -171,11 +182,14 @@ def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
                                f"killed after --timeout {cfg.timeout:g} s\n{''.join(output[-20:])}")
     else:
         try:
-            result = load_result(result_path)
+            result = load_result(result_path, cfg.to_dict())
         except (OSError, ValueError) as e:
-            result = failed_result(cfg.to_dict(), "failed",
-                                   f"worker exited with status {proc.returncode} and no valid result ({e})\n"
-                                   + tail("".join(output)))
+            reason = f"worker exited with status {proc.returncode} and no valid result ({e})"
+            # The report's headline is the error's last line: the worker's own last words if it failed,
+            # but the reason itself if it exited 0 (its output then says nothing about what went wrong).
+            error = (tail("".join(output)) + "\n" + reason if proc.returncode == 0
+                     else reason + "\n" + tail("".join(output)))
+            result = failed_result(cfg.to_dict(), "failed", error)
     result["log"] = f"logs/{log_path.name}"
     console.finished(cfg, result)
     return result

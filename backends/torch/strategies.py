@@ -47,6 +47,7 @@ from common import levers as leverlib
 from common.config import RunConfig
 from common.loop import Diverged, Unsupported, feed, run_training, time_calls
 from common.weights import for_run as weights_for_run
+from common.worker import scratch_dir
 
 from backends.torch import models
 from backends.torch.environment import autocast_device, configure_precision, configure_threads
@@ -572,7 +573,8 @@ def launch_ddp(cfg: RunConfig, job, payload=None):
     A rank that raises fails the whole run with that rank's traceback; torch's spawn
     terminates the other ranks, so no process is left behind.
     """
-    with tempfile.TemporaryDirectory() as out_dir:
+    # In the worker's scratch directory, which the harness removes: a run killed by a signal cannot clean up.
+    with tempfile.TemporaryDirectory(dir=scratch_dir()) as out_dir:
         try:
             mp.start_processes(_rank_main, args=(cfg.to_dict(), _free_port(), job, payload, out_dir),
                                nprocs=cfg.devices, join=True, start_method="spawn")

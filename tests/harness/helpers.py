@@ -15,11 +15,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_harness(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m harness ARGS` in a subprocess with this interpreter; an `env` value of None unsets that variable."""
+def run_harness(*args: str, env: dict | None = None, timeout: float = 300, cwd=ROOT) -> subprocess.CompletedProcess:
+    """`python -m harness ARGS` in a subprocess with this interpreter, from `cwd` (the project root by default);
+    an `env` value of None unsets that variable."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     full_env = {name: value for name, value in full_env.items() if value is not None}
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=ROOT, env=full_env,
+    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -1,0 +1,352 @@
+"""Faults around the runs: signals to the harness, runs started together, an --out that cannot hold a
+report, a full disk. Whatever happens, the finished results survive, no worker outlives the harness, and
+no `.tmp-<run-id>` is left in --out.
+
+The signal tests start a real harness process with a fake worker interpreter (a Python script that
+succeeds, or hangs with a child of its own), signal it mid-run and bound every wait."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import cli, envs, report
+from tests.harness.helpers import ROOT, fake_python
+
+BASE = ("--backend", "torch", "--strategy", "scratch", "--model", "lenet", "--dataset", "synthetic",
+        "--train-size", "64", "--test-size", "32", "--batch-size", "32", "--epochs", "1", "--device", "cpu",
+        "--timed-steps", "0", "--quiet")
+
+# Succeeds at once in a 1-device run; a 2-device run (or the equivalence check, with FAKE_HANG_CHECK) hangs
+# with a child process of its own, after writing both pids to $FAKE_STATE/pids. With FAKE_IGNORE_TERM the
+# worker and its child ignore SIGTERM: only SIGKILL ends them.
+FAKE_WORKER = r'''
+import json, os, signal, subprocess, sys, time
+state = os.environ["FAKE_STATE"]
+hang = "--check" in sys.argv if os.environ.get("FAKE_HANG_CHECK") else "--config" in sys.argv
+if "--config" in sys.argv:
+    cfg = json.load(open(sys.argv[sys.argv.index("--config") + 1]))
+    hang = hang and cfg["devices"] > 1
+if hang:
+    if os.environ.get("FAKE_IGNORE_TERM"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # inherited by the child too
+    child = subprocess.Popen(["sleep", "1000"])
+    with open(os.path.join(state, "pids.tmp"), "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    os.rename(os.path.join(state, "pids.tmp"), os.path.join(state, "pids"))
+    time.sleep(1000)
+    sys.exit(0)
+if "--check" in sys.argv:
+    sys.exit("no check here")
+result = sys.argv[sys.argv.index("--result") + 1]
+epochs = [{"epoch": 1, "time_s": 1.0, "steps": 2, "images": 64, "images_per_s": 64.0, "train_loss": 1.0,
+           "train_acc": 0.5, "test_acc": 0.5}]
+json.dump({"schema_version": 1, "status": "ok", "config": cfg, "environment": {}, "epochs": epochs,
+           "compile_s": 0.1, "params": 1, "weights_hash": "w" * 64, "data_hash": "d" * 64, "error": None,
+           "memory": {}}, open(result, "w"))
+'''
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def fake_worker(tmp_path: Path) -> str:
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER)
+    return fake_python(tmp_path, f'exec {sys.executable} {script} "$@"')
+
+
+def start_harness(*args: str, env: dict | None = None, ignored: tuple = ()) -> subprocess.Popen:
+    """`python -m harness ARGS` in the background, with the stop signals at their defaults whatever the
+    test runner inherited (a background job may ignore SIGINT), except those `ignored` (as nohup does)."""
+    def default_signals():
+        for s in SIGNALS:
+            signal.signal(s, signal.SIG_IGN if s in ignored else signal.SIG_DFL)
+    return subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=ROOT, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_signals)
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"the harness ended before {path.name} appeared: {proc.communicate()}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"{path.name} did not appear within {timeout} s")
+        time.sleep(0.05)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"the harness did not exit within {timeout} s of the signal: {proc.communicate()}")
+    return proc.returncode, stderr
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those still running (a zombie, dead but not yet reaped by whoever adopted it, is not running)."""
+    running = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state not in ("Z", "X"):
+            running.append(pid)
+    return running
+
+
+def assert_none_survive(pids: list[int], within: float = 10) -> None:
+    deadline = time.monotonic() + within
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = alive(pids)
+    for pid in survivors:   # do not leave them behind when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert survivors == [], f"processes of the worker's group outlived the harness: {survivors}"
+
+
+def only_report(out: Path) -> Path:
+    entries = list(out.iterdir())
+    assert len(entries) == 1 and not entries[0].name.startswith("."), entries   # no .tmp-<run-id> left
+    return entries[0]
+
+
+def statuses(report_dir: Path) -> list[tuple[int, str]]:
+    runs = json.loads((report_dir / "results.json").read_text())["runs"]
+    return [(r["config"]["devices"], r["status"]) for r in runs]
+
+
+# ------------------------------------------------------------------------- signals
+
+@pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_a_stop_signal_during_training_writes_the_partial_report_and_kills_the_workers(tmp_path, signum):
+    """SIGTERM (timeout, systemd, scancel) and SIGHUP (a closed terminal) do what Ctrl-C does."""
+    out, state = tmp_path / "reports", tmp_path / "state"
+    state.mkdir()
+    proc = start_harness(*BASE, "--no-check", "--gpus", "1,2", "--python", f"torch={fake_worker(tmp_path)}",
+                         "--out", str(out), env={"FAKE_STATE": str(state)})
+    wait_for(state / "pids", proc)          # the 1-device run is done, the 2-device one hangs
+    proc.send_signal(signum)
+    code, stderr = finish(proc)
+    assert_none_survive([int(p) for p in (state / "pids").read_text().split()])
+    assert code == 128 + signum, stderr
+    assert "Traceback" not in stderr
+    assert f"Interrupted ({signal.Signals(signum).name})" in stderr
+    report_dir = only_report(out)
+    assert statuses(report_dir) == [(1, "ok"), (2, "interrupted")]
+    assert "interrupted" in (report_dir / "report.md").read_text()
+
+
+def test_sighup_stays_ignored_under_nohup(tmp_path):
+    out, state = tmp_path / "reports", tmp_path / "state"
+    state.mkdir()
+    proc = start_harness(*BASE, "--no-check", "--gpus", "2", "--python", f"torch={fake_worker(tmp_path)}",
+                         "--out", str(out), env={"FAKE_STATE": str(state)}, ignored=(signal.SIGHUP,))
+    wait_for(state / "pids", proc)
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(1.0)
+    assert proc.poll() is None               # still running
+    proc.send_signal(signal.SIGTERM)
+    code, stderr = finish(proc)
+    assert_none_survive([int(p) for p in (state / "pids").read_text().split()])
+    assert code == 143, stderr
+    assert statuses(only_report(out)) == [(2, "interrupted")]
+
+
+def test_a_second_ctrl_c_does_not_stop_the_kill_of_a_worker_that_ignores_sigterm(tmp_path):
+    """The SIGKILL after the grace period must come even if the user presses Ctrl-C again meanwhile."""
+    out, state = tmp_path / "reports", tmp_path / "state"
+    state.mkdir()
+    proc = start_harness(*BASE, "--no-check", "--gpus", "2", "--python", f"torch={fake_worker(tmp_path)}",
+                         "--out", str(out), env={"FAKE_STATE": str(state), "FAKE_IGNORE_TERM": "1"})
+    wait_for(state / "pids", proc)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)                          # inside kill_group's 5 s grace: the worker ignored SIGTERM
+    proc.send_signal(signal.SIGINT)
+    code, stderr = finish(proc)
+    assert_none_survive([int(p) for p in (state / "pids").read_text().split()], within=2)
+    assert code == 130, stderr
+    assert "Traceback" not in stderr
+    assert statuses(only_report(out)) == [(2, "interrupted")]
+
+
+def test_ctrl_c_during_the_equivalence_check_still_writes_the_report(tmp_path):
+    out, state = tmp_path / "reports", tmp_path / "state"
+    state.mkdir()
+    proc = start_harness(*BASE, "--gpus", "1", "--python", f"torch={fake_worker(tmp_path)}", "--out", str(out),
+                         env={"FAKE_STATE": str(state), "FAKE_HANG_CHECK": "1"})
+    wait_for(state / "pids", proc)          # the check's worker hangs
+    proc.send_signal(signal.SIGINT)
+    code, stderr = finish(proc)
+    assert_none_survive([int(p) for p in (state / "pids").read_text().split()])
+    assert code == 130, stderr
+    assert "Traceback" not in stderr
+    report_dir = only_report(out)
+    assert statuses(report_dir) == [(1, "interrupted")]
+    assert "Interrupted before the check finished" in (report_dir / "report.md").read_text()
+
+
+def test_an_interrupt_while_the_report_is_written_loses_nothing(tmp_path, monkeypatch, capfd):
+    """In-process: the signal arrives inside report.write; the report is finished, the exit status says it."""
+    real_write = report.write
+
+    def write_interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.2)                      # the handler runs here, in the main thread
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(report, "write", write_interrupted)
+    out = tmp_path / "reports"
+    monkeypatch.setenv("FAKE_STATE", str(tmp_path))
+    try:
+        code = cli.main([*BASE, "--no-check", "--gpus", "1", "--python", f"torch={fake_worker(tmp_path)}",
+                         "--out", str(out)])
+    except KeyboardInterrupt:
+        pytest.fail("the interrupt escaped while the report was written")
+    assert code == 130
+    report_dir = only_report(out)
+    assert statuses(report_dir) == [(1, "ok")]
+    assert (report_dir / "report.md").is_file()
+    assert "Traceback" not in capfd.readouterr().err
+
+
+# -------------------------------------------------------------------- same second
+
+def test_two_runs_started_together_give_two_reports(tmp_path):
+    out = tmp_path / "reports"
+    python = fake_worker(tmp_path)
+    procs = [start_harness(*BASE, "--no-check", "--gpus", "1", "--python", f"torch={python}", "--out", str(out),
+                           env={"FAKE_STATE": str(tmp_path)}) for _ in range(2)]
+    for proc in procs:
+        code, stderr = finish(proc)
+        assert code == 0, stderr
+    reports = sorted(p.name for p in out.iterdir())
+    assert len(reports) == 2 and not any(name.startswith(".") for name in reports), reports
+    assert all((out / name / "report.md").is_file() for name in reports)
+
+
+def test_run_ids_claimed_in_the_same_second_get_a_suffix(tmp_path, monkeypatch):
+    monkeypatch.setattr(report.time, "strftime", lambda fmt, *a: "20260101-000000")
+    first = report.Staging(tmp_path, ["torch"]).create()
+    second = report.Staging(tmp_path, ["torch"]).create()
+    assert (first.run_id, second.run_id) == ("20260101-000000-torch", "20260101-000000-torch-2")
+    assert first.path != second.path and first.path.is_dir() and second.path.is_dir()
+
+
+# ------------------------------------------------------------------------- --out
+
+def refused_out(tmp_path: Path, out: Path, capfd) -> str:
+    """Run in-process with a worker that marks that it started; return the one error line."""
+    python = fake_python(tmp_path, f"touch {tmp_path / 'worker-started'}; exit 1", name="marking-python")
+    code = cli.main([*BASE, "--no-check", "--gpus", "1", "--python", f"torch={python}", "--out", str(out)])
+    err = capfd.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert not (tmp_path / "worker-started").exists()   # refused before any work
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_out_under_a_file_is_refused_before_any_work(tmp_path, capfd):
+    (tmp_path / "a-file").write_text("")
+    out = tmp_path / "a-file" / "reports"
+    assert refused_out(tmp_path, out, capfd) == f"harness: error: --out {out}: Not a directory"
+
+
+def test_out_with_a_name_too_long_is_refused_before_any_work(tmp_path, capfd):
+    out = tmp_path / ("r" * 300)
+    assert refused_out(tmp_path, out, capfd) == f"harness: error: --out {out}: File name too long"
+
+
+def test_out_in_a_read_only_directory_is_refused_before_any_work(tmp_path, monkeypatch, capfd):
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o555)
+    if os.geteuid() == 0:   # root writes anywhere: answer as the kernel answers anyone else
+        real_mkdir = Path.mkdir
+
+        def mkdir(self, *args, **kwargs):
+            if read_only in self.parents:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+            return real_mkdir(self, *args, **kwargs)
+        monkeypatch.setattr(Path, "mkdir", mkdir)
+    out = read_only / "reports"
+    try:
+        assert refused_out(tmp_path, out, capfd) == f"harness: error: --out {out}: Permission denied"
+    finally:
+        read_only.chmod(0o755)
+
+
+@pytest.mark.parametrize("temp_dir_writable", [True, False], ids=["kept-in-temp-dir", "kept-in-staging-dir"])
+def test_a_full_disk_at_the_end_keeps_the_results_and_says_where(tmp_path, monkeypatch, capfd, temp_dir_writable):
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(report, "write", full_disk)
+    temp_dir = tmp_path / "temp"
+    if not temp_dir_writable:
+        (tmp_path / "a-file").write_text("")
+        temp_dir = tmp_path / "a-file" / "temp"
+    monkeypatch.setattr(report.tempfile, "tempdir", str(temp_dir))
+    monkeypatch.setenv("FAKE_STATE", str(tmp_path))
+    out = tmp_path / "reports"
+    try:
+        code = cli.main([*BASE, "--no-check", "--gpus", "1", "--python", f"torch={fake_worker(tmp_path)}",
+                         "--out", str(out)])
+    finally:
+        monkeypatch.undo()                   # pytest's own capture needs the real temp dir
+    err = capfd.readouterr().err
+    assert code == 1
+    assert "Traceback" not in err
+    line = [l for l in err.splitlines() if l.startswith("harness: error: ")]
+    assert len(line) == 1, err
+    assert f"could not write the report in {out}: No space left on device; the results are kept in " in line[0]
+    kept = Path(line[0].rsplit(" ", 1)[1])
+    if temp_dir_writable:
+        assert kept.parent == temp_dir and kept.name.startswith("dpbench-")
+        assert [r["status"] for r in json.loads(kept.read_text())["runs"]] == ["ok"]
+        assert list(out.iterdir()) == []                  # nothing half-written left in --out
+    else:
+        assert kept.parent == out and kept.name.startswith(".tmp-")
+        result, = (kept / "runs").glob("*.result.json")
+        assert json.loads(result.read_text())["status"] == "ok"
+
+
+# ------------------------------------------------------------------ torch DDP
+
+TORCH = envs.venv_python("torch")
+
+
+@pytest.mark.skipif(not TORCH.exists(), reason="no .venvs/torch")
+def test_a_ddp_worker_killed_at_its_timeout_leaves_nothing_in_the_temp_dir(tmp_path):
+    """torch's DDP launcher keeps per-rank files in a temporary directory that a killed worker cannot remove:
+    it must lie inside the run's own directory, which the harness removes."""
+    temp_dir, out = tmp_path / "temp", tmp_path / "reports"
+    temp_dir.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "harness", "--backend", "torch", "--strategy", "ddp", "--model", "lenet",
+         "--dataset", "synthetic", "--train-size", "8192", "--test-size", "64", "--epochs", "100", "--gpus", "2",
+         "--device", "cpu", "--no-check", "--timed-steps", "0", "--quiet", "--timeout", "30",
+         "--python", f"torch={TORCH}", "--out", str(out)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp_dir)},
+        capture_output=True, text=True, timeout=180)
+    assert result.returncode == 1, result.stderr
+    report_dir = only_report(out)
+    assert statuses(report_dir) == [(2, "timeout")]
+    if '"event": "warmup"' not in (report_dir / "logs" / "torch-ddp-x2.log").read_text():
+        pytest.skip("the DDP ranks did not start training within the timeout on this (busy) machine")
+    # torch's own compile cache (torchinductor_<user>) is meant to outlive a run; anything else is a leak
+    assert [p.name for p in temp_dir.iterdir() if not p.name.startswith("torchinductor_")] == []
