@@ -21,6 +21,16 @@ STATUSES = ("ok", "failed", "diverged", "timeout", "unavailable", "interrupted")
 ERROR_TAIL_CHARS = 2000
 
 
+def publish(tmp, path) -> None:
+    """Rename a finished temp file onto `path` with the mode a plainly created file gets (0644 under the usual
+    umask): mkstemp makes it 0600, which would leave results.json and checkpoints unreadable to the group that
+    reads report.md beside them."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
+    os.replace(tmp, path)
+
+
 def write_json_atomic(path, obj) -> None:
     """Write to a temp file in the same directory, then rename: readers never see half a file."""
     path = Path(path)
@@ -30,7 +40,7 @@ def write_json_atomic(path, obj) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(_finite(obj), f, indent=2, sort_keys=False)
             f.write("\n")
-        os.replace(tmp, path)
+        publish(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from common import architectures
+from common.results import publish
 
 KINDS = ("conv", "dense", "bias", "bn_gamma", "bn_beta", "bn_mean", "bn_var")
 INIT_STD = 0.01
@@ -100,7 +101,7 @@ def save(path, weights: dict[str, np.ndarray]) -> str:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, **{k: np.asarray(v, dtype=np.float32) for k, v in weights.items()},
                      **{HASH_KEY: np.frombuffer(digest.encode(), dtype=np.uint8)})
-        os.replace(tmp, path)
+        publish(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

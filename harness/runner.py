@@ -178,8 +178,9 @@ def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
         kill_group(proc)  # on timeout: the worker; otherwise: any stray process it left
 
     if timed_out:
+        # The worker's last output first, the reason last: the report's headline is the error's last line.
         result = failed_result(cfg.to_dict(), "timeout",
-                               f"killed after --timeout {cfg.timeout:g} s\n{''.join(output[-20:])}")
+                               f"{''.join(output[-20:])}killed after --timeout {cfg.timeout:g} s")
     else:
         try:
             result = load_result(result_path, cfg.to_dict())
@@ -190,6 +191,9 @@ def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
             error = (tail("".join(output)) + "\n" + reason if proc.returncode == 0
                      else reason + "\n" + tail("".join(output)))
             result = failed_result(cfg.to_dict(), "failed", error)
+    if result.get("error"):
+        # Paths in the staging directory as they will be once it is renamed to the report's (runs/..., logs/...)
+        result["error"] = result["error"].replace(f"{workdir}{os.sep}", "")
     result["log"] = f"logs/{log_path.name}"
     console.finished(cfg, result)
     return result

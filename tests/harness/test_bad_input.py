@@ -106,6 +106,14 @@ def test_a_result_file_that_is_not_json_is_a_failed_row(tmp_path):
     assert [r["status"] for r in runs] == ["failed"] and "not a JSON file" in runs[0]["error"]
 
 
+def test_a_missing_result_file_is_named_as_the_report_directory_holds_it(tmp_path):
+    """The staging directory (.tmp-<run-id>) is gone once the report is written: the reason names the path
+    relative to the report directory, as the log's is."""
+    result, runs = run_fake(tmp_path, fake_worker(tmp_path, "pass\n"))
+    assert [r["status"] for r in runs] == ["failed"]
+    assert "runs/torch-scratch-x1.result.json" in runs[0]["error"] and ".tmp-" not in runs[0]["error"]
+
+
 # ------------------------------------------------------------- 5: --load-weights files
 
 def damaged_weights(tmp_path) -> dict:

@@ -49,7 +49,7 @@ def test_crashing_worker_gives_failed_row_and_report(tmp_path):
 
 def test_hanging_worker_is_killed_at_timeout_with_its_children(tmp_path):
     marker = "3117.25"  # a sleep no other process on the machine runs
-    python = fake_python(tmp_path, f"sleep {marker} &\nsleep {marker}")
+    python = fake_python(tmp_path, f"echo 'loading the data'\nsleep {marker} &\nsleep {marker}")
     out = tmp_path / "reports"
     start = time.monotonic()
     result = run_harness(*BASE, "--gpus", "1", "--timeout", "2", "--python", f"torch={python}", "--out", str(out))
@@ -57,8 +57,10 @@ def test_hanging_worker_is_killed_at_timeout_with_its_children(tmp_path):
     assert result.returncode == 1
     runs = json.loads((only_report(out) / "results.json").read_text())["runs"]
     assert [r["status"] for r in runs] == ["timeout"]
-    assert "killed after --timeout 2 s" in runs[0]["error"]
-    assert "timed out" in (only_report(out) / "report.md").read_text()
+    assert runs[0]["error"].splitlines() == ["loading the data", "killed after --timeout 2 s"]
+    text = (only_report(out) / "report.md").read_text()
+    assert "timed out — killed after --timeout 2 s" in text      # the reason is the headline, not the output
+    assert "[torch scratch x1] timeout: killed after --timeout 2 s" in result.stderr
     assert processes_with(f"sleep {marker}") == []
 
 

@@ -53,3 +53,19 @@ def test_weights_file_round_trip_and_tamper_check(tmp_path):
         weights.load(tmp_path / "bad.npz")
     with pytest.raises(weights.WeightsError, match="cannot read"):
         weights.load(tmp_path / "missing.npz")
+
+
+def test_checkpoints_and_results_get_the_mode_of_a_plainly_created_file(tmp_path):
+    """0644 under umask 022 (mkstemp alone gives 0600): readable where report.md beside them is."""
+    import os
+    import stat
+    from common.results import write_json_atomic
+    old = os.umask(0o022)
+    try:
+        weights.save(tmp_path / "w.npz", weights.init_canonical(architectures.spec("lenet"), 0))
+        write_json_atomic(tmp_path / "r.json", {"a": 1})
+        (tmp_path / "plain.md").write_text("x")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+    assert modes == {"w.npz": 0o644, "r.json": 0o644, "plain.md": 0o644}
