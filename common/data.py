@@ -98,7 +98,7 @@ def cache_dir() -> Path:
 
 
 def candidate_dirs(data_dir: str | None = None) -> list[tuple[str, Path]]:
-    """Where the files are looked for, in order (DESIGN: --data-dir, env, Debian package, cache)."""
+    """Where the files are looked for, in order (--data-dir, env, Debian package, cache; README "Data")."""
     found = []
     if data_dir:
         found.append(("--data-dir", Path(data_dir)))

@@ -1,4 +1,4 @@
-"""JAX backend: the common interface (DESIGN.md) in JAX, flax (linen) and optax.
+"""JAX backend: the backend interface (docs/ARCHITECTURE.md) in JAX, flax (linen) and optax.
 
   resnet18, lenet        models.py
   devices, split,        parallel.py

@@ -21,7 +21,7 @@ COMPILE = "inherent: jax.pmap / jax.jit compile every step whether or not --comp
 
 
 def configure_precision(cfg) -> None:
-    """fp32 means fp32 (DESIGN: same for all); tf32 and bf16 as --precision asks (see MATMUL_PRECISION)."""
+    """fp32 means fp32 (the same in every backend); tf32 and bf16 as --precision asks (see MATMUL_PRECISION)."""
     jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[cfg.precision])
 
 

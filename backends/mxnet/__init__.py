@@ -1,4 +1,4 @@
-"""MXNet/Gluon backend: the common interface (DESIGN.md) in mxnet 1.9.1.
+"""MXNet/Gluon backend: the backend interface (docs/ARCHITECTURE.md) in mxnet 1.9.1.
 
   resnet18, lenet        models.py
   devices, split,        parallel.py

@@ -7,7 +7,7 @@
 * threads: MXNet's engine and oneDNN size their OpenMP pools once, when the library
   loads, from OMP_NUM_THREADS. So the worker's thread count (--threads of the run, else
   every usable core, as torch uses for one process) is set here, before the import.
-* fp32 means fp32: tensor-core math and TF32 off (matters only on GPU builds; DESIGN: the same
+* fp32 means fp32: tensor-core math and TF32 off (matters only on GPU builds; the same
   precision settings for every backend).
 
 Every other module of the backend does `from backends.mxnet.compat import mx`.

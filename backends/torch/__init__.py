@@ -1,4 +1,4 @@
-"""PyTorch backend: the common interface (DESIGN.md) in torch.
+"""PyTorch backend: the backend interface (docs/ARCHITECTURE.md) in torch.
 
   resnet18, lenet        models.py
   devices, split,        parallel.py

@@ -18,7 +18,7 @@ def configure_precision(cfg) -> dict:
     """Set the float32 math mode of --precision (and cuDNN autotuning on GPUs); return the settings as torch
     reads them back.
 
-    fp32 means fp32: TF32 off for matmuls and convolutions, set explicitly (DESIGN: same for all).
+    fp32 means fp32: TF32 off for matmuls and convolutions, set explicitly (the same in every backend).
     tf32: both on. bf16: TF32 off, so that what runs outside autocast (the SGD update, BatchNorm
     statistics) stays float32; the strategies open torch.autocast(bfloat16) around forward and loss.
     """

@@ -1,4 +1,4 @@
-"""The common interface (DESIGN.md), one module for every backend, run in each backend's environment.
+"""The backend interface (docs/ARCHITECTURE.md), one module for every backend, run in each backend's environment.
 
 A backend package provides: resnet18, lenet, devices(n, kind), split, allreduce,
 initial_weights(model, seed), param_count(model), predict(model, weights, x),
@@ -87,7 +87,7 @@ def test_initial_weights_are_seeded(backend):
     assert sum(v.size for v in a.values()) == 129_068
 
 
-# ------------------------------------------------------------------ equivalence API (DESIGN: proving fairness)
+# ------------------------------------------------------------------ equivalence API (proving fairness)
 #   predict(model, weights, x, train=False)
 #   gradients(strategy, model, k, weights, x, y, bn="local", dtype="float32") -> (mean loss, canonical gradients)
 #   train_trace(strategy, model, k, weights, batches, lr, bn="local", dtype="float32") -> {"first", "final", "losses"}
