@@ -151,7 +151,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the batch order (default 0)")
     p.add_argument("--python", default=None, metavar="PATH",
                    help="an interpreter that has torch (default: the project's .venvs/torch, built if needed)")
-    p.add_argument("--confidence", type=float, default=paired.CONFIDENCE, help="of the bootstrap interval (default 0.95)")
+    p.add_argument("--confidence", type=float, default=paired.CONFIDENCE,
+                   help="of the bootstrap interval (default 0.95)")
     p.add_argument("--resamples", type=int, default=paired.RESAMPLES, help="bootstrap resamples (default 10000)")
     args = p.parse_args()
     if args.pairs < 1 or args.steps < 1 or args.batch_size < 1 or args.resamples < 1 or not 0 < args.confidence < 1:
@@ -184,7 +185,8 @@ def main() -> int:
                        confidence=args.confidence, resamples=args.resamples)
     print(f"same start in both loops: weights {plain[0]['weights_hash'][:12]}, batches {plain[0]['data_hash'][:12]}; "
           f"mean training loss standalone {plain[0]['train_loss']:.4f}, harness {harnessed[0]['train_loss']:.4f}")
-    print(f"throughput, median of the runs: standalone {median_of(plain):.1f}, harness {median_of(harnessed):.1f} images/s")
+    print(f"throughput, median of the runs: standalone {median_of(plain):.1f}, "
+          f"harness {median_of(harnessed):.1f} images/s")
     print(f"ratio harness / standalone: median {c.median:.3f}, {100 * c.confidence:g}% bootstrap interval "
           f"[{c.low:.3f}, {c.high:.3f}] ({args.resamples} resamples)")
     print(f"verdict: {c.sentence('the harness', 'the standalone loop')}")

@@ -95,7 +95,8 @@ class RunConfig:
     @property
     def levers(self) -> list[str]:
         """The speed levers that differ from the plain fp32 eager run, e.g. ["bf16", "compile"]."""
-        compiled = ["compile" if self.compile_mode == "default" else f"compile={self.compile_mode}"] if self.compile else []
+        mode = "compile" if self.compile_mode == "default" else f"compile={self.compile_mode}"
+        compiled = [mode] if self.compile else []
         return ([self.precision] if self.precision != "fp32" else []) + compiled + \
                [name for name in ("channels_last", "resident_data") if getattr(self, name)]
 

@@ -33,9 +33,6 @@ FILES = {
     "test_labels": ("t10k-labels-idx1-ubyte", "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"),
 }
 
-CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-           "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
-
 IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
@@ -175,10 +172,6 @@ class Dataset:
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
-
-    @property
-    def image_shape(self) -> tuple[int, ...]:
-        return tuple(self.x_train.shape[1:])
 
 
 def _load_verified(directory: Path, key: str, verify: bool) -> np.ndarray:

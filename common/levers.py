@@ -37,7 +37,8 @@ def refusal(declared: dict, lever: str, value) -> str | None:
 
 def refusals(declared: dict, levers: dict) -> list[str]:
     """`--flag value: reason` for every asked lever the backend refuses."""
-    return [f"{flag(lever, value)}: {why}" for lever, value in levers.items() if (why := refusal(declared, lever, value))]
+    return [f"{flag(lever, value)}: {why}" for lever, value in levers.items()
+            if (why := refusal(declared, lever, value))]
 
 
 DTYPES = ("float32", "float64")   # of the backends' equivalence API (gradients, train_trace, train_steps)

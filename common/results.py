@@ -120,7 +120,8 @@ def result_problem(result, config: dict) -> str | None:
         if result.get(name) is not None and not _number(result[name]):
             return f"{name} is not a number"
     environment = result.get("environment") or {}
-    if not isinstance(environment.get("devices") or [], list) or not isinstance(environment.get("precision") or {}, dict):
+    if not isinstance(environment.get("devices") or [], list) or \
+            not isinstance(environment.get("precision") or {}, dict):
         return "environment.devices or environment.precision has the wrong type"
     return _metrics_problem(result) if result["status"] == "ok" else None
 

@@ -22,7 +22,6 @@ import numpy as np
 from common import architectures
 from common.results import publish
 
-KINDS = ("conv", "dense", "bias", "bn_gamma", "bn_beta", "bn_mean", "bn_var")
 INIT_STD = 0.01
 # "d2l": kernels ~ N(0, 0.01^2), the seeds' recipe and every run's default.
 # "he": the same draws rescaled to He's std sqrt(2 / fan_in). With d2l's tiny kernels ResNet-18's
@@ -110,7 +109,8 @@ def save(path, weights: dict[str, np.ndarray]) -> str:
 
 
 def _read_npz(path) -> tuple[str | None, dict[str, np.ndarray]]:
-    """(the recorded fingerprint, the arrays) of an .npz file; every array is read now, so a damaged member fails here."""
+    """(the recorded fingerprint, the arrays) of an .npz file; every array is read now, so a damaged member
+    fails here."""
     with open(path, "rb") as raw:
         if raw.read(4) != b"PK\x03\x04":   # np.load would also accept .npy and pickles
             raise WeightsError(f"cannot read weights file {path}: not an .npz archive (as --save-weights writes)")
@@ -128,7 +128,8 @@ def load(path, model: str | None = None) -> dict[str, np.ndarray]:
         raise
     except Exception as e:   # noqa: BLE001 - a damaged archive fails in many ways (zip, CRC, zlib, EOF, dtype)
         detail = (str(e).strip().splitlines() or [""])[0]
-        raise WeightsError(f"cannot read weights file {path}: {type(e).__name__}" + (f": {detail}" if detail else "")) from None
+        reason = type(e).__name__ + (f": {detail}" if detail else "")
+        raise WeightsError(f"cannot read weights file {path}: {reason}") from None
     if not matches:
         raise WeightsError(f"weights file {path} does not match its recorded fingerprint")
     if model is not None:

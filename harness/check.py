@@ -169,7 +169,8 @@ def compare(results: dict[str, tuple[dict, dict]], w0: dict[str, dict], referenc
             if own is not None and (model, strategy) not in own_rows:
                 own_rows.add((model, strategy))
                 rows.append(Row("float32 vs float64", model, name, strategy, "1", "-", own, TOLERANCE["float32"],
-                                _verdict(own, TOLERANCE["float32"]), "this backend's float32 gradient vs its float64 one"))
+                                _verdict(own, TOLERANCE["float32"]),
+                                "this backend's float32 gradient vs its float64 one"))
             if floor is not None:
                 floor = widened_floor(floor, arrays, key, model, w0[model], own)
             if ref and (name != reference or ref != key):
@@ -177,7 +178,8 @@ def compare(results: dict[str, tuple[dict, dict]], w0: dict[str, dict], referenc
             if ref:
                 rows += _state_rows(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, floor)
             f64, ref64 = float64_key(key), float64_key(ref) if ref else None
-            if ref64 and f"{f64}|loss" in arrays and f"{ref64}|loss" in ref_arrays and (name != reference or ref != key):
+            both_in_float64 = ref64 and f"{f64}|loss" in arrays and f"{ref64}|loss" in ref_arrays
+            if both_in_float64 and (name != reference or ref != key):
                 rows.append(_same_math(arrays, ref_arrays, f64, ref64, model, name, strategy, k, bn, w0[model]))
             if k > 1 and f"{model}|{strategy}|1|{bn}|loss" in arrays:
                 one_ref = reference_key(model, 1, bn)
@@ -225,7 +227,8 @@ def state_distances(arrays, ref_arrays, key, ref, model) -> dict[str, float]:
 def _float64_row(arrays, ref_arrays, model, name) -> Row:
     names = _trainable(model)
     loss = abs(float(arrays[f"{model}|float64|loss"]) - float(ref_arrays[f"{model}|float64|loss"]))
-    grads = _relative(_stack(arrays, f"{model}|float64|grad", names), _stack(ref_arrays, f"{model}|float64|grad", names))
+    grads = _relative(_stack(arrays, f"{model}|float64|grad", names),
+                      _stack(ref_arrays, f"{model}|float64|grad", names))
     value = max(loss / abs(float(ref_arrays[f"{model}|float64|loss"])), grads)
     return Row("math (float64)", model, name, "(1 device)", "1", "-", value, TOLERANCE["float64"],
                _verdict(value, TOLERANCE["float64"]), "loss and gradients in float64 vs torch's")
@@ -277,8 +280,8 @@ def widened_floor(floor: dict, arrays, key, model, w0, own: float | None) -> dic
     f64 = float64_key(key)
     if f"{f64}|loss" in arrays:
         mine = distances(arrays, arrays, key, f64, model, w0)
-        return {**floor, **{c: max(floor[c], mine[c]) for c in ("gradients", "step", "state") if c in floor and c in mine
-                            and mine[c] <= TOLERANCE["float32"]}}
+        return {**floor, **{c: max(floor[c], mine[c]) for c in ("gradients", "step", "state")
+                            if c in floor and c in mine and mine[c] <= TOLERANCE["float32"]}}
     if own is not None and own <= TOLERANCE["float32"]:
         return {**floor, "gradients": max(floor["gradients"], own), "step": max(floor["step"], own)}
     return floor
@@ -357,7 +360,8 @@ def table(rows: list[Row]) -> list[str]:
         value = "—" if r.value is None else f"{r.value:.2e}"
         tol = "—" if r.tolerance is None else f"{r.tolerance:.0e}"
         result = r.status + (f" ({r.note})" if r.note else "")
-        lines.append(f"| {r.check} | {r.model} | {r.backend} | {r.strategy} | {r.devices} | {r.bn} | {value} | {tol} | {result} |")
+        lines.append(f"| {r.check} | {r.model} | {r.backend} | {r.strategy} | {r.devices} | {r.bn} | {value} "
+                     f"| {tol} | {result} |")
     return lines
 
 
@@ -387,7 +391,8 @@ def run_checks(backends: dict[str, registry.Backend], pythons: dict[str, str], m
                 failures[name] = str(e).splitlines()[0]
         w0 = {m: weightslib.load(p) for m, p in shared["weights"].items()}
     if "torch" not in results:
-        return [], {**failures, "torch": failures.get("torch", "not measured: torch is the reference")}, shared["weights_hash"]
+        failures = {**failures, "torch": failures.get("torch", "not measured: torch is the reference")}
+        return [], failures, shared["weights_hash"]
     return asked_rows(compare(results, w0), counts), failures, shared["weights_hash"]
 
 
@@ -400,14 +405,16 @@ def asked_rows(rows: list[Row], counts: list[int]) -> list[Row]:
 
 def main(argv: list[str]) -> int:
     from harness.cli import (Parser, UsageError, absolute_path, check_device_counts, check_shared, choose_devices,
-                             name_list, nonempty, parse_backends, parse_gpus, parse_pythons, resolve_data, select_strategies)
+                             name_list, nonempty, parse_backends, parse_gpus, parse_pythons, resolve_data,
+                             select_strategies)
     p = Parser(prog="python -m harness check",
                description="Compare forward passes, gradients, SGD steps and k-vs-1-device training across "
                            "backends and strategies on one set of canonical weights; exit 1 on any failure.")
     p.add_argument("--backend", type=name_list, default="all", help="backends to check (torch is always the reference)")
     p.add_argument("--gpus", type=name_list, default="1,2", help="device counts to compare")
     p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
-    p.add_argument("--strategy", type=name_list, default=None, help="comma list (default: every strategy that runs here)")
+    p.add_argument("--strategy", type=name_list, default=None,
+                   help="comma list (default: every strategy that runs here)")
     p.add_argument("--model", type=name_list, default="lenet,resnet18", help="comma list of models")
     p.add_argument("--bn", type=name_list, default="local,sync", help="BatchNorm modes: local, sync")
     p.add_argument("--steps", type=int, default=20,
@@ -442,7 +449,8 @@ def main(argv: list[str]) -> int:
     if args.batch_size < 1 or any(args.batch_size % n for n in counts):
         raise UsageError(f"--batch-size {args.batch_size} must split evenly across {counts} devices")
     backends = {n: registry.load(n) for n in names}
-    chosen = {n: [s for s, reason in picks if reason is None] for n, picks in select_strategies(args, backends, kind).items()}
+    chosen = {n: [s for s, reason in picks if reason is None]
+              for n, picks in select_strategies(args, backends, kind).items()}
     data_dir, _, (train_images, _) = resolve_data(args)
     if args.steps * args.batch_size > train_images:   # each step takes its own batch of the first epoch
         raise UsageError(f"--steps {args.steps} x --batch-size {args.batch_size} needs more than the "
@@ -455,7 +463,7 @@ def main(argv: list[str]) -> int:
                                         args.steps, args.batch_size, args.lr, args.seed, dataset, kind, args.timeout,
                                         init=args.init)
     print()
-    print(f"Canonical weights: " + ", ".join(f"{m} {h[:16]}" for m, h in hashes.items()) +
+    print("Canonical weights: " + ", ".join(f"{m} {h[:16]}" for m, h in hashes.items()) +
           f" ({args.init} init); {args.steps} batches of {args.batch_size} ({args.dataset}), lr {args.lr:g}, fp32")
     print("\n".join(table(rows)))
     for name, reason in failures.items():

@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                "environment). Examples: `python -m harness --backend torch --gpus 2`, "
                "`python -m harness --backend all --gpus 1,2 --strategy ddp,pmap`.",
         formatter_class=HelpFormatter)
-    p.add_argument("--backend", type=name_list, default="all", help="torch (alias pytorch), jax, mxnet, all, or a comma list")
+    p.add_argument("--backend", type=name_list, default="all",
+                   help="torch (alias pytorch), jax, mxnet, all, or a comma list")
     p.add_argument("--gpus", type=name_list, default=None,
                    help="data-parallel devices: a count (2) or a sweep (1,2,4). Default: 1,2 "
                         "(1 with a single GPU). Without GPUs these are simulated CPU devices")
@@ -107,13 +108,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", choices=MODELS, default=None, help="network (default: the preset's, resnet18)")
     p.add_argument("--epochs", type=int, default=None, help="epochs (default: the preset's)")
     p.add_argument("--batch-size", type=int, default=None,
-                   help="global batch, split evenly across the devices (default: the preset's per-device batch x devices)")
-    p.add_argument("--lr", type=float, default=None, help="SGD learning rate (default: the preset's per-device lr x devices)")
-    p.add_argument("--train-size", type=int, default=None, help="train on the first N training images (default: the preset's)")
-    p.add_argument("--test-size", type=int, default=None, help="evaluate on the first N test images (default: the preset's)")
+                   help="global batch, split evenly across the devices "
+                        "(default: the preset's per-device batch x devices)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="SGD learning rate (default: the preset's per-device lr x devices)")
+    p.add_argument("--train-size", type=int, default=None,
+                   help="train on the first N training images (default: the preset's)")
+    p.add_argument("--test-size", type=int, default=None,
+                   help="evaluate on the first N test images (default: the preset's)")
     p.add_argument("--dataset", choices=DATASETS, default="fashion-mnist",
                    help="synthetic: random images for smoke runs, labelled as such in the report")
-    p.add_argument("--data-dir", type=absolute_path, default=None, help="directory with the four Fashion-MNIST IDX files (.gz or not)")
+    p.add_argument("--data-dir", type=absolute_path, default=None,
+                   help="directory with the four Fashion-MNIST IDX files (.gz or not)")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and of the batch order")
     p.add_argument("--out", type=absolute_path, default="reports", help="reports are written to OUT/<run-id>/")
     p.add_argument("--python", action="append", type=nonempty, default=[], metavar="BACKEND=PATH",
@@ -129,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start from these canonical weights (a file written by --save-weights, any backend); "
                         "with --epochs 0 they are only evaluated")
     p.add_argument("--save-weights", type=absolute_path, default=None, metavar="PATH",
-                   help="write the trained weights, canonical, to PATH (a run of one backend, strategy and device count)")
+                   help="write the trained weights, canonical, to PATH "
+                        "(a run of one backend, strategy and device count)")
     p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                    help="run a small equivalence check (`python -m harness check`: 5 steps on a few images) over "
                         "this report's backends, strategies and devices first, and put its table in the report")
@@ -507,7 +514,7 @@ def execute(plan: Plan, workdir: Path, console: runner.Console, results: list[di
         results.append(result)
 
 
-def equivalence(plan: Plan, args, console: runner.Console) -> dict:
+def equivalence(plan: Plan, console: runner.Console) -> dict:
     """A small `harness check` over what this report runs, for its Equivalence section."""
     from harness import check
     counts = sorted({c.devices for c in plan.configs}) or [1]
@@ -584,7 +591,7 @@ def run_all(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path
                     f"{len(plan.configs)} run(s)")
         if args.check:
             meta["equivalence"] = {"interrupted": True}   # replaced by the table if the check finishes
-            meta["equivalence"] = equivalence(plan, args, console)
+            meta["equivalence"] = equivalence(plan, console)
         execute(plan, workdir, console, finished)
     except KeyboardInterrupt as e:
         why = f"interrupted by {e}" if str(e) else "interrupted by the user"

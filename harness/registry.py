@@ -6,7 +6,6 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import levers as leverlib
 from harness.envs import ROOT
 
 BACKENDS_DIR = ROOT / "backends"
@@ -52,10 +51,6 @@ class Backend:
     levers: dict[str, Lever] = field(default_factory=dict)
 
     declared_levers: dict = field(default_factory=dict)   # backend.toml's [levers] table, as read
-
-    def refusal(self, lever: str, value) -> str | None:
-        """Why this backend cannot run `lever` at `value` (None: it can); common/levers.py decides."""
-        return leverlib.refusal(self.declared_levers, lever, value)
 
     def options_for(self, strategy: str) -> dict[str, Option]:
         return {k: o for k, o in self.options.items() if o.strategies is None or strategy in o.strategies}

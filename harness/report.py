@@ -160,7 +160,8 @@ def plot_throughput(rows: list[dict], path: Path) -> bool:
     series: dict[tuple, list] = {}
     for row in rows:
         if row["result"]["status"] == "ok" and row.get("images_per_s"):   # (evaluation-only runs have none)
-            series.setdefault(key(row["result"])[:2], []).append((row["result"]["config"]["devices"], row["images_per_s"]))
+            point = (row["result"]["config"]["devices"], row["images_per_s"])
+            series.setdefault(key(row["result"])[:2], []).append(point)
     if not any(len(points) > 1 for points in series.values()):
         return False
     import matplotlib
@@ -246,7 +247,8 @@ def steps_table(rows: list[dict]) -> list[str]:
         ms = milliseconds
         several = c["devices"] > 1     # on one device there is nothing to send: no bandwidth to speak of
         body.append([c["backend"], variant(c), str(c["devices"]), f"{ms(step['median_s'])}",
-                     f"{ms(step['p10_s'])}–{ms(step['p90_s'])}", str(step["steps"]), fmt(step.get("images_per_s"), ".1f"),
+                     f"{ms(step['p10_s'])}–{ms(step['p90_s'])}", str(step["steps"]),
+                     fmt(step.get("images_per_s"), ".1f"),
                      ms(ar and ar["median_s"]), fmt(ar.get("gb_per_s") if ar and several else None, ".2f"),
                      fmt(ar and ar.get("share_of_step"), ".0%")])
     if not body:
@@ -262,8 +264,8 @@ def accuracy_table(rows: list[dict]) -> list[str]:
     if not ok:
         return []
     n = max(len(r["epochs"]) for r in ok)
-    body = [[" ".join(map(str, key(r)))] + [fmt(e["test_acc"], ".4f") for e in r["epochs"]] + [""] * (n - len(r["epochs"]))
-            for r in ok]
+    body = [[" ".join(map(str, key(r)))] + [fmt(e["test_acc"], ".4f") for e in r["epochs"]]
+            + [""] * (n - len(r["epochs"])) for r in ok]
     return _table(["run"] + [f"epoch {i + 1}" for i in range(n)], body)
 
 
@@ -303,7 +305,8 @@ def environment_section(results: list[dict]) -> list[str]:
     """Host once, then one line per backend/strategy from its largest run."""
     largest: dict[tuple, dict] = {}
     for r in results:
-        if r.get("environment") and r["config"]["devices"] >= largest.get(key(r)[:2], {"config": {"devices": 0}})["config"]["devices"]:
+        seen = largest.get(key(r)[:2])
+        if r.get("environment") and (seen is None or r["config"]["devices"] >= seen["config"]["devices"]):
             largest[key(r)[:2]] = r
     if not largest:
         return ["No run reported its environment."]
@@ -312,7 +315,8 @@ def environment_section(results: list[dict]) -> list[str]:
     for (backend, strategy), r in sorted(largest.items()):
         env = r["environment"]
         precision = ", ".join(f"{k}={v}" for k, v in (env.get("precision") or {}).items())
-        lines.append(f"- **{backend} {strategy}** ({r['config']['devices']} devices: {', '.join(env.get('devices') or []) or 'none the framework sees'}): "
+        devices = ", ".join(env.get("devices") or []) or "none the framework sees"
+        lines.append(f"- **{backend} {strategy}** ({r['config']['devices']} devices: {devices}): "
                      f"{env.get('framework')} {env.get('framework_version')} (CUDA {env.get('cuda') or '—'}, "
                      f"cuDNN {env.get('cudnn') or '—'}), Python {env.get('python')}, numpy {env.get('numpy')}; "
                      f"{env.get('processes')} process(es) x {env.get('threads_per_process')} CPU thread(s); "
@@ -338,14 +342,15 @@ def hashes_section(results: list[dict]) -> list[str]:
     data = {r.get("data_hash") for r in ok if r.get("data_hash")}   # (evaluation-only runs train on nothing)
     lines = []
     if weights:
-        lines.append(f"- Initial weights (canonical): "
+        lines.append("- Initial weights (canonical): "
                      + (f"`{next(iter(weights))[:16]}` for every run" if len(weights) == 1
                         else "**differ between runs**: " + ", ".join(f"`{str(w)[:16]}`" for w in weights)))
     if data:
-        lines.append(f"- Training batch sequence: "
+        lines.append("- Training batch sequence: "
                      + (f"`{next(iter(data))[:16]}` for every run" if len(data) == 1
                         else "differs between runs (different device counts drop a different partial batch "
-                             "or use a different global batch): " + ", ".join(sorted(f"`{str(d)[:16]}`" for d in data))))
+                             "or use a different global batch): "
+                             + ", ".join(sorted(f"`{str(d)[:16]}`" for d in data))))
     return lines
 
 
@@ -405,9 +410,10 @@ def render(results: list[dict], meta: dict, plots: dict[str, bool]) -> str:
     L += [f"- Command: `{meta['command']}`",
           f"- Started {meta['started']}, finished {meta.get('finished', '—')}",
           f"- Preset: {meta['preset']}; model {cfg.get('model')}, {cfg.get('epochs')} epoch(s), "
-          f"train {cfg.get('train_size') or 'all 60,000'} / test {cfg.get('test_size') or 'all 10,000'} images, seed {cfg.get('seed')}",
+          f"train {cfg.get('train_size') or 'all 60,000'} / test {cfg.get('test_size') or 'all 10,000'} images, "
+          f"seed {cfg.get('seed')}",
           f"- Data: {meta['data_source']}",
-          f"- Start: " + (f"weights loaded from `{cfg['load_weights']}`" if cfg.get("load_weights")
+          "- Start: " + (f"weights loaded from `{cfg['load_weights']}`" if cfg.get("load_weights")
                           else "the canonical seeded initial weights") + f"; BatchNorm: {cfg.get('bn', 'local')}"
           + (" (statistics over the global batch)" if cfg.get("bn") == "sync" else " (per-device statistics)"),
           devices_line(meta),

@@ -53,7 +53,8 @@ PROBES = {
             "import os, jax, jax.numpy as jnp\n"
             "jax.jit(lambda a: jnp.tanh(a).sum())(jnp.ones(64)).block_until_ready()\n"
             "print(f'probe: XLA_FLAGS accepted ({os.environ.get(\"XLA_FLAGS\")}); the XLA thread pool spans '\n"
-            "      f'{len(os.sched_getaffinity(0))} usable CPU(s): jaxlib {jax.__version__} has no thread-count switch')\n"),
+            "      f'{len(os.sched_getaffinity(0))} usable CPU(s): '\n"
+            "      f'jaxlib {jax.__version__} has no thread-count switch')\n"),
     "mxnet": ({"DNNL_VERBOSE": "1"},
               "import ctypes, os\n"
               "from backends.mxnet.compat import mx\n"

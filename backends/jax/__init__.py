@@ -4,8 +4,7 @@
   devices, split,        parallel.py
   allreduce
   run, train_steps,      strategies.py (pmap, sharding)
-  gradients, train_trace,
-  STRATEGIES
+  gradients, train_trace
   environment            environment.py
 
 Simulated devices: without GPUs, a run uses the first N of SIMULATED_DEVICES CPU
@@ -30,10 +29,14 @@ _ask_xla_for_cpu_devices(SIMULATED_DEVICES)
 from backends.jax.environment import environment  # noqa: E402  (after the XLA flag)
 from backends.jax.models import build, count_params, forward, from_canonical, lenet, resnet18, spec  # noqa: E402
 from backends.jax.parallel import allreduce, devices, split  # noqa: E402
-from backends.jax.strategies import (TRAINERS as STRATEGIES, float64_gradients, gradients, run,  # noqa: E402
-                                     train_steps, train_trace)
+from backends.jax.strategies import float64_gradients, gradients, run, train_steps, train_trace  # noqa: E402
 
 NAME = "jax"
+
+# The backend interface (docs/ARCHITECTURE.md): the same names in every backend.
+__all__ = ["NAME", "resnet18", "lenet", "initial_weights", "param_count", "devices", "split", "allreduce",
+           "predict", "run", "environment", "gradients", "train_trace", "train_steps", "float64_gradients",
+           "array", "to_numpy", "device_of"]
 
 
 def initial_weights(model: str, seed: int = 0):

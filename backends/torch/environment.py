@@ -83,7 +83,8 @@ def environment(cfg) -> dict:
         "processes": processes,
         "threads_per_process": threads,
         "precision": configure_precision(cfg),
-        "compile": {"backend": "inductor", "mode": cfg.compile_mode, "target": compile_target(cfg)} if cfg.compile else None,
+        "compile": ({"backend": "inductor", "mode": cfg.compile_mode, "target": compile_target(cfg)}
+                    if cfg.compile else None),
         "input_copies": input_copies(cfg),
         "sgd_update": sgd_update(cfg),
         "memory_format": "channels_last" if cfg.channels_last else "contiguous_format",

@@ -487,7 +487,8 @@ def check_levers(cfg: RunConfig) -> None:
             raise Unsupported("TF32 is a mode of NVIDIA tensor cores; there is none on the CPU")
         major, minor = torch.cuda.get_device_capability(0)
         if major < 8:
-            raise Unsupported(f"TF32 needs an Ampere or newer GPU (compute capability 8.0); this one is {major}.{minor}")
+            raise Unsupported(f"TF32 needs an Ampere or newer GPU (compute capability 8.0); "
+                              f"this one is {major}.{minor}")
     if cfg.precision == "bf16" and gpu and not torch.cuda.is_bf16_supported(including_emulation=False):
         raise Unsupported("this GPU has no native bfloat16 arithmetic")
     if cfg.compile:

@@ -715,4 +715,5 @@ def test_gpu_fp32_steps_run_at_full_precision(strategy):
 def test_gpu_worker_trains_with_prefetch(tmp_path):
     rc, r = run_worker(tmp_path, devices=GPUS, device_kind="gpu", simulated=False, timed_steps=3, epochs=1)
     assert rc == 0 and r["status"] == "ok", r["error"]
-    assert r["environment"]["input_copies"] == "2 batches ahead of their step: jax.device_put to the GPUs, not waited for"
+    assert r["environment"]["input_copies"] == \
+        "2 batches ahead of their step: jax.device_put to the GPUs, not waited for"

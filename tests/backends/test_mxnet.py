@@ -319,7 +319,8 @@ def test_compile_hybridizes_even_with_hybridize_off(name):
 
 
 def run_worker(tmp_path, **overrides) -> tuple[int, dict]:
-    return run_backend_worker(tmp_path, **{"strategy": "gluon", "options": {"kvstore": "device", "hybridize": "on"}, **overrides})
+    options = {"kvstore": "device", "hybridize": "on"}
+    return run_backend_worker(tmp_path, **{"strategy": "gluon", "options": options, **overrides})
 
 
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
@@ -443,7 +444,8 @@ def test_fp32_keeps_tf32_off_in_the_cuda_libraries():
     cfg = RunConfig(backend="mxnet", strategy="gluon", devices=2, model="lenet", batch_size=8).validate()
     env = environment(cfg)
     assert env["precision"]["NVIDIA_TF32_OVERRIDE"] == "0"
-    assert env["input_copies"] == "2 batches ahead of their step: split_and_load onto the CPU contexts, queued on the engine"
+    assert env["input_copies"] == \
+        "2 batches ahead of their step: split_and_load onto the CPU contexts, queued on the engine"
 
 
 def mxnet_gpus() -> int:

@@ -319,7 +319,8 @@ def test_environment_records_the_input_copies_and_the_update():
     def env(**kw):
         values = dict(backend="torch", strategy="scratch", devices=2, model="lenet", batch_size=8)
         return environment(RunConfig(**{**values, **kw}).validate())
-    assert env()["input_copies"] == "2 batches ahead of their step: no copy (the CPU devices read the numpy batch's memory)"
+    assert env()["input_copies"] == \
+        "2 batches ahead of their step: no copy (the CPU devices read the numpy batch's memory)"
     assert env(resident_data=True)["input_copies"].startswith("none timed")
     assert env()["sgd_update"].startswith("torch._foreach_sub_")
     assert env(strategy="ddp")["sgd_update"] == "torch.optim.SGD(foreach=False)"
@@ -414,4 +415,5 @@ def test_cuda_worker_trains_with_prefetch_and_records_it(tmp_path):
                        epochs=1)
     assert rc == 0 and r["status"] == "ok", r["error"]
     env = r["environment"]
-    assert env["input_copies"].startswith("2 batches ahead of their step: pinned host memory") and env["precision"]["cudnn_benchmark"]
+    assert env["input_copies"].startswith("2 batches ahead of their step: pinned host memory")
+    assert env["precision"]["cudnn_benchmark"]

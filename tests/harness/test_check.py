@@ -49,7 +49,8 @@ def test_identical_measurements_pass_and_perturbed_ones_fail():
     w0 = {"lenet": weights.initial_weights("lenet", 0)}
     rows = check.compare({"torch": (measurements("lenet", w0["lenet"]), {}),
                           "jax": (measurements("lenet", w0["lenet"]), {}),
-                          "mxnet": (measurements("lenet", w0["lenet"], scale=1e-2), {"lenet|scratch|2|sync": "no"})}, w0)
+                          "mxnet": (measurements("lenet", w0["lenet"], scale=1e-2),
+                                    {"lenet|scratch|2|sync": "no"})}, w0)
     assert all(r.status == "ok" for r in by(rows, backend="jax") if r.check != "k vs 1 device")
     assert by(rows, backend="mxnet", check="gradients")[0].status == "FAIL"
     assert abs(by(rows, backend="mxnet", check="forward", strategy="(train mode)")[0].value - 1e-2) < 1e-12
@@ -65,7 +66,8 @@ def test_resnet_per_device_batchnorm_difference_is_measured_not_failed():
     rows = check.compare({"torch": (measurements("resnet18", w0["resnet18"], runs=runs), {})}, w0)
     (k_vs_1,) = by(rows, check="k vs 1 device")
     assert k_vs_1.status == "measured" and abs(k_vs_1.value - 1e-3) < 1e-8
-    assert "| k vs 1 device | resnet18 | torch | ddp | 2 | local | 1.00e-03 | — | measured" in "\n".join(check.table(rows))
+    row = "| k vs 1 device | resnet18 | torch | ddp | 2 | local | 1.00e-03 | — | measured"
+    assert row in "\n".join(check.table(rows))
 
 
 def with_float64(arrays: dict, model: str, runs, grad_error: float, trace_error: float = 0.0, math_error: float = 0.0):

@@ -48,7 +48,8 @@ def assert_refused(tmp_path, *args, match: str, env=None, device=CPU):
     (("--backend", "torch", "--timed-steps", "-1"), "--timed-steps must be at least 0"),
     (("--backend", "torch", "--prefetch", "-1"), "--prefetch must be between 0 and 16 (got -1)"),
     (("--backend", "torch", "--compile-mode", "max-autotune"), "--compile-mode max-autotune needs --compile"),
-    (("--backend", "torch", "--compile", "--compile-mode", "reduce-overhead"), "captures CUDA graphs; there are none on the CPU"),
+    (("--backend", "torch", "--compile", "--compile-mode", "reduce-overhead"),
+     "captures CUDA graphs; there are none on the CPU"),
     (("--backend", "jax", "--compile", "--compile-mode", "max-autotune"), "jax refuses --compile-mode max-autotune"),
 ])
 def test_bad_input_is_refused(tmp_path, args, match):

@@ -195,7 +195,8 @@ def test_the_devices_line_for_each_choice(host):
 
 def test_the_plan_keeps_the_detection_line(host):
     host.nvidia_smi(f"0, {H200}, NVIDIA H200")
-    plan = cli.build_plan(cli.build_parser().parse_args(["--backend", "torch", "--gpus", "1", "--dataset", "synthetic"]))
+    args = cli.build_parser().parse_args(["--backend", "torch", "--gpus", "1", "--dataset", "synthetic"])
+    plan = cli.build_plan(args)
     assert (plan.device_kind, plan.gpus, plan.detection) == ("gpu", ["NVIDIA H200"], "found by nvidia-smi")
 
 

@@ -86,8 +86,10 @@ def test_tolerance_moves_the_limit():
 
 def test_same_seed_same_interval_other_seed_other_resamples():
     assert paired.median_interval(NOISY, seed=7) == paired.median_interval(NOISY, seed=7)
-    assert paired.bootstrap_medians(NOISY, resamples=200, seed=7) == paired.bootstrap_medians(NOISY, resamples=200, seed=7)
-    assert paired.bootstrap_medians(NOISY, resamples=200, seed=7) != paired.bootstrap_medians(NOISY, resamples=200, seed=8)
+    def medians(seed):
+        return paired.bootstrap_medians(NOISY, resamples=200, seed=seed)
+    assert medians(7) == medians(7)
+    assert medians(7) != medians(8)
 
 
 def test_higher_confidence_gives_a_wider_interval():

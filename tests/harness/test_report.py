@@ -14,7 +14,8 @@ def result(backend="torch", strategy="scratch", devices=1, ips=100.0, status="ok
            "lr": 0.05 * devices, "model": "resnet18", "epochs": epochs, "train_size": 2048, "test_size": 1000,
            "seed": 0, "dataset": "fashion-mnist"}
     eps = [{"epoch": e + 1, "time_s": 2048 / ips, "steps": 64, "images": 2048, "images_per_s": ips,
-            "train_loss": 1.0, "train_acc": 0.5, "test_acc": 0.7 + 0.01 * e} for e in range(epochs)] if status == "ok" else []
+            "train_loss": 1.0, "train_acc": 0.5, "test_acc": 0.7 + 0.01 * e}
+           for e in range(epochs)] if status == "ok" else []
     return {"schema_version": 1, "status": status, "config": cfg, "environment": {}, "epochs": eps, "compile_s": 1.0,
             "params": 11175818, "weights_hash": "a" * 64, "data_hash": "b" * 64,
             "error": None if status == "ok" else "RuntimeError: boom", "memory": {}}
@@ -111,7 +112,8 @@ def test_a_cpu_run_whose_framework_sees_gpus_says_so():
     r["config"]["device_kind"] = "cpu"
     r["environment"] = {"framework": "torch", "devices": ["cpu (simulated device 0)"], "framework_gpus": 1}
     lines = report.environment_section([r])
-    assert any(l.startswith("  - **torch itself sees 1 GPU(s), yet this run used simulated CPU devices**") for l in lines)
+    flag = "  - **torch itself sees 1 GPU(s), yet this run used simulated CPU devices**"
+    assert any(l.startswith(flag) for l in lines)
     r["environment"]["framework_gpus"] = 0
     assert not any("itself sees" in l for l in report.environment_section([r]))
 

@@ -1,0 +1,16 @@
+"""The code passes ruff (configured in pyproject.toml, pinned in harness/requirements.txt)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+from tests.harness.helpers import ROOT
+
+
+def test_ruff_finds_nothing():
+    assert importlib.util.find_spec("ruff"), "ruff is missing: pip install -r harness/requirements.txt"
+    out = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-2000:]
