@@ -63,3 +63,21 @@ def fake_nvidia_smi(bin_dir: Path, gpus: list[str] = (), mig_listing: list[str] 
                     + f"exit {exit_code}\n")
     path.chmod(0o755)
     return path
+
+
+CPU = ("--device", "cpu")
+SYNTHETIC = ("--dataset", "synthetic")
+
+
+def assert_refused(tmp_path, *args, match: str, command=(), dataset=SYNTHETIC, env=None, device=CPU):
+    """`python -m harness [command] ARGS` exits 2 with one line `harness: error: ...MATCH...`, no traceback,
+    and (for a benchmark) creates nothing in its --out. Simulated CPU devices unless `device` says otherwise
+    (then `env` sets up the GPUs)."""
+    out = tmp_path / "reports"
+    result = run_harness(*command, *args, *device, *dataset, *(() if command else ("--out", str(out))), env=env)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("harness: error: ") and match in lines[0], lines[0]
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not out.exists()

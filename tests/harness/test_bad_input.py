@@ -17,22 +17,10 @@ import pytest
 from common import data as datalib
 from common import weights
 from harness import cli
-from tests.harness.helpers import fake_python, idx_bytes, run_harness
+from tests.harness.helpers import CPU, assert_refused, fake_python, idx_bytes, run_harness
 
-CPU = ("--device", "cpu")
 ONE_RUN = ("--backend", "torch", "--strategy", "scratch", "--model", "lenet", "--train-size", "256",
            "--test-size", "256", "--epochs", "1", "--gpus", "1", "--no-check", "--timed-steps", "0", "--quiet")
-
-
-def assert_refused(tmp_path, *args, match: str, command=(), dataset=("--dataset", "synthetic")):
-    out = tmp_path / "reports"
-    result = run_harness(*command, *args, *CPU, *dataset, *(() if command else ("--out", str(out))))
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("harness: error: ") and match in lines[0], lines[0]
-    assert "Traceback" not in result.stderr + result.stdout
-    assert not out.exists()
 
 
 # ---------------------------------------------------------------- 4: a worker's output

@@ -10,22 +10,7 @@ import os
 import pytest
 
 from harness import cli
-from tests.harness.helpers import fake_nvidia_smi, run_harness
-
-CPU = ("--device", "cpu")
-
-
-def assert_refused(tmp_path, *args, match: str, env=None, device=CPU):
-    """Simulated CPU devices unless `device` says otherwise (then `env` sets up the GPUs)."""
-    out = tmp_path / "reports"
-    result = run_harness(*args, *device, "--out", str(out), "--dataset", "synthetic", env=env)
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("harness: error: ")
-    assert match in lines[0]
-    assert "Traceback" not in result.stderr + result.stdout
-    assert not out.exists() or not any(out.iterdir())
+from tests.harness.helpers import CPU, assert_refused, fake_nvidia_smi, run_harness
 
 
 @pytest.mark.parametrize("args, match", [
