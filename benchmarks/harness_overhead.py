@@ -41,52 +41,13 @@ EXIT_STATUS = """exit status:
 
 TEST_SIZE = 64  # the harness evaluates after the epoch (untimed); a few images keep a trial short
 
-# The standalone loop: plain PyTorch, no harness code except the model, its canonical weights and the data.
-STANDALONE = r'''
-import json, sys, time
-import torch
-from torch.nn import functional as F
-from backends.torch.models import build, load_canonical, to_canonical
-from common.data import batch_sequence_hash, epoch_permutation, load_fashion_mnist, locate
-from common.weights import fingerprint, initial_weights
-
-model, lr = sys.argv[1], float(sys.argv[2])
-train_size, batch, threads, seed = map(int, sys.argv[3:7])
-torch.set_num_threads(threads)
-ds = load_fashion_mnist(locate(), train_size, 1)
-order = epoch_permutation(len(ds.y_train), seed, 0)  # the harness's first epoch, shuffled outside the timer
-xs, ys = torch.from_numpy(ds.x_train[order]), torch.from_numpy(ds.y_train[order]).long()
-weights = initial_weights(model, seed)
-net = build(model)
-opt = torch.optim.SGD(net.parameters(), lr=lr)
-
-def step(x, y):
-    opt.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(net(x), y)
-    loss.backward()
-    opt.step()
-    return loss.detach()
-
-load_canonical(net, weights)
-step(xs[:batch], ys[:batch])  # warm-up, then back to the initial weights, as the harness does
-load_canonical(net, weights)
-start_hash = fingerprint(to_canonical(net))
-steps = len(ys) // batch
-start = time.perf_counter()
-losses = [step(xs[i * batch:(i + 1) * batch], ys[i * batch:(i + 1) * batch]) for i in range(steps)]
-seconds = time.perf_counter() - start
-print(json.dumps({"images_per_s": steps * batch / seconds, "train_loss": float(torch.stack(losses).mean()),
-                  "weights_hash": start_hash, "data_hash": batch_sequence_hash(ds, batch, seed, 1)}))
-'''
-
-
 class RunFailed(Exception):
     """A standalone or harness run exited non-zero; the message holds its output's tail."""
 
 
 def torch_python() -> str:
-    from harness import envs, registry
-    return str(envs.ensure("torch", registry.load("torch").requirements, say=lambda m: print(m, file=sys.stderr)))
+    from common import manifest
+    return str(envs.ensure("torch", manifest.load("torch").requirements, say=lambda m: print(m, file=sys.stderr)))
 
 
 def run(cmd: list[str], **kwargs) -> str:
@@ -98,8 +59,8 @@ def run(cmd: list[str], **kwargs) -> str:
 
 def standalone(args) -> dict:
     """One run of the plain loop: images/s, mean training loss, and the hashes of its start and data."""
-    stdout = run([args.python, "-c", STANDALONE, args.model, str(args.lr), str(args.steps * args.batch_size),
-                  str(args.batch_size), str(args.threads), str(args.seed)],
+    stdout = run([args.python, "-m", "benchmarks.standalone_torch_loop", args.model, str(args.lr),
+                  str(args.steps * args.batch_size), str(args.batch_size), str(args.threads), str(args.seed)],
                  env=envs.worker_env())
     return json.loads(stdout.strip().splitlines()[-1])
 

@@ -12,10 +12,11 @@ from dataclasses import asdict, dataclass, field, fields
 
 MODELS = ("resnet18", "lenet")
 BN_MODES = ("local", "sync")
-INITS = ("d2l", "he")    # common/weights.py
+INITS = ("d2l", "he")    # the initialisers of common/weights.py
 PRECISIONS = ("fp32", "tf32", "bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 MAX_PREFETCH = 16
+MAX_SIMULATED_DEVICES = 16   # --gpus on the CPU: the simulated devices a backend provides (XLA's are made at import)
 DATASETS = ("fashion-mnist", "synthetic")
 MAX_SEED = 2**32 - 1     # numpy's SeedSequence and every framework's seed accept 0..2**32-1
 # A fixed bound, not one derived from this host's cores: a config must mean the same on every host (the

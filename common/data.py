@@ -261,6 +261,12 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
+def check_divisible(batch: int, n: int) -> None:
+    """The documented behaviour for a batch the devices cannot split, in every backend: refuse it."""
+    if batch % n:
+        raise ValueError(f"batch of {batch} examples cannot be split evenly across {n} devices")
+
+
 def steps_per_epoch(n: int, batch_size: int) -> int:
     return n // batch_size
 

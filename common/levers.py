@@ -7,10 +7,9 @@ refuse before running; each backend's worker checks the same table, so the two n
 
 from __future__ import annotations
 
-import tomllib
-from pathlib import Path
+from common import manifest
+from common.manifest import Lever
 
-BACKENDS_DIR = Path(__file__).resolve().parent.parent / "backends"
 PLAIN = {"precision": "fp32", "compile": False, "compile_mode": "default", "channels_last": False,
          "resident_data": False}
 
@@ -25,17 +24,17 @@ def flag(lever: str, value) -> str:
     return name if value is True else f"{name} {value}"
 
 
-def refusal(declared: dict, lever: str, value) -> str | None:
-    """Why a backend with the `declared` [levers] table cannot run `lever` at `value` (None: it can)."""
+def refusal(declared: dict[str, Lever], lever: str, value) -> str | None:
+    """Why a backend with the `declared` levers (its manifest's) cannot run `lever` at `value` (None: it can)."""
     if lever not in declared:
         return f"no {lever} lever declared"
     entry = declared[lever]
-    if "values" in entry:
-        return None if value in entry["values"] else (entry.get("refused") or f"runs {', '.join(entry['values'])} only")
-    return entry.get("refused") or None
+    if entry.values is not None:
+        return None if value in entry.values else (entry.refused or f"runs {', '.join(entry.values)} only")
+    return entry.refused or None
 
 
-def refusals(declared: dict, levers: dict) -> list[str]:
+def refusals(declared: dict[str, Lever], levers: dict) -> list[str]:
     """`--flag value: reason` for every asked lever the backend refuses."""
     return [f"{flag(lever, value)}: {why}" for lever, value in levers.items()
             if (why := refusal(declared, lever, value))]
@@ -56,12 +55,12 @@ def check_dtype(dtype: str, cfg) -> None:
         raise Unsupported(f"dtype float64 runs the plain step only, not {', '.join(changed)}")
 
 
-def declared(backend: str) -> dict:
-    with open(BACKENDS_DIR / backend / "backend.toml", "rb") as f:
-        return tomllib.load(f).get("levers", {})
+TF32_ON_CPU = "TF32 is a mode of NVIDIA tensor cores; there is none on the CPU"
 
 
 def check(cfg) -> str | None:
-    """The worker side: why this run's levers cannot run on its backend (one line), or None."""
-    reasons = refusals(declared(cfg.backend), asked(**{name: getattr(cfg, name) for name in PLAIN}))
+    """The worker side: why this run's levers cannot run on its backend or its devices (one line), or None."""
+    if cfg.precision == "tf32" and cfg.device_kind != "gpu":
+        return TF32_ON_CPU
+    reasons = refusals(manifest.load(cfg.backend).levers, asked(**{name: getattr(cfg, name) for name in PLAIN}))
     return "; ".join(reasons) or None

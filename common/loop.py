@@ -1,6 +1,6 @@
 """The one training loop and timing rule, used by every backend and strategy.
 
-A backend supplies a Trainer; this module decides what is timed and how:
+A backend supplies a Trainer (common/trainer.py); this module decides what is timed and how:
 
 * warm-up / compile: one step on the first batch, closed by a device barrier, timed
   apart; then the trainer is reset to the initial weights, so the warm-up changes
@@ -29,13 +29,16 @@ import collections
 import itertools
 import math
 import time
-from typing import Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
 from common import data as datalib
 from common import progress, sysinfo
 from common import weights as weightslib
+
+if TYPE_CHECKING:   # (common.trainer builds on this module)
+    from common.trainer import Trainer
 
 
 class Unsupported(Exception):
@@ -44,53 +47,6 @@ class Unsupported(Exception):
 
 class Diverged(Exception):
     """The training loss became NaN or infinite."""
-
-
-class Trainer(Protocol):
-    """What a backend strategy provides to the loop."""
-
-    n_devices: int
-    rank: int           # 0 in single-process strategies; only rank 0 reports progress
-    weights: dict       # the initial weights, canonical numpy arrays (common/weights.py)
-
-    def reset(self) -> None:
-        """Load the run's initial weights (and clear optimizer state)."""
-
-    def step(self, x, y) -> Any:
-        """One synchronous data-parallel SGD step on a *global* numpy batch; returns a
-        handle to (loss sum, correct count) for this step, not yet read back."""
-
-    def sync(self) -> None:
-        """Device barrier: returns when all queued work on every device is done."""
-
-    def collect(self, handles: list) -> tuple[float, float]:
-        """(sum of per-example losses, correct predictions) over the handles, all devices and ranks."""
-
-    def evaluate(self, batches: Iterable) -> tuple[int, int]:
-        """(correct, total) on the test batches, after making BatchNorm statistics identical."""
-
-    def slowest(self, seconds: float) -> float:
-        """The largest `seconds` across ranks (identity for one process)."""
-
-    def param_count(self) -> int:
-        ...
-
-    def memory(self) -> dict:
-        """Peak device memory where the framework exposes it ({} otherwise)."""
-
-    def canonical(self) -> dict:
-        """The current weights as canonical numpy arrays (replica 0's)."""
-
-    def put(self, x, y) -> Any:
-        """One numpy batch placed on the devices as step() takes it; the copies queued, not waited for."""
-
-    def stage(self, batches: list) -> list:
-        """--resident-data: the (x, y) numpy batches copied to the devices, in whatever form step() takes."""
-
-    def allreduce_seconds(self, values: int, repeats: int) -> list[float]:
-        """Time `repeats` allreduces (sums over the devices) of a float32 buffer of `values` elements per
-        device, done the way this strategy reduces its gradients, after one untimed warm-up; each closed
-        by a barrier. The slowest rank's seconds for each."""
 
 
 def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:

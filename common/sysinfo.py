@@ -49,3 +49,35 @@ def peak_rss_mb() -> float:
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def environment(cfg, *, framework: str, version: str, libraries: dict[str, str], cuda: str | None,
+                cudnn: str | None, devices: list[str], framework_gpus: int, processes: int, threads: int,
+                precision: dict, compile: str | None, input_copies: str, sgd_update: str, collective: str | None,
+                batchnorm: str, details: dict) -> dict:
+    """A run's environment record, one shape for every backend (docs/ARCHITECTURE.md, Glossary):
+    the host, the framework and the libraries it trains with, what it sees, how it runs, and
+    `details`, the backend's own settings (a kvstore type, a memory format) under their own names.
+    `precision` holds "mode" (the run's --precision) and the switches as the framework reads them back;
+    `compile` is what --compile does here (None when off); `levers` the speed levers as they run."""
+    return {
+        **host(),
+        "framework": framework,
+        "framework_version": version,
+        "libraries": libraries,
+        "cuda": cuda,
+        "cudnn": cudnn,
+        "devices": devices,
+        "framework_gpus": framework_gpus,   # what the framework itself sees, whatever the harness found
+        "processes": processes,
+        "threads_per_process": threads,
+        "precision": {"mode": cfg.precision, **precision},
+        "levers": {"precision": cfg.precision, "compile": bool(cfg.compile), "channels_last": bool(cfg.channels_last),
+                   "resident_data": bool(cfg.resident_data), "prefetch": cfg.prefetch},
+        "compile": compile,
+        "input_copies": input_copies,
+        "sgd_update": sgd_update,
+        "collective": collective,
+        "batchnorm": batchnorm,
+        "details": details,
+    }

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from common import architectures
+from common.config import INITS
 from common.results import publish
 
 INIT_STD = 0.01
@@ -28,7 +29,6 @@ INIT_STD = 0.01
 # deep activations are small next to BatchNorm's eps, and the float32 gradient of a small batch is
 # ~1e-2 away from the float64 one in every framework; He-scaled weights are well conditioned, so
 # comparisons at 1e-4 measure the math rather than float32 rounding (see `harness check`).
-INITS = ("d2l", "he")
 
 
 def init_canonical(spec: list[tuple[str, tuple[int, ...], str]], seed: int) -> dict[str, np.ndarray]:

@@ -20,6 +20,10 @@ from common.results import new_result, tail, write_json_atomic
 # Where a worker keeps its scratch files (torch DDP's per-rank error files): beside its result, inside the
 # directory the harness removes whatever happens, so a worker killed by a signal leaves nothing in /tmp.
 SCRATCH_ENV = "DPBENCH_SCRATCH_DIR"
+# The run's --threads, for a framework that sizes its thread pools when it is imported (MXNet): the harness
+# puts it in the worker's environment, because `python -m backends.<name>` imports the backend, and so its
+# framework, before any of the worker's code can read the run config.
+THREADS_ENV = "DPBENCH_THREADS"
 
 
 def scratch_dir() -> str | None:

@@ -7,11 +7,11 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 
+from common import manifest
 from harness.envs import worker_env
 
 NAME = os.environ.get("DPBENCH_BACKEND")
@@ -31,20 +31,15 @@ def backend():
     return importlib.import_module(f"backends.{NAME}")
 
 
-def load_meta() -> dict:
-    with open(Path(__file__).resolve().parents[2] / "backends" / NAME / "backend.toml", "rb") as f:
-        return tomllib.load(f)
-
-
 @pytest.fixture(scope="session")
-def meta():
-    return load_meta()
+def meta() -> manifest.Manifest:
+    return manifest.load(NAME)
 
 
 def pytest_generate_tests(metafunc):
     """`strategy` takes each strategy the backend declares in its backend.toml."""
     if "strategy" in metafunc.fixturenames:
-        metafunc.parametrize("strategy", list(load_meta()["strategies"]) if NAME else ["none"])
+        metafunc.parametrize("strategy", list(manifest.load(NAME).strategies) if NAME else ["none"])
 
 
 def run_backend_worker(tmp_path, **overrides) -> tuple[int, dict]:

@@ -1,8 +1,9 @@
 """The backend interface (docs/ARCHITECTURE.md), one module for every backend, run in each backend's environment.
 
-A backend package provides: resnet18, lenet, devices(n, kind), split, allreduce,
-initial_weights(model, seed), param_count(model), predict(model, weights, x),
-train_steps(strategy, model, n_devices, weights, batches, lr), array, to_numpy, device_of.
+A backend package provides INTERFACE (below): the models, d2l's devices/split/allreduce, the canonical
+initial weights, predict, the worker's run and environment, the equivalence API (gradients, train_trace,
+train_steps, float64_gradients), TRAINERS (its strategies, each a common.trainer.Trainer), and the
+array helpers of these tests.
 """
 
 from __future__ import annotations
@@ -11,16 +12,37 @@ import numpy as np
 import pytest
 
 from common.loop import Unsupported
+from common.trainer import METHODS, Trainer
 from common.weights import he_scaled
 from tests.backends.conftest import NAME, run_backend_worker
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative, scale
 
 BATCH = 12  # divisible by 1, 2 and 3 devices
 
+INTERFACE = ["NAME", "resnet18", "lenet", "initial_weights", "param_count", "devices", "split", "allreduce",
+             "predict", "run", "environment", "gradients", "train_trace", "train_steps", "float64_gradients",
+             "TRAINERS", "array", "to_numpy", "device_of"]
+
 
 def batch(n=BATCH, seed=0):
     rng = np.random.default_rng(seed)
     return rng.random((n, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, n).astype(np.int32)
+
+
+def test_the_package_provides_the_interface_in_its_order(backend):
+    assert backend.__all__[:len(INTERFACE)] == INTERFACE   # (a backend may add names of its own after them)
+    assert all(hasattr(backend, name) for name in backend.__all__)
+    assert backend.NAME == NAME
+
+
+def test_every_strategy_is_a_trainer_with_the_glossarys_methods_in_its_order(backend, meta):
+    assert list(backend.TRAINERS) == list(meta.strategies)
+    for name, cls in backend.TRAINERS.items():
+        assert issubclass(cls, Trainer), f"{NAME} {name}"
+        for klass in cls.__mro__[:cls.__mro__.index(Trainer)]:   # the backend's own classes
+            public = [m for m, v in vars(klass).items() if callable(v) and (m == "__init__" or not m.startswith("_"))]
+            assert [m for m in public if m not in METHODS] == [], f"{NAME} {klass.__name__}"
+            assert public == sorted(public, key=METHODS.index), f"{NAME} {klass.__name__}: {public}"
 
 
 @pytest.mark.parametrize("k", [2, 3])
@@ -114,7 +136,7 @@ def trainable_names(model: str) -> set[str]:
 
 
 def declared_bn_modes(meta, strategy) -> list[str]:
-    return meta["strategies"][strategy].get("bn", ["local"])
+    return list(meta.strategies[strategy].bn)
 
 
 def test_float64_runs_in_float64_and_leaves_float32_alone(backend, strategy):
@@ -153,7 +175,7 @@ def test_strategies_agree_in_float64(backend, meta):
     for model, n_steps in (("lenet", 3), ("resnet18", 1)):
         for k in (1, 2):
             results = {}
-            for name in meta["strategies"]:
+            for name in meta.strategies:
                 try:
                     results[name] = backend.train_steps(name, model, k, backend.initial_weights(model, 0),
                                                         [batch(4, seed=s) for s in range(n_steps)], 0.5,
@@ -183,7 +205,7 @@ def test_gradient_is_that_of_the_mean_loss(backend, meta):
 
     With h = 1e-4 the central difference is off by O(h^2) ~ 1e-8 of the slope and float64 rounding adds
     ~1e-12: a gradient of another loss (a sum instead of a mean, a missing term) is off by far more."""
-    strategy = next(iter(meta["strategies"]))
+    strategy = next(iter(meta.strategies))
     x, y = batch()
     w = {k: v.astype(np.float64) for k, v in backend.initial_weights("lenet", 0).items()}
     w["fc2.weight"] = w["fc2.weight"] * 100   # logits large enough for a visible loss change
@@ -231,7 +253,7 @@ def test_sync_batchnorm_makes_k_devices_one_device(backend, strategy, meta):
     """--bn sync: ResNet-18 on 2 devices takes the 1-device step (statistics over the global batch),
     proven in float64; per-device statistics (--bn local) give another step."""
     if "sync" not in declared_bn_modes(meta, strategy):
-        pytest.skip(f"{meta['name']} {strategy} has no synchronised BatchNorm")
+        pytest.skip(f"{meta.name} {strategy} has no synchronised BatchNorm")
     w = backend.initial_weights("resnet18", 0)
     batches = [batch(8, seed=0)]
     one = call(backend.train_steps, strategy, "resnet18", 1, w, batches, 0.1, bn="sync", dtype="float64")
@@ -272,7 +294,7 @@ def test_running_statistics_follow_torchs_convention(backend, strategy, meta, k,
     unbiased batch variance, over each device's shard (local) or the global batch (sync). float64,
     against numpy; the biased variance (another framework's default) is far outside the tolerance."""
     if bn not in declared_bn_modes(meta, strategy):
-        pytest.skip(f"{meta['name']} {strategy} has no --bn {bn}")
+        pytest.skip(f"{meta.name} {strategy} has no --bn {bn}")
     w = he_scaled(backend.initial_weights("resnet18", 0), "resnet18")   # statistics of a visible size
     x, y = batch(4)
     got = call(backend.train_steps, strategy, "resnet18", k, w, [(x, y)], 0.1, bn=bn, dtype="float64")
@@ -287,7 +309,7 @@ def test_running_statistics_follow_torchs_convention(backend, strategy, meta, k,
 def test_a_gpu_run_the_framework_cannot_see_a_gpu_for_is_unavailable_with_the_reason(tmp_path, meta):
     """What a host with a GPU the harness found but no CUDA runtime in the framework gets: an unavailable
     result saying so, with the framework's own GPU count in its environment."""
-    rc, r = run_backend_worker(tmp_path, strategy=next(iter(meta["strategies"])), devices=1, batch_size=8,
+    rc, r = run_backend_worker(tmp_path, strategy=next(iter(meta.strategies)), devices=1, batch_size=8,
                                device_kind="gpu", simulated=False)
     if r["environment"].get("framework_gpus"):
         pytest.skip(f"{NAME} sees a GPU here")

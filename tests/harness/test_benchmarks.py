@@ -33,5 +33,5 @@ def test_profile_runs_its_profile_with_the_given_python_and_builds_nothing(tmp_p
     out = run_script("benchmarks/profile_torch_step.py", "--python", python, "--steps", "3", "--batch-size", "8")
     assert out.returncode == 0, out.stderr
     called = marker.read_text().split()
-    assert called[0] == "-c" and called[-4:] == ["8", "3", "cpu", "0"]
+    assert called == ["-m", "benchmarks.torch_step_profile", "8", "3", "cpu", "0"]
     assert ".venvs/" not in out.stdout + out.stderr     # no line about building or rebuilding .venvs/torch

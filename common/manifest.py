@@ -1,0 +1,97 @@
+"""backends/<name>/backend.toml, read in one place into typed records (no framework is imported).
+
+The harness plans with it, the workers refuse with it (common/levers.py), the backends read their
+options' defaults from it, and the tests take their strategies from it, so none of them can disagree.
+A backend is known to the suite by having a backend.toml; its `aliases` are other names it answers to.
+"""
+
+from __future__ import annotations
+
+import functools
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BACKENDS_DIR = Path(__file__).resolve().parent.parent / "backends"
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    summary: str
+    requires: str | None = None          # "cuda": refused where no GPU is present
+    bn: tuple[str, ...] = ("local",)     # the BatchNorm modes it runs (--bn)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A backend-specific switch (`--option NAME=VALUE`), e.g. MXNet's kvstore type."""
+    name: str
+    values: tuple[str, ...]
+    default: str
+    summary: str = ""
+    strategies: tuple[str, ...] | None = None   # None: applies to every strategy
+
+
+@dataclass(frozen=True)
+class Lever:
+    """A speed lever (--precision, --compile, --channels-last, --resident-data) as a backend offers it."""
+    name: str
+    summary: str = ""
+    values: tuple[str, ...] | None = None   # precision, compile_mode: the values it runs
+    refused: str = ""                       # why the backend does not offer it (or the other values)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    display: str
+    aliases: tuple[str, ...] = ()
+    strategies: dict[str, Strategy] = field(default_factory=dict)
+    options: dict[str, Option] = field(default_factory=dict)
+    levers: dict[str, Lever] = field(default_factory=dict)
+
+    def options_for(self, strategy: str) -> dict[str, Option]:
+        return {k: o for k, o in self.options.items() if o.strategies is None or strategy in o.strategies}
+
+    def option(self, options: dict[str, str], name: str) -> str:
+        """The value of option `name` in a run's `options`: the one asked for, else the declared default."""
+        return options.get(name) or self.options[name].default
+
+    @property
+    def requirements(self) -> Path:
+        return BACKENDS_DIR / self.name / "requirements.txt"
+
+
+def _strings(values) -> tuple[str, ...] | None:
+    return None if values is None else tuple(str(v) for v in values)
+
+
+@functools.cache
+def load(name: str) -> Manifest:
+    with open(BACKENDS_DIR / name / "backend.toml", "rb") as f:
+        d = tomllib.load(f)
+    return Manifest(
+        name=d["name"], display=d.get("display", d["name"]), aliases=_strings(d.get("aliases", [])),
+        strategies={k: Strategy(k, v.get("summary", ""), v.get("requires"), _strings(v.get("bn", ["local"])))
+                    for k, v in d.get("strategies", {}).items()},
+        options={k: Option(k, _strings(v["values"]), str(v["default"]), v.get("summary", ""),
+                           _strings(v.get("strategies")))
+                 for k, v in d.get("options", {}).items()},
+        levers={k: Lever(k, v.get("summary", ""), _strings(v.get("values")), v.get("refused", ""))
+                for k, v in d.get("levers", {}).items()})
+
+
+def known() -> tuple[str, ...]:
+    """Every backend with a backend.toml, in the suite's order (the reference, torch, first)."""
+    names = sorted(p.parent.name for p in BACKENDS_DIR.glob("*/backend.toml"))
+    return tuple(sorted(names, key=lambda n: (n != "torch", n)))
+
+
+def canonical_name(name: str) -> str | None:
+    """A backend's name from any of its names (case-insensitive), or None for no backend."""
+    name = name.strip().lower()
+    for backend in known():
+        if name == backend or name in load(backend).aliases:
+            return backend
+    return None

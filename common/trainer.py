@@ -1,0 +1,162 @@
+"""The trainer: what every strategy of every backend is, in one vocabulary.
+
+Each backend's strategies.py holds only subclasses of `Trainer`. Their public methods are the ones
+below, defined in this order (helpers are private, with a leading underscore); a test compares every
+backend's classes with `METHODS`. The glossary (docs/ARCHITECTURE.md) says the same in prose:
+
+  __init__(cfg, weights, dtype)  build the replicas / the wrapped model; `dtype` "float32", or "float64"
+                                 for the equivalence checks (the same strategy code with every
+                                 parameter, statistic, batch and result in float64)
+  reset()                        load the run's initial weights (the loop calls it after the warm-up)
+  place(x, y)                    a global numpy batch laid out on the devices as the step takes it
+                                 (one shard per device, or the whole batch where the framework scatters)
+  put(x, y)                      place(), queued ahead of its step: asynchronous copies where the device
+                                 has them, not waited for (--prefetch)
+  stage(batches)                 put() every batch and wait for the copies (--resident-data)
+  step(x, y)                     one synchronous SGD step on a global batch (numpy, or from put/stage);
+                                 returns the step's handles, (loss sum, correct) not yet read back
+  reduce_gradients(x, y)         the step's first half: forward and backward of every device on its
+                                 shard, then the strategy's reduction; returns the step's handles
+  update()                       the step's second half: SGD with the reduced gradients
+  collect(handles)               (loss sum, correct) over a list of steps' handles, every device and rank
+  sync()                         device barrier: returns when every queued operation is done
+  slowest(seconds)               the largest `seconds` across ranks (one process: itself)
+  allreduce_seconds(v, r)        the strategy's gradient reduction of `v` float32 per device, timed `r` times
+  allreduce_op(values)           that reduction as a call on buffers made once, ahead of the timing
+  average_bn_statistics()        every replica's BatchNorm running statistics replaced by their mean
+                                 (the evaluation policy: every replica evaluates the same model)
+  canonical()                    the weights as canonical numpy arrays, device 0's parameters with the
+                                 running statistics averaged across replicas (as evaluated)
+  canonical_gradients()          the reduced gradient of the global *mean* loss, device 0's copy, by
+                                 canonical name (trainable parameters), after reduce_gradients()
+  evaluate(batches)              (correct, total) on the test batches, after average_bn_statistics()
+  param_count()                  trainable and statistic values of the model
+  memory()                       peak device memory where the framework exposes it ({} otherwise)
+
+Below the class: the two probes of the equivalence API, the same for every backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+from common.config import RunConfig
+from common.loop import feed, time_calls
+
+# The public methods of a trainer, in the order every strategies.py defines them.
+METHODS = ("__init__", "reset", "place", "put", "stage", "step", "reduce_gradients", "update", "collect",
+           "sync", "slowest", "allreduce_seconds", "allreduce_op", "average_bn_statistics", "canonical",
+           "canonical_gradients", "evaluate", "param_count", "memory")
+
+
+class Trainer:
+    """The base every strategy subclasses: the shared state and the methods that are the same everywhere.
+    A subclass supplies what its framework does differently and nothing else."""
+
+    rank = 0   # the process's rank; only multi-process strategies change it, and only rank 0 reports
+
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
+        self.cfg, self.weights, self.dtype = cfg, weights, dtype
+        self.n_devices = cfg.devices
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    def place(self, x, y):
+        raise NotImplementedError
+
+    def put(self, x, y):
+        """place() now: a backend with asynchronous copies overrides it."""
+        return self.place(x, y)
+
+    def stage(self, batches: list) -> list:
+        staged = [self.put(x, y) for x, y in batches]
+        self.sync()
+        return staged
+
+    def step(self, x, y) -> Any:
+        handles = self.reduce_gradients(x, y)
+        self.update()
+        return handles
+
+    def reduce_gradients(self, x, y) -> Any:
+        raise NotImplementedError
+
+    def update(self) -> None:
+        raise NotImplementedError
+
+    def collect(self, handles: list) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def slowest(self, seconds: float) -> float:
+        return seconds
+
+    def allreduce_seconds(self, values: int, repeats: int) -> list[float]:
+        """After one untimed call, `repeats` reductions each between two barriers; the slowest rank's seconds."""
+        return time_calls(self, self.allreduce_op(values), repeats)
+
+    def allreduce_op(self, values: int):
+        raise NotImplementedError
+
+    def average_bn_statistics(self) -> None:
+        """Nothing to average with one copy of the model."""
+
+    def canonical(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def canonical_gradients(self) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def evaluate(self, batches: Iterable) -> tuple[int, int]:
+        raise NotImplementedError
+
+    def param_count(self) -> int:
+        raise NotImplementedError
+
+    def memory(self) -> dict:
+        return {}
+
+
+# ----------------------------------------------------------------------- the equivalence probes
+
+def fed(trainer: Trainer, batches: list) -> Iterable:
+    """The batches as training feeds them to step(): staged (--resident-data), else put --prefetch ahead."""
+    if trainer.cfg.resident_data:
+        batches = trainer.stage(batches)
+    return feed(trainer, batches, trainer.cfg)
+
+
+def first_gradients(trainer: Trainer, batches: list) -> tuple[float, dict[str, np.ndarray]]:
+    """(mean loss, canonical gradients) of the first batch, as the strategy reduces them, from a reset trainer."""
+    x, y = next(iter(fed(trainer, batches[:1])))
+    loss_sum, _ = trainer.collect([trainer.reduce_gradients(x, y)])
+    return loss_sum / len(batches[0][1]), trainer.canonical_gradients()
+
+
+def trace(trainer: Trainer, batches: list) -> dict:
+    """SGD steps from a reset trainer: {"first": canonical weights after step 1, "final": after the last,
+    "losses": every step's global mean loss, from its own forward pass (before its update)}."""
+    size = len(batches[0][1])
+    losses, first = [], None
+    for x, y in fed(trainer, batches):
+        losses.append(trainer.collect([trainer.step(x, y)])[0] / size)
+        if first is None:
+            first = trainer.canonical()
+    return {"first": first, "final": trainer.canonical(), "losses": losses}
+
+
+PROBES = {"gradients": first_gradients, "trace": trace}
+
+
+def probe_config(backend: str, strategy: str, model: str, n_devices: int, batch_size: int, lr: float,
+                 bn: str, device_kind: str, options: dict | None, levers: dict) -> RunConfig:
+    """The run config of an equivalence call (gradients, train_trace, train_steps), validated.
+    `options`: backend options (backend.toml's [options]); `levers`: RunConfig's precision, compile,
+    channels_last, resident_data, prefetch."""
+    return RunConfig(backend=backend, strategy=strategy, devices=n_devices, device_kind=device_kind, model=model,
+                     batch_size=batch_size, lr=lr, bn=bn, options=dict(options or {}), **levers).validate()
