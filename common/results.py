@@ -1,4 +1,4 @@
-"""Result JSON: one per worker run, versioned, always written atomically.
+"""Result JSON: one per worker run, versioned, always written atomically; and the typed Result the report reads.
 
 status is one of:
   ok           trained and evaluated every epoch
@@ -6,6 +6,12 @@ status is one of:
   diverged     a loss became NaN/inf
   timeout      the harness killed it after --timeout seconds
   unavailable  refused before starting (backend missing, strategy the hardware cannot run)
+  interrupted  the user stopped the run
+
+Schema versions: workers write a plain dict on the wire (new_result + the loop's metrics); the report converts it
+once with Result.from_dict and reads attributes after that. v2 (written from now on) is what Result.to_dict writes:
+every field present (null where a run has none) and the config with every RunConfig field. v1 files (older
+reports' results.json) may lack fields and config fields added since (prefetch, compile_mode, ...): they still load.
 """
 
 from __future__ import annotations
@@ -14,9 +20,14 @@ import json
 import math
 import os
 import tempfile
+import typing
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+from common.config import RunConfig
+
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)    # what load_result and load_results_json accept
 STATUSES = ("ok", "failed", "diverged", "timeout", "unavailable", "interrupted")
 ERROR_TAIL_CHARS = 2000
 
@@ -58,6 +69,162 @@ def _finite(obj):
     return obj
 
 
+def _unfinite(value):
+    """The reverse of _finite for one value: "nan", "inf", "-inf" back to floats."""
+    return float(value) if value in ("nan", "inf", "-inf") else value
+
+
+# ------------------------------------------------------------------------ the typed result
+
+class _Record:
+    """A dataclass read from / written to a JSON object; keys it does not know are kept in `extra`."""
+
+    numeric = True    # its fields are numbers: "nan", "inf" (as _finite writes them) read back as floats
+
+    @classmethod
+    def from_dict(cls, d: dict):
+        names = {f.name for f in fields(cls)} - {"extra"}
+        return cls(**{k: _unfinite(v) if cls.numeric else v for k, v in d.items() if k in names},
+                   extra={k: v for k, v in d.items() if k not in names})
+
+    def to_dict(self) -> dict:
+        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}, **self.extra}
+
+
+@dataclass(frozen=True)
+class Epoch(_Record):
+    """One timed epoch (common/loop.py run_training)."""
+    epoch: int | None = None
+    time_s: float | None = None
+    steps: int | None = None
+    images: int | None = None
+    images_per_s: float | None = None
+    train_loss: float | None = None
+    train_acc: float | None = None
+    test_acc: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepTime(_Record):
+    """Steady-state step statistics (common/loop.py step_statistics)."""
+    steps: int | None = None
+    median_s: float | None = None
+    p10_s: float | None = None
+    p90_s: float | None = None
+    min_s: float | None = None
+    max_s: float | None = None
+    images_per_s: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Allreduce(_Record):
+    """The strategy's allreduce of a gradient-sized buffer (common/loop.py allreduce_figure)."""
+    values: int | None = None
+    bytes: int | None = None
+    repeats: int | None = None
+    median_s: float | None = None
+    p10_s: float | None = None
+    p90_s: float | None = None
+    gb_per_s: float | None = None
+    share_of_step: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Memory(_Record):
+    peak_device_mb: float | None = None     # where the framework exposes it
+    peak_host_rss_mb: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SavedWeights(_Record):
+    numeric = False
+    path: str | None = None
+    sha256: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Result:
+    """One worker run as the report reads it. Build with Result.from_dict (schema v1 or v2)."""
+    status: str
+    config: RunConfig
+    environment: dict = field(default_factory=dict)   # free-form, per backend (common/sysinfo.py, backends)
+    epochs: tuple[Epoch, ...] = ()
+    compile_s: float | None = None                     # the warm-up step (compilation included)
+    params: int | None = None
+    weights_hash: str | None = None                    # the initial weights' canonical fingerprint
+    data_hash: str | None = None                       # the training batch sequence
+    error: str | None = None
+    final_test_acc: float | None = None
+    saved_weights: SavedWeights | None = None
+    step_time: StepTime | None = None
+    allreduce: Allreduce | None = None
+    memory: Memory | None = None
+    test_examples: int | None = None
+    train_examples: int | None = None
+    log: str | None = None                             # set by the harness: logs/<run>.log
+    extra: dict = field(default_factory=dict)          # top-level fields this version does not know
+
+    PARTS = {"step_time": StepTime, "allreduce": Allreduce, "memory": Memory, "saved_weights": SavedWeights}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Result":
+        """A validated result dict (see result_problem) of schema v1 or v2."""
+        if not isinstance(d, dict) or not isinstance(d.get("config"), dict) or "status" not in d:
+            raise ValueError("not a result: it needs a status and a config")
+        names = {f.name for f in fields(cls)} - {"extra"}
+        kw = {k: _unfinite(v) if k in ("compile_s", "final_test_acc") else v for k, v in d.items() if k in names}
+        # A config without prefetch predates the lever: each step copied its own batch (--prefetch 0).
+        kw["config"] = RunConfig.from_dict({"prefetch": 0, **d["config"]})
+        kw["environment"] = dict(d.get("environment") or {})
+        kw["epochs"] = tuple(Epoch.from_dict(e) for e in d.get("epochs") or [])
+        for name, part in cls.PARTS.items():
+            value = d.get(name)
+            kw[name] = part.from_dict(value) if value or (name == "memory" and value is not None) else None
+        extra = {k: v for k, v in d.items() if k not in names and k != "schema_version"}
+        return cls(**kw, extra=extra)
+
+    def to_dict(self) -> dict:
+        """Schema v2: every field, in the order the worker writes them."""
+        out = {"schema_version": SCHEMA_VERSION}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra":
+                continue
+            if f.name == "config":
+                value = value.to_dict()
+            elif f.name == "epochs":
+                value = [e.to_dict() for e in value]
+            elif f.name == "environment":
+                value = dict(value)
+            elif isinstance(value, _Record):
+                value = value.to_dict()
+            out[f.name] = value
+        return {**out, **self.extra}
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def summary(self) -> dict:
+        """The headline numbers: mean over all epochs (as d2l), warm-up excluded by the loop."""
+        if not self.epochs:  # evaluation only (--epochs 0 with --load-weights)
+            return {} if self.final_test_acc is None else {"test_acc": self.final_test_acc}
+        seconds = sum(e.time_s for e in self.epochs)
+        return {
+            "sec_per_epoch": seconds / len(self.epochs),
+            "images_per_s": sum(e.images for e in self.epochs) / seconds,
+            "test_acc": self.epochs[-1].test_acc,
+            "train_loss": self.epochs[-1].train_loss,
+        }
+
+
+# ------------------------------------------------------------------------ results on the wire (dicts)
+
 def new_result(config: dict, status: str = "failed") -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
@@ -84,35 +251,75 @@ def tail(text: str, n: int = ERROR_TAIL_CHARS) -> str:
     return text if len(text) <= n else "..." + text[-n:]
 
 
+def _read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (ValueError, RecursionError) as e:   # not JSON (or not UTF-8), or absurdly nested
+        raise ValueError(f"{path}: not a JSON file ({type(e).__name__})") from None
+
+
 def load_result(path, config: dict) -> dict:
     """Read the result of the run given `config` and check it holds what the report reads, with the types it
     expects: a worker's file is untrusted input. ValueError, with a one-line reason, otherwise."""
-    try:
-        with open(path) as f:
-            result = json.load(f)
-    except (ValueError, RecursionError) as e:   # not JSON (or not UTF-8), or absurdly nested
-        raise ValueError(f"{path}: not a JSON file ({type(e).__name__})") from None
+    result = _read_json(path)
     problem = result_problem(result, config)
     if problem:
         raise ValueError(f"{path}: {problem}")
     return result
 
 
+# The meta fields the report's header reads.
+META_FIELDS = ("run_id", "command", "started", "preset", "data_source")
+
+
+def load_results_json(path) -> tuple[list[Result], dict]:
+    """A report directory's results.json (or the file itself), schema v1 or v2: its runs as Results, and its
+    meta (everything else, schema_version included). ValueError, with a one-line reason, otherwise."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        doc = _read_json(path)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read ({e.strerror or type(e).__name__})") from None
+    if not isinstance(doc, dict) or doc.get("schema_version") not in READABLE_VERSIONS:
+        raise ValueError(f"{path}: not a results.json of schema {' or '.join(f'v{v}' for v in READABLE_VERSIONS)}")
+    if not isinstance(doc.get("runs"), list):
+        raise ValueError(f"{path}: it has no list of runs")
+    for name in META_FIELDS:
+        if not isinstance(doc.get(name), str):
+            raise ValueError(f"{path}: {name} is missing or is not a string")
+    results = []
+    for i, run in enumerate(doc["runs"]):
+        problem = result_problem(run)
+        if problem:
+            raise ValueError(f"{path}: run {i + 1}: {problem}")
+        results.append(Result.from_dict(run))
+    return results, {k: v for k, v in doc.items() if k != "runs"}
+
+
 # Optional top-level fields and the types the report can use.
 FIELD_TYPES = {"environment": dict, "error": (str, type(None)), "epochs": list, "memory": (dict, type(None)),
                "step_time": (dict, type(None)), "allreduce": (dict, type(None)),
-               "weights_hash": (str, type(None)), "data_hash": (str, type(None))}
+               "weights_hash": (str, type(None)), "data_hash": (str, type(None)), "log": (str, type(None)),
+               "saved_weights": (dict, type(None))}
 EPOCH_FIELDS = ("epoch", "time_s", "steps", "images", "images_per_s", "train_loss", "train_acc", "test_acc")
 
 
-def result_problem(result, config: dict) -> str | None:
-    """Why `result` is not a usable result of the run given `config`, or None."""
-    if not isinstance(result, dict) or result.get("schema_version") != SCHEMA_VERSION:
-        return f"not a schema v{SCHEMA_VERSION} result"
+def result_problem(result, config: dict | None = None) -> str | None:
+    """Why `result` is not a usable result of the run given `config` (None: of a run its own config
+    describes), or None."""
+    if not isinstance(result, dict) or result.get("schema_version") not in READABLE_VERSIONS:
+        return "not a schema v1 result (nor v2)"
     if not isinstance(result.get("status"), str) or result["status"] not in STATUSES:
         return f"unknown status {result.get('status')!r}"
-    if result.get("config") != config:
+    if config is not None and result.get("config") != config:
         return "its config is missing or is not the one this run was given"
+    if config is None:
+        problem = config_problem(result.get("config"))
+        if problem:
+            return problem
     for name, kinds in FIELD_TYPES.items():
         if name in result and not isinstance(result[name], kinds):
             return f"{name} is a {type(result[name]).__name__}"
@@ -124,6 +331,34 @@ def result_problem(result, config: dict) -> str | None:
             not isinstance(environment.get("precision") or {}, dict):
         return "environment.devices or environment.precision has the wrong type"
     return _metrics_problem(result) if result["status"] == "ok" else None
+
+
+def _config_types() -> dict:
+    kinds = {}
+    for name, hint in typing.get_type_hints(RunConfig).items():
+        args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, type(int | None)) else (hint,)
+        kinds[name] = tuple({float: (int, float)}.get(a, (typing.get_origin(a) or a,)) for a in args)
+    return {name: tuple(t for group in groups for t in group) for name, groups in kinds.items()}
+
+
+CONFIG_TYPES = _config_types()
+
+
+def config_problem(config) -> str | None:
+    """Why `config` is not a run config RunConfig.from_dict can read (types only: a config that later rules
+    would refuse still describes the run that had it), or None."""
+    if not isinstance(config, dict):
+        return "its config is missing"
+    for name in ("backend", "strategy", "devices"):
+        if name not in config:
+            return f"its config lacks {name}"
+    for name, kinds in CONFIG_TYPES.items():
+        value = config.get(name)
+        if name in config and (not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds):
+            return f"config.{name} is a {type(value).__name__}"
+    if config["devices"] < 1:
+        return "config.devices is not positive"
+    return None
 
 
 def _metrics_problem(result: dict) -> str | None:
@@ -150,16 +385,6 @@ def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def summary(result: dict) -> dict:
-    """The headline numbers of one run: mean over all epochs (as d2l), warm-up excluded by the loop."""
-    epochs = result.get("epochs") or []
-    if not epochs:  # evaluation only (--epochs 0 with --load-weights)
-        acc = result.get("final_test_acc")
-        return {} if acc is None else {"test_acc": acc}
-    seconds = sum(e["time_s"] for e in epochs)
-    return {
-        "sec_per_epoch": seconds / len(epochs),
-        "images_per_s": sum(e["images"] for e in epochs) / seconds,
-        "test_acc": epochs[-1]["test_acc"],
-        "train_loss": epochs[-1]["train_loss"],
-    }
+def summary(result) -> dict:
+    """The headline numbers of one run (a Result or a result dict): mean over all epochs (as d2l)."""
+    return (result if isinstance(result, Result) else Result.from_dict(result)).summary()

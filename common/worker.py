@@ -41,8 +41,8 @@ def main(backend, argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault(SCRATCH_ENV, os.path.dirname(os.path.abspath(args.result)))
     if args.check:
-        from common import check
-        check.run(backend, args.check, args.result)
+        from common import measurements
+        measurements.run(backend, args.check, args.result)
         return 0
 
     cfg = RunConfig.load(args.config)

@@ -1,68 +1,34 @@
 """`python -m harness check`: show, with numbers, that the backends compute the same thing.
 
 On one set of canonical weights (one file, one hash) and the same batches, every selected
-backend, strategy and device count measures (common/check.py, inside its environment):
+backend, strategy and device count measures (common/measurements.py, inside its environment):
 forward logits, the first batch's loss and gradients after the allreduce, the weights
 after one SGD step, and the loss of every step of a short trace. The harness compares
-them with torch's and prints one table; the exit status is 1 if any row fails.
+them with torch's (harness/equivalence.py) and prints one table; the exit status is 1 if any row fails.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
+import math
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from common import data as datalib
 from common import weights as weightslib
-from common.config import DATASETS
-from harness import envs, registry, runner
-from harness.envs import ROOT
-
-# What "the same" means, per comparison (stated in the table and the report).
-TOLERANCE = {
-    "forward": 1e-4,     # max |logits - torch logits|
-    "loss": 1e-4,        # |loss - torch loss| / |torch loss|
-    "gradients": 1e-4,   # ||g - g_torch|| / ||g_torch||, over all trainable parameters
-    "step": 1e-3,        # ||w1 - w1_torch|| / ||w1_torch - w0||: the first SGD updates agree
-    "trace": 1e-3,       # max over the steps of |loss - torch loss|
-    "k-vs-1": 1e-5,      # max |w1(k devices) - w1(1 device)| (LeNet; ResNet-18 with --bn sync)
-    "float64": 1e-10,    # loss and gradients (relative) computed in float64 on 1 device, vs torch's
-    "float32": 1e-1,     # a backend's own float32 gradient vs its float64 one: beyond this it is not rounding
-    "state": 1e-4,       # ||s - s_torch|| / ||s_torch||: BatchNorm running mean and variance after the step(s)
-    "same math": 1e-10,  # float64 run of a strategy vs torch's: loss, gradients, weights, BatchNorm state, losses
-}
-# Where float32 itself cannot reach those (ResNet-18's gradients on small batches: each framework's own
-# float32 gradient is ~1e-3..3e-2 from its float64 one, depending on the batch), a row's tolerance is
-# FLOOR_FACTOR x the larger of the two float32-vs-float64 distances (torch's and the backend's, the latter
-# only if within TOLERANCE["float32"]): by the triangle inequality two implementations of the same math
-# are then within 2x of it. The float64 rows show that the math itself is the same.
-FLOOR_FACTOR = 3
-
-
-FLOAT64 = ":float64"   # a strategy's float64 run is stored as <strategy>:float64 (common/check.py)
+from common import manifest
+from common.manifest import Manifest
+from harness import arguments, envs, runner
+from harness.arguments import UsageError
+from harness.equivalence import Row, compare, table
+from harness.plan import (Plan, check_device_counts, choose_devices, parse_backends, parse_gpus, parse_pythons,
+                          resolve_data, select_strategies)
 
 
 class CheckError(Exception):
     """A backend's measurements could not be taken; the message says why."""
-
-
-@dataclass
-class Row:
-    check: str
-    model: str
-    backend: str
-    strategy: str
-    devices: str
-    bn: str
-    value: float | None
-    tolerance: float | None
-    status: str          # ok, FAIL, measured (a documented difference), not run
-    note: str = ""
 
 
 # ------------------------------------------------------------------------ inputs
@@ -82,295 +48,36 @@ def prepare(tmp: Path, models: list[str], seed: int, steps: int, batch_size: int
             "weights_hash": {m: weightslib.fingerprint(weightslib.load(p)) for m, p in weights.items()}}
 
 
-def measure(name: str, python: str, job: dict, tmp: Path, timeout: float) -> tuple[dict, dict]:
-    """Run the backend's check worker; its arrays and what it could not run."""
+
+def measure(name: str, python: str, job: dict, tmp: Path, timeout: float,
+            log_dir: Path | None = None) -> tuple[dict, dict]:
+    """Run the backend's check worker (runner.launch: its own process group, killed whole on timeout or
+    interrupt, its output logged to log_dir or tmp); its arrays and what it could not run."""
     job_path, out = tmp / f"{name}.job.json", tmp / f"{name}.npz"
     job_path.write_text(json.dumps(job))
-    # Its own process group, killed whole on timeout or interrupt: DDP ranks must not outlive the check.
-    proc = subprocess.Popen([python, "-m", f"backends.{name}", "--check", str(job_path), "--result", str(out)],
-                            cwd=ROOT, env=envs.worker_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    log_path = (log_dir or tmp) / f"check-{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [python, "-m", f"backends.{name}", "--check", str(job_path), "--result", str(out)]
     try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        runner.kill_group(proc)
-        raise CheckError(f"{name}: no answer within {timeout:g} s") from None
-    except BaseException:
-        runner.kill_group(proc)
-        raise
-    if proc.returncode or not out.exists():
-        tail = (stderr or stdout).strip().splitlines()[-1:] or ["no output"]
+        returncode, output = runner.launch(cmd, envs.worker_env(), log_path, timeout)
+    except OSError as e:
+        raise CheckError(f"{name}: could not start {python}: {e}") from None
+    if returncode is None:
+        raise CheckError(f"{name}: no answer within {timeout:g} s")
+    if returncode or not out.exists():
+        tail = "".join(output).strip().splitlines()[-1:] or ["no output"]
         raise CheckError(f"{name} worker failed: {tail[0]}")
     with np.load(out) as f:
         arrays = {k: f[k] for k in f.files}
     return arrays, json.loads(Path(str(out) + ".skipped.json").read_text())
 
 
-# -------------------------------------------------------------------- comparison
-
-def _trainable(model: str) -> list[str]:
-    from common.architectures import spec
-    return [n for n, _, kind in spec(model) if kind not in ("bn_mean", "bn_var")]
-
-
-def _statistics(model: str) -> list[str]:
-    """BatchNorm running means and variances: state, not parameters, but part of the math (evaluation uses them)."""
-    from common.architectures import spec
-    return [n for n, _, kind in spec(model) if kind in ("bn_mean", "bn_var")]
-
-
-def _stack(arrays: dict, key: str, names: list[str]) -> np.ndarray:
-    return np.concatenate([arrays[f"{key}|{n}"].astype(np.float64).ravel() for n in names])
-
-
-def _relative(a: np.ndarray, b: np.ndarray, scale: np.ndarray | float | None = None) -> float:
-    denominator = np.linalg.norm(b if scale is None else scale)
-    return float(np.linalg.norm(a - b) / denominator) if denominator else float(np.linalg.norm(a - b))
-
-
-def _verdict(value: float, tolerance: float) -> str:
-    return "ok" if value <= tolerance else "FAIL"
-
-
-def runs_of(arrays: dict) -> list[tuple[str, str, int, str]]:
-    """(model, strategy, devices, bn) of every measured configuration (not the float64 reference)."""
-    found = set()
-    for key in arrays:
-        parts = key.split("|")
-        if len(parts) == 5 and parts[4] == "loss" and parts[1] != "float64" and not parts[1].endswith(FLOAT64):
-            found.add((parts[0], parts[1], int(parts[2]), parts[3]))
-    return sorted(found)
-
-
-def compare(results: dict[str, tuple[dict, dict]], w0: dict[str, dict], reference: str = "torch") -> list[Row]:
-    rows: list[Row] = []
-    ref_arrays = results[reference][0]
-    ref_runs = runs_of(ref_arrays)
-
-    def reference_key(model, k, bn):
-        return next((f"{m}|{s}|{n}|{b}" for m, s, n, b in ref_runs if (m, n, b) == (model, k, bn)), None)
-
-    for name, (arrays, skipped) in results.items():
-        own_rows = set()
-        for model in sorted({k.split("|")[0] for k in arrays if "|forward|" in k}):
-            if name != reference:
-                for mode in ("train", "eval"):
-                    key = f"{model}|forward|{mode}"
-                    diff = float(np.max(np.abs(arrays[key].astype(np.float64) - ref_arrays[key])))
-                    rows.append(Row("forward", model, name, f"({mode} mode)", "1", "-", diff,
-                                    TOLERANCE["forward"], _verdict(diff, TOLERANCE["forward"])))
-                if f"{model}|float64|loss" in arrays and f"{model}|float64|loss" in ref_arrays:
-                    rows.append(_float64_row(arrays, ref_arrays, model, name))
-        for model, strategy, k, bn in runs_of(arrays):
-            key = f"{model}|{strategy}|{k}|{bn}"
-            ref = reference_key(model, k, bn)
-            floor = float32_floor(ref_arrays, ref, f"{model}|float64|{k}|{bn}", model, w0[model]) if ref else None
-            own = own_float32_error(arrays, model, strategy)
-            if own is not None and (model, strategy) not in own_rows:
-                own_rows.add((model, strategy))
-                rows.append(Row("float32 vs float64", model, name, strategy, "1", "-", own, TOLERANCE["float32"],
-                                _verdict(own, TOLERANCE["float32"]),
-                                "this backend's float32 gradient vs its float64 one"))
-            if floor is not None:
-                floor = widened_floor(floor, arrays, key, model, w0[model], own)
-            if ref and (name != reference or ref != key):
-                rows += _against_reference(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0[model], floor)
-            if ref:
-                rows += _state_rows(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, floor)
-            f64, ref64 = float64_key(key), float64_key(ref) if ref else None
-            both_in_float64 = ref64 and f"{f64}|loss" in arrays and f"{ref64}|loss" in ref_arrays
-            if both_in_float64 and (name != reference or ref != key):
-                rows.append(_same_math(arrays, ref_arrays, f64, ref64, model, name, strategy, k, bn, w0[model]))
-            if k > 1 and f"{model}|{strategy}|1|{bn}|loss" in arrays:
-                one_ref = reference_key(model, 1, bn)
-                one_floor = float32_floor(ref_arrays, one_ref, f"{model}|float64|1|{bn}", model, w0[model]) \
-                    if one_ref else None
-                rows.append(_k_vs_1(arrays, key, f"{model}|{strategy}|1|{bn}", model, name, strategy, k, bn, one_floor))
-        for key, reason in skipped.items():
-            model, strategy, k, bn = key.split("|")
-            rows.append(Row("all", model, name, strategy, k, bn, None, None, "not run", reason))
-    return rows
-
-
-def float64_key(key: str) -> str:
-    """model|strategy|k|bn -> model|strategy:float64|k|bn: the same configuration's float64 run."""
-    model, strategy, k, bn = key.split("|")
-    return f"{model}|{strategy}{FLOAT64}|{k}|{bn}"
-
-
-def distances(arrays, ref_arrays, key, ref, model, w0) -> dict[str, float]:
-    """How far run `key` is from run `ref`, in each comparison's own measure."""
-    names = _trainable(model)
-    ref_loss = float(ref_arrays[f"{ref}|loss"])
-    start = np.concatenate([w0[n].astype(np.float64).ravel() for n in names])
-    first, first_ref = _stack(arrays, f"{key}|first", names), _stack(ref_arrays, f"{ref}|first", names)
-    return {
-        "loss": abs(float(arrays[f"{key}|loss"]) - ref_loss) / abs(ref_loss),
-        "gradients": _relative(_stack(arrays, f"{key}|grad", names), _stack(ref_arrays, f"{ref}|grad", names)),
-        "step": _relative(first, first_ref, scale=first_ref - start),
-        "trace": _trace_distance(arrays[f"{key}|losses"], ref_arrays[f"{ref}|losses"]),
-        "k-vs-1": float(np.max(np.abs(first - first_ref))),
-        **state_distances(arrays, ref_arrays, key, ref, model),
-    }
-
-
-def state_distances(arrays, ref_arrays, key, ref, model) -> dict[str, float]:
-    """How far the BatchNorm running statistics of run `key` are from those of `ref`, after the first
-    step ("state") and after the trace ("final state"); relative, L2 over every layer's mean and variance."""
-    names = _statistics(model)
-    if not names:
-        return {}
-    return {"state": _relative(_stack(arrays, f"{key}|first", names), _stack(ref_arrays, f"{ref}|first", names)),
-            "final state": _relative(_stack(arrays, f"{key}|final", names), _stack(ref_arrays, f"{ref}|final", names))}
-
-
-def _float64_row(arrays, ref_arrays, model, name) -> Row:
-    names = _trainable(model)
-    loss = abs(float(arrays[f"{model}|float64|loss"]) - float(ref_arrays[f"{model}|float64|loss"]))
-    grads = _relative(_stack(arrays, f"{model}|float64|grad", names),
-                      _stack(ref_arrays, f"{model}|float64|grad", names))
-    value = max(loss / abs(float(ref_arrays[f"{model}|float64|loss"])), grads)
-    return Row("math (float64)", model, name, "(1 device)", "1", "-", value, TOLERANCE["float64"],
-               _verdict(value, TOLERANCE["float64"]), "loss and gradients in float64 vs torch's")
-
-
-def _same_math(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0) -> Row:
-    """The strategy's own float64 run against torch's float64 run of the same configuration: loss,
-    gradients, the weights after the first and the last step (BatchNorm state included) and every loss.
-    In float64 rounding is ~1e-15, so anything above TOLERANCE["same math"] is a difference in the math."""
-    value = distances(arrays, ref_arrays, key, ref, model, w0)
-    names = _trainable(model) + _statistics(model)
-    value["final"] = _relative(_stack(arrays, f"{key}|final", names), _stack(ref_arrays, f"{ref}|final", names))
-    value.pop("k-vs-1")
-    value.pop("final state", None)   # inside "final"
-    largest = max(value, key=value.get)
-    steps = len(arrays[f"{key}|losses"])
-    tolerance = TOLERANCE["same math"]
-    return Row("same math (float64)", model, name, strategy, str(k), bn, value[largest], tolerance,
-               _verdict(value[largest], tolerance),
-               f"vs torch {ref.split('|')[1].removesuffix(FLOAT64)}: loss, gradients, {steps} steps of weights"
-               f"{' and BatchNorm state' if _statistics(model) else ''}; largest: {largest}")
-
-
-def _state_rows(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, floor) -> list[Row]:
-    """float32 BatchNorm running statistics vs torch's, after one step and after the trace (ResNet-18)."""
-    value = state_distances(arrays, ref_arrays, key, ref, model)
-    if not value or (name == "torch" and ref == key):
-        return []
-    steps = len(arrays[f"{key}|losses"])
-    rows = []
-    for check, label in (("state", "BatchNorm state, one step"), ("final state", f"BatchNorm state, {steps} steps")):
-        if check == "final state" and floor is not None and floor["trace"] > TOLERANCE["trace"]:
-            rows.append(Row(label, model, name, strategy, str(k), bn, value[check], None, "measured",
-                            f"vs torch {ref.split('|')[1]}; chaotic in float32 (see the loss trace)"))
-            continue
-        tolerance, why = _allowed(check, floor, fixed=TOLERANCE["state"])
-        note = f"vs torch {ref.split('|')[1]}" + (f"; tolerance {why}" if why else "")
-        rows.append(Row(label, model, name, strategy, str(k), bn, value[check], tolerance,
-                        _verdict(value[check], tolerance), note))
-    return rows
-
-
-def widened_floor(floor: dict, arrays, key, model, w0, own: float | None) -> dict:
-    """The float32 floor of one row: the larger of torch's and this run's own float32-vs-float64 distance.
-
-    This run's own distance is measured against its float64 run of the same configuration (same strategy,
-    devices and BatchNorm mode) where it has one, else its 1-device gradient's. Since the float64 runs agree
-    (the `same math` row), |run - torch| <= own + torch's floor <= 2x the larger: 3x is a sound tolerance."""
-    f64 = float64_key(key)
-    if f"{f64}|loss" in arrays:
-        mine = distances(arrays, arrays, key, f64, model, w0)
-        return {**floor, **{c: max(floor[c], mine[c]) for c in ("gradients", "step", "state")
-                            if c in floor and c in mine and mine[c] <= TOLERANCE["float32"]}}
-    if own is not None and own <= TOLERANCE["float32"]:
-        return {**floor, "gradients": max(floor["gradients"], own), "step": max(floor["step"], own)}
-    return floor
-
-
-def own_float32_error(arrays, model, strategy) -> float | None:
-    """How far this backend's own float32 gradient (1 device) is from its float64 one."""
-    names = _trainable(model)
-    for bn in ("local", "sync"):
-        if f"{model}|{strategy}|1|{bn}|loss" in arrays and f"{model}|float64|loss" in arrays:
-            return _relative(_stack(arrays, f"{model}|{strategy}|1|{bn}|grad", names),
-                             _stack(arrays, f"{model}|float64|grad", names))
-    return None
-
-
-def _trace_distance(losses, ref_losses) -> float:
-    """max |loss - reference loss| over the steps both have (the float64 trace may be one step)."""
-    n = min(len(losses), len(ref_losses))
-    return float(np.max(np.abs(np.asarray(losses[:n]) - np.asarray(ref_losses[:n]))))
-
-
-def float32_floor(ref_arrays, ref, f64, model, w0) -> dict[str, float] | None:
-    """The reference's own float32 rounding: how far torch's float32 run is from the same math in float64
-    (the same devices, BatchNorm mode and trace).
-
-    Two correct float32 implementations differ by about this much (they round in different orders),
-    so a tolerance below FLOOR_FACTOR x floor would measure rounding, not the math."""
-    if f"{f64}|loss" not in ref_arrays:
-        return None
-    return distances(ref_arrays, ref_arrays, ref, f64, model, w0)
-
-
-def _allowed(check: str, floor: dict | None, fixed: float | None = None) -> tuple[float, str]:
-    """The tolerance of one comparison and, when float32 rounding sets it, a note saying so."""
-    fixed = TOLERANCE[check] if fixed is None else fixed
-    if floor is None or check not in floor or FLOOR_FACTOR * floor[check] <= fixed:
-        return fixed, ""
-    return FLOOR_FACTOR * floor[check], f"{FLOOR_FACTOR}x float32-vs-float64 {floor[check]:.1e}"
-
-
-def _against_reference(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0, floor) -> list[Row]:
-    value = distances(arrays, ref_arrays, key, ref, model, w0)
-    steps = len(arrays[f"{key}|losses"])
-    rows = []
-    for check, label in (("loss", "loss"), ("gradients", "gradients"), ("step", "one step"),
-                         ("trace", f"{steps}-step loss")):
-        if check == "trace" and floor is not None and floor["trace"] > TOLERANCE["trace"]:
-            rows.append(Row(label, model, name, strategy, str(k), bn, value[check], None, "measured",
-                            f"vs torch {ref.split('|')[1]}; chaotic in float32: torch's own float32 trace is "
-                            f"{floor['trace']:.1e} from float64"))
-            continue
-        tolerance, why = _allowed(check, floor)
-        note = f"vs torch {ref.split('|')[1]}" + (f"; tolerance {why}" if why else "")
-        rows.append(Row(label, model, name, strategy, str(k), bn, value[check], tolerance,
-                        _verdict(value[check], tolerance), note))
-    return rows
-
-
-def _k_vs_1(arrays, key, one, model, name, strategy, k, bn, floor) -> Row:
-    names = _trainable(model)
-    diff = float(np.max(np.abs(_stack(arrays, f"{key}|first", names) - _stack(arrays, f"{one}|first", names))))
-    if model == "lenet" or bn == "sync":
-        tolerance, why = _allowed("k-vs-1", floor)
-        return Row("k vs 1 device", model, name, strategy, str(k), bn, diff, tolerance,
-                   _verdict(diff, tolerance), f"tolerance {why}" if why else "")
-    return Row("k vs 1 device", model, name, strategy, str(k), bn, diff, None, "measured",
-               "per-device BatchNorm statistics: k devices normalise over B/k examples each, by design")
-
-
-# --------------------------------------------------------------------------- output
-
-def table(rows: list[Row]) -> list[str]:
-    lines = ["| check | model | backend | strategy | devices | bn | max difference | tolerance | result |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        value = "—" if r.value is None else f"{r.value:.2e}"
-        tol = "—" if r.tolerance is None else f"{r.tolerance:.0e}"
-        result = r.status + (f" ({r.note})" if r.note else "")
-        lines.append(f"| {r.check} | {r.model} | {r.backend} | {r.strategy} | {r.devices} | {r.bn} | {value} "
-                     f"| {tol} | {result} |")
-    return lines
-
-
 # ------------------------------------------------------------------------------ run
 
-def run_checks(backends: dict[str, registry.Backend], pythons: dict[str, str], models: list[str],
+def run_checks(backends: dict[str, Manifest], pythons: dict[str, str], models: list[str],
                strategies: dict[str, list[str]], counts: list[int], bn_modes: list[str], steps: int,
                batch_size: int, lr: float, seed: int, dataset, device_kind: str, timeout: float, say=print,
-               init: str = "d2l"):
+               init: str = "d2l", log_dir: Path | None = None):
     """Measure every backend and compare; (rows, {backend: reason it could not be measured}, weights hashes)."""
     failures, results = {}, {}
     # The 1-device runs are the references of the float32 floor, the own-float32 rows and k vs 1: always measured.
@@ -378,7 +85,7 @@ def run_checks(backends: dict[str, registry.Backend], pythons: dict[str, str], m
     with tempfile.TemporaryDirectory() as tmp:
         shared = prepare(Path(tmp), models, seed, steps, batch_size, dataset, init)
         for name, backend in backends.items():
-            if not backend.implemented or not strategies.get(name):
+            if not strategies.get(name):
                 continue
             job = {"models": models, "strategies": strategies[name], "devices": measured_counts, "bn": bn_modes,
                    "lr": lr, "device_kind": device_kind, "float64": name == "torch", **shared}
@@ -386,7 +93,7 @@ def run_checks(backends: dict[str, registry.Backend], pythons: dict[str, str], m
                 f"{'/'.join(models)}, bn {'/'.join(bn_modes)}")
             try:
                 python = pythons.get(name) or str(envs.ensure(name, backend.requirements, say=say))
-                results[name] = measure(name, python, job, Path(tmp), timeout)
+                results[name] = measure(name, python, job, Path(tmp), timeout, log_dir)
             except (CheckError, envs.EnvError) as e:
                 failures[name] = str(e).splitlines()[0]
         w0 = {m: weightslib.load(p) for m, p in shared["weights"].items()}
@@ -403,33 +110,58 @@ def asked_rows(rows: list[Row], counts: list[int]) -> list[Row]:
     return [r for r in rows if r.check in whole or int(r.devices) in counts]
 
 
-def main(argv: list[str]) -> int:
-    from harness.cli import (Parser, UsageError, absolute_path, check_device_counts, check_shared, choose_devices,
-                             name_list, nonempty, parse_backends, parse_gpus, parse_pythons, resolve_data,
-                             select_strategies)
-    p = Parser(prog="python -m harness check",
-               description="Compare forward passes, gradients, SGD steps and k-vs-1-device training across "
-                           "backends and strategies on one set of canonical weights; exit 1 on any failure.")
-    p.add_argument("--backend", type=name_list, default="all", help="backends to check (torch is always the reference)")
-    p.add_argument("--gpus", type=name_list, default="1,2", help="device counts to compare")
-    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto")
-    p.add_argument("--strategy", type=name_list, default=None,
-                   help="comma list (default: every strategy that runs here)")
-    p.add_argument("--model", type=name_list, default="lenet,resnet18", help="comma list of models")
-    p.add_argument("--bn", type=name_list, default="local,sync", help="BatchNorm modes: local, sync")
-    p.add_argument("--steps", type=int, default=20,
-                   help="SGD steps in the loss trace; steps x batch size may not exceed the training images")
-    p.add_argument("--batch-size", type=int, default=16, help="global batch of each step")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--init", choices=weightslib.INITS, default="d2l",
-                   help="canonical weights to compare on: d2l (what runs start from) or he (He-scaled kernels)")
-    p.add_argument("--dataset", choices=DATASETS, default="fashion-mnist")
-    p.add_argument("--data-dir", type=absolute_path, default=None)
-    p.add_argument("--python", action="append", type=nonempty, default=[], metavar="BACKEND=PATH")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per backend")
-    args = p.parse_args(argv)
-    check_shared(seed=args.seed, lr=args.lr, timeout=args.timeout)
+def equivalence(plan: Plan, say, log_dir: Path | None = None) -> dict:
+    """A small check over what a benchmark report runs, for its Equivalence section."""
+    counts = sorted({c.devices for c in plan.configs}) or [1]
+    strategies = {}
+    for c in plan.configs:
+        strategies.setdefault(c.backend, [])
+        if c.strategy not in strategies[c.backend]:
+            strategies[c.backend].append(c.strategy)
+    steps, batch = 5, 8 * math.lcm(*counts)
+    cfg = plan.configs[0] if plan.configs else None
+    if cfg is None:
+        return {}
+    dataset = (datalib.synthetic(steps * batch, 10, cfg.seed) if cfg.dataset == "synthetic"
+               else datalib.load_fashion_mnist(Path(cfg.data_dir), steps * batch, 10))
+    rows, failures, hashes = run_checks(plan.backends, plan.pythons, [cfg.model], strategies, counts, [cfg.bn],
+                                        steps, batch, 0.1, cfg.seed, dataset, plan.device_kind,
+                                        cfg.timeout, say=say, init=cfg.init, log_dir=log_dir)
+    return {"rows": [r.__dict__ for r in rows], "failures": failures, "weights_hash": hashes,
+            "setup": f"{cfg.model} ({cfg.init} init), {steps} steps of batch {batch} ({cfg.dataset}), lr 0.1, "
+                     f"float32, bn {cfg.bn}",
+            "table": table(rows)}
+
+
+# ------------------------------------------------------------------------- command
+
+DESCRIPTION = ("Compare forward passes, gradients, SGD steps and k-vs-1-device training across backends and "
+               "strategies on one set of canonical weights; exit 1 on any failure.")
+
+
+def parents() -> list[arguments.Parser]:
+    """The flag groups of `python -m harness check` (shared with `run` where they mean the same)."""
+    own = arguments.Parser(add_help=False)
+    own.add_argument("--model", type=arguments.name_list, default="lenet,resnet18", help="comma list of models")
+    own.add_argument("--bn", type=arguments.name_list, default="local,sync", help="BatchNorm modes: local, sync")
+    own.add_argument("--steps", type=int, default=20,
+                     help="SGD steps in the loss trace; steps x batch size may not exceed the training images")
+    return [
+        arguments.backends_flags("backends to check (torch is always the reference)"),
+        arguments.devices_flags("1,2", "device counts to compare"),
+        own,
+        arguments.training_flags(0.1, "SGD learning rate", 16, "global batch of each step",
+                                 "canonical weights to compare on: d2l (what runs start from) or he "
+                                 "(He-scaled kernels)"),
+        arguments.data_flags(),
+        arguments.python_flags(),
+        arguments.timeout_flags(1800.0, "seconds per backend"),
+    ]
+
+
+def main(args) -> int:
+    """`python -m harness check`, its flags parsed (cli.build_parser)."""
+    arguments.check_shared(seed=args.seed, lr=args.lr, timeout=args.timeout)
 
     names = parse_backends(args.backend)
     if "torch" not in names:
@@ -448,7 +180,7 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--steps must be at least 1 (got {args.steps})")
     if args.batch_size < 1 or any(args.batch_size % n for n in counts):
         raise UsageError(f"--batch-size {args.batch_size} must split evenly across {counts} devices")
-    backends = {n: registry.load(n) for n in names}
+    backends = {n: manifest.load(n) for n in names}
     chosen = {n: [s for s, reason in picks if reason is None]
               for n, picks in select_strategies(args, backends, kind).items()}
     data_dir, _, (train_images, _) = resolve_data(args)

@@ -1,7 +1,7 @@
-"""Launch one worker run as a subprocess, show its progress, enforce the timeout, collect its result.
+"""Launch worker processes (a run's, a check's: `launch`), show a run's progress, collect its result.
 
-The worker runs in its own process group, so a timeout kills it with every process it
-started (DDP ranks included). Whatever happens, run() returns a result dict: the
+The worker runs in its own process group, so a timeout or an interrupt kills it with every
+process it started (DDP ranks included). Whatever happens, run() returns a result dict: the
 worker's own, or a failed / timeout one with the tail of its output.
 """
 
@@ -15,11 +15,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from tqdm import tqdm
 
 from common import progress
 from common.config import RunConfig
 from common.results import failed_result, load_result, tail
+from common.worker import THREADS_ENV
 from harness import envs, interrupts
 from harness.envs import ROOT
 
@@ -35,34 +39,43 @@ def not_run_result(cfg: RunConfig, status: str, reason: str) -> dict:
 
 
 class Console:
-    """Progress on the terminal: a live bar on a TTY, plain lines otherwise."""
+    """Progress on the terminal: a live tqdm bar per epoch on a TTY, plain lines otherwise (logs, --quiet)."""
 
     def __init__(self, quiet: bool = False, stream=sys.stderr):
         self.quiet, self.stream = quiet, stream
         self.live = stream.isatty() and not quiet
-        self._width = 0
+        self._bar: tqdm | None = None
+        self._bar_key: tuple | None = None
 
     def say(self, text: str) -> None:
-        self._clear()
-        self._write(text + "\n")
-
-    def _clear(self) -> None:
-        if self._width:
-            self._write("\r" + " " * self._width + "\r")
-            self._width = 0
-
-    def _bar(self, text: str) -> None:
-        if self.live:
-            self._clear()
-            self._write(text)
-            self._width = len(text)
-
-    def _write(self, text: str) -> None:
+        self._close_bar()
         try:
-            self.stream.write(text)
+            self.stream.write(text + "\n")
             self.stream.flush()
         except OSError:
             pass  # the terminal is gone (it sent SIGHUP): the runs and the report go on without it
+
+    def _close_bar(self) -> None:
+        bar, self._bar, self._bar_key = self._bar, None, None
+        if bar is not None:
+            try:
+                bar.close()   # leave=False: the bar's line is cleared
+            except OSError:
+                self.live = False
+
+    def _progress(self, cfg: RunConfig, record: dict) -> None:
+        """The epoch's bar, made at its first step (or after a line was printed), moved to `step`."""
+        key = (label(cfg), record["epoch"], record["steps"])
+        try:
+            if self._bar_key != key:
+                self._close_bar()
+                self._bar = tqdm(total=record["steps"], desc=f"[{label(cfg)}] epoch {record['epoch']}/"
+                                 f"{record['epochs']}", unit="step", file=self.stream, leave=False,
+                                 dynamic_ncols=True)
+                self._bar_key = key
+            self._bar.update(record["step"] - self._bar.n)
+        except OSError:
+            self._bar, self._bar_key, self.live = None, None, False
 
     def started(self, cfg: RunConfig) -> None:
         if not self.quiet:
@@ -73,11 +86,8 @@ class Console:
         kind = record.get("event")
         if kind == "warmup" and not self.quiet:
             self.say(f"[{label(cfg)}] warm-up / compile: {record['seconds']:.2f} s")
-        elif kind == "step":
-            done, total = record["step"], record["steps"]
-            filled = int(30 * done / max(total, 1))
-            self._bar(f"[{label(cfg)}] epoch {record['epoch']}/{record['epochs']} "
-                      f"|{'#' * filled}{'.' * (30 - filled)}| {done}/{total} steps")
+        elif kind == "step" and self.live:
+            self._progress(cfg, record)
         elif kind == "epoch" and not self.quiet:
             self.say(f"[{label(cfg)}] epoch {record['epoch']}/{record['epochs']}: {record['time_s']:.2f} s, "
                      f"{record['images_per_s']:.1f} img/s, loss {record['train_loss']:.4f}, "
@@ -129,28 +139,22 @@ def kill_group(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
-    """One worker run: config file in, result file out, output logged to workdir/logs/."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{cfg.backend}-{cfg.variant}-x{cfg.devices}").strip("-")
-    (workdir / "runs").mkdir(parents=True, exist_ok=True)
-    (workdir / "logs").mkdir(parents=True, exist_ok=True)
-    config_path, result_path = workdir / "runs" / f"{name}.config.json", workdir / "runs" / f"{name}.result.json"
-    log_path = workdir / "logs" / f"{name}.log"
-    cfg.save(config_path)
-    env = envs.worker_env(PYTHONUNBUFFERED="1")
-    cmd = [python, "-m", f"backends.{cfg.backend}", "--config", str(config_path), "--result", str(result_path)]
+def launch(cmd: list[str], env: dict, log_path: Path, timeout: float,
+           on_line: Callable[[str], bool] | None = None) -> tuple[int | None, list[str]]:
+    """Run one worker process: (its exit status, or None if it was killed at `timeout`; its output lines).
 
-    console.started(cfg)
-    output: list[str] = []
-    timed_out = False
-    try:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
-    except OSError as e:
-        return not_run_result(cfg, "failed", f"could not start {python}: {e}")
+    The worker runs from the project root in a new session (its own process group), stdout and stderr
+    merged, every line written to `log_path` as it comes. `on_line` sees each line and returns True if it
+    consumed it (a progress record), which is then left out of the returned output. On a timeout, an
+    interrupt (Ctrl-C, SIGTERM, SIGHUP: raised here) or the worker's exit, its whole group is killed, so
+    nothing it started (DDP ranks) outlives it. OSError if the process cannot be started."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
-    deadline = time.monotonic() + cfg.timeout
+    deadline = time.monotonic() + timeout
+    output: list[str] = []
+    timed_out = False
     with open(log_path, "w") as log:
         log.write("$ " + " ".join(_relative_to_root(a) for a in cmd) + "\n")
         try:
@@ -167,17 +171,39 @@ def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
                 if line is None:
                     break
                 log.write(line)
-                record = progress.parse(line)
-                if record is not None:
-                    console.event(cfg, record)
-                else:
+                if not (on_line and on_line(line)):
                     output.append(line)
         except BaseException:
             kill_group(proc)
             raise
         kill_group(proc)  # on timeout: the worker; otherwise: any stray process it left
+    return (None if timed_out else proc.returncode), output
 
-    if timed_out:
+
+def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
+    """One worker run: config file in, result file out, output logged to workdir/logs/."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{cfg.backend}-{cfg.variant}-x{cfg.devices}").strip("-")
+    (workdir / "runs").mkdir(parents=True, exist_ok=True)
+    (workdir / "logs").mkdir(parents=True, exist_ok=True)
+    config_path, result_path = workdir / "runs" / f"{name}.config.json", workdir / "runs" / f"{name}.result.json"
+    log_path = workdir / "logs" / f"{name}.log"
+    cfg.save(config_path)
+    env = envs.worker_env(PYTHONUNBUFFERED="1", **({THREADS_ENV: str(cfg.threads)} if cfg.threads else {}))
+    cmd = [python, "-m", f"backends.{cfg.backend}", "--config", str(config_path), "--result", str(result_path)]
+
+    def on_line(line: str) -> bool:
+        record = progress.parse(line)
+        if record is not None:
+            console.event(cfg, record)
+        return record is not None
+
+    console.started(cfg)
+    try:
+        returncode, output = launch(cmd, env, log_path, cfg.timeout, on_line)
+    except OSError as e:
+        return not_run_result(cfg, "failed", f"could not start {python}: {e}")
+
+    if returncode is None:
         # The worker's last output first, the reason last: the report's headline is the error's last line.
         result = failed_result(cfg.to_dict(), "timeout",
                                f"{''.join(output[-20:])}killed after --timeout {cfg.timeout:g} s")
@@ -185,10 +211,10 @@ def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
         try:
             result = load_result(result_path, cfg.to_dict())
         except (OSError, ValueError) as e:
-            reason = f"worker exited with status {proc.returncode} and no valid result ({e})"
+            reason = f"worker exited with status {returncode} and no valid result ({e})"
             # The report's headline is the error's last line: the worker's own last words if it failed,
             # but the reason itself if it exited 0 (its output then says nothing about what went wrong).
-            error = (tail("".join(output)) + "\n" + reason if proc.returncode == 0
+            error = (tail("".join(output)) + "\n" + reason if returncode == 0
                      else reason + "\n" + tail("".join(output)))
             result = failed_result(cfg.to_dict(), "failed", error)
     if result.get("error"):

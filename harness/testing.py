@@ -21,8 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness import envs, registry
+from common import manifest
+from harness import envs
+from harness.arguments import Parser, backends_flags, python_flags
 from harness.envs import ROOT
+from harness.plan import parse_backends, parse_pythons
 
 # What --portable caps, per library; each was checked to change the kernels in the pinned versions
 # (the probes below print the evidence at the start of the pass).
@@ -155,21 +158,25 @@ def run_suite(title: str, python: str, paths: list[str], env: dict, pytest_args:
     return counts
 
 
-def main(argv: list[str]) -> int:
-    from harness.cli import Parser, parse_backends, parse_pythons  # one parser for names and --python
-    p = Parser(prog="python -m harness test",
-                                description="Run the harness tests, then each backend's tests in its own environment.")
-    p.add_argument("--backend", default="all", help="backends whose tests to run (comma list, or all, or none)")
-    p.add_argument("--python", action="append", default=[], metavar="BACKEND=PATH",
-                   help="use this interpreter for BACKEND's tests instead of .venvs/BACKEND/")
-    p.add_argument("--portable", action="store_true",
-                   help="run the backend and cross-backend suites (not the harness's) on one CPU with every "
-                        "framework's CPU kernels capped to SSE4.1/SSE4.2 and one thread (torch: "
-                        "ATEN_CPU_CAPABILITY=default, oneDNN SSE41, MKL_CBWR=COMPATIBLE; jax: XLA_FLAGS "
-                        "--xla_cpu_max_isa=SSE4_2; mxnet: oneDNN SSE41, OpenBLAS Nehalem), to show the tests "
-                        "pass on any x86-64 CPU; it first prints what each backend's kernels run with")
-    p.add_argument("pytest_args", nargs="*", help="passed to pytest (after --), e.g. -- -k split -x")
-    args = p.parse_args(argv)
+DESCRIPTION = "Run the harness tests, then each backend's tests in its own environment."
+
+
+def parents() -> list[Parser]:
+    """The flags of `python -m harness test`."""
+    own = Parser(add_help=False)
+    own.add_argument("--portable", action="store_true",
+                     help="run the backend and cross-backend suites (not the harness's) on one CPU with every "
+                          "framework's CPU kernels capped to SSE4.1/SSE4.2 and one thread (torch: "
+                          "ATEN_CPU_CAPABILITY=default, oneDNN SSE41, MKL_CBWR=COMPATIBLE; jax: XLA_FLAGS "
+                          "--xla_cpu_max_isa=SSE4_2; mxnet: oneDNN SSE41, OpenBLAS Nehalem), to show the tests "
+                          "pass on any x86-64 CPU; it first prints what each backend's kernels run with")
+    own.add_argument("pytest_args", nargs="*", help="passed to pytest (after --), e.g. -- -k split -x")
+    return [backends_flags("backends whose tests to run (comma list, or all, or none)"),
+            python_flags("use this interpreter for BACKEND's tests instead of .venvs/BACKEND/"), own]
+
+
+def main(args) -> int:
+    """`python -m harness test`, its flags parsed (cli.build_parser)."""
     names = [] if args.backend == "none" else parse_backends(args.backend)
     pythons = parse_pythons(args.python)
 
@@ -181,10 +188,7 @@ def main(argv: list[str]) -> int:
                                        suite_env({}, False), args.pytest_args)
     backend_pythons: dict[str, str] = {}
     for name in names:
-        backend = registry.load(name)
-        if not backend.implemented:
-            print(f"\n=== {name}: not implemented in this version, no tests ===")
-            continue
+        backend = manifest.load(name)
         try:
             backend_pythons[name] = pythons.get(name) or str(envs.ensure(name, backend.requirements))
         except envs.EnvError as e:

@@ -3,7 +3,7 @@
   resnet18, lenet        models.py
   devices, split,        parallel.py
   allreduce, stage
-  run, train_steps,      strategies.py (scratch, gluon)
+  run, train_steps,      strategies.py (TRAINERS: scratch, gluon, each a common.trainer.Trainer)
   gradients, train_trace
   (BatchNorm)            batchnorm.py: its layers, torch's running-statistics rule
   environment            environment.py
@@ -14,7 +14,7 @@ from backends.mxnet.compat import mx
 from backends.mxnet.environment import environment
 from backends.mxnet.models import build, count_params, lenet, load_canonical, resnet18, spec
 from backends.mxnet.parallel import allreduce, devices, split
-from backends.mxnet.strategies import float64_gradients, gradients, run, train_steps, train_trace
+from backends.mxnet.strategies import TRAINERS, float64_gradients, gradients, run, train_steps, train_trace
 from mxnet import autograd
 
 NAME = "mxnet"
@@ -22,7 +22,7 @@ NAME = "mxnet"
 # The backend interface (docs/ARCHITECTURE.md): the same names in every backend.
 __all__ = ["NAME", "resnet18", "lenet", "initial_weights", "param_count", "devices", "split", "allreduce",
            "predict", "run", "environment", "gradients", "train_trace", "train_steps", "float64_gradients",
-           "array", "to_numpy", "device_of"]
+           "TRAINERS", "array", "to_numpy", "device_of"]
 
 
 def initial_weights(model: str, seed: int = 0):

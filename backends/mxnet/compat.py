@@ -5,8 +5,9 @@
   1.23.5 where wheels exist (Python < 3.12); on newer Pythons numpy 1.26 is used and the
   aliases are restored here, as the builtins they always meant. A no-op on numpy < 1.24.
 * threads: MXNet's engine and oneDNN size their OpenMP pools once, when the library
-  loads, from OMP_NUM_THREADS. So the worker's thread count (--threads of the run, else
-  every usable core, as torch uses for one process) is set here, before the import.
+  loads, from OMP_NUM_THREADS. So the worker's thread count (the run's --threads, which the
+  harness passes in the environment variable common.worker.THREADS_ENV, else every usable
+  core, as torch uses for one process) is set here, before the import.
 * fp32 means fp32: tensor-core math and TF32 off (matters only on GPU builds; the same
   precision settings for every backend).
 
@@ -15,13 +16,12 @@ Every other module of the backend does `from backends.mxnet.compat import mx`.
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 
 import numpy as np
 
 from common import sysinfo
+from common.worker import THREADS_ENV   # (common only: imports no framework)
 
 REMOVED_NUMPY_ALIASES = {"bool": bool, "int": int, "float": float, "complex": complex, "object": object, "str": str}
 
@@ -33,12 +33,8 @@ def restore_numpy_aliases() -> None:
 
 
 def worker_threads() -> int:
-    """--threads of the run this worker process was started for, else every usable core."""
-    threads = None
-    if "--config" in sys.argv[:-1]:  # python -m backends.mxnet --config RUN.json --result ...
-        with open(sys.argv[sys.argv.index("--config") + 1]) as f:
-            threads = json.load(f).get("threads")
-    return threads or sysinfo.usable_cpus()
+    """--threads of the run this worker process was started for (THREADS_ENV), else every usable core."""
+    return int(os.environ.get(THREADS_ENV) or 0) or sysinfo.usable_cpus()
 
 
 restore_numpy_aliases()

@@ -6,35 +6,18 @@ Threads and precision are set in compat.py, because MXNet reads them when it is 
 from __future__ import annotations
 
 import os
-import tomllib
-from pathlib import Path
 
 from backends.mxnet.compat import THREADS, mx
-from common import loop, sysinfo
+from common import loop, manifest, sysinfo
 
-BACKEND_TOML = Path(__file__).with_name("backend.toml")
+MANIFEST = manifest.load("mxnet")   # backend.toml: the options and their defaults
 NO_GPU_BUILD = ("the installed mxnet has no CUDA, and mxnet 1.9.1, MXNet's final release, has GPU wheels "
                 "only up to CUDA 11.x, none for Hopper")
 
 
-def declared() -> dict:
-    with open(BACKEND_TOML, "rb") as f:
-        return tomllib.load(f)
-
-
-def declared_defaults() -> dict[str, str]:
-    """{option: default} as backend.toml declares them (the harness fills them in for a run)."""
-    return {name: str(o["default"]) for name, o in declared().get("options", {}).items()}
-
-
-def option(cfg, name: str) -> str:
-    """The value of a backend option for this run: the one asked for, else the declared default."""
-    return cfg.options.get(name) or declared_defaults()[name]
-
-
 def hybridized(cfg) -> bool:
     """--compile is hybridize(), whatever the hybridize option says."""
-    return bool(cfg.compile) or option(cfg, "hybridize") == "on"
+    return bool(cfg.compile) or MANIFEST.option(cfg.options, "hybridize") == "on"
 
 
 def has_cuda() -> bool:
@@ -58,7 +41,7 @@ def device_names(cfg) -> list[str]:
 
 def collective(cfg) -> str:
     if cfg.strategy == "gluon":
-        kvstore = option(cfg, "kvstore")
+        kvstore = MANIFEST.option(cfg.options, "kvstore")
         if cfg.devices == 1:
             return f"gluon.Trainer, kvstore '{kvstore}' (not created by Gluon for one device)"
         return f"gluon.Trainer, kvstore '{kvstore}' (gradients summed by the kvstore, update on each device)"
@@ -79,28 +62,27 @@ def input_copies(cfg) -> str:
     return loop.input_copies(cfg, ahead=ahead, in_step="split_and_load just before the forward")
 
 
+def sgd_update(cfg) -> str:
+    if cfg.strategy == "gluon":
+        return "gluon.Trainer.update(B) (update_on_kvstore=False): mxnet's sgd_update kernel on each context"
+    return "by hand, w[:] = w - lr/B * g per parameter on each context"
+
+
 def environment(cfg) -> dict:
     features = mx.runtime.Features()
-    return {
-        **sysinfo.host(),
-        "framework": "mxnet",
-        "framework_version": mx.__version__,
-        "cuda": "enabled" if features.is_enabled("CUDA") else None,
-        "cudnn": "enabled" if features.is_enabled("CUDNN") else None,
-        "devices": device_names(cfg),
-        "framework_gpus": visible_gpus(),   # what MXNet itself sees, whatever the harness found
-        "processes": 1,
-        "threads_per_process": THREADS,
-        "engine": f"threaded engine per device, {engine_workers()} worker thread(s) per context",
-        "precision": {"dtype": "float32", "tf32_matmul": False, "tf32_cudnn": False,
-                      "NVIDIA_TF32_OVERRIDE": os.environ.get("NVIDIA_TF32_OVERRIDE")},
-        "collective": collective(cfg),
-        "kvstore": option(cfg, "kvstore") if cfg.strategy == "gluon" else None,
-        "hybridize": hybridized(cfg),
-        # The speed levers as they run; a refused one (common/levers.py, from backend.toml) makes the run unavailable.
-        "compile": bool(cfg.compile),            # hybridize(), forced on whatever the hybridize option
-        "channels_last": False,                  # NCHW always
-        "resident_data": bool(cfg.resident_data),
-        "input_copies": input_copies(cfg),
-        "batchnorm": batchnorm(cfg),
-    }
+    return sysinfo.environment(
+        cfg, framework="mxnet", version=mx.__version__, libraries={},
+        cuda="enabled" if features.is_enabled("CUDA") else None,
+        cudnn="enabled" if features.is_enabled("CUDNN") else None,
+        devices=device_names(cfg),
+        framework_gpus=visible_gpus(),   # what MXNet itself sees, whatever the harness found
+        processes=1, threads=THREADS,
+        precision={"dtype": "float32", "tf32_matmul": False, "tf32_cudnn": False,
+                   "NVIDIA_TF32_OVERRIDE": os.environ.get("NVIDIA_TF32_OVERRIDE")},
+        # A refused speed lever (common/levers.py, from backend.toml) makes the run unavailable; NCHW always.
+        compile="hybridize(), forced on whatever the hybridize option" if cfg.compile else None,
+        input_copies=input_copies(cfg), sgd_update=sgd_update(cfg), collective=collective(cfg),
+        batchnorm=batchnorm(cfg),
+        details={"engine": f"threaded engine per device, {engine_workers()} worker thread(s) per context",
+                 "kvstore": MANIFEST.option(cfg.options, "kvstore") if cfg.strategy == "gluon" else None,
+                 "hybridize": hybridized(cfg)})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from backends.mxnet.compat import mx
+from common.data import check_divisible
 from mxnet import gluon
 
 
@@ -21,12 +22,6 @@ def as_ndarray(a, ctx) -> mx.nd.NDArray:
         return a.as_in_context(ctx)
     a = np.asarray(a)
     return mx.nd.array(a, ctx=ctx, dtype=a.dtype)
-
-
-def check_divisible(batch: int, n: int) -> None:
-    """The documented behaviour for a batch the devices cannot split: refuse it."""
-    if batch % n:
-        raise ValueError(f"batch of {batch} examples cannot be split evenly across {n} devices")
 
 
 class Shards(tuple):
@@ -87,3 +82,14 @@ def allreduce(data: list) -> list:
     for i in range(1, len(data)):
         data[0].copyto(data[i])
     return data
+
+
+class Reduction:
+    """A strategy's gradient reduction as one call on `buffers` made ahead (what allreduce_op returns):
+    calling it reduces them in place, queued on the engine, without waiting."""
+
+    def __init__(self, buffers: list, call):
+        self.buffers, self._call = buffers, call
+
+    def __call__(self) -> None:
+        self._call()

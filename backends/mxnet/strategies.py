@@ -9,7 +9,7 @@ Same math in both: one SGD step on the mean cross-entropy of the *global* batch.
            kvstore: device or local) sums the gradients, each context applies SGD with
            1 / B (d2l's concise chapter)
 A step is reduce_gradients (each context on its shard, then the strategy's own reduction)
-followed by update; gradients() and train_trace() run the same two halves.
+followed by update; gradients() and train_trace() run the same two halves (common/trainer.py's probes).
 Both load the run's weights into every context first, and both can run hybridized
 (option hybridize). BatchNorm (--bn): "local", each context normalises with its own
 shard's statistics in training (as the seeds do) and the running statistics are averaged
@@ -19,32 +19,32 @@ with the statistics of the global batch, so k contexts train as one: GPU context
 BatchNorm's running statistics follow torch's convention (unbiased variance): batchnorm.py,
 around each step's forward and backward passes (RunningStatistics.step).
 Nothing is read back to the host inside a step: it returns NDArrays, read by collect().
---resident-data: stage() split_and_loads batches onto the contexts ahead (parallel.Shards),
-and a step takes them as they are. --compile is hybridize(). allreduce_seconds() times the
-strategy's own reduction of one gradient-sized buffer: the hand-written allreduce (scratch),
-a kvstore of the run's type (gluon).
+place() split_and_loads a batch onto the contexts (parallel.Shards), queued on the engine, and a
+step takes it as it is (put() for --prefetch, stage() for --resident-data). --compile is hybridize().
+allreduce_op() is the strategy's own reduction of one gradient-sized buffer: the hand-written
+allreduce (scratch), a kvstore of the run's type (gluon).
 dtype (the equivalence API only): "float64" runs the same strategy code, its split, reduction,
 SGD update and BatchNorm, with parameters, statistics, inputs and arithmetic in float64
 (net.cast("float64"); the kvstore and the hand-written allreduce reduce arrays in their own dtype).
 Two differences, neither in the math: gluon's Trainer steps with Float64SGD, because MXNet's sgd
 kernels take the learning rate and gradient scale as float32 operator parameters; and the contexts
-compute one after the other (MXNetTrainer.forward_backward: MXNet's OpenBLAS can hang otherwise).
+compute one after the other (MXNetTrainer._forward_backward: MXNet's OpenBLAS can hang otherwise).
 """
 
 from __future__ import annotations
-
 
 import numpy as np
 
 from backends.mxnet import models
 from backends.mxnet.batchnorm import RunningStatistics
 from backends.mxnet.compat import mx
-from backends.mxnet.environment import NO_GPU_BUILD, has_cuda, hybridized, option, visible_gpus
-from backends.mxnet.parallel import Shards, allreduce, as_ndarray, devices, examples, split, stage
+from backends.mxnet.environment import MANIFEST, NO_GPU_BUILD, has_cuda, hybridized, visible_gpus
+from backends.mxnet.parallel import Reduction, Shards, allreduce, as_ndarray, devices, examples, split, stage
 from common import data as datalib
 from common import levers as leverlib
 from common.config import RunConfig
-from common.loop import Unsupported, feed, run_training, time_calls
+from common.loop import Unsupported, run_training
+from common.trainer import Trainer, first_gradients, probe_config, trace
 from common.weights import for_run as weights_for_run
 from mxnet import autograd, gluon
 
@@ -105,41 +105,65 @@ def accuracy_counts(net, batches, ctx, dtype: str) -> tuple[int, int]:
     return correct, total
 
 
-class MXNetTrainer:
+def zeros_per_context(values: int, devs: list) -> list:
+    """One float32 buffer of `values` zeros per context, allocated before anything is timed."""
+    buffers = [mx.nd.zeros((values,), ctx=ctx, dtype="float32") for ctx in devs]
+    mx.nd.waitall()
+    return buffers
+
+
+class MXNetTrainer(Trainer):
     """What the strategies share: `module` is the network evaluated and reported, `devs` its contexts,
     `dtype` the floating-point type of its parameters, statistics and arithmetic, `statistics` the
-    running-statistics update of its BatchNorm layers. A strategy supplies reduce_gradients and
-    update; a step is the one, then the other."""
+    running-statistics update of its BatchNorm layers. A strategy supplies reset, reduce_gradients,
+    update, allreduce_op and average_bn_statistics; a step is reduce_gradients, then update."""
 
-    cfg: RunConfig
     module: gluon.HybridBlock
-    devs: list
-    dtype: str
     statistics: RunningStatistics
     sync_bn = False   # whether --bn sync can run (BatchNorm statistics over every context's shard)
 
-    def reduce_gradients(self, x, y) -> list:
-        """Forward and backward of each context on its shard, then the strategy's reduction:
-        afterwards every context holds the gradients of the global batch's *summed* loss.
-        Returns the (loss sum, correct) handles of the shards."""
-        raise NotImplementedError
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
+        super().__init__(cfg, weights, dtype)
+        self.devs = devices(cfg.devices, cfg.device_kind)
+        self._examples = cfg.batch_size   # the examples of the batch reduce_gradients last took
 
-    def update(self, batch_size: int) -> None:
-        """SGD on every context with the reduced gradients, scaled by lr / batch_size."""
-        raise NotImplementedError
+    def place(self, x, y):
+        """One batch split_and_load-ed onto the contexts, as step() would; the copies are queued on the
+        engine, not waited for (so put() is place())."""
+        return stage(self._images(x), y, self.devs)
 
-    def allreduce_buffers(self, values: int) -> tuple[list, object]:
-        """(one float32 buffer of `values` zeros per context, a function that allreduces them in
-        place the way this strategy reduces its gradients; it returns without waiting)."""
-        raise NotImplementedError
+    def collect(self, handles) -> tuple[float, float]:
+        loss = sum(float(l.asscalar()) for step in handles for l, _ in step)
+        correct = sum(int(c.asscalar()) for step in handles for _, c in step)
+        return loss, correct
 
-    def step(self, x, y):
-        """x, y: a global numpy batch, or one stage() made."""
-        metrics = self.reduce_gradients(x, y)
-        self.update(examples(y))
-        return metrics
+    def sync(self) -> None:
+        mx.nd.waitall()
 
-    def forward_backward(self, net, x, y):
+    def canonical(self) -> dict[str, np.ndarray]:
+        return models.to_canonical(self.module)
+
+    def canonical_gradients(self) -> dict[str, np.ndarray]:
+        """The reduced gradients as context 0 holds them, by canonical name (trainable parameters only),
+        divided by the batch's size: the strategies reduce gradients of the *summed* loss."""
+        return {name: p.list_grad()[0].asnumpy() / self._examples
+                for name, p in models.canonical_params(self.module).items() if not models.is_statistic(p)}
+
+    def evaluate(self, batches) -> tuple[int, int]:
+        self.average_bn_statistics()
+        return accuracy_counts(self.module, batches, self.devs[0], self.dtype)
+
+    def param_count(self) -> int:
+        return models.count_params(self.module)
+
+    # memory(): the base's {}, as MXNet 1.x exposes no peak memory for CPU contexts
+
+    def _split(self, x, y) -> tuple[list, list]:
+        """The batch's shards, one per context; remembers its size for update()."""
+        self._examples = examples(y)
+        return split(self._images(x), y, self.devs)
+
+    def _forward_backward(self, net, x, y):
         """forward_backward of one context's shard. In float64 each context finishes before the next
         starts: float64 convolutions run on mxnet's bundled OpenBLAS 0.3.13 (OpenMP build), whose
         dgemm can hang forever in exec_blas when two contexts' engine threads call it at once (float32
@@ -149,50 +173,9 @@ class MXNetTrainer:
             mx.nd.waitall()
         return handles
 
-    def images(self, x):
+    def _images(self, x):
         """Numpy images in the trainer's dtype (float32 -> float64 is exact); staged ones as they are."""
         return x if isinstance(x, Shards) else np.asarray(x, self.dtype)
-
-    def put(self, x, y):
-        """One batch split_and_load-ed onto the contexts, as step() would, without waiting for the copies."""
-        return stage(self.images(x), y, self.devs)
-
-    def stage(self, batches: list) -> list:
-        """--resident-data: the batches split_and_load-ed onto the contexts, as step() would, ahead."""
-        staged = [self.put(x, y) for x, y in batches]
-        self.sync()
-        return staged
-
-    def allreduce_seconds(self, values: int, repeats: int) -> list[float]:
-        """Seconds of each of `repeats` allreduces of `values` float32 per context (one untimed
-        warm-up first), each between two barriers. The buffers are allocated before any timing."""
-        _, reduce = self.allreduce_buffers(values)
-        return time_calls(self, reduce, repeats)
-
-    def sync(self) -> None:
-        mx.nd.waitall()
-
-    def collect(self, handles) -> tuple[float, float]:
-        loss = sum(float(l.asscalar()) for step in handles for l, _ in step)
-        correct = sum(int(c.asscalar()) for step in handles for _, c in step)
-        return loss, correct
-
-    def slowest(self, seconds: float) -> float:
-        return seconds
-
-    def param_count(self) -> int:
-        return models.count_params(self.module)
-
-    def memory(self) -> dict:
-        return {}   # MXNet 1.x exposes no peak memory for CPU contexts
-
-    def canonical(self) -> dict[str, np.ndarray]:
-        return models.to_canonical(self.module)
-
-    def canonical_gradients(self) -> dict[str, np.ndarray]:
-        """The reduced gradients as context 0 holds them, by canonical name (trainable parameters only)."""
-        return {name: p.list_grad()[0].asnumpy() for name, p in models.canonical_params(self.module).items()
-                if not models.is_statistic(p)}
 
 
 class ScratchTrainer(MXNetTrainer):
@@ -201,10 +184,8 @@ class ScratchTrainer(MXNetTrainer):
     # Separate networks per context: their BatchNorm layers cannot share the global batch's statistics.
     sync_bn = False
 
-    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0, dtype: str = "float32"):
-        self.cfg, self.weights, self.rank, self.dtype = cfg, weights, 0, dtype
-        self.n_devices = cfg.devices
-        self.devs = devices(cfg.devices, cfg.device_kind)
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
+        super().__init__(cfg, weights, dtype)
         self.replicas = [network(cfg, ctx, dtype) for ctx in self.devs]
         self.module = self.replicas[0]
         self.statistics = RunningStatistics(self.replicas)
@@ -213,36 +194,38 @@ class ScratchTrainer(MXNetTrainer):
         for net in self.replicas:
             models.load_canonical(net, self.weights)
 
-    def allreduce_buffers(self, values: int) -> tuple[list, object]:
-        """The hand-written allreduce (sum onto context 0, copy back), as each gradient is reduced."""
-        buffers = [mx.nd.zeros((values,), ctx=ctx, dtype="float32") for ctx in self.devs]
-        mx.nd.waitall()
-        return buffers, lambda: allreduce(buffers)
-
     def reduce_gradients(self, x, y):
-        xs, ys = split(self.images(x), y, self.devs)
+        """Forward and backward of each replica on its shard, then the hand-written allreduce of every
+        gradient: each context holds the gradients of the global batch's *summed* loss. Returns the
+        (loss sum, correct) handles of the shards."""
+        xs, ys = self._split(x, y)
         with self.statistics.step(xs[0].shape):
-            metrics = [self.forward_backward(net, xi, yi) for net, xi, yi in zip(self.replicas, xs, ys)]
+            metrics = [self._forward_backward(net, xi, yi) for net, xi, yi in zip(self.replicas, xs, ys)]
         params = [trainable(net) for net in self.replicas]
         for i in range(len(params[0])):
             allreduce([replica[i].grad() for replica in params])
         return metrics
 
-    def update(self, batch_size: int) -> None:
-        scale = self.cfg.lr / batch_size
+    def update(self) -> None:
+        """SGD on every context with the reduced gradients, scaled by lr / batch size."""
+        scale = self.cfg.lr / self._examples
         for net in self.replicas:
             for p in trainable(net):
                 w = p.data()
                 w[:] = w - scale * p.grad()
 
-    def canonical(self) -> dict[str, np.ndarray]:
-        return models.to_canonical(*self.replicas)
+    def allreduce_op(self, values: int) -> Reduction:
+        """The hand-written allreduce (sum onto context 0, copy back), as each gradient is reduced."""
+        buffers = zeros_per_context(values, self.devs)
+        return Reduction(buffers, lambda: allreduce(buffers))
 
-    def evaluate(self, batches) -> tuple[int, int]:
+    def average_bn_statistics(self) -> None:
         stats = [running_statistics(net) for net in self.replicas]
         for i in range(len(stats[0])):
             average([replica[i].data() for replica in stats])
-        return accuracy_counts(self.module, batches, self.devs[0], self.dtype)
+
+    def canonical(self) -> dict[str, np.ndarray]:
+        return models.to_canonical(*self.replicas)
 
 
 class GluonTrainer(MXNetTrainer):
@@ -250,10 +233,8 @@ class GluonTrainer(MXNetTrainer):
 
     sync_bn = True   # one network on every context: its SyncBatchNorm layers meet across them
 
-    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], rank: int = 0, dtype: str = "float32"):
-        self.cfg, self.weights, self.rank, self.dtype = cfg, weights, 0, dtype
-        self.n_devices = cfg.devices
-        self.devs = devices(cfg.devices, cfg.device_kind)
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
+        super().__init__(cfg, weights, dtype)
         self.module = network(cfg, self.devs, dtype)
         self.statistics = RunningStatistics([self.module], statistics_shards(cfg))
         # Only the trainable parameters: the kvstore's set-up copies device 0's values to every
@@ -262,41 +243,42 @@ class GluonTrainer(MXNetTrainer):
         # With the update on the kvstore, its copy of the weights would be re-made after reset(),
         # inside the first timed step; this way the kvstore is set up once, in the warm-up step.
         sgd = Float64SGD(learning_rate=cfg.lr) if dtype == "float64" else mx.optimizer.SGD(learning_rate=cfg.lr)
-        self.trainer = gluon.Trainer(trainable(self.module), sgd, kvstore=option(cfg, "kvstore"),
+        self.trainer = gluon.Trainer(trainable(self.module), sgd, kvstore=MANIFEST.option(cfg.options, "kvstore"),
                                      update_on_kvstore=False)
 
     def reset(self) -> None:
         models.load_canonical(self.module, self.weights)   # SGD without momentum keeps no state
 
-    def allreduce_buffers(self, values: int) -> tuple[list, object]:
+    def reduce_gradients(self, x, y):
+        """Forward and backward of each context on its shard, then the kvstore's sum of the gradients
+        onto every context (of the global batch's *summed* loss). Returns the shards' handles."""
+        xs, ys = self._split(x, y)
+        with self.statistics.step(xs[0].shape):
+            metrics = [self._forward_backward(self.module, xi, yi) for xi, yi in zip(xs, ys)]
+        self.trainer.allreduce_grads()   # the kvstore sums them onto every context, updates nothing
+        return metrics
+
+    def update(self) -> None:
+        """SGD on every context with the reduced gradients, scaled by lr / batch size."""
+        self.trainer.update(self._examples)   # allreduce_grads + update(B) is Trainer.step(B)
+
+    def allreduce_op(self, values: int) -> Reduction:
         """A kvstore of the run's type (its own, so its key cannot meet the Trainer's parameter
         keys), reducing the buffers as Trainer.allreduce_grads reduces each gradient: pushpull of
         the per-context arrays in place (for a local kvstore, a push and then a pull). On one
         context Gluon creates no kvstore and reduces nothing (model._create_kvstore), so neither
         does this."""
-        buffers = [mx.nd.zeros((values,), ctx=ctx, dtype="float32") for ctx in self.devs]
+        buffers = zeros_per_context(values, self.devs)
         if self.n_devices == 1:
-            mx.nd.waitall()
-            return buffers, lambda: None
-        kv = mx.kv.create(option(self.cfg, "kvstore"))
+            return Reduction(buffers, lambda: None)
+        kv = mx.kv.create(MANIFEST.option(self.cfg.options, "kvstore"))
         kv.init(0, buffers[0])
         mx.nd.waitall()
-        return buffers, lambda: kv.pushpull(0, buffers)
+        return Reduction(buffers, lambda: kv.pushpull(0, buffers))
 
-    def reduce_gradients(self, x, y):
-        xs, ys = split(self.images(x), y, self.devs)
-        with self.statistics.step(xs[0].shape):
-            metrics = [self.forward_backward(self.module, xi, yi) for xi, yi in zip(xs, ys)]
-        self.trainer.allreduce_grads()   # the kvstore sums them onto every context, updates nothing
-        return metrics
-
-    def update(self, batch_size: int) -> None:
-        self.trainer.update(batch_size)   # allreduce_grads + update(B) is Trainer.step(B)
-
-    def evaluate(self, batches) -> tuple[int, int]:
+    def average_bn_statistics(self) -> None:
         for p in running_statistics(self.module):
             average(p.list_data())
-        return accuracy_counts(self.module, batches, self.devs[0], self.dtype)
 
 
 class Float64SGD(mx.optimizer.SGD):
@@ -350,33 +332,14 @@ def check_supported(cfg: RunConfig) -> None:
             raise Unsupported(f"{cfg.devices} GPUs requested, MXNet sees {visible_gpus()}")
 
 
-def make_trainer(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batch_size: int,
-                 lr: float = 0.1, bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
-                 options: dict | None = None, **levers):
-    """A strategy's trainer outside a run (for tests and checks), reset to `weights`.
-    `dtype`: "float32", or "float64" for the same strategy code entirely in float64.
-    `options`: backend options (kvstore, hybridize); the declared defaults otherwise.
-    `levers`: RunConfig's precision, compile, channels_last, resident_data."""
-    cfg = RunConfig(backend="mxnet", strategy=strategy, devices=n_devices, device_kind=device_kind, model=model,
-                    batch_size=batch_size, lr=lr, bn=bn, options=dict(options or {}), **levers).validate()
-    check_dtype(dtype, cfg)
+def make_trainer(cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32") -> MXNetTrainer:
+    """The run config's trainer outside a run (the equivalence API, tests), reset to `weights`.
+    `dtype`: "float32", or "float64" for the same strategy code entirely in float64."""
     check_supported(cfg)
-    trainer = TRAINERS[strategy](cfg, weights, dtype=dtype)
+    check_dtype(dtype, cfg)
+    trainer = TRAINERS[cfg.strategy](cfg, weights, dtype=dtype)
     trainer.reset()
     return trainer
-
-
-def fed(trainer: MXNetTrainer, batches: list):
-    """The batches as training feeds them to step(): staged (--resident-data), else put --prefetch ahead."""
-    if trainer.cfg.resident_data:
-        batches = trainer.stage(batches)
-    return feed(trainer, batches, trainer.cfg)
-
-
-def mean_loss(trainer: MXNetTrainer, handles: list, batch_size: int) -> float:
-    """Mean cross-entropy over the global batch, from one step's (loss sum, correct) handles."""
-    loss_sum, _ = trainer.collect([handles])
-    return loss_sum / batch_size
 
 
 # ----------------------------------------------------------------------- entry points
@@ -388,6 +351,16 @@ def run(cfg: RunConfig) -> dict:
     return run_training(trainer, cfg, datalib.load(cfg))
 
 
+def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,
+              bn: str = "local", device_kind: str = "cpu", dtype: str = "float32", options: dict | None = None,
+              **levers) -> tuple[float, dict[str, np.ndarray]]:
+    """(mean loss of the global batch, the gradients of that mean by canonical name) as the strategy
+    computes them: each context on its shard, the strategy's reduction, read from context 0.
+    `dtype`, `options` and `levers` as in train_trace."""
+    cfg = probe_config("mxnet", strategy, model, n_devices, len(y), 0.1, bn, device_kind, options, levers)
+    return first_gradients(make_trainer(cfg, weights, dtype), [(x, y)])
+
+
 def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
                 lr: float, bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
                 options: dict | None = None, **levers) -> dict:
@@ -396,40 +369,16 @@ def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np
     Canonical weights include the BatchNorm running statistics, averaged across contexts, in `dtype`
     ("float32", or "float64" for the same strategy code entirely in float64). `options`: backend
     options (kvstore, hybridize); `levers`: RunConfig's (with float64 only resident_data)."""
-    trainer = make_trainer(strategy, model, n_devices, weights, len(batches[0][1]), lr, bn, device_kind, dtype,
-                           options, **levers)
-    losses, first, size = [], None, len(batches[0][1])
-    for x, y in fed(trainer, batches):
-        losses.append(mean_loss(trainer, trainer.step(x, y), size))
-        if first is None:
-            first = trainer.canonical()
-    return {"first": first, "final": trainer.canonical(), "losses": losses}
+    cfg = probe_config("mxnet", strategy, model, n_devices, len(batches[0][1]), lr, bn, device_kind, options, levers)
+    return trace(make_trainer(cfg, weights, dtype), batches)
 
 
 def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
                 lr: float, bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
                 options: dict | None = None, **levers) -> dict[str, np.ndarray]:
-    """The canonical weights after len(batches) SGD steps from `weights` (as train_trace's "final")."""
-    trainer = make_trainer(strategy, model, n_devices, weights, len(batches[0][1]), lr, bn, device_kind, dtype,
-                           options, **levers)
-    for x, y in fed(trainer, batches):
-        trainer.step(x, y)
-    trainer.sync()
-    return trainer.canonical()
-
-
-def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,
-              bn: str = "local", device_kind: str = "cpu", dtype: str = "float32", options: dict | None = None,
-              **levers) -> tuple[float, dict[str, np.ndarray]]:
-    """(mean loss of the global batch, its gradients by canonical name) as the strategy computes
-    them: each context on its shard, the strategy's reduction, read from context 0. The
-    strategies' gradients are of summed losses, hence the division by the global batch size.
-    `dtype`, `options` and `levers` as in train_trace."""
-    trainer = make_trainer(strategy, model, n_devices, weights, len(y), bn=bn, device_kind=device_kind,
-                           dtype=dtype, options=options, **levers)
-    handles = trainer.reduce_gradients(x, y)
-    grads = {name: g / len(y) for name, g in trainer.canonical_gradients().items()}
-    return mean_loss(trainer, handles, len(y)), grads
+    """The canonical weights after len(batches) SGD steps from `weights` (train_trace's "final")."""
+    return train_trace(strategy, model, n_devices, weights, batches, lr, bn, device_kind, dtype, options,
+                       **levers)["final"]
 
 
 def float64_gradients(model: str, weights: dict[str, np.ndarray], x, y) -> tuple[float, dict[str, np.ndarray]]:

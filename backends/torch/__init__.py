@@ -3,7 +3,7 @@
   resnet18, lenet        models.py
   devices, split,        parallel.py
   allreduce
-  run, train_steps,      strategies.py (scratch, dp, ddp)
+  run, train_steps,      strategies.py (TRAINERS: scratch, dp, ddp; ddp's processes in distributed.py)
   train_trace,
   gradients
   environment            environment.py
@@ -12,14 +12,15 @@
 from backends.torch.environment import environment
 from backends.torch.models import build, count_params, lenet, load_canonical, resnet18, spec
 from backends.torch.parallel import allreduce, devices, split
-from backends.torch.strategies import float64_gradients, float64_reference, gradients, run, train_steps, train_trace
+from backends.torch.strategies import (TRAINERS, float64_gradients, float64_reference, gradients, run, train_steps,
+                                      train_trace)
 
 NAME = "torch"
 
 # The backend interface (docs/ARCHITECTURE.md): the same names in every backend.
 __all__ = ["NAME", "resnet18", "lenet", "initial_weights", "param_count", "devices", "split", "allreduce",
            "predict", "run", "environment", "gradients", "train_trace", "train_steps", "float64_gradients",
-           "array", "to_numpy", "device_of",
+           "TRAINERS", "array", "to_numpy", "device_of",
            "float64_reference"]   # torch only: the reference of the check's float32 floor
 
 

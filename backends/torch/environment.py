@@ -1,52 +1,118 @@
-"""What the torch worker runs on, and the settings that must be the same for every backend."""
+"""What the torch worker runs on: what torch cannot run here (refusal), the settings that must be the same
+for every backend, and the run's environment record.
+
+configure_threads and configure_precision set torch's global switches (the entry points call them);
+environment() only describes a run, computing the switches from the run config: it changes nothing.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import torch
 
+from common import levers as leverlib
 from common import loop, sysinfo
+
+BATCHNORM = {
+    "local": "local: each device normalises with its own shard's statistics; running statistics (momentum 0.1, "
+             "unbiased variance) averaged across replicas before evaluation (dp keeps device 0's, as "
+             "nn.DataParallel does)",
+    "sync": "sync (ddp): nn.SyncBatchNorm on GPUs, an all-reduce BatchNorm (CPUSyncBatchNorm) over gloo on the "
+            "CPU, so every rank normalises with the global batch's statistics",
+}
+
+
+def cuda_refusal(cfg) -> str | None:
+    """Why nn.DataParallel cannot run here: no CUDA GPU visible (None: it can)."""
+    if not torch.cuda.is_available():
+        return f"strategy {cfg.strategy!r} (nn.DataParallel) needs CUDA GPUs; none is visible to torch"
+    return None
+
+
+def refusal(cfg) -> str | None:
+    """Why torch cannot run this strategy's configuration here (one line), or None: the strategy's needs,
+    the GPUs torch sees, the levers backend.toml declares (common.levers), and what this GPU and host have."""
+    gpu = cfg.device_kind == "gpu"
+    if cfg.strategy == "dp" and (reason := cuda_refusal(cfg)):
+        return reason
+    if cfg.bn == "sync" and cfg.strategy != "ddp":
+        return f"torch {cfg.strategy} has no synchronised BatchNorm (--bn sync runs with ddp)"
+    if gpu and not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        return f"GPU run requested but torch ({torch.__version__}, {build}) sees no CUDA device"
+    if gpu and torch.cuda.device_count() < cfg.devices:
+        return f"{cfg.devices} GPUs requested, torch sees {torch.cuda.device_count()}"
+    if reason := leverlib.check(cfg):   # (it refuses TF32 on the CPU)
+        return reason
+    if cfg.precision == "tf32":
+        major, minor = torch.cuda.get_device_capability(0)
+        if major < 8:
+            return f"TF32 needs an Ampere or newer GPU (compute capability 8.0); this one is {major}.{minor}"
+    if cfg.precision == "bf16" and gpu and not torch.cuda.is_bf16_supported(including_emulation=False):
+        return "this GPU has no native bfloat16 arithmetic"
+    if cfg.compile and cfg.strategy == "dp" and cfg.devices > 1:
+        return ("torch.compile does not survive nn.DataParallel's replication: every replica "
+                "would call device 0's compiled module (use ddp, or dp on one GPU)")
+    if cfg.compile and not gpu and not shutil.which(os.environ.get("CXX", "g++")):
+        return "torch.compile on the CPU needs a C++ compiler for TorchInductor; none found"
+    return None
+
+
+def threads_per_process(cfg, processes: int) -> int:
+    """CPU threads per process: --threads, else the usable cores shared among the processes."""
+    return cfg.threads or max(1, sysinfo.usable_cpus() // processes)
 
 
 def configure_threads(cfg, processes: int) -> int:
-    """CPU threads per process: --threads, else the usable cores shared among the processes."""
-    threads = cfg.threads or max(1, sysinfo.usable_cpus() // processes)
+    threads = threads_per_process(cfg, processes)
     torch.set_num_threads(threads)
     return threads
 
 
-def configure_precision(cfg) -> dict:
-    """Set the float32 math mode of --precision (and cuDNN autotuning on GPUs); return the settings as torch
-    reads them back.
+def _switches(cfg) -> dict:
+    """The float32 math switches of --precision, as configure_precision sets them.
 
     fp32 means fp32: TF32 off for matmuls and convolutions, set explicitly (the same in every backend).
     tf32: both on. bf16: TF32 off, so that what runs outside autocast (the SGD update, BatchNorm
     statistics) stays float32; the strategies open torch.autocast(bfloat16) around forward and loss.
+    GPU runs let cuDNN time its convolution algorithms for each shape once and keep the fastest,
+    as XLA autotunes its kernels; CPU runs have no cuDNN.
     """
     tf32 = cfg.precision == "tf32"
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
+    return {"tf32_matmul": tf32, "tf32_cudnn": tf32, "float32_matmul_precision": "high" if tf32 else "highest",
+            "cudnn_benchmark": cfg.device_kind == "gpu"}
+
+
+def configure_precision(cfg) -> None:
+    """Set torch's float32 math mode of --precision and cuDNN autotuning (global state)."""
+    switches = _switches(cfg)
+    torch.backends.cuda.matmul.allow_tf32 = switches["tf32_matmul"]
+    torch.backends.cudnn.allow_tf32 = switches["tf32_cudnn"]
     # The matching setting of the newer API: torch refuses to read a mix of the two.
-    torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    # GPU runs let cuDNN time its convolution algorithms for each shape once and keep the fastest,
-    # as XLA autotunes its kernels; CPU runs have no cuDNN.
-    torch.backends.cudnn.benchmark = cfg.device_kind == "gpu"
-    return {"mode": cfg.precision, "weights_dtype": "float32",
-            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32, "tf32_cudnn": torch.backends.cudnn.allow_tf32,
-            "float32_matmul_precision": torch.get_float32_matmul_precision(),
-            "cudnn_benchmark": torch.backends.cudnn.benchmark,
-            "autocast": {"device_type": autocast_device(cfg), "dtype": "bfloat16"} if cfg.precision == "bf16" else None}
+    torch.set_float32_matmul_precision(switches["float32_matmul_precision"])
+    torch.backends.cudnn.benchmark = switches["cudnn_benchmark"]
+
+
+def precision_settings(cfg) -> dict:
+    """The precision record of a run: the switches configure_precision(cfg) sets (computed, not read from
+    torch, so that describing a run changes nothing), the weights' dtype and the autocast around forward."""
+    autocast = {"device_type": autocast_device(cfg), "dtype": "bfloat16"} if cfg.precision == "bf16" else None
+    return {"weights_dtype": "float32", **_switches(cfg), "autocast": autocast}
 
 
 def autocast_device(cfg) -> str:
     return "cuda" if cfg.device_kind == "gpu" else "cpu"
 
 
-def compile_target(cfg) -> str | None:
-    """What --compile hands to torch.compile, per strategy (None without --compile)."""
+def compile_description(cfg) -> str | None:
+    """What --compile does, per strategy (None without --compile)."""
     if not cfg.compile:
         return None
-    return {"scratch": "every replica", "dp": "the module given to nn.DataParallel",
-            "ddp": "the DistributedDataParallel-wrapped module"}.get(cfg.strategy)
+    target = {"scratch": "every replica", "dp": "the module given to nn.DataParallel",
+              "ddp": "the DistributedDataParallel-wrapped module"}.get(cfg.strategy)
+    return f"torch.compile (TorchInductor, mode {cfg.compile_mode}) of {target}"
 
 
 def input_copies(cfg) -> str:
@@ -70,26 +136,16 @@ def device_names(cfg) -> list[str]:
 
 
 def environment(cfg) -> dict:
+    """The run's environment record (common.sysinfo.environment); sets nothing."""
     processes = cfg.devices if cfg.strategy == "ddp" else 1
-    threads = cfg.threads or max(1, sysinfo.usable_cpus() // processes)
-    return {
-        **sysinfo.host(),
-        "framework": "torch",
-        "framework_version": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "devices": device_names(cfg),
-        "framework_gpus": torch.cuda.device_count(),   # what torch itself sees, whatever the harness found
-        "processes": processes,
-        "threads_per_process": threads,
-        "precision": configure_precision(cfg),
-        "compile": ({"backend": "inductor", "mode": cfg.compile_mode, "target": compile_target(cfg)}
-                    if cfg.compile else None),
-        "input_copies": input_copies(cfg),
-        "sgd_update": sgd_update(cfg),
-        "memory_format": "channels_last" if cfg.channels_last else "contiguous_format",
-        "resident_data": cfg.resident_data,
-        "collective": {"ddp": "nccl" if cfg.device_kind == "gpu" else "gloo",
-                       "scratch": "hand-written allreduce (copy to device 0, sum, copy back)",
-                       "dp": "nn.DataParallel scatter/gather + reduce"}.get(cfg.strategy),
-    }
+    return sysinfo.environment(
+        cfg, framework="torch", version=torch.__version__, libraries={}, cuda=torch.version.cuda,
+        cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        devices=device_names(cfg), framework_gpus=torch.cuda.device_count(), processes=processes,
+        threads=threads_per_process(cfg, processes), precision=precision_settings(cfg),
+        compile=compile_description(cfg), input_copies=input_copies(cfg), sgd_update=sgd_update(cfg),
+        collective={"ddp": "nccl" if cfg.device_kind == "gpu" else "gloo",
+                    "scratch": "hand-written allreduce (copy to device 0, sum, copy back)",
+                    "dp": "nn.DataParallel scatter/gather + reduce"}.get(cfg.strategy),
+        batchnorm=BATCHNORM[cfg.bn],
+        details={"memory_format": "channels_last" if cfg.channels_last else "contiguous_format"})

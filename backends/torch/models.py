@@ -2,6 +2,8 @@
 
 Module names are the canonical parameter names (common/weights.py), and PyTorch's
 layouts are the canonical layouts, so the mapping canonical <-> native is the identity.
+Below them, what the strategies do to a model: its levers (channels-last, torch.compile, bf16 autocast
+for nn.DataParallel), its optimizer, its BatchNorm statistics, its test accuracy.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from backends.torch.parallel import as_tensor
 
 BN_EPS = 1e-5
 BN_MOMENTUM = 0.1   # PyTorch convention: new = (1 - m) * old + m * batch (0.9 in MXNet/flax terms)
@@ -135,3 +139,57 @@ def load_canonical(net: nn.Module, weights: dict[str, np.ndarray]) -> None:
 
 def to_canonical(net: nn.Module) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in _canonical_entries(net).items()}
+
+
+# ------------------------------------------------------------------ as the strategies run a model
+
+def prepare(net: nn.Module, cfg) -> nn.Module:
+    """--channels-last: the 4-d weights in NHWC (values and canonical names unchanged)."""
+    return net.to(memory_format=torch.channels_last) if cfg.channels_last else net
+
+
+def compile_options(cfg) -> dict:
+    """torch.compile's arguments for --compile-mode (none for the default mode)."""
+    return {} if cfg.compile_mode == "default" else {"mode": cfg.compile_mode}
+
+
+def sgd(params, cfg) -> torch.optim.SGD:
+    """torch.optim.SGD (dp, ddp), its update one multi-tensor (foreach) kernel per step on CUDA."""
+    return torch.optim.SGD(params, lr=cfg.lr, foreach=cfg.device_kind == "gpu")
+
+
+class AutocastForward(nn.Module):
+    """dp with bf16: autocast opened inside each replica's forward. DataParallel runs replicas in their
+    own threads, where autocast is re-entered with the thread's default dtype (float16 on CUDA)."""
+
+    def __init__(self, inner: nn.Module, device_type: str):
+        super().__init__()
+        self.inner, self.device_type = inner, device_type
+
+    def forward(self, x):
+        with torch.autocast(device_type=self.device_type, dtype=torch.bfloat16):
+            return self.inner(x)
+
+
+def step_metrics(logits: torch.Tensor, y: torch.Tensor, loss_sum: torch.Tensor):
+    """(loss sum, correct) as detached device tensors: read back later, after the timer."""
+    return loss_sum.detach(), (logits.argmax(dim=1) == y).sum()
+
+
+def bn_buffers(net: nn.Module) -> list[torch.Tensor]:
+    """The BatchNorm running means, then the running variances."""
+    return [m.running_mean for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)] + \
+           [m.running_var for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def accuracy_counts(net: nn.Module, batches, device) -> tuple[int, int]:
+    """(correct, total) of the module in evaluation mode on numpy test batches."""
+    correct = total = 0
+    net.eval()
+    with torch.no_grad():
+        for x, y in batches:
+            logits = net(as_tensor(x).to(device))
+            correct += int((logits.argmax(dim=1).cpu() == as_tensor(y).long()).sum())
+            total += len(y)
+    net.train()
+    return correct, total

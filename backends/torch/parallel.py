@@ -1,11 +1,16 @@
-"""Devices, split and allreduce in PyTorch (d2l's split_batch and allreduce)."""
+"""Devices, split and allreduce in PyTorch (d2l's split_batch and allreduce); batches placed ahead of
+their step (OnDevice, CopyStreams); the synchronised BatchNorm of DDP on the CPU."""
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from common.data import check_divisible
 
 
 def devices(n: int, kind: str = "cpu") -> list[torch.device]:
@@ -19,17 +24,11 @@ def as_tensor(a) -> torch.Tensor:
     return a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))
 
 
-def check_divisible(batch: int, n: int) -> None:
-    """The documented behaviour for a batch the devices cannot split: refuse it."""
-    if batch % n:
-        raise ValueError(f"batch of {batch} examples cannot be split evenly across {n} devices")
-
-
 def split(X, y, devs: list[torch.device]):
     """Shard a global batch into len(devs) equal parts along axis 0, part i on devs[i].
 
     Uneven shards would weight examples differently in the averaged gradient, so a
-    batch that does not divide evenly is refused with ValueError (see check_divisible).
+    batch that does not divide evenly is refused with ValueError (common.data.check_divisible).
     """
     X, y = as_tensor(X), as_tensor(y)
     if X.shape[0] != y.shape[0]:
@@ -51,6 +50,43 @@ def allreduce(data: list[torch.Tensor]) -> list[torch.Tensor]:
         for i in range(1, len(data)):
             data[i].copy_(data[0].to(data[i].device))
     return data
+
+
+class OnDevice:
+    """An input put() or stage() has already placed where reduce_gradients() takes it (sharded, in the memory
+    format). `ready`: {device: CUDA event} its copies record on their copy streams (none on the CPU)."""
+
+    __slots__ = ("value", "ready")
+
+    def __init__(self, value, ready: dict | None = None):
+        self.value, self.ready = value, ready or {}
+
+    def take(self):
+        """The value, once the step's streams wait for its copies (the CPU thread does not wait)."""
+        for device, event in self.ready.items():
+            torch.cuda.current_stream(device).wait_event(event)
+        for t in (self.value if isinstance(self.value, list) else [self.value]):
+            if t.is_cuda:   # the copy stream allocated it; the compute stream uses it (caching allocator)
+                t.record_stream(torch.cuda.current_stream(t.device))
+        return self.value
+
+
+class CopyStreams:
+    """Host-to-device copies that overlap compute (CUDA): the numpy batch pinned, then copied by one
+    side stream per device; each copy records an event that the step's stream waits for."""
+
+    def __init__(self, devs: list):
+        self.streams = {d: torch.cuda.Stream(d) for d in sorted(set(devs), key=str)}
+
+    def put(self, place, x, y) -> tuple[OnDevice, OnDevice]:
+        """place(x, y) run on the copy streams, from pinned host memory (so the copies are asynchronous)."""
+        x, y = as_tensor(x).pin_memory(), as_tensor(y).pin_memory()
+        with contextlib.ExitStack() as on_copy_streams:
+            for stream in self.streams.values():
+                on_copy_streams.enter_context(torch.cuda.stream(stream))
+            placed = place(x, y)
+            ready = {d: stream.record_event() for d, stream in self.streams.items()}
+        return OnDevice(placed[0], ready), OnDevice(placed[1], ready)
 
 
 class AllReduceSum(torch.autograd.Function):

@@ -12,6 +12,9 @@ path (the stock SGD kernel gluon's Trainer runs in float32) gets a tolerance mea
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -131,12 +134,19 @@ def test_dtype_is_checked():
     assert {g.dtype for g in grads.values()} == {np.dtype(np.float64)}
 
 
+def make_trainer(strategy, model, k, weights, batch_size, lr, dtype="float32", options=None, **levers):
+    """strategies.make_trainer on the run config of an equivalence call (common.trainer.probe_config)."""
+    from backends.mxnet.strategies import make_trainer as make
+    from common.trainer import probe_config
+    return make(probe_config("mxnet", strategy, model, k, batch_size, lr, "local", "cpu", options, levers), weights,
+                dtype)
+
+
 def test_canonical_running_statistics_are_the_mean_over_devices():
     """canonical() (what --save-weights writes) averages the per-device running statistics, as
     evaluation does, without an evaluation first; for the first BatchNorm, whose input is the same
     on 1 and 2 devices, the mean of the shards' means is the batch mean: the 1-device value."""
     from backends.mxnet import initial_weights, models
-    from backends.mxnet.strategies import make_trainer
     x, y = batches(1, size=4)[0]
     trainer = make_trainer("gluon", "resnet18", 2, initial_weights("resnet18", 0), len(y), lr=0.1, dtype="float64")
     trainer.step(x, y)
@@ -174,7 +184,6 @@ def statistics_per_device(trainer) -> list[list[np.ndarray]]:
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
 def test_batchnorm_statistics_are_averaged_across_devices_before_evaluation(name):
     from backends.mxnet import initial_weights
-    from backends.mxnet.strategies import make_trainer
     x, y = batches(1, size=4)[0]
     trainer = make_trainer(name, "resnet18", 2, initial_weights("resnet18", 0), len(y), lr=0.1, dtype="float64")
     trainer.step(x, y)
@@ -249,7 +258,6 @@ REDUCTIONS = [("scratch", {}), ("gluon", {"kvstore": "device"}), ("gluon", {"kvs
 
 def lenet_trainer(strategy, k=2, batch_size=12, options=None, **levers):
     from backends.mxnet import initial_weights
-    from backends.mxnet.strategies import make_trainer
     return make_trainer(strategy, "lenet", k, initial_weights("lenet", 0), batch_size, lr=0.5,
                         options=options, **levers)
 
@@ -265,7 +273,8 @@ def test_allreduce_seconds_gives_one_time_per_repeat(name, options):
 def test_the_timed_allreduce_sums_over_the_contexts(name, options):
     """The reduction allreduce_seconds times leaves the sum of the contexts' buffers on every context."""
     trainer = lenet_trainer(name, k=3, options=options)
-    buffers, reduce = trainer.allreduce_buffers(7)
+    reduce = trainer.allreduce_op(7)
+    buffers = reduce.buffers
     assert [b.shape for b in buffers] == [(7,)] * 3 and all(b.dtype == np.float32 for b in buffers)
     for i, b in enumerate(buffers):
         b[:] = np.arange(7, dtype=np.float32) * (i + 1) + i    # sum: 6 * arange + 3
@@ -299,11 +308,14 @@ def test_a_staged_step_is_the_numpy_step(name):
                                          ({"precision": "tf32"}, "--precision tf32"),
                                          ({"channels_last": True}, "--channels-last")])
 def test_refused_levers_are_unsupported_with_the_declared_reason(meta, levers, flag):
+    """The declared reason; tf32 on these CPU contexts meets the common rule first (common/levers.py)."""
+    from common.levers import TF32_ON_CPU
     from common.loop import Unsupported
     lever = next(iter(levers))
     with pytest.raises(Unsupported) as refused:
         lenet_trainer("gluon", **levers)
-    assert str(refused.value) == f"{flag}: {meta['levers'][lever]['refused']}"
+    expected = TF32_ON_CPU if levers == {"precision": "tf32"} else f"{flag}: {meta.levers[lever].refused}"
+    assert str(refused.value) == expected
     assert "\n" not in str(refused.value)
 
 
@@ -314,20 +326,29 @@ def test_compile_hybridizes_even_with_hybridize_off(name):
     imperative = lenet_trainer(name, options={"hybridize": "off"})
     assert compiled.module._active is True and imperative.module._active is False
     assert all(net._active for net in getattr(compiled, "replicas", [compiled.module]))
-    assert environment(compiled.cfg)["hybridize"] is True and environment(compiled.cfg)["compile"] is True
-    assert environment(imperative.cfg)["hybridize"] is False
+    assert environment(compiled.cfg)["details"]["hybridize"] is True
+    assert environment(compiled.cfg)["levers"]["compile"] is True
+    assert environment(compiled.cfg)["compile"].startswith("hybridize()")
+    assert environment(imperative.cfg)["details"]["hybridize"] is False
+    assert environment(imperative.cfg)["compile"] is None
 
 
 def run_worker(tmp_path, **overrides) -> tuple[int, dict]:
+    """The worker as the harness starts it: a run's --threads also in the environment (THREADS_ENV)."""
+    from common.worker import THREADS_ENV
     options = {"kvstore": "device", "hybridize": "on"}
-    return run_backend_worker(tmp_path, **{"strategy": "gluon", "options": options, **overrides})
+    with pytest.MonkeyPatch.context() as patch:
+        if overrides.get("threads"):
+            patch.setenv(THREADS_ENV, str(overrides["threads"]))
+        return run_backend_worker(tmp_path, **{"strategy": "gluon", "options": options, **overrides})
 
 
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
 def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
     rc, r = run_worker(tmp_path, strategy=name, threads=1)
     assert rc == 0 and r["status"] == "ok", r["error"]
-    assert r["schema_version"] == 1 and r["params"] == 129_068
+    from common.results import SCHEMA_VERSION
+    assert r["schema_version"] == SCHEMA_VERSION and r["params"] == 129_068
     assert [e["epoch"] for e in r["epochs"]] == [1, 2]
     assert all(e["steps"] == 4 and e["images"] == 64 for e in r["epochs"])
     assert r["epochs"][1]["train_loss"] < r["epochs"][0]["train_loss"]
@@ -335,11 +356,12 @@ def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
     env = r["environment"]
     assert env["framework"] == "mxnet" and env["framework_version"] == "1.9.1"
     assert len(env["devices"]) == 2 and env["processes"] == 1 and env["threads_per_process"] == 1
-    assert env["hybridize"] is True
-    assert env["kvstore"] == ("device" if name == "gluon" else None)
+    assert env["details"]["hybridize"] is True
+    assert env["details"]["kvstore"] == ("device" if name == "gluon" else None)
     assert len(r["weights_hash"]) == 64 and len(r["data_hash"]) == 64
     assert r["compile_s"] > 0
-    assert env["compile"] is False and env["resident_data"] is False and env["channels_last"] is False
+    assert env["compile"] is None and env["levers"]["compile"] is False
+    assert env["levers"]["resident_data"] is False and env["levers"]["channels_last"] is False
     assert r["step_time"]["steps"] == 20                     # the default --timed-steps
     assert r["allreduce"]["values"] == r["params"] and r["allreduce"]["repeats"] == 10
 
@@ -380,7 +402,7 @@ def test_worker_times_steps_and_the_allreduce_of_the_gradients(tmp_path, name):
     # a buffer as large as the gradients: this suite's LeNet (conv 20/50, 800-128-10) has 129,068 parameters
     assert r["allreduce"]["values"] == r["params"] == 129_068 and r["allreduce"]["bytes"] == 4 * 129_068
     assert r["allreduce"]["repeats"] == 10 and r["allreduce"]["median_s"] > 0
-    assert r["environment"]["resident_data"] is True
+    assert r["environment"]["levers"]["resident_data"] is True
 
 
 def test_gpu_request_is_unavailable_without_an_mxnet_gpu_build(tmp_path):
@@ -401,6 +423,21 @@ def test_train_steps_refuses_gpus_it_cannot_use():
         pytest.skip("this MXNet build sees GPUs")
     with pytest.raises(Unsupported, match="GPU"):
         train_steps("gluon", "lenet", 1, initial_weights("lenet", 0), batches(1), 0.1, device_kind="gpu")
+
+
+def test_threads_come_from_the_environment_variable_else_every_usable_core():
+    """MXNet sizes its thread pools when imported: compat.py takes the run's --threads from THREADS_ENV
+    (set by the harness), not from the command line."""
+    from common.sysinfo import usable_cpus
+    from common.worker import THREADS_ENV
+    code = "from backends.mxnet.compat import THREADS; import os; print(THREADS, os.environ['OMP_NUM_THREADS'])"
+
+    def threads(**env) -> str:
+        caller = {k: v for k, v in os.environ.items() if k != THREADS_ENV}
+        return subprocess.run([sys.executable, "-c", code, "--config", "ignored.json"], cwd=ROOT, check=True, text=True,
+                              capture_output=True, env={**caller, "PYTHONPATH": str(ROOT), **env}).stdout.split()
+    assert threads(**{THREADS_ENV: "3"}) == ["3", "3"]
+    assert threads() == [str(usable_cpus())] * 2
 
 
 def test_numpy_aliases_mxnet_uses_are_there():

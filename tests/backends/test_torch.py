@@ -41,7 +41,7 @@ def fail_on_rank_1(cfg, rank, payload):
 
 
 def test_a_failing_rank_fails_the_run_with_its_error_and_leaves_no_process():
-    from backends.torch.strategies import launch_ddp
+    from backends.torch.distributed import launch_ddp
     from common.config import RunConfig
     cfg = RunConfig(backend="torch", strategy="ddp", devices=2, batch_size=8, timeout=120).validate()
     assert rank_processes_of(os.getpid()) == []
@@ -71,7 +71,8 @@ def run_worker(tmp_path, **overrides) -> tuple[int, dict]:
 def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
     rc, r = run_worker(tmp_path, strategy=name)
     assert rc == 0 and r["status"] == "ok", r["error"]
-    assert r["schema_version"] == 1 and r["params"] == 129_068
+    from common.results import SCHEMA_VERSION
+    assert r["schema_version"] == SCHEMA_VERSION and r["params"] == 129_068
     assert [e["epoch"] for e in r["epochs"]] == [1, 2]
     assert all(e["steps"] == 4 and e["images"] == 64 for e in r["epochs"])
     assert r["epochs"][1]["train_loss"] < r["epochs"][0]["train_loss"]
@@ -218,8 +219,8 @@ def test_environment_records_the_levers():
     env = environment(cfg)
     assert env["precision"]["autocast"] == {"device_type": "cpu", "dtype": "bfloat16"}
     assert env["precision"]["tf32_matmul"] is False and env["precision"]["tf32_cudnn"] is False
-    assert env["compile"]["target"] == "the DistributedDataParallel-wrapped module"
-    assert env["memory_format"] == "channels_last" and env["resident_data"] is True
+    assert env["compile"].endswith(" of the DistributedDataParallel-wrapped module")
+    assert env["details"]["memory_format"] == "channels_last" and env["levers"]["resident_data"] is True
 
 
 def test_worker_runs_ddp_with_every_lever_that_runs_on_the_cpu(tmp_path):
@@ -228,7 +229,8 @@ def test_worker_runs_ddp_with_every_lever_that_runs_on_the_cpu(tmp_path):
     assert rc == 0 and r["status"] == "ok", r["error"]
     assert r["step_time"]["steps"] == 3
     assert r["allreduce"]["values"] == 129_068 and r["allreduce"]["repeats"] == 10
-    assert r["environment"]["precision"]["mode"] == "bf16" and r["environment"]["memory_format"] == "channels_last"
+    env = r["environment"]
+    assert env["precision"]["mode"] == "bf16" and env["details"]["memory_format"] == "channels_last"
     assert np.isfinite(r["epochs"][0]["train_loss"])
 
 
@@ -264,7 +266,7 @@ def test_prefetched_batches_take_the_same_steps_bit_for_bit():
 
 
 def test_put_places_the_shards_without_waiting():
-    from backends.torch.strategies import OnDevice
+    from backends.torch.parallel import OnDevice
     trainer = scratch_trainer()
     (x, y), = image_batches(1)
     placed_x, placed_y = trainer.put(x, y)
@@ -281,9 +283,9 @@ def test_scratch_update_is_one_foreach_call_equal_to_the_per_tensor_update():
     from backends.torch.strategies import ScratchTrainer
     from common.config import RunConfig
     cfg = RunConfig(backend="torch", strategy="scratch", devices=2, model="lenet", batch_size=8, lr=0.5).validate()
-    trainer = ScratchTrainer(cfg, initial_weights("lenet", 0), dtype=torch.float64)
+    trainer = ScratchTrainer(cfg, initial_weights("lenet", 0), dtype="float64")
     trainer.reset()
-    trainer.backward(*[(np.asarray(x, np.float64), y) for x, y in image_batches(1)][0])
+    trainer.reduce_gradients(*[(np.asarray(x, np.float64), y) for x, y in image_batches(1)][0])
     expected = [[p.detach().clone().sub_(p.grad, alpha=cfg.lr / cfg.batch_size) for p in net.parameters()]
                 for net in trainer.replicas]
     trainer.update()
@@ -292,16 +294,38 @@ def test_scratch_update_is_one_foreach_call_equal_to_the_per_tensor_update():
 
 
 def test_cudnn_autotuning_is_on_for_gpu_runs_only_and_recorded():
-    from backends.torch.environment import configure_precision
+    import torch
+    from backends.torch.environment import configure_precision, precision_settings
     from common.config import RunConfig
     def settings(kind):
         cfg = RunConfig(backend="torch", strategy="ddp", devices=1, device_kind=kind, simulated=kind == "cpu",
                         model="lenet", batch_size=8).validate()
-        return configure_precision(cfg)
+        configure_precision(cfg)
+        assert precision_settings(cfg)["cudnn_benchmark"] is torch.backends.cudnn.benchmark
+        return precision_settings(cfg)
     try:
         assert settings("gpu")["cudnn_benchmark"] is True
     finally:
         assert settings("cpu")["cudnn_benchmark"] is False
+
+
+def test_environment_changes_no_global_setting():
+    """environment() describes a run's precision without setting it: torch's switches stay as they were,
+    whatever the run would set (TF32 and cuDNN autotuning on a GPU run, bf16 autocast on the CPU)."""
+    import torch
+    from backends.torch import environment
+    from common.config import RunConfig
+    def switches():
+        return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
+                torch.get_float32_matmul_precision())
+    before = switches()
+    for kind, precision in (("gpu", "tf32"), ("gpu", "fp32"), ("cpu", "bf16")):
+        cfg = RunConfig(backend="torch", strategy="ddp", devices=1, device_kind=kind, simulated=kind == "cpu",
+                        model="lenet", batch_size=8, precision=precision).validate()
+        env = environment(cfg)
+        assert env["precision"]["tf32_matmul"] is (precision == "tf32")
+        assert env["precision"]["cudnn_benchmark"] is (kind == "gpu")
+        assert switches() == before, (kind, precision)
 
 
 def test_compile_mode_reaches_torch_compile(monkeypatch):
@@ -324,7 +348,7 @@ def test_environment_records_the_input_copies_and_the_update():
     assert env(resident_data=True)["input_copies"].startswith("none timed")
     assert env()["sgd_update"].startswith("torch._foreach_sub_")
     assert env(strategy="ddp")["sgd_update"] == "torch.optim.SGD(foreach=False)"
-    assert env(strategy="ddp", compile=True, compile_mode="max-autotune")["compile"]["mode"] == "max-autotune"
+    assert "mode max-autotune" in env(strategy="ddp", compile=True, compile_mode="max-autotune")["compile"]
 
 
 # ------------------------------------------------------------------ CUDA only (run where a GPU is present)

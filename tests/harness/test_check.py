@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from common import architectures, weights
-from harness import check
+from harness import check, equivalence
+from tests.harness.helpers import fake_python
+from tests.harness.test_runner import processes_with
 
 
 def measurements(model: str, w0: dict, scale: float = 0.0, runs=((("ddp", 1, "local")), ("ddp", 2, "local")),
@@ -31,12 +34,12 @@ def measurements(model: str, w0: dict, scale: float = 0.0, runs=((("ddp", 1, "lo
 
 
 def as_float64_runs(arrays: dict) -> dict:
-    """The same measurements stored as each strategy's float64 run (common/check.py: <strategy>:float64)."""
+    """The same measurements stored as each strategy's float64 run (common/measurements.py: <strategy>:float64)."""
     out = {}
     for key, value in arrays.items():
         parts = key.split("|")
         if len(parts) >= 5 and parts[1] not in ("forward", "float64"):
-            parts[1] += check.FLOAT64
+            parts[1] += equivalence.FLOAT64
             out["|".join(parts)] = value
     return out
 
@@ -47,7 +50,7 @@ def by(rows, **kw):
 
 def test_identical_measurements_pass_and_perturbed_ones_fail():
     w0 = {"lenet": weights.initial_weights("lenet", 0)}
-    rows = check.compare({"torch": (measurements("lenet", w0["lenet"]), {}),
+    rows = equivalence.compare({"torch": (measurements("lenet", w0["lenet"]), {}),
                           "jax": (measurements("lenet", w0["lenet"]), {}),
                           "mxnet": (measurements("lenet", w0["lenet"], scale=1e-2),
                                     {"lenet|scratch|2|sync": "no"})}, w0)
@@ -63,11 +66,11 @@ def test_identical_measurements_pass_and_perturbed_ones_fail():
 def test_resnet_per_device_batchnorm_difference_is_measured_not_failed():
     w0 = {"resnet18": weights.initial_weights("resnet18", 0)}
     runs = (("ddp", 1, "local"), ("ddp", 2, "local"))
-    rows = check.compare({"torch": (measurements("resnet18", w0["resnet18"], runs=runs), {})}, w0)
+    rows = equivalence.compare({"torch": (measurements("resnet18", w0["resnet18"], runs=runs), {})}, w0)
     (k_vs_1,) = by(rows, check="k vs 1 device")
     assert k_vs_1.status == "measured" and abs(k_vs_1.value - 1e-3) < 1e-8
     row = "| k vs 1 device | resnet18 | torch | ddp | 2 | local | 1.00e-03 | — | measured"
-    assert row in "\n".join(check.table(rows))
+    assert row in "\n".join(equivalence.table(rows))
 
 
 def with_float64(arrays: dict, model: str, runs, grad_error: float, trace_error: float = 0.0, math_error: float = 0.0):
@@ -77,13 +80,13 @@ def with_float64(arrays: dict, model: str, runs, grad_error: float, trace_error:
         key, f64 = f"{model}|{strategy}|{k}|{bn}", f"{model}|float64|{k}|{bn}"
         out[f"{f64}|loss"] = arrays[f"{key}|loss"]
         out[f"{f64}|losses"] = arrays[f"{key}|losses"] + trace_error
-        for name in check._trainable(model):
+        for name in equivalence._trainable(model):
             out[f"{f64}|grad|{name}"] = arrays[f"{key}|grad|{name}"] * (1 + grad_error)
-        for name in check._trainable(model) + check._statistics(model):
+        for name in equivalence._trainable(model) + equivalence._statistics(model):
             out[f"{f64}|first|{name}"] = arrays[f"{key}|first|{name}"]
             out[f"{f64}|final|{name}"] = arrays[f"{key}|final|{name}"]
     out[f"{model}|float64|loss"] = np.float64(2.3 * (1 + math_error))
-    for name in check._trainable(model):
+    for name in equivalence._trainable(model):
         out[f"{model}|float64|grad|{name}"] = np.full(w0_shape(model, name), 0.5) * (1 + math_error)
     return out
 
@@ -98,7 +101,7 @@ def test_float32_rounding_widens_the_tolerance_but_different_math_still_fails():
     torch = with_float64(measurements("resnet18", w0["resnet18"], runs=runs), "resnet18", runs, grad_error=5e-3)
     close = with_float64(measurements("resnet18", w0["resnet18"], scale=8e-3, runs=runs), "resnet18", runs, 0)
     wrong = with_float64(measurements("resnet18", w0["resnet18"], scale=0.2, runs=runs), "resnet18", runs, 0)
-    rows = check.compare({"torch": (torch, {}), "jax": (close, {}), "mxnet": (wrong, {})}, w0)
+    rows = equivalence.compare({"torch": (torch, {}), "jax": (close, {}), "mxnet": (wrong, {})}, w0)
     (grad,) = by(rows, backend="jax", check="gradients")
     # the larger float32 error sets it: jax's own (8e-3 from its float64 gradient) over torch's (5e-3)
     assert grad.status == "ok" and abs(grad.tolerance - 3 * 8e-3) < 1e-9 and "float32-vs-float64" in grad.note
@@ -113,7 +116,7 @@ def test_float64_row_fails_when_the_math_differs():
     runs = (("ddp", 1, "local"),)
     torch = with_float64(measurements("lenet", w0["lenet"], runs=runs), "lenet", runs, 0)
     other = with_float64(measurements("lenet", w0["lenet"], runs=runs), "lenet", runs, 0, math_error=1e-8)
-    (row,) = by(check.compare({"torch": (torch, {}), "jax": (other, {})}, w0), check="math (float64)")
+    (row,) = by(equivalence.compare({"torch": (torch, {}), "jax": (other, {})}, w0), check="math (float64)")
     assert row.status == "FAIL" and abs(row.value - 1e-8) < 1e-12
 
 
@@ -122,7 +125,7 @@ def test_a_chaotic_float32_trace_is_measured_not_judged():
     runs = (("ddp", 1, "local"),)
     torch = with_float64(measurements("resnet18", w0["resnet18"], runs=runs), "resnet18", runs, 0, trace_error=0.5)
     other = with_float64(measurements("resnet18", w0["resnet18"], scale=0.3, runs=runs), "resnet18", runs, 0)
-    rows = check.compare({"torch": (torch, {}), "jax": (other, {})}, w0)
+    rows = equivalence.compare({"torch": (torch, {}), "jax": (other, {})}, w0)
     (trace,) = by(rows, backend="jax", check="3-step loss")
     assert trace.status == "measured" and "chaotic" in trace.note and abs(trace.value - 0.3) < 1e-9
 
@@ -141,7 +144,7 @@ def resnet_pair(runs, jax_grad_error=0.0, jax_state_scale=0.0):
         other[key] = other[key] * (1 + jax_grad_error)
     other = with_float64(other, "resnet18", runs, 0, math_error=jax_grad_error)
     other.update(as_float64_runs(other))
-    return check.compare({"torch": (torch, {}), "jax": (other, {})}, w0)
+    return equivalence.compare({"torch": (torch, {}), "jax": (other, {})}, w0)
 
 
 def test_an_injected_gradient_difference_of_1e_3_fails():
@@ -205,7 +208,7 @@ class RecordingBackend:
 def test_the_check_worker_measures_float64_runs_and_whole_reference_traces(tmp_path):
     """Each strategy runs in float32 (whole trace) and float64 (FLOAT64_STEPS); the reference's float64
     trace is whole for every device count and BatchNorm mode, so each configuration has its own floor."""
-    from common import check as worker
+    from common import measurements as worker
     backend = RecordingBackend("lenet")
     np.savez(tmp_path / "b.npz", x=np.zeros((6, 4, 1, 28, 28), np.float32), y=np.zeros((6, 4), np.int32))
     weights.save(tmp_path / "w.npz", backend.w)
@@ -224,18 +227,18 @@ def test_the_check_worker_measures_float64_runs_and_whole_reference_traces(tmp_p
 def test_a_request_without_one_device_still_measures_the_one_device_references(monkeypatch):
     """`--gpus 2` alone: every backend's job still runs 1 device (the floor and own-float32 references),
     and the table shows the 2-device rows asked for, not the 1-device ones measured as references."""
-    from harness import registry
+    from common import manifest
     jobs = {}
     w0 = weights.initial_weights("lenet", 0)
 
-    def fake_measure(name, python, job, tmp, timeout):
+    def fake_measure(name, python, job, tmp, timeout, log_dir=None):
         jobs[name] = job
         runs = [(s, k, "local") for s in job["strategies"] for k in job["devices"]]
         arrays = with_float64(measurements("lenet", w0, runs=runs), "lenet", runs, 0)
         return {**arrays, **as_float64_runs(arrays)}, {}
 
     monkeypatch.setattr(check, "measure", fake_measure)
-    backends = {"torch": registry.load("torch"), "jax": registry.load("jax")}
+    backends = {"torch": manifest.load("torch"), "jax": manifest.load("jax")}
     rows, failures, _ = check.run_checks(backends, {"torch": "python", "jax": "python"}, ["lenet"],
                                          {"torch": ["ddp"], "jax": ["pmap"]}, [2], ["local"], 3, 4, 0.1, 0,
                                          check_dataset(), "cpu", 60, say=lambda m: None)
@@ -250,3 +253,19 @@ def test_a_request_without_one_device_still_measures_the_one_device_references(m
 def check_dataset():
     from common import data
     return data.synthetic(12, 10, 0)
+
+
+# ------------------------------------------------------------- the check worker's process
+
+def test_a_check_worker_is_launched_as_a_run_is(tmp_path):
+    """runner.launch: its output logged, a timeout kills its whole group, its last line says why it failed."""
+    marker = "3117.5"
+    hanging = fake_python(tmp_path, f"echo 'loading'\nsleep {marker} &\nsleep {marker}", name="hanging")
+    with pytest.raises(check.CheckError, match="torch: no answer within 1 s"):
+        check.measure("torch", hanging, {}, tmp_path, 1, log_dir=tmp_path / "logs")
+    assert "loading" in (tmp_path / "logs" / "check-torch.log").read_text()
+    assert processes_with(f"sleep {marker}") == []
+    failing = fake_python(tmp_path, "echo 'bad job' >&2; exit 3", name="failing")
+    with pytest.raises(check.CheckError, match="jax worker failed: bad job"):
+        check.measure("jax", failing, {}, tmp_path, 30)
+    assert (tmp_path / "check-jax.log").read_text().endswith("bad job\n")

@@ -5,10 +5,12 @@ verdicts are the same on a host with GPUs and on one without."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
 
+from common import manifest
 from harness import cli
 from tests.harness.helpers import CPU, assert_refused, fake_nvidia_smi, run_harness
 
@@ -91,32 +93,25 @@ def test_list_names_every_backend_and_strategy():
     assert "  jax    --channels-last: refused: XLA chooses memory layouts itself" in result.stdout
 
 
-def test_pytorch_alias_and_unimplemented_backend(monkeypatch):
-    """`pytorch` means torch; a backend not implemented yet is a 'not run' row, not a crash."""
-    from harness import registry
-    from harness.cli import build_parser, build_plan
-    real_load = registry.load
-    monkeypatch.setattr(registry, "load", lambda name: real_load(name) if name == "torch" else registry.Backend(
-        name, name, implemented=False, reason=f"the {name} backend is not implemented in this version of the suite"))
-    args = build_parser().parse_args(["--backend", "pytorch,jax", "--dataset", "synthetic", "--gpus", "1", *CPU])
-    plan = build_plan(args)
-    assert {c.backend for c in plan.configs} == {"torch"}
-    unavailable = {cfg.backend: reason for cfg, reason in plan.not_run}
-    assert "not implemented" in unavailable.get("jax", "")
+def test_pytorch_alias():
+    """`pytorch` means torch (an alias declared in backends/torch/backend.toml)."""
+    args = cli.build_parser().parse_args(["--backend", "pytorch,jax", "--dataset", "synthetic", "--gpus", "1", *CPU])
+    plan = cli.build_plan(args)
+    assert {c.backend for c in plan.configs} == {"torch", "jax"}
 
 
 def test_backend_options_are_validated_and_expanded(monkeypatch):
     """--option NAME=V1,V2 runs one variant per value; undeclared names or values are refused."""
-    from harness import cli, registry
-    real_load = registry.load
+    real_load = manifest.load
 
     def with_option(name):
         b = real_load(name)
         if name == "torch":
-            b.options = {"layout": registry.Option("layout", ["nchw", "nhwc"], "nchw", "memory format", ["scratch"])}
+            b = dataclasses.replace(b, options={"layout": manifest.Option("layout", ("nchw", "nhwc"), "nchw",
+                                                                          "memory format", ("scratch",))})
         return b
 
-    monkeypatch.setattr(registry, "load", with_option)
+    monkeypatch.setattr(manifest, "load", with_option)
     parse = lambda *a: cli.build_plan(cli.build_parser().parse_args(
         ["--backend", "torch", "--dataset", "synthetic", "--gpus", "1", *CPU, *a]))
     plan = parse("--option", "layout=nchw,nhwc")
@@ -161,3 +156,37 @@ def test_a_lever_one_backend_lacks_makes_its_rows_not_run_and_labels_the_others(
     assert all(c.precision == "bf16" and c.compile for c in plan.configs)
     refused = [reason for c, reason in plan.not_run if c.backend == "mxnet"]
     assert refused and all(r.startswith("mxnet refuses --precision bf16") for r in refused)
+
+
+# ----------------------------------------------------------------------------- subcommands
+
+def test_no_subcommand_means_run():
+    flags = ["--backend", "jax", "--gpus", "2", "--epochs", "3", *CPU]
+    bare, run = cli.build_parser().parse_args(flags), cli.build_parser().parse_args(["run", *flags])
+    assert bare.command is None and run.command == "run"
+    assert {**vars(bare), "command": "run"} == vars(run)
+
+
+@pytest.mark.parametrize("command, flags", [
+    ((), ("--backend", "--gpus", "--epochs", "--option", "--quiet", "run", "check", "test", "list",
+          "no subcommand", "run --backend jax --gpus 2")),
+    (("run",), ("--backend", "--gpus", "--epochs", "--option", "--quiet", "--preset")),
+    (("check",), ("--backend", "--gpus", "--steps", "--model", "--bn", "--init", "(default: 1800.0)")),
+    (("test",), ("--backend", "--python", "--portable", "pytest_args")),
+    (("list",), ("--device",)),
+])
+def test_every_command_has_help(command, flags):
+    result = run_harness(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert all(flag in text for flag in flags), text
+    assert f"usage: python -m harness {' '.join(command)}".strip() in text
+
+
+def test_list_subcommand_is_the_list_flag():
+    assert run_harness("list", *CPU).stdout == run_harness("--list", *CPU).stdout
+
+
+def test_a_subcommand_comes_first(tmp_path):
+    assert_refused(tmp_path, "--backend", "torch", "check", match="the subcommand check must come first")
+    assert_refused(tmp_path, "nonsense", match="invalid choice: 'nonsense'")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from common.results import SCHEMA_VERSION
 from harness import report
 
 
@@ -24,11 +26,11 @@ def result(backend="torch", strategy="scratch", devices=1, ips=100.0, status="ok
 def test_speedup_and_efficiency_against_one_device():
     rows = report.with_scaling([result(devices=2, ips=150.0), result(devices=1, ips=100.0),
                                 result(strategy="ddp", devices=2, ips=90.0)])
-    by = {(r["result"]["config"]["strategy"], r["result"]["config"]["devices"]): r for r in rows}
-    assert by[("scratch", 2)]["speedup"] == pytest.approx(1.5)
-    assert by[("scratch", 2)]["efficiency"] == pytest.approx(0.75)
-    assert by[("scratch", 1)]["speedup"] == pytest.approx(1.0)
-    assert "speedup" not in by[("ddp", 2)]              # no 1-device ddp run to compare with
+    by = {(r.result.config.strategy, r.result.config.devices): r for r in rows}
+    assert by[("scratch", 2)].speedup == pytest.approx(1.5)
+    assert by[("scratch", 2)].efficiency == pytest.approx(0.75)
+    assert by[("scratch", 1)].speedup == pytest.approx(1.0)
+    assert by[("ddp", 2)].speedup is None              # no 1-device ddp run to compare with
 
 
 META = {"command": "python -m harness", "started": "t0", "finished": "t1", "preset": "p", "device_kind": "cpu",
@@ -44,7 +46,8 @@ def test_staging_commits_once_and_never_overwrites(tmp_path):
     assert [d.name for d in dirs] == ["fixed-id", "fixed-id-2"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fixed-id", "fixed-id-2"]
     saved = json.loads((dirs[0] / "results.json").read_text())
-    assert saved["schema_version"] == 1 and saved["runs"][0]["params"] == 11175818
+    assert saved["schema_version"] == SCHEMA_VERSION == 2 and saved["runs"][0]["params"] == 11175818
+    assert saved["runs"][0]["schema_version"] == 2 and saved["runs"][0]["config"]["prefetch"] == 0   # v1 in, v2 out
 
 
 def test_an_error_leaves_no_half_written_report(tmp_path):
@@ -125,3 +128,18 @@ def test_the_method_says_how_batches_reach_the_devices():
     assert "each step copies its own batch to the devices (--prefetch 0)" in report.input_line(inside)
     assert "no copy is timed" in report.input_line(resident)
     assert all(report.input_line(c).startswith("Input: each epoch's batches are assembled") for c in (ahead, inside))
+
+
+def test_a_committed_report_renders_again_from_its_results_json():
+    """reports/*/results.json (schema v1) loads and renders: every table and section of the committed report.md
+    comes out the same; only the lines the report has reworded since (the devices line, the input line of the
+    method, the equivalence prose, the note on its logs) differ."""
+    from common.results import load_results_json
+    directory = next(p for p in sorted(Path(__file__).parents[2].glob("reports/*")) if (p / "results.json").exists())
+    results, meta = load_results_json(directory)
+    text = report.render(results, meta, {"accuracy": True, "throughput": True})
+    assert "(schema v1)" in text
+    lines = set(text.splitlines())
+    changed = [l for l in (directory / "report.md").read_text().splitlines() if l not in lines]
+    reworded = ("- Devices:", "Every backend and strategy of this report", "Raw numbers:")
+    assert all(l.startswith(reworded) for l in changed), changed

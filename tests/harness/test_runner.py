@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import time
@@ -147,3 +148,31 @@ def test_a_gpu_run_says_how_its_gpus_were_found(tmp_path):
     saved = json.loads((report / "results.json").read_text())
     assert saved["detection"] == "found by nvidia-smi (CUDA_VISIBLE_DEVICES=GPU-8a1c)"
     assert saved["gpus"] == ["NVIDIA H200"] and saved["device_kind"] == "gpu"
+
+
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_console_draws_a_bar_on_a_terminal_and_plain_lines_elsewhere():
+    from common.config import RunConfig
+    from harness import runner
+    cfg = RunConfig(backend="torch", strategy="ddp", devices=2, device_kind="cpu", simulated=True, model="lenet",
+                    epochs=1, batch_size=32, lr=0.1, dataset="synthetic")
+    epoch = {"event": "epoch", "epoch": 1, "epochs": 1, "time_s": 1.0, "images_per_s": 32.0, "train_loss": 1.0,
+             "test_acc": 0.5}
+    lines = ["[torch ddp x2] epoch 1/1: 1.00 s, 32.0 img/s, loss 1.0000, test acc 0.5000",
+             "[torch ddp x2] ok: test acc 0.5000"]
+    for stream, quiet in ((Terminal(), False), (io.StringIO(), False), (Terminal(), True)):
+        console = runner.Console(quiet=quiet, stream=stream)
+        for step in (1, 2):
+            console.event(cfg, {"event": "step", "step": step, "steps": 2, "epoch": 1, "epochs": 1})
+        console.event(cfg, epoch)
+        console.finished(cfg, {"status": "ok", "final_test_acc": 0.5})
+        text = stream.getvalue()
+        if isinstance(stream, Terminal) and not quiet:
+            assert "[torch ddp x2] epoch 1/1:" in text and "step" in text and "\r" in text   # the bar, then cleared
+            assert text.rsplit("\r", 1)[1].splitlines() == lines
+        else:
+            assert text.splitlines() == lines[1:] if quiet else lines

@@ -1,0 +1,229 @@
+"""The command line's vocabulary: argument types, the one-line-error parser, and the flag groups that
+the subcommands share (as argparse parent parsers), so that a flag is declared once.
+
+Each group is made by a function, a fresh parser per call: a subcommand that needs another default
+(`check` compares 1,2 devices by default, `run` chooses from the hardware) says so in the call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from common import config as configlib
+from common import weights as weightslib
+from common.config import BN_MODES, COMPILE_MODES, DATASETS, MODELS, PRECISIONS, ConfigError
+
+DEFAULT_TIMEOUT = 3600.0
+
+# d2l's recipe (GPU) and a quick CPU preset that finishes in a few minutes on 2 cores.
+# Batch and learning rate are per device and scale with the device count, as d2l does
+# (bs 256 / lr 0.1 on one GPU, bs 512 / lr 0.2 on two); --batch-size / --lr fix them instead.
+PRESETS = {
+    "d2l": {"title": "d2l recipe", "model": "resnet18", "epochs": 10, "batch_per_device": 256,
+            "lr_per_device": 0.1, "train_size": None, "test_size": None, "timed_steps": 50},
+    "quick": {"title": "CPU quick preset (data subset)", "model": "resnet18", "epochs": 2,
+              "batch_per_device": 32, "lr_per_device": 0.05, "train_size": 2048, "test_size": 1000,
+              "timed_steps": 10},
+}
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage dump
+        raise UsageError(f"{message} (see --help)")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" only where the help text does not already say what the default is."""
+
+    def _get_help_string(self, action):
+        if action.default in (None, False, []) or "default" in (action.help or "").lower():
+            return action.help
+        return super()._get_help_string(action)
+
+
+def nonempty(value: str) -> str:
+    """An argparse type: an empty value is refused rather than read as "not given" (`--gpus ''`)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return value
+
+
+def name_list(value: str) -> str:
+    """An argparse type: a comma list naming at least one thing (`--strategy ,` is not "every strategy")."""
+    if not any(part.strip() for part in value.split(",")):
+        raise argparse.ArgumentTypeError(f"{value!r} names nothing")
+    return value
+
+
+def absolute_path(value: str) -> str:
+    """An argparse type: a non-empty path, made absolute now, since workers run from the project root."""
+    return os.path.abspath(nonempty(value))
+
+
+def check_shared(seed=0, lr=None, timeout=DEFAULT_TIMEOUT, threads=None) -> None:
+    """The value checks `run` and `check` share (common/config.py)."""
+    try:
+        configlib.check_seed(seed)
+        configlib.check_timeout(timeout)
+        configlib.check_threads(threads)
+        if lr is not None:
+            configlib.check_lr(lr)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+
+
+# ------------------------------------------------------------------ shared flag groups (parent parsers)
+
+def _group() -> Parser:
+    return Parser(add_help=False)
+
+
+def backends_flags(help: str = "torch (alias pytorch), jax, mxnet, all, or a comma list") -> Parser:
+    p = _group()
+    p.add_argument("--backend", type=name_list, default="all", help=help)
+    return p
+
+
+def python_flags(help: str = "run BACKEND with this interpreter (it must have the framework) "
+                             "instead of .venvs/BACKEND/") -> Parser:
+    p = _group()
+    p.add_argument("--python", action="append", type=nonempty, default=[], metavar="BACKEND=PATH", help=help)
+    return p
+
+
+def devices_flags(gpus_default: str | None, gpus_help: str) -> Parser:
+    """--gpus, --device, --strategy: which devices and strategies run."""
+    p = _group()
+    p.add_argument("--gpus", type=name_list, default=gpus_default, help=gpus_help)
+    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
+                   help="auto: the GPUs if any are found (nvidia-smi, else the driver's /proc files), else "
+                        "simulated CPU devices; cpu: simulated even where GPUs exist; gpu: refuse to run without one")
+    p.add_argument("--strategy", type=name_list, default=None,
+                   help="comma list (torch: scratch, dp, ddp). Default: every strategy that runs on this hardware")
+    return p
+
+
+def data_flags() -> Parser:
+    p = _group()
+    p.add_argument("--dataset", choices=DATASETS, default="fashion-mnist",
+                   help="synthetic: random images for smoke runs, labelled as such in the report")
+    p.add_argument("--data-dir", type=absolute_path, default=None,
+                   help="directory with the four Fashion-MNIST IDX files (.gz or not)")
+    return p
+
+
+def training_flags(lr_default: float | None, lr_help: str, batch_default: int | None, batch_help: str,
+                   init_help: str) -> Parser:
+    """--batch-size, --lr, --seed, --init: what one SGD step starts from and does."""
+    p = _group()
+    p.add_argument("--batch-size", type=int, default=batch_default, help=batch_help)
+    p.add_argument("--lr", type=float, default=lr_default, help=lr_help)
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and of the batch order")
+    p.add_argument("--init", choices=weightslib.INITS, default="d2l", help=init_help)
+    return p
+
+
+def timeout_flags(default: float, help: str) -> Parser:
+    p = _group()
+    p.add_argument("--timeout", type=float, default=default, help=help)
+    return p
+
+
+def threads_flags() -> Parser:
+    p = _group()
+    p.add_argument("--threads", type=int, default=None,
+                   help=f"CPU threads per worker process, 1 to {configlib.MAX_THREADS} "
+                        "(default: the cores shared among the processes)")
+    return p
+
+
+# ------------------------------------------------------------------------------ the run's flags
+
+RUN_DESCRIPTION = ("Train the same ResNet-18 (or LeNet) on the same Fashion-MNIST batches with synchronous "
+                   "data parallelism in PyTorch, JAX and MXNet, time every run with one rule, and write a "
+                   "Markdown report under reports/.")
+
+
+def run_parents() -> list[Parser]:
+    """The flag groups of `run` (and of the bare `python -m harness`, which is `run`)."""
+    return [
+        backends_flags(),
+        devices_flags(None, "data-parallel devices: a count (2) or a sweep (1,2,4). Default: 1,2 "
+                            "(1 with a single GPU). Without GPUs these are simulated CPU devices"),
+        training_flags(None, "SGD learning rate (default: the preset's per-device lr x devices)", None,
+                       "global batch, split evenly across the devices "
+                       "(default: the preset's per-device batch x devices)",
+                       "initial weights: d2l (kernels ~ N(0, 0.01), the seeds' recipe) or he (the same draws "
+                       "rescaled to He's std sqrt(2 / fan_in))"),
+        data_flags(),
+        python_flags(),
+        timeout_flags(DEFAULT_TIMEOUT, "seconds before a run is killed"),
+        threads_flags(),
+        run_flags(),
+    ]
+
+
+def run_flags() -> Parser:
+    """The flags only `run` has: the preset and what it overrides, the levers, weights, output."""
+    p = _group()
+    p.add_argument("--preset", choices=("auto", *PRESETS), default="auto",
+                   help="d2l: 10 epochs, full data, batch 256 and lr 0.1 per device; quick: 2 epochs on "
+                        "2,048/1,000 images, batch 32 and lr 0.05 per device. auto: d2l on GPUs, quick on CPU")
+    p.add_argument("--model", choices=MODELS, default=None, help="network (default: the preset's, resnet18)")
+    p.add_argument("--epochs", type=int, default=None, help="epochs (default: the preset's)")
+    p.add_argument("--train-size", type=int, default=None,
+                   help="train on the first N training images (default: the preset's)")
+    p.add_argument("--test-size", type=int, default=None,
+                   help="evaluate on the first N test images (default: the preset's)")
+    p.add_argument("--out", type=absolute_path, default="reports", help="reports are written to OUT/<run-id>/")
+    p.add_argument("--bn", choices=BN_MODES, default="local",
+                   help="BatchNorm across devices: local (each device its shard's statistics, as d2l) or sync "
+                        "(statistics over the global batch: k-device training is 1-device training)")
+    p.add_argument("--load-weights", type=absolute_path, default=None, metavar="PATH",
+                   help="start from these canonical weights (a file written by --save-weights, any backend); "
+                        "with --epochs 0 they are only evaluated")
+    p.add_argument("--save-weights", type=absolute_path, default=None, metavar="PATH",
+                   help="write the trained weights, canonical, to PATH "
+                        "(a run of one backend, strategy and device count)")
+    p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                   help="run a small equivalence check (`python -m harness check`: 5 steps on a few images) over "
+                        "this report's backends, strategies and devices first, and put its table in the report")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32 (TF32 off, set explicitly), tf32 (TF32 matmuls and convolutions; NVIDIA GPUs) or bf16 "
+                        "(bfloat16 compute, float32 weights and SGD); backends without it are reported as refused")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile for torch, hybridize for MXNet; JAX steps are always jit-compiled")
+    p.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
+                   help="with --compile, torch only: torch.compile's mode (reduce-overhead: CUDA graphs, GPU only; "
+                        "max-autotune: autotuned kernels, long compiles)")
+    p.add_argument("--channels-last", action="store_true", help="torch only: NHWC memory format for model and batches")
+    p.add_argument("--resident-data", action="store_true",
+                   help="copy each epoch's batches to the devices before its timer starts (no host-to-device "
+                        "copy inside the timed steps)")
+    p.add_argument("--prefetch", type=int, default=2, metavar="N",
+                   help="put each batch on the devices N batches ahead of its step (pinned host memory and a copy "
+                        "stream on CUDA), so copies overlap compute; 0: each step copies its own batch")
+    p.add_argument("--timed-steps", type=int, default=None,
+                   help="steps timed one by one after training, for the step-time median and spread "
+                        "(default: the preset's; 0 skips them and the allreduce figure)")
+    p.add_argument("--option", action="append", type=nonempty, default=[], metavar="NAME=VALUE[,VALUE]",
+                   help="a backend-specific option declared in its backend.toml (see `list`), e.g. kvstore=local; "
+                        "several values run one variant each, e.g. hybridize=on,off")
+    p.add_argument("--list", action="store_true",
+                   help="show the backends, strategies and devices, then exit (the same as the `list` subcommand)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, only a line per finished run")
+    return p
+
+
+def list_parents() -> list[Parser]:
+    """`list`: which devices would run (--device), and what every backend declares."""
+    p = _group()
+    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
+                   help="auto: the GPUs if any are found, else simulated CPU devices; cpu: simulated; "
+                        "gpu: refuse to list without one")
+    return [p]

@@ -1,0 +1,318 @@
+"""Parsing and planning: from the parsed flags to a Plan (one RunConfig per backend x strategy x option
+values x device count, and the rows that will not run, with the reason), refusing bad input up front.
+
+Backends are known by their manifest, backends/<name>/backend.toml (common/manifest.py); nothing here
+imports a framework or starts a process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from common import data as datalib
+from common import levers as leverlib
+from common import manifest
+from common import weights as weightslib
+from common.config import ConfigError, RunConfig
+from common.manifest import Manifest
+from harness import devices as devicelib
+from harness.arguments import PRESETS, UsageError, check_shared
+
+
+# ------------------------------------------------------------------------- parsing
+
+def choices() -> str:
+    """The backends' names for an error message: "torch (pytorch), jax, mxnet, all"."""
+    names = [f"{n} ({', '.join(manifest.load(n).aliases)})" if manifest.load(n).aliases else n
+             for n in manifest.known()]
+    return ", ".join([*names, "all"])
+
+
+def parse_backends(text: str) -> list[str]:
+    names = []
+    for part in text.split(","):
+        if part.strip().lower() == "all":
+            names += list(manifest.known())
+            continue
+        name = manifest.canonical_name(part)
+        if name is None:
+            raise UsageError(f"unknown backend {part.strip()!r}; choose from {choices()}")
+        names.append(name)
+    return list(dict.fromkeys(names))
+
+
+def parse_gpus(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--gpus takes a device count or a list like 1,2,4 (got {text!r})") from None
+    if not counts:
+        raise UsageError("--gpus needs at least one device count")
+    for n in counts:
+        if n < 1:
+            raise UsageError(f"--gpus must be at least 1 (got {n})")
+    return sorted(set(counts))
+
+
+def parse_pythons(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        backend = manifest.canonical_name(name) if sep else None
+        if backend is None or not path:
+            raise UsageError(f"--python takes BACKEND=PATH, e.g. torch=/usr/bin/python3 (got {item!r})")
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise UsageError(f"--python {name}: {path} is not an executable file")
+        out[backend] = os.path.abspath(path)   # workers run from the project root, not from here
+    return out
+
+
+def parse_options(items: list[str], backends: dict[str, Manifest]) -> dict[str, list[str]]:
+    """{name: [values]} from --option NAME=V1,V2, checked against what the selected backends declare."""
+    declared = {name: o for b in backends.values() for name, o in b.options.items()}
+    out = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        name = name.strip()
+        if not sep or not values:
+            raise UsageError(f"--option takes NAME=VALUE (got {item!r})")
+        if name not in declared:
+            known = ", ".join(sorted(declared)) or "none"
+            raise UsageError(f"unknown option {name!r} for the selected backends (they declare: {known})")
+        chosen = [v.strip() for v in values.split(",") if v.strip()]
+        for v in chosen:
+            if v not in declared[name].values:
+                raise UsageError(f"--option {name}={v}: choose from {', '.join(declared[name].values)}")
+        out[name] = list(dict.fromkeys(chosen))
+    return out
+
+
+def check_options_apply(options: dict[str, list[str]], backends: dict[str, Manifest], strategies) -> None:
+    """An option no selected strategy has would be dropped without a word (kvstore with MXNet scratch): refuse it."""
+    for name in options:
+        users = [f"{b} {s}" for b, picks in strategies.items() for s, _ in picks if name in backends[b].options_for(s)]
+        if not users:
+            owners = [f"{b.name} {', '.join(b.options[name].strategies or b.strategies)}"
+                      for b in backends.values() if name in b.options]
+            raise UsageError(f"--option {name} does not apply to the selected strategies "
+                             f"(it applies to: {'; '.join(owners)})")
+
+
+def option_variants(backend: Manifest, strategy: str, asked: dict[str, list[str]]) -> list[dict[str, str]]:
+    """Every combination of the asked values of the options this strategy has, defaults for the rest."""
+    variants = [{}]
+    for name, option in backend.options_for(strategy).items():
+        variants = [{**v, name: value} for v in variants for value in asked.get(name, [option.default])]
+    return variants
+
+
+# --------------------------------------------------------------------------- plan
+
+@dataclass
+class Plan:
+    configs: list[RunConfig] = field(default_factory=list)
+    not_run: list[tuple[RunConfig, str]] = field(default_factory=list)   # with the reason
+    backends: dict[str, Manifest] = field(default_factory=dict)
+    pythons: dict[str, str] = field(default_factory=dict)
+    preset: str = ""
+    device_kind: str = "cpu"
+    gpus: list[str] = field(default_factory=list)
+    detection: str = ""          # how the GPUs were found, or why the devices are simulated
+    data_source: str = ""
+
+
+@dataclass
+class Devices:
+    kind: str                    # "gpu" or "cpu" (simulated)
+    gpus: list[str]
+    why: str                     # devices.Detection.how, or "--device cpu"
+
+    @property
+    def line(self) -> str:
+        """The one line printed before anything runs (and atop --list)."""
+        if self.kind == "gpu":
+            return f"devices: {devicelib.describe(self.gpus)}, {self.why}"
+        return f"devices: simulated CPU devices ({self.why})"
+
+
+def choose_devices(args) -> Devices:
+    if args.device == "cpu":
+        return Devices("cpu", [], "--device cpu")   # asked for: no need to look for GPUs
+    found = devicelib.detect()
+    if args.device == "gpu" and not found.gpus:
+        raise UsageError(f"--device gpu: no GPU is visible ({found.how})")
+    return Devices("gpu" if found.gpus else "cpu", found.gpus, found.how)
+
+
+def check_device_counts(counts: list[int], kind: str, gpus: list[str], how: str = "") -> None:
+    if kind == "gpu" and max(counts) > len(gpus):
+        listed = "; ".join(f"{i}: {g}" for i, g in enumerate(gpus))
+        raise UsageError(f"--gpus {max(counts)} asks for more devices than the {len(gpus)} visible GPU(s) ({listed})"
+                         + (f", {how}" if how else ""))
+    if kind == "cpu" and max(counts) > devicelib.MAX_SIMULATED:
+        raise UsageError(f"--gpus {max(counts)}: at most {devicelib.MAX_SIMULATED} simulated CPU devices")
+
+
+def select_strategies(args, backends: dict[str, Manifest], kind: str, bn: str = "local"):
+    """{backend: [(strategy, reason-not-run or None)]}, refusing what cannot run if it was asked for."""
+    asked = [s.strip() for s in args.strategy.split(",") if s.strip()] if args.strategy else None
+    if asked:
+        for s in asked:
+            if backends and not any(s in b.strategies for b in backends.values()):
+                offered = "; ".join(f"{b.name}: {', '.join(b.strategies)}" for b in backends.values())
+                raise UsageError(f"unknown strategy {s!r} for the selected backends ({offered})")
+    chosen = {}
+    for b in backends.values():
+        picks = []
+        for s in (asked or list(b.strategies)):
+            if s not in b.strategies:
+                continue
+            needs = b.strategies[s].requires
+            reason = None
+            if needs == "cuda" and kind != "gpu":
+                reason = f"{b.name} {s} needs CUDA GPUs; none is present ({b.strategies[s].summary})"
+            elif bn not in b.strategies[s].bn:
+                reason = f"{b.name} {s} has no {bn} BatchNorm (it runs: {', '.join(b.strategies[s].bn)})"
+            if reason and asked:
+                raise UsageError(f"strategy {s!r} cannot run here: {reason}")
+            picks.append((s, reason))
+        chosen[b.name] = picks
+    return chosen
+
+
+def refused_levers(args, backends: dict[str, Manifest], kind: str) -> dict[str, str]:
+    """{backend: why it cannot run the asked levers}; an error if no selected backend can."""
+    asked = leverlib.asked(precision=args.precision, compile=args.compile, compile_mode=args.compile_mode,
+                           channels_last=args.channels_last, resident_data=args.resident_data)
+    if args.compile_mode != "default" and not args.compile:
+        raise UsageError(f"--compile-mode {args.compile_mode} needs --compile")
+    if args.compile_mode == "reduce-overhead" and kind != "gpu":
+        raise UsageError("--compile-mode reduce-overhead captures CUDA graphs; there are none on the CPU")
+    if asked.get("precision") == "tf32" and kind != "gpu":
+        raise UsageError("--precision tf32: TF32 is a mode of NVIDIA tensor cores (Ampere and later); "
+                         "there is none on the CPU")
+    refused = {}
+    for b in backends.values():
+        reasons = leverlib.refusals(b.levers, asked)
+        if reasons:
+            refused[b.name] = f"{b.name} refuses " + "; ".join(reasons)
+    runnable = [b for b in backends.values() if b.name not in refused]
+    if asked and not runnable:
+        raise UsageError("; ".join(refused.values()) or "no selected backend runs these levers")
+    return refused
+
+
+def resolve_data(args) -> tuple[str | None, str, tuple[int, int]]:
+    """(data directory, where the data comes from, (training images, test images)).
+
+    The files are read and verified here, once, so that bad data is one error before anything runs."""
+    if args.dataset == "synthetic":
+        return None, "synthetic (random images; not Fashion-MNIST)", datalib.SYNTHETIC_SIZES
+    try:
+        path = datalib.locate_or_download(args.data_dir)
+        sizes = datalib.verify(path)
+    except datalib.DataError as e:
+        raise UsageError(str(e)) from None
+    return str(path), f"Fashion-MNIST IDX files in {path} (SHA-256 verified before the runs and by each worker)", sizes
+
+
+def check_subset_sizes(args, sizes: tuple[int, int]) -> None:
+    """--train-size / --test-size may not ask for more images than the dataset has (they would be clipped
+    while the report claimed the number asked for)."""
+    for flag, asked, available, split in (("--train-size", args.train_size, sizes[0], "training"),
+                                          ("--test-size", args.test_size, sizes[1], "test")):
+        if asked is not None and asked > available:
+            raise UsageError(f"{flag} {asked} is more than the {available} {split} images of {args.dataset}")
+
+
+def make_config(args, preset: dict, backend: str, strategy: str, options: dict, n: int, kind: str,
+                data_dir: str | None) -> RunConfig:
+    """One run: the preset's values unless a flag overrides them; batch and lr scale with n by default."""
+    cfg = RunConfig(
+        backend=backend, strategy=strategy, devices=n, device_kind=kind, simulated=(kind == "cpu"),
+        model=args.model or preset["model"],
+        epochs=args.epochs if args.epochs is not None else preset["epochs"],
+        batch_size=args.batch_size if args.batch_size is not None else preset["batch_per_device"] * n,
+        lr=args.lr if args.lr is not None else preset["lr_per_device"] * n,
+        train_size=args.train_size if args.train_size is not None else preset["train_size"],
+        test_size=args.test_size if args.test_size is not None else preset["test_size"],
+        dataset=args.dataset, data_dir=data_dir, seed=args.seed, timeout=args.timeout,
+        threads=args.threads, options=options, bn=args.bn, init=args.init,
+        precision=args.precision, compile=args.compile, channels_last=args.channels_last,
+        resident_data=args.resident_data, compile_mode=args.compile_mode, prefetch=args.prefetch,
+        timed_steps=args.timed_steps if args.timed_steps is not None else preset["timed_steps"],
+        load_weights=os.path.abspath(args.load_weights) if args.load_weights else None,
+        save_weights=os.path.abspath(args.save_weights) if args.save_weights else None)
+    try:
+        return cfg.validate()
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+
+
+def build_plan(args) -> Plan:
+    names = parse_backends(args.backend)
+    pythons = parse_pythons(args.python)
+    devices = choose_devices(args)
+    kind, gpus = devices.kind, devices.gpus
+    counts = parse_gpus(args.gpus) if args.gpus is not None else ([1, 2] if kind == "cpu" or len(gpus) >= 2 else [1])
+    check_device_counts(counts, kind, gpus, devices.why)
+    check_shared(seed=args.seed, lr=args.lr, timeout=args.timeout, threads=args.threads)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise UsageError(f"--out {args.out} exists and is not a directory")
+
+    preset_name = args.preset if args.preset != "auto" else ("d2l" if kind == "gpu" else "quick")
+    preset = PRESETS[preset_name]
+    backends = {n: manifest.load(n) for n in names}
+    options = parse_options(args.option, backends)
+    strategies = select_strategies(args, backends, kind, args.bn)
+    check_options_apply(options, backends, strategies)
+    refused = refused_levers(args, backends, kind)
+    data_dir, data_source, sizes = resolve_data(args)
+    check_subset_sizes(args, sizes)
+
+    plan = Plan(backends=backends, pythons=pythons, device_kind=kind, gpus=gpus, detection=devices.why,
+                data_source=data_source, preset=preset["title"])
+    for name in names:
+        for strategy, reason in strategies[name]:   # (none: no asked strategy is this backend's)
+            reason = reason or refused.get(name)
+            for variant in option_variants(backends[name], strategy, options):
+                for n in counts:
+                    cfg = make_config(args, preset, name, strategy, variant, n, kind, data_dir)
+                    if reason:
+                        plan.not_run.append((cfg, reason))
+                    else:
+                        plan.configs.append(cfg)
+    check_weights_flags(args, plan)
+    return plan
+
+
+def check_weights_flags(args, plan: Plan) -> None:
+    if args.load_weights:
+        try:
+            weightslib.load(args.load_weights, plan.configs[0].model if plan.configs else None)
+        except weightslib.WeightsError as e:
+            raise UsageError(str(e)) from None
+    if args.save_weights is None:
+        return
+    if len(plan.configs) != 1:
+        raise UsageError(f"--save-weights needs exactly one run (this request has {len(plan.configs)}): "
+                         "choose one --backend, --strategy and --gpus count")
+    if plan.configs[0].epochs == 0:
+        raise UsageError("--save-weights with --epochs 0: nothing is trained to save "
+                         "(the loaded weights are already in the --load-weights file)")
+    check_writable_file(args.save_weights, "--save-weights")
+
+
+def check_writable_file(path: str, flag: str) -> None:
+    """Refused before training rather than after it: PATH must not be a directory, and its nearest existing
+    ancestor (missing directories are created when the file is written) must be a writable directory."""
+    if os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is a directory; name a file")
+    ancestor = os.path.dirname(path)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise UsageError(f"{flag} {path}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK):
+        raise UsageError(f"{flag} {path}: {ancestor} is not writable")

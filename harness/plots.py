@@ -1,0 +1,70 @@
+"""The report's figures: test accuracy per epoch, throughput against the device count (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.tables import Row, key
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_accuracy(rows: list[Row], path: Path) -> bool:
+    ok = [row.result for row in rows if row.result.ok and row.result.epochs]
+    if not ok:
+        return False
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    styles = ["-", "--", ":", "-."]
+    strategies = sorted({key(r)[:2] for r in ok})
+    markers = "osD^v<>"
+    counts = sorted({r.config.devices for r in ok})
+    for r in ok:
+        epochs = [e.epoch for e in r.epochs]
+        # line style per backend/strategy, marker per device count: runs that agree exactly stay visible
+        ax.plot(epochs, [e.test_acc for e in r.epochs], linestyle=styles[strategies.index(key(r)[:2]) % 4],
+                marker=markers[counts.index(r.config.devices) % len(markers)], markerfacecolor="none",
+                label=" ".join(map(str, key(r))) + " dev")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("Test accuracy per epoch")
+    ax.grid(alpha=0.3)
+    ax.set_xticks(sorted({e.epoch for r in ok for e in r.epochs}))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_throughput(rows: list[Row], path: Path) -> bool:
+    series: dict[tuple, list] = {}
+    for row in rows:
+        if row.result.ok and row.images_per_s:   # (evaluation-only runs have none)
+            series.setdefault(key(row.result)[:2], []).append((row.result.config.devices, row.images_per_s))
+    if not any(len(points) > 1 for points in series.values()):
+        return False
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    counts = sorted({p[0] for points in series.values() for p in points})
+    for (backend, strategy), points in sorted(series.items()):
+        points.sort()
+        line, = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"{backend} {strategy}")
+        if points[0][0] == 1:  # linear scaling from the 1-device run, for reference
+            ax.plot(counts, [points[0][1] * n for n in counts], linestyle=":", color=line.get_color(), alpha=0.5)
+    ax.set_ylim(bottom=0)
+    ax.set_xticks(counts)
+    ax.set_xlabel("devices")
+    ax.set_ylabel("images / s")
+    ax.set_title("Training throughput vs devices (dotted: linear scaling)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
