@@ -8,7 +8,9 @@ Each group is made by a function, a fresh parser per call: a subcommand that nee
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+from dataclasses import dataclass
 
 from common import config as configlib
 from common import weights as weightslib
@@ -16,15 +18,42 @@ from common.config import BN_MODES, COMPILE_MODES, DATASETS, MODELS, PRECISIONS,
 
 DEFAULT_TIMEOUT = 3600.0
 
+@dataclass(frozen=True)
+class Preset:
+    """A run's defaults. Batch and learning rate are per device and scale with the device count, as d2l does
+    (bs 256 / lr 0.1 on one GPU, bs 512 / lr 0.2 on two); --batch-size / --lr fix them instead."""
+    title: str
+    model: str
+    epochs: int
+    batch_per_device: int
+    lr_per_device: float
+    train_size: int | None
+    test_size: int | None
+    timed_steps: int
+    batch_size: int | None = None   # --batch-size: the global batch, whatever the device count
+    lr: float | None = None         # --lr: the learning rate, whatever the device count
+
+    def with_flags(self, args) -> "Preset":
+        """The preset with the value of every flag the command line gives in place of its own."""
+        given = {name: getattr(args, name) for name in PRESET_FLAGS if getattr(args, name) is not None}
+        return dataclasses.replace(self, **given)
+
+    def batch(self, devices: int) -> int:
+        return self.batch_size if self.batch_size is not None else self.batch_per_device * devices
+
+    def learning_rate(self, devices: int) -> float:
+        return self.lr if self.lr is not None else self.lr_per_device * devices
+
+
+# The flags that override a preset's value (their default, None, leaves it).
+PRESET_FLAGS = ("model", "epochs", "train_size", "test_size", "timed_steps", "batch_size", "lr")
+
 # d2l's recipe (GPU) and a quick CPU preset that finishes in a few minutes on 2 cores.
-# Batch and learning rate are per device and scale with the device count, as d2l does
-# (bs 256 / lr 0.1 on one GPU, bs 512 / lr 0.2 on two); --batch-size / --lr fix them instead.
 PRESETS = {
-    "d2l": {"title": "d2l recipe", "model": "resnet18", "epochs": 10, "batch_per_device": 256,
-            "lr_per_device": 0.1, "train_size": None, "test_size": None, "timed_steps": 50},
-    "quick": {"title": "CPU quick preset (data subset)", "model": "resnet18", "epochs": 2,
-              "batch_per_device": 32, "lr_per_device": 0.05, "train_size": 2048, "test_size": 1000,
-              "timed_steps": 10},
+    "d2l": Preset("d2l recipe", model="resnet18", epochs=10, batch_per_device=256, lr_per_device=0.1,
+                  train_size=None, test_size=None, timed_steps=50),
+    "quick": Preset("CPU quick preset (data subset)", model="resnet18", epochs=2, batch_per_device=32,
+                    lr_per_device=0.05, train_size=2048, test_size=1000, timed_steps=10),
 }
 
 

@@ -17,7 +17,7 @@ from common import weights as weightslib
 from common.config import ConfigError, RunConfig
 from common.manifest import Manifest
 from harness import devices as devicelib
-from harness.arguments import PRESETS, UsageError, check_shared
+from harness.arguments import PRESETS, Preset, UsageError, check_shared
 
 
 # ------------------------------------------------------------------------- parsing
@@ -226,22 +226,18 @@ def check_subset_sizes(args, sizes: tuple[int, int]) -> None:
             raise UsageError(f"{flag} {asked} is more than the {available} {split} images of {args.dataset}")
 
 
-def make_config(args, preset: dict, backend: str, strategy: str, options: dict, n: int, kind: str,
+def make_config(args, preset: Preset, backend: str, strategy: str, options: dict, n: int, kind: str,
                 data_dir: str | None) -> RunConfig:
-    """One run: the preset's values unless a flag overrides them; batch and lr scale with n by default."""
+    """One run of `preset` (the flags already in it) on n devices."""
     cfg = RunConfig(
         backend=backend, strategy=strategy, devices=n, device_kind=kind, simulated=(kind == "cpu"),
-        model=args.model or preset["model"],
-        epochs=args.epochs if args.epochs is not None else preset["epochs"],
-        batch_size=args.batch_size if args.batch_size is not None else preset["batch_per_device"] * n,
-        lr=args.lr if args.lr is not None else preset["lr_per_device"] * n,
-        train_size=args.train_size if args.train_size is not None else preset["train_size"],
-        test_size=args.test_size if args.test_size is not None else preset["test_size"],
+        model=preset.model, epochs=preset.epochs, batch_size=preset.batch(n), lr=preset.learning_rate(n),
+        train_size=preset.train_size, test_size=preset.test_size,
         dataset=args.dataset, data_dir=data_dir, seed=args.seed, timeout=args.timeout,
         threads=args.threads, options=options, bn=args.bn, init=args.init,
         precision=args.precision, compile=args.compile, channels_last=args.channels_last,
         resident_data=args.resident_data, compile_mode=args.compile_mode, prefetch=args.prefetch,
-        timed_steps=args.timed_steps if args.timed_steps is not None else preset["timed_steps"],
+        timed_steps=preset.timed_steps,
         load_weights=os.path.abspath(args.load_weights) if args.load_weights else None,
         save_weights=os.path.abspath(args.save_weights) if args.save_weights else None)
     try:
@@ -262,7 +258,7 @@ def build_plan(args) -> Plan:
         raise UsageError(f"--out {args.out} exists and is not a directory")
 
     preset_name = args.preset if args.preset != "auto" else ("d2l" if kind == "gpu" else "quick")
-    preset = PRESETS[preset_name]
+    preset = PRESETS[preset_name].with_flags(args)
     backends = {n: manifest.load(n) for n in names}
     options = parse_options(args.option, backends)
     strategies = select_strategies(args, backends, kind, args.bn)
@@ -272,7 +268,7 @@ def build_plan(args) -> Plan:
     check_subset_sizes(args, sizes)
 
     plan = Plan(backends=backends, pythons=pythons, device_kind=kind, gpus=gpus, detection=devices.why,
-                data_source=data_source, preset=preset["title"])
+                data_source=data_source, preset=preset.title)
     for name in names:
         for strategy, reason in strategies[name]:   # (none: no asked strategy is this backend's)
             reason = reason or refused.get(name)

@@ -190,3 +190,15 @@ def test_list_subcommand_is_the_list_flag():
 def test_a_subcommand_comes_first(tmp_path):
     assert_refused(tmp_path, "--backend", "torch", "check", match="the subcommand check must come first")
     assert_refused(tmp_path, "nonsense", match="invalid choice: 'nonsense'")
+
+
+def test_flags_replace_the_presets_values_and_batch_and_lr_scale_with_the_devices_otherwise():
+    from harness.arguments import PRESETS
+    quick = PRESETS["quick"]
+    plain = quick.with_flags(cli.build_parser().parse_args([]))
+    assert plain == quick and (plain.batch(2), plain.learning_rate(2)) == (64, 0.1)
+    given = quick.with_flags(cli.build_parser().parse_args(["--epochs", "3", "--batch-size", "24", "--lr", "0.3",
+                                                            "--model", "lenet", "--timed-steps", "0"]))
+    assert (given.epochs, given.batch(2), given.batch(4), given.learning_rate(4), given.model, given.timed_steps) == \
+        (3, 24, 24, 0.3, "lenet", 0)
+    assert (given.train_size, given.test_size) == (quick.train_size, quick.test_size)
