@@ -3,9 +3,9 @@
   resnet18, lenet        models.py
   devices, split,        parallel.py
   allreduce
-  run, train_steps,      strategies.py (pmap, sharding)
+  run, train_steps,      strategies.py (TRAINERS: pmap, sharding; the math they share in steps.py)
   gradients, train_trace
-  environment            environment.py
+  environment            environment.py (with the precision settings and float64's computing_in)
 
 Simulated devices: without GPUs, a run uses the first N of SIMULATED_DEVICES CPU
 devices that XLA is asked for here. The flag is read once, when jax initialises its
@@ -15,7 +15,7 @@ in XLA_FLAGS is kept). It changes nothing on the GPUs.
 
 import os
 
-SIMULATED_DEVICES = 16   # the harness's limit for --gpus on a CPU-only host
+from common.config import MAX_SIMULATED_DEVICES as SIMULATED_DEVICES   # the limit of --gpus on a CPU-only host
 
 
 def _ask_xla_for_cpu_devices(count: int) -> None:
@@ -29,14 +29,15 @@ _ask_xla_for_cpu_devices(SIMULATED_DEVICES)
 from backends.jax.environment import environment  # noqa: E402  (after the XLA flag)
 from backends.jax.models import build, count_params, forward, from_canonical, lenet, resnet18, spec  # noqa: E402
 from backends.jax.parallel import allreduce, devices, split  # noqa: E402
-from backends.jax.strategies import float64_gradients, gradients, run, train_steps, train_trace  # noqa: E402
+from backends.jax.strategies import (TRAINERS, float64_gradients, gradients, run, train_steps,  # noqa: E402
+                                     train_trace)
 
 NAME = "jax"
 
 # The backend interface (docs/ARCHITECTURE.md): the same names in every backend.
 __all__ = ["NAME", "resnet18", "lenet", "initial_weights", "param_count", "devices", "split", "allreduce",
            "predict", "run", "environment", "gradients", "train_trace", "train_steps", "float64_gradients",
-           "array", "to_numpy", "device_of"]
+           "TRAINERS", "array", "to_numpy", "device_of"]
 
 
 def initial_weights(model: str, seed: int = 0):
@@ -56,7 +57,7 @@ def predict(model: str, weights, x, train: bool = False, dtype: str = "float32")
     (the running statistics it would update are dropped). dtype "float64" computes in float64."""
     import jax
     import numpy as np
-    from backends.jax.strategies import DTYPES, computing_in, module_dtypes
+    from backends.jax.environment import DTYPES, computing_in, module_dtypes
     # On the CPU at full float32 precision whatever the host has: on a GPU XLA's default would be TF32
     # matmuls, and the equivalence check compares these logits with the other backends' CPU logits.
     with computing_in(dtype), jax.default_device(jax.devices("cpu")[0]), jax.default_matmul_precision("highest"):

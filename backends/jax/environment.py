@@ -1,11 +1,16 @@
-"""What the jax worker runs on, and the settings that must be the same for every backend."""
+"""What the jax worker runs on, and the settings that must be the same for every backend: the matmul
+precision, the modules' dtypes, and float64 (jax_enable_x64) for the equivalence API's float64 calls."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 
 import flax
 import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 
 from backends.jax.parallel import gpu_count
@@ -18,11 +23,34 @@ from common import loop, sysinfo
 MATMUL_PRECISION = {"fp32": "highest", "tf32": "tensorfloat32", "bf16": "highest"}
 COMPUTE_DTYPE = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16"}
 COMPILE = "inherent: jax.pmap / jax.jit compile every step whether or not --compile is given"
+DTYPES = {"float32": np.float32, "float64": np.float64}   # of the equivalence API's runs
 
 
 def configure_precision(cfg) -> None:
     """fp32 means fp32 (the same in every backend); tf32 and bf16 as --precision asks (see MATMUL_PRECISION)."""
     jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[cfg.precision])
+
+
+def module_dtypes(precision: str, dtype: str) -> dict:
+    """The flax modules' compute and parameter dtypes: float64 throughout for a float64 run, else
+    float32 parameters computing in float32 or, with --precision bf16, bfloat16."""
+    if dtype == "float64":
+        return {"dtype": jnp.float64, "param_dtype": jnp.float64}
+    return {"dtype": jnp.bfloat16 if precision == "bf16" else None, "param_dtype": jnp.float32}
+
+
+@contextlib.contextmanager
+def computing_in(dtype: str):
+    """jax_enable_x64 while a float64 computation lasts (without it JAX makes float64 arrays float32),
+    restored afterwards, so that float32 work later in the process computes exactly as before."""
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", previous or dtype == "float64")
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_x64", previous)
 
 
 def threads_per_process(cfg) -> int:
@@ -56,13 +84,6 @@ BATCHNORM = {
 }
 
 
-def levers(cfg) -> dict:
-    """The speed levers as they take effect (a refused one, --channels-last, never does: the run is
-    reported unavailable)."""
-    return {"precision": cfg.precision, "compile": cfg.compile, "compile_effect": COMPILE,
-            "channels_last": False, "resident_data": cfg.resident_data}
-
-
 def input_copies(cfg) -> str:
     where = "the GPUs" if cfg.device_kind == "gpu" else "the simulated CPU devices"
     return loop.input_copies(cfg, ahead=f"jax.device_put to {where}, not waited for",
@@ -71,26 +92,21 @@ def input_copies(cfg) -> str:
 
 def environment(cfg) -> dict:
     cuda, cudnn = cuda_versions() if cfg.device_kind == "gpu" else (None, None)
-    return {
-        **sysinfo.host(),
-        "framework": "jax",
-        "framework_version": jax.__version__,
-        "flax": flax.__version__,
-        "optax": optax.__version__,
-        "cuda": cuda,
-        "cudnn": cudnn,
-        "devices": device_names(cfg),
-        "framework_gpus": gpu_count(),   # what JAX itself sees, whatever the harness found
-        "processes": 1,
-        "threads_per_process": threads_per_process(cfg),
-        "precision": {"dtype": COMPUTE_DTYPE[cfg.precision], "param_dtype": "float32",
-                      "jax_default_matmul_precision": MATMUL_PRECISION[cfg.precision],
-                      "tf32_matmul": cfg.precision == "tf32", "tf32_cudnn": cfg.precision == "tf32"},
-        "levers": levers(cfg),
-        "input_copies": input_copies(cfg),
-        "sgd_update": "optax.sgd inside the compiled step, (params, batch_stats, opt_state) donated",
-        "collective": {"pmap": "lax.psum of the gradients inside jax.pmap (XLA all-reduce)",
-                       "sharding": "XLA all-reduce from autodiff through jax.shard_map "
-                                   "(jit over a NamedSharding mesh)"}.get(cfg.strategy),
-        "batchnorm": BATCHNORM[cfg.bn],
-    }
+    return sysinfo.environment(
+        cfg, framework="jax", version=jax.__version__,
+        libraries={"flax": flax.__version__, "optax": optax.__version__},
+        cuda=cuda, cudnn=cudnn, devices=device_names(cfg),
+        framework_gpus=gpu_count(),   # what JAX itself sees, whatever the harness found
+        processes=1, threads=threads_per_process(cfg),
+        precision={"dtype": COMPUTE_DTYPE[cfg.precision], "param_dtype": "float32",
+                   "jax_default_matmul_precision": MATMUL_PRECISION[cfg.precision],
+                   "tf32_matmul": cfg.precision == "tf32", "tf32_cudnn": cfg.precision == "tf32"},
+        compile=COMPILE if cfg.compile else None,
+        input_copies=input_copies(cfg),
+        sgd_update="optax.sgd inside the compiled step, (params, batch_stats, opt_state) donated",
+        collective={"pmap": "lax.psum of the gradients inside jax.pmap (XLA all-reduce)",
+                    "sharding": "XLA all-reduce from autodiff through jax.shard_map "
+                                "(jit over a NamedSharding mesh)"}.get(cfg.strategy),
+        batchnorm=BATCHNORM[cfg.bn],
+        # XLA_FLAGS: how many CPU devices XLA simulates (backends/jax/__init__.py), and any flag of the user's
+        details={"XLA_FLAGS": os.environ.get("XLA_FLAGS", "")})

@@ -13,6 +13,7 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from common.data import check_divisible
 from common.loop import Unsupported
 
 AXIS = "devices"   # the mesh / pmap axis name collectives refer to
@@ -56,12 +57,6 @@ def replicated_sharding(devs: list) -> NamedSharding:
     return NamedSharding(mesh(devs), P())
 
 
-def check_divisible(batch: int, n: int) -> None:
-    """The documented behaviour for a batch the devices cannot split: refuse it."""
-    if batch % n:
-        raise ValueError(f"batch of {batch} examples cannot be split evenly across {n} devices")
-
-
 def check_batch(X, y, n: int) -> None:
     if X.shape[0] != y.shape[0]:
         raise ValueError(f"X has {X.shape[0]} examples but y has {y.shape[0]}")
@@ -73,7 +68,7 @@ def stack_on_devices(X, y, devs: list, dtype=np.float32):
     the images as `dtype` (float64 only for the float64 equivalence runs).
 
     Uneven shards would weight examples differently in the averaged gradient, so a
-    batch that does not divide evenly is refused with ValueError (see check_divisible).
+    batch that does not divide evenly is refused with ValueError (common.data.check_divisible).
     """
     check_batch(X, y, len(devs))
     k = len(devs)
@@ -92,6 +87,18 @@ def split(X, y, devs: list):
     """Shard a global batch into len(devs) equal parts along axis 0, part i on devs[i] (d2l's split_batch)."""
     xs, ys = stack_on_devices(X, y, devs)
     return per_device(xs, devs), per_device(ys, devs)
+
+
+def stacked(tree, devs: list):
+    """One copy of every leaf of a (numpy) tree per device, along a leading device axis."""
+    k = len(devs)
+    return jax.device_put(jax.tree.map(lambda a: np.broadcast_to(a, (k, *np.shape(a))), tree),
+                          device_axis_sharding(devs))
+
+
+def on_device(a: jax.Array, device) -> jax.Array:
+    """The copy of a replicated array that lives on `device`."""
+    return next(shard.data for shard in a.addressable_shards if shard.device == device)
 
 
 def from_per_device(arrays: list[jax.Array], devs: list) -> jax.Array:

@@ -10,14 +10,21 @@ BatchNorm is nn.BatchNorm (each context its own shard's statistics) or, for --bn
 Gluon's contrib SyncBatchNorm (statistics over the shards of all contexts); both
 have the same parameters, so the canonical names do not depend on the mode. Their
 running statistics follow torch's convention (batchnorm.py).
+
+Below the networks: what the strategies build and run on them (the network of a run, its trainable
+and statistic parameters, one shard's forward and backward, accuracy counts).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from backends.mxnet.batchnorm import Norm, batchnorm, sync_batchnorm  # noqa: F401  (re-exported)
+from backends.mxnet.batchnorm import Norm, batchnorm, sync_batchnorm
 from backends.mxnet.compat import mx
+from backends.mxnet.environment import hybridized
+from backends.mxnet.parallel import as_ndarray
+from common.config import RunConfig
+from mxnet import autograd, gluon
 from mxnet.gluon import nn
 
 
@@ -178,3 +185,56 @@ def to_canonical(*nets: nn.Block) -> dict[str, np.ndarray]:
 
 def _mean_on_host(arrays: list) -> np.ndarray:
     return np.mean([a.asnumpy() for a in arrays], axis=0, dtype=arrays[0].dtype)
+
+
+# ------------------------------------------------------------------- what the strategies build and run
+
+LOSS = gluon.loss.SoftmaxCrossEntropyLoss()   # per example; summed per shard
+
+
+def norm_layers(cfg: RunConfig) -> Norm:
+    """The BatchNorm layers of the run's --bn mode. On one context the global batch is that
+    context's batch, so sync is plain BatchNorm there (the 1-device run k devices must equal)."""
+    return sync_batchnorm(cfg.devices) if cfg.bn == "sync" and cfg.devices > 1 else batchnorm
+
+
+def statistics_shards(cfg: RunConfig) -> int:
+    """How many contexts' shards one BatchNorm layer's statistics cover."""
+    return cfg.devices if cfg.bn == "sync" else 1
+
+
+def network(cfg: RunConfig, ctx, dtype: str) -> gluon.HybridBlock:
+    """The model initialised on ctx (a context or a list of them) in dtype, hybridized if the run
+    says so. Gluon's own initial values are overwritten with the canonical ones by reset()."""
+    net = build(cfg.model, norm_layers(cfg))
+    net.initialize(ctx=ctx)
+    net.cast(dtype)
+    if hybridized(cfg):
+        net.hybridize()
+    return net
+
+
+def trainable(net: gluon.Block) -> list:
+    return [p for p in net.collect_params().values() if not is_statistic(p)]
+
+
+def running_statistics(net: gluon.Block) -> list:
+    return [p for p in net.collect_params().values() if is_statistic(p)]
+
+
+def forward_backward(net, x, y):
+    """Summed loss of one shard, its gradients left in the network; (loss sum, correct) handles."""
+    with autograd.record():
+        logits = net(x)
+        loss = LOSS(logits, y).sum()
+    loss.backward()
+    return loss, (logits.argmax(axis=1).astype(y.dtype) == y).sum()
+
+
+def accuracy_counts(net, batches, ctx, dtype: str) -> tuple[int, int]:
+    correct = total = 0
+    for x, y in batches:
+        predicted = net(as_ndarray(np.asarray(x, dtype), ctx)).argmax(axis=1).asnumpy()   # inference mode
+        correct += int((predicted.astype(np.int64) == y).sum())
+        total += len(y)
+    return correct, total

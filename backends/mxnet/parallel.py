@@ -93,3 +93,16 @@ class Reduction:
 
     def __call__(self) -> None:
         self._call()
+
+
+def average(arrays: list) -> None:
+    """Every array becomes the mean of them all (the hand-written allreduce, then / k)."""
+    for a in allreduce(arrays):
+        a[:] /= len(arrays)
+
+
+def zeros_per_context(values: int, devs: list) -> list:
+    """One float32 buffer of `values` zeros per context, allocated before anything is timed."""
+    buffers = [mx.nd.zeros((values,), ctx=ctx, dtype="float32") for ctx in devs]
+    mx.nd.waitall()
+    return buffers

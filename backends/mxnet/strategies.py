@@ -38,79 +38,16 @@ import numpy as np
 from backends.mxnet import models
 from backends.mxnet.batchnorm import RunningStatistics
 from backends.mxnet.compat import mx
-from backends.mxnet.environment import MANIFEST, NO_GPU_BUILD, has_cuda, hybridized, visible_gpus
-from backends.mxnet.parallel import Reduction, Shards, allreduce, as_ndarray, devices, examples, split, stage
+from backends.mxnet.environment import MANIFEST, NO_GPU_BUILD, has_cuda, visible_gpus
+from backends.mxnet.parallel import (Reduction, Shards, allreduce, average, devices, examples, split, stage,
+                                     zeros_per_context)
 from common import data as datalib
 from common import levers as leverlib
 from common.config import RunConfig
 from common.loop import Unsupported, run_training
 from common.trainer import Trainer, first_gradients, probe_config, trace
 from common.weights import for_run as weights_for_run
-from mxnet import autograd, gluon
-
-LOSS = gluon.loss.SoftmaxCrossEntropyLoss()   # per example; summed per shard
-
-
-def norm_layers(cfg: RunConfig) -> models.Norm:
-    """The BatchNorm layers of the run's --bn mode. On one context the global batch is that
-    context's batch, so sync is plain BatchNorm there (the 1-device run k devices must equal)."""
-    return models.sync_batchnorm(cfg.devices) if cfg.bn == "sync" and cfg.devices > 1 else models.batchnorm
-
-
-def statistics_shards(cfg: RunConfig) -> int:
-    """How many contexts' shards one BatchNorm layer's statistics cover."""
-    return cfg.devices if cfg.bn == "sync" else 1
-
-
-def network(cfg: RunConfig, ctx, dtype: str) -> gluon.HybridBlock:
-    """The model initialised on ctx (a context or a list of them) in dtype, hybridized if the run
-    says so. Gluon's own initial values are overwritten with the canonical ones by reset()."""
-    net = models.build(cfg.model, norm_layers(cfg))
-    net.initialize(ctx=ctx)
-    net.cast(dtype)
-    if hybridized(cfg):
-        net.hybridize()
-    return net
-
-
-def trainable(net: gluon.Block) -> list:
-    return [p for p in net.collect_params().values() if not models.is_statistic(p)]
-
-
-def running_statistics(net: gluon.Block) -> list:
-    return [p for p in net.collect_params().values() if models.is_statistic(p)]
-
-
-def average(arrays: list) -> None:
-    """Every array becomes the mean of them all (the hand-written allreduce, then / k)."""
-    for a in allreduce(arrays):
-        a[:] /= len(arrays)
-
-
-def forward_backward(net, x, y):
-    """Summed loss of one shard, its gradients left in the network; (loss sum, correct) handles."""
-    with autograd.record():
-        logits = net(x)
-        loss = LOSS(logits, y).sum()
-    loss.backward()
-    return loss, (logits.argmax(axis=1).astype(y.dtype) == y).sum()
-
-
-def accuracy_counts(net, batches, ctx, dtype: str) -> tuple[int, int]:
-    correct = total = 0
-    for x, y in batches:
-        predicted = net(as_ndarray(np.asarray(x, dtype), ctx)).argmax(axis=1).asnumpy()   # inference mode
-        correct += int((predicted.astype(np.int64) == y).sum())
-        total += len(y)
-    return correct, total
-
-
-def zeros_per_context(values: int, devs: list) -> list:
-    """One float32 buffer of `values` zeros per context, allocated before anything is timed."""
-    buffers = [mx.nd.zeros((values,), ctx=ctx, dtype="float32") for ctx in devs]
-    mx.nd.waitall()
-    return buffers
-
+from mxnet import gluon
 
 class MXNetTrainer(Trainer):
     """What the strategies share: `module` is the network evaluated and reported, `devs` its contexts,
@@ -151,7 +88,7 @@ class MXNetTrainer(Trainer):
 
     def evaluate(self, batches) -> tuple[int, int]:
         self.average_bn_statistics()
-        return accuracy_counts(self.module, batches, self.devs[0], self.dtype)
+        return models.accuracy_counts(self.module, batches, self.devs[0], self.dtype)
 
     def param_count(self) -> int:
         return models.count_params(self.module)
@@ -168,7 +105,7 @@ class MXNetTrainer(Trainer):
         starts: float64 convolutions run on mxnet's bundled OpenBLAS 0.3.13 (OpenMP build), whose
         dgemm can hang forever in exec_blas when two contexts' engine threads call it at once (float32
         runs use oneDNN instead). The arithmetic is the same; only the overlap is lost."""
-        handles = forward_backward(net, x, y)
+        handles = models.forward_backward(net, x, y)
         if self.dtype == "float64":
             mx.nd.waitall()
         return handles
@@ -186,7 +123,7 @@ class ScratchTrainer(MXNetTrainer):
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
-        self.replicas = [network(cfg, ctx, dtype) for ctx in self.devs]
+        self.replicas = [models.network(cfg, ctx, dtype) for ctx in self.devs]
         self.module = self.replicas[0]
         self.statistics = RunningStatistics(self.replicas)
 
@@ -201,7 +138,7 @@ class ScratchTrainer(MXNetTrainer):
         xs, ys = self._split(x, y)
         with self.statistics.step(xs[0].shape):
             metrics = [self._forward_backward(net, xi, yi) for net, xi, yi in zip(self.replicas, xs, ys)]
-        params = [trainable(net) for net in self.replicas]
+        params = [models.trainable(net) for net in self.replicas]
         for i in range(len(params[0])):
             allreduce([replica[i].grad() for replica in params])
         return metrics
@@ -210,7 +147,7 @@ class ScratchTrainer(MXNetTrainer):
         """SGD on every context with the reduced gradients, scaled by lr / batch size."""
         scale = self.cfg.lr / self._examples
         for net in self.replicas:
-            for p in trainable(net):
+            for p in models.trainable(net):
                 w = p.data()
                 w[:] = w - scale * p.grad()
 
@@ -220,7 +157,7 @@ class ScratchTrainer(MXNetTrainer):
         return Reduction(buffers, lambda: allreduce(buffers))
 
     def average_bn_statistics(self) -> None:
-        stats = [running_statistics(net) for net in self.replicas]
+        stats = [models.running_statistics(net) for net in self.replicas]
         for i in range(len(stats[0])):
             average([replica[i].data() for replica in stats])
 
@@ -235,15 +172,16 @@ class GluonTrainer(MXNetTrainer):
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
-        self.module = network(cfg, self.devs, dtype)
-        self.statistics = RunningStatistics([self.module], statistics_shards(cfg))
+        self.module = models.network(cfg, self.devs, dtype)
+        self.statistics = RunningStatistics([self.module], models.statistics_shards(cfg))
         # Only the trainable parameters: the kvstore's set-up copies device 0's values to every
         # device, which must not overwrite the per-device BatchNorm statistics.
         # update_on_kvstore=False: the kvstore sums the gradients and each context applies SGD.
         # With the update on the kvstore, its copy of the weights would be re-made after reset(),
         # inside the first timed step; this way the kvstore is set up once, in the warm-up step.
         sgd = Float64SGD(learning_rate=cfg.lr) if dtype == "float64" else mx.optimizer.SGD(learning_rate=cfg.lr)
-        self.trainer = gluon.Trainer(trainable(self.module), sgd, kvstore=MANIFEST.option(cfg.options, "kvstore"),
+        self.trainer = gluon.Trainer(models.trainable(self.module), sgd,
+                                     kvstore=MANIFEST.option(cfg.options, "kvstore"),
                                      update_on_kvstore=False)
 
     def reset(self) -> None:
@@ -277,7 +215,7 @@ class GluonTrainer(MXNetTrainer):
         return Reduction(buffers, lambda: kv.pushpull(0, buffers))
 
     def average_bn_statistics(self) -> None:
-        for p in running_statistics(self.module):
+        for p in models.running_statistics(self.module):
             average(p.list_data())
 
 
@@ -311,7 +249,7 @@ SYNC_BN_IN_FLOAT64 = ("mxnet 1.9.1's SyncBatchNorm operator fails on float64 inp
 def check_dtype(dtype: str, cfg: RunConfig) -> None:
     """The common rule (common/levers.py), and: float64 has no synchronised BatchNorm over several contexts."""
     leverlib.check_dtype(dtype, cfg)
-    if dtype == "float64" and statistics_shards(cfg) > 1:
+    if dtype == "float64" and models.statistics_shards(cfg) > 1:
         raise Unsupported(SYNC_BN_IN_FLOAT64)
 
 

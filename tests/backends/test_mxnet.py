@@ -174,7 +174,7 @@ def test_scratch_refuses_sync_batchnorm():
 
 def statistics_per_device(trainer) -> list[list[np.ndarray]]:
     """The BatchNorm running statistics each of the trainer's devices holds."""
-    from backends.mxnet.strategies import running_statistics
+    from backends.mxnet.models import running_statistics
     if hasattr(trainer, "replicas"):   # scratch: one network per device
         return [[p.data().asnumpy() for p in running_statistics(net)] for net in trainer.replicas]
     params = running_statistics(trainer.module)
