@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from common import manifest
-from harness import arguments, check, envs, interrupts, report, runner, testing
+from harness import arguments, check, envs, interrupts, report, runner, tables, testing
 from harness.arguments import HelpFormatter, Parser, UsageError
 from harness.plan import Devices, Plan, build_plan, choose_devices, parse_pythons
 
@@ -123,7 +123,7 @@ def run_benchmark(args, argv: list[str]) -> int:
         meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         interrupts.finishing()   # from here on a signal must not lose the results: it only sets the exit status
         final = save_report(staging, results, meta)
-    console.say("\n" + "\n".join(report.summary_table(report.with_scaling(results))))
+    console.say("\n" + "\n".join(tables.summary_table(tables.with_scaling(results))))
     if final is None:
         return interrupts.exit_status() or 1
     console.say(f"\nReport: {final / 'report.md'}")

@@ -16,12 +16,10 @@ import time
 from pathlib import Path
 
 from common.results import SCHEMA_VERSION, Result, write_json_atomic
-# The report's parts, re-exported: `report.summary_table(report.with_scaling(results))` and the like.
 from harness.plots import plot_accuracy, plot_throughput
-from harness.sections import (D2L_REFERENCE, GPU_SETTINGS, as_config, devices_line, environment_section,  # noqa: F401
-                              equivalence_section, hashes_section, input_line, precision_line, setting)
-from harness.tables import (STATUS_NOTE, Row, accuracy_table, as_results, failures, fmt, key,  # noqa: F401
-                            milliseconds, peak_memory, steps_table, summary_table, table, variant, with_scaling)
+from harness.sections import (D2L_REFERENCE, devices_line, environment_section, equivalence_section, hashes_section,
+                              input_line, precision_line)
+from harness.tables import accuracy_table, as_results, failures, steps_table, summary_table, table, with_scaling
 
 
 class Staging:

@@ -3,7 +3,7 @@
   resnet18, lenet        models.py
   devices, split,        parallel.py
   allreduce
-  run, train_steps,      strategies.py (TRAINERS: pmap, sharding; the math they share in steps.py)
+  run, train_steps,      strategies.py (TRAINERS: pmap, sharding; the math they share in models.py)
   gradients, train_trace
   environment            environment.py (with the precision settings and float64's computing_in)
 

@@ -13,6 +13,8 @@ BatchNorm, e.g. jnp.bfloat16 for --precision bf16; parameters and BatchNorm stat
 of at least float32, so the loss is computed in float32 (or float64).
 BatchNorm is this module's own (see BatchNorm): flax's updates the running variance with the biased
 batch variance, torch with the unbiased one, and every backend follows torch.
+At the end, the math of a step every strategy shares on one device's shard: the loss, the SGD update and
+the predicted classes of evaluation (strategies.py decides how they are spread over the devices).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from jax import lax
 
 BN_EPS = 1e-5
@@ -299,3 +302,28 @@ def _native_layout(kind: str, value, dtype) -> np.ndarray:
     elif kind == "dense":
         value = value.T                              # (out, in) -> (in, out)
     return np.ascontiguousarray(value)
+
+
+# ------------------------------------------------------------------- the math every strategy shares
+
+def local_loss(net, params, stats, x, y):
+    """Sum of the cross-entropy over this device's examples; (new BatchNorm stats, loss sum, correct) as aux."""
+    logits, new_stats = forward(net, {"params": params, "batch_stats": stats}, x, train=True)
+    loss_sum = optax.softmax_cross_entropy_with_integer_labels(logits, y).sum()
+    correct = jnp.sum(jnp.argmax(logits, axis=-1) == y)
+    return loss_sum, (new_stats, loss_sum, correct)
+
+
+def sgd(tx, params, opt_state, grads):
+    """The SGD update of every strategy, the same in step() and update(): (new params, new opt_state)."""
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+def predict_classes(net):
+    """A compiled (params, batch_stats, x) -> predicted classes, in eval mode."""
+    @jax.jit
+    def predict(params, stats, x):
+        logits = forward(net, {"params": params, "batch_stats": stats}, x, train=False)
+        return jnp.argmax(logits, axis=-1)
+    return predict

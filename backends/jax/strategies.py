@@ -50,7 +50,7 @@ from backends.jax import models
 from backends.jax.environment import DTYPES, computing_in, configure_precision, module_dtypes
 from backends.jax.parallel import (AXIS, check_batch, device_axis_sharding, devices, mesh, on_device, per_device,
                                    replicated_sharding, stack_on_devices, stacked)
-from backends.jax.steps import local_loss, predict_classes, sgd
+from backends.jax.models import local_loss, predict_classes, sgd
 from common import data as datalib
 from common import levers as leverlib
 from common.config import RunConfig
