@@ -304,7 +304,7 @@ FIELD_TYPES = {"environment": dict, "error": (str, type(None)), "epochs": list, 
                "step_time": (dict, type(None)), "allreduce": (dict, type(None)),
                "weights_hash": (str, type(None)), "data_hash": (str, type(None)), "log": (str, type(None)),
                "saved_weights": (dict, type(None))}
-EPOCH_FIELDS = ("epoch", "time_s", "steps", "images", "images_per_s", "train_loss", "train_acc", "test_acc")
+EPOCH_FIELDS = tuple(f.name for f in fields(Epoch) if f.name != "extra")
 
 
 def result_problem(result, config: dict | None = None) -> str | None:
@@ -384,7 +384,3 @@ def _metrics_problem(result: dict) -> str | None:
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
-
-def summary(result) -> dict:
-    """The headline numbers of one run (a Result or a result dict): mean over all epochs (as d2l)."""
-    return (result if isinstance(result, Result) else Result.from_dict(result)).summary()

@@ -123,7 +123,7 @@ def run_benchmark(args, argv: list[str]) -> int:
         meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         interrupts.finishing()   # from here on a signal must not lose the results: it only sets the exit status
         final = save_report(staging, results, meta)
-    console.say("\n" + "\n".join(tables.summary_table(tables.with_scaling(results))))
+    console.say("\n" + "\n".join(tables.summary_table(tables.with_scaling(tables.as_results(results)))))
     if final is None:
         return interrupts.exit_status() or 1
     console.say(f"\nReport: {final / 'report.md'}")

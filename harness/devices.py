@@ -16,9 +16,6 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.config import MAX_SIMULATED_DEVICES
-
-MAX_SIMULATED = MAX_SIMULATED_DEVICES   # (common/config.py: the worker side reads the same limit)
 NVIDIA_SMI_TIMEOUT_S = 20               # a wedged driver can hang nvidia-smi; the harness must not hang with it
 PROC_GPUS = Path("/proc/driver/nvidia/gpus")   # one directory per GPU (its PCI bus id), with an `information` file
 DEV_NVIDIA0 = Path("/dev/nvidia0")      # the first GPU's device node

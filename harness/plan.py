@@ -14,7 +14,7 @@ from common import data as datalib
 from common import levers as leverlib
 from common import manifest
 from common import weights as weightslib
-from common.config import ConfigError, RunConfig
+from common.config import MAX_SIMULATED_DEVICES, ConfigError, RunConfig
 from common.manifest import Manifest
 from harness import devices as devicelib
 from harness.arguments import PRESETS, Preset, UsageError, check_shared
@@ -150,8 +150,8 @@ def check_device_counts(counts: list[int], kind: str, gpus: list[str], how: str 
         listed = "; ".join(f"{i}: {g}" for i, g in enumerate(gpus))
         raise UsageError(f"--gpus {max(counts)} asks for more devices than the {len(gpus)} visible GPU(s) ({listed})"
                          + (f", {how}" if how else ""))
-    if kind == "cpu" and max(counts) > devicelib.MAX_SIMULATED:
-        raise UsageError(f"--gpus {max(counts)}: at most {devicelib.MAX_SIMULATED} simulated CPU devices")
+    if kind == "cpu" and max(counts) > MAX_SIMULATED_DEVICES:
+        raise UsageError(f"--gpus {max(counts)}: at most {MAX_SIMULATED_DEVICES} simulated CPU devices")
 
 
 def select_strategies(args, backends: dict[str, Manifest], kind: str, bn: str = "local"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from common.config import RunConfig
 from common.results import Result
-from harness.tables import as_result, as_results, key
+from harness.tables import key
 
 # d2l's published figures (10 epochs, V100-class GPUs, FP32, test accuracy of the last epoch).
 D2L_REFERENCE = [
@@ -17,16 +17,8 @@ D2L_REFERENCE = [
 GPU_SETTINGS = (("input_copies", "input copies"), ("sgd_update", "SGD update"), ("compile", "compile"))
 
 
-def as_config(cfg) -> RunConfig | None:
-    """A RunConfig from a RunConfig, a config dict (one without prefetch predates it: --prefetch 0) or nothing."""
-    if cfg is None or isinstance(cfg, RunConfig):
-        return cfg
-    return RunConfig.from_dict({"prefetch": 0, **cfg}) if cfg else None
-
-
-def input_line(cfg) -> str:
+def input_line(cfg: RunConfig | None) -> str:
     """How batches reach the devices: assembled before each epoch's timer, copied inside it."""
-    cfg = as_config(cfg)
     line = ("Input: each epoch's batches are assembled (one gather of its permutation) before its timer "
             "starts; ")
     if cfg and cfg.resident_data:
@@ -38,8 +30,7 @@ def input_line(cfg) -> str:
                    "and asynchronous copies on GPUs), so the copies, inside the epoch time, overlap compute.")
 
 
-def precision_line(cfg) -> str:
-    cfg = as_config(cfg)
+def precision_line(cfg: RunConfig | None) -> str:
     levers = cfg.levers if cfg else []
     text = {"fp32": "fp32 everywhere, TF32 disabled explicitly", "tf32": "TF32 matmuls and convolutions",
             "bf16": "bfloat16 compute (autocast / flax dtype), float32 weights, gradients and SGD"}
@@ -63,10 +54,10 @@ def setting(value) -> str:
     return ", ".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else str(value)
 
 
-def environment_section(results) -> list[str]:
+def environment_section(results: list[Result]) -> list[str]:
     """Host once, then one line per backend/strategy from its largest run."""
     largest: dict[tuple, Result] = {}
-    for r in as_results(results):
+    for r in results:
         seen = largest.get(key(r)[:2])
         if r.environment and (seen is None or r.config.devices >= seen.config.devices):
             largest[key(r)[:2]] = r
@@ -90,8 +81,8 @@ def environment_section(results) -> list[str]:
     return lines
 
 
-def hashes_section(results) -> list[str]:
-    ok = [r for r in map(as_result, results) if r.ok]
+def hashes_section(results: list[Result]) -> list[str]:
+    ok = [r for r in results if r.ok]
     weights = {r.weights_hash for r in ok if r.weights_hash}
     data = {r.data_hash for r in ok if r.data_hash}   # (evaluation-only runs train on nothing)
     lines = []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from common.config import RunConfig
 from common.results import Result
 
 STATUS_NOTE = {
@@ -13,22 +12,13 @@ STATUS_NOTE = {
 }
 
 
-def as_result(r) -> Result:
-    """The report reads Results; the harness hands it result dicts (converted here, once)."""
-    return r if isinstance(r, Result) else Result.from_dict(r)
+def as_results(results: list[dict | Result]) -> list[Result]:
+    """The report reads Results; the harness hands it result dicts: converted here, once, where they enter."""
+    return [r if isinstance(r, Result) else Result.from_dict(r) for r in results]
 
 
-def as_results(results) -> list[Result]:
-    return [as_result(r) for r in results]
-
-
-def variant(c) -> str:
-    """The strategy with its backend options and speed levers, e.g. `gluon[kvstore=local]`, `ddp[bf16]`."""
-    return (c if isinstance(c, RunConfig) else RunConfig.from_dict(c)).variant
-
-
-def key(r) -> tuple:
-    c = as_result(r).config
+def key(r: Result) -> tuple:
+    c = r.config
     return c.backend, c.variant, c.devices
 
 
@@ -44,9 +34,8 @@ class Row:
     efficiency: float | None = None
 
 
-def with_scaling(results) -> list[Row]:
+def with_scaling(results: list[Result]) -> list[Row]:
     """Attach summary numbers, speed-up and efficiency against the 1-device run of the same backend/strategy."""
-    results = as_results(results)
     rows = []
     base = {}
     for r in results:

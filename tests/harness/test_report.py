@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from common.config import RunConfig
 from common.results import SCHEMA_VERSION
 from harness import report, sections, tables
 
@@ -24,8 +25,8 @@ def result(backend="torch", strategy="scratch", devices=1, ips=100.0, status="ok
 
 
 def test_speedup_and_efficiency_against_one_device():
-    rows = tables.with_scaling([result(devices=2, ips=150.0), result(devices=1, ips=100.0),
-                                result(strategy="ddp", devices=2, ips=90.0)])
+    rows = tables.with_scaling(tables.as_results([result(devices=2, ips=150.0), result(devices=1, ips=100.0),
+                                result(strategy="ddp", devices=2, ips=90.0)]))
     by = {(r.result.config.strategy, r.result.config.devices): r for r in rows}
     assert by[("scratch", 2)].speedup == pytest.approx(1.5)
     assert by[("scratch", 2)].efficiency == pytest.approx(0.75)
@@ -74,12 +75,12 @@ def test_step_statistics_and_allreduce_figure_are_tabulated():
                       "max_s": 0.02, "images_per_s": 5120.0}
     r["allreduce"] = {"values": 11175818, "bytes": 44703272, "repeats": 10, "median_s": 0.0025, "p10_s": 0.002,
                       "p90_s": 0.003, "gb_per_s": 17.88, "share_of_step": 0.2}
-    lines = tables.steps_table(tables.with_scaling([r, result()]))
+    lines = tables.steps_table(tables.with_scaling(tables.as_results([r, result()])))
     assert lines[0].startswith("| backend | strategy | devices | step ms (median) |") and "(44.7 MB)" in lines[0]
     assert lines[2] == "| torch | scratch[bf16,compile] | 2 | 12.5 | 12–14 | 10 | 5120.0 | 2.5 | 17.88 | 20% |"
     assert len(lines) == 3                     # the run without step statistics has no row
     r["config"]["devices"] = 1                 # nothing to send: no bandwidth figure
-    assert tables.steps_table(tables.with_scaling([r]))[2].endswith("| 2.5 | — | 20% |")
+    assert tables.steps_table(tables.with_scaling(tables.as_results([r])))[2].endswith("| 2.5 | — | 20% |")
     text = report.render([r], {**META, "run_id": "x"}, {})
     assert "## Step time and communication" in text and "bfloat16 compute" in text and "compile" in text
 
@@ -104,7 +105,8 @@ def test_environment_lines_say_how_batches_reach_the_devices_and_how_sgd_updates
                         "precision": {"mode": "fp32", "cudnn_benchmark": True},
                         "input_copies": "asynchronous, 2 batches ahead: pinned host memory",
                         "sgd_update": "torch._foreach_sub_", "compile": {"backend": "inductor", "mode": "max-autotune"}}
-    (line,) = [l for l in sections.environment_section([r]) if l.startswith("- **torch scratch**")]
+    lines = sections.environment_section(tables.as_results([r]))
+    (line,) = [l for l in lines if l.startswith("- **torch scratch**")]
     assert "precision: mode=fp32, cudnn_benchmark=True" in line
     assert line.endswith("; input copies: asynchronous, 2 batches ahead: pinned host memory; "
                          "SGD update: torch._foreach_sub_; compile: backend=inductor, mode=max-autotune")
@@ -114,15 +116,15 @@ def test_a_cpu_run_whose_framework_sees_gpus_says_so():
     r = result(devices=2)
     r["config"]["device_kind"] = "cpu"
     r["environment"] = {"framework": "torch", "devices": ["cpu (simulated device 0)"], "framework_gpus": 1}
-    lines = sections.environment_section([r])
+    lines = sections.environment_section(tables.as_results([r]))
     flag = "  - **torch itself sees 1 GPU(s), yet this run used simulated CPU devices**"
     assert any(l.startswith(flag) for l in lines)
     r["environment"]["framework_gpus"] = 0
-    assert not any("itself sees" in l for l in sections.environment_section([r]))
+    assert not any("itself sees" in l for l in sections.environment_section(tables.as_results([r])))
 
 
 def test_the_method_says_how_batches_reach_the_devices():
-    ahead, inside, resident = ({**result()["config"], **kw} for kw in
+    ahead, inside, resident = (RunConfig.from_dict({**result()["config"], **kw}) for kw in
                                ({"prefetch": 2}, {"prefetch": 0}, {"prefetch": 2, "resident_data": True}))
     assert "put on the devices 2 batches ahead of its step" in sections.input_line(ahead)
     assert "each step copies its own batch to the devices (--prefetch 0)" in sections.input_line(inside)

@@ -10,7 +10,7 @@ import pytest
 
 from common.config import RunConfig
 from common.results import (SCHEMA_VERSION, Allreduce, Epoch, Memory, Result, StepTime, failed_result,
-                            load_result, load_results_json, new_result, summary, write_json_atomic)
+                            load_result, load_results_json, new_result, write_json_atomic)
 
 REPORTS = Path(__file__).parents[2] / "reports"
 COMMITTED = next(p for p in sorted(REPORTS.glob("*")) if (p / "results.json").exists())
@@ -42,7 +42,6 @@ def test_a_result_dict_reads_by_attribute():
     assert r.log is None and r.error is None and r.extra == {}
     assert r.summary() == pytest.approx({"sec_per_epoch": 2.0, "images_per_s": 1024.0, "test_acc": 0.75,
                                          "train_loss": 1.5})
-    assert summary(ok_result()) == r.summary()               # the dict form still works
 
 
 def test_to_dict_writes_schema_v2_and_round_trips():
