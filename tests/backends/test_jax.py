@@ -175,25 +175,29 @@ def test_train_mode_forward_gives_the_loss_that_gradients_reports(strategy):
 def test_reduce_gradients_then_update_is_the_fused_step(strategy):
     """step() fuses reduce_gradients() and update() into one compiled call: two ResNet-18 steps of 8
     examples on 2 devices (float64) give the same handles, weights, per-device running statistics and
-    optimizer state either way, bit for bit; canonical_gradients() reads the kept gradients."""
+    optimizer state either way; canonical_gradients() reads the kept gradients. Two compiled programs may
+    order their sums differently on another CPU, so "the same" is float64's IDENTICAL, not bit for bit."""
     import jax
     batches = [batch(8, seed=s) for s in range(2)]
     with float64():
         fused, halves = trainer(strategy, "resnet18", 2, 8), trainer(strategy, "resnet18", 2, 8)
         for x, y in batches:
-            fused_handles = fused.collect([fused.step(x, y)])
-            halves_handles = halves.collect([halves.reduce_gradients(x, y)])
+            fused_loss, fused_correct = fused.collect([fused.step(x, y)])
+            halves_loss, halves_correct = halves.collect([halves.reduce_gradients(x, y)])
             assert set(halves.canonical_gradients()) < set(halves.canonical())
             halves.update()
-            assert halves_handles == fused_handles
+            assert abs(halves_loss - fused_loss) <= IDENTICAL * abs(fused_loss) and halves_correct == fused_correct
         with pytest.raises(RuntimeError, match="reduce_gradients"):
             halves.update()        # its gradients are applied already
         fused.sync()
         halves.sync()
         assert max_abs_diff(fused.canonical(), fused.weights) > 1e-3
-        assert bitwise_equal(halves.canonical(), fused.canonical())
-        for a, b in zip(jax.tree.leaves(halves.state), jax.tree.leaves(fused.state), strict=True):
-            assert a.dtype == np.float64 and np.array_equal(np.asarray(a), np.asarray(b))
+        assert relative(halves.canonical(), fused.canonical()) <= IDENTICAL
+        leaves = [(np.asarray(a), np.asarray(b)) for a, b in
+                  zip(jax.tree.leaves(halves.state), jax.tree.leaves(fused.state), strict=True)]
+        assert all(a.dtype == np.float64 for a, _ in leaves)
+        assert relative({i: a for i, (a, _) in enumerate(leaves)}, {i: b for i, (_, b) in enumerate(leaves)}) \
+            <= IDENTICAL
 
 
 def test_the_train_step_refuses_a_batch_the_devices_cannot_split(strategy):
