@@ -56,6 +56,15 @@ def check_threads(threads) -> None:
         raise ConfigError(f"--threads must be between 1 and {MAX_THREADS} (got {threads})")
 
 
+def parse_address(text) -> tuple[str, int]:
+    """("host", port) from "HOST:PORT" (an IPv6 host in brackets: "[::1]:29500"); ConfigError otherwise."""
+    host, sep, port = str(text or "").rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535 or any(c.isspace() for c in host):
+        raise ConfigError(f"--coordinator takes HOST:PORT with a port from 1 to 65535 (got {text!r})")
+    return host, int(port)
+
+
 @dataclass
 class RunConfig:
     backend: str
@@ -90,6 +99,13 @@ class RunConfig:
     compile_mode: str = "default"     # torch.compile's mode: default, reduce-overhead (CUDA graphs), max-autotune
     prefetch: int = 2                 # batches put on the devices ahead of their step (0: copied inside it)
     timed_steps: int = 20             # steady-state steps timed one by one after training (step statistics)
+    # Several processes on one or more hosts ("nodes"): `devices` is the global count, devices // nodes on
+    # each node; every node runs the same config with its own node_rank, and joins the framework's engine
+    # (torchrun's rendezvous, jax.distributed's coordinator, MXNet's ps-lite scheduler) at `coordinator`.
+    nodes: int = 1
+    node_rank: int = 0
+    coordinator: str | None = None    # "HOST:PORT" where node 0 listens; needed when nodes > 1
+    loopback_nodes: bool = True       # the nodes are process groups on this host over 127.0.0.1 (simulated)
     load_weights: str | None = None   # start from this canonical weights file instead of the seeded init
     save_weights: str | None = None   # write the canonical weights here after training
 
@@ -111,6 +127,16 @@ class RunConfig:
     @property
     def per_device_batch(self) -> int:
         return self.batch_size // self.devices
+
+    @property
+    def local_devices(self) -> int:
+        """The devices of this node (all of them with one node)."""
+        return self.devices // self.nodes
+
+    @property
+    def coordinator_address(self) -> tuple[str, int]:
+        """(host, port) of node 0's rendezvous; validate() has checked the form."""
+        return parse_address(self.coordinator)
 
     def validate(self) -> "RunConfig":
         if self.devices < 1:
@@ -153,7 +179,18 @@ class RunConfig:
             raise ConfigError(f"--train-size {self.train_size} is smaller than one batch ({self.batch_size})")
         if self.device_kind not in ("cpu", "gpu"):
             raise ConfigError(f"unknown device kind {self.device_kind!r}")
+        self._validate_nodes()
         return self
+
+    def _validate_nodes(self) -> None:
+        if not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ConfigError(f"--nodes must be at least 1 (got {self.nodes})")
+        if self.devices % self.nodes:
+            raise ConfigError(f"{self.devices} devices cannot be split evenly across {self.nodes} nodes")
+        if not isinstance(self.node_rank, int) or not 0 <= self.node_rank < self.nodes:
+            raise ConfigError(f"--node-rank must be between 0 and {self.nodes - 1} (got {self.node_rank})")
+        if self.nodes > 1 or self.coordinator is not None:
+            parse_address(self.coordinator)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -21,6 +21,7 @@ class Strategy:
     summary: str
     requires: str | None = None          # "cuda": refused where no GPU is present
     bn: tuple[str, ...] = ("local",)     # the BatchNorm modes it runs (--bn)
+    engine: str | None = None            # the distributed engine that runs it on several nodes (--nodes); None: one process
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,8 @@ def load(name: str) -> Manifest:
         d = tomllib.load(f)
     return Manifest(
         name=d["name"], display=d.get("display", d["name"]), aliases=_strings(d.get("aliases", [])),
-        strategies={k: Strategy(k, v.get("summary", ""), v.get("requires"), _strings(v.get("bn", ["local"])))
+        strategies={k: Strategy(k, v.get("summary", ""), v.get("requires"), _strings(v.get("bn", ["local"])),
+                              v.get("engine"))
                     for k, v in d.get("strategies", {}).items()},
         options={k: Option(k, _strings(v["values"]), str(v["default"]), v.get("summary", ""),
                            _strings(v.get("strategies")))

@@ -15,6 +15,11 @@ harness, and stores flat arrays in an .npz (readable whatever numpy the harness 
   <model>|float64|<k>|<bn>|...                        loss, grad, first, final, losses in float64 over the whole
                                                       trace (the reference backend only: the float32 floor)
 and a JSON of what could not run here, with the reason.
+
+A job with "nodes" > 1 is one node of a multi-process measurement: every node runs the same job with its
+own "node_rank", joined at "coordinator" (common.config.RunConfig's fields, passed to the equivalence API
+with the levers); it measures only the strategies (the same keys, `k` the global device count), and every
+node stores the same values (replica 0's).
 """
 
 from __future__ import annotations
@@ -32,32 +37,41 @@ from common.loop import Unsupported
 FLOAT64_STEPS = 3
 
 
+def topology(job: dict) -> dict:
+    """The RunConfig fields that make a probe one node of several ({} for one process)."""
+    if job.get("nodes", 1) == 1:
+        return {}
+    return {"nodes": job["nodes"], "node_rank": job["node_rank"], "coordinator": job["coordinator"]}
+
+
 def measure(backend, job: dict) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     with np.load(job["batches"]) as f:
         xs, ys = f["x"], f["y"]
     batches = list(zip(xs, ys))
     out, skipped = {}, {}
+    nodes = topology(job)
     for model in job["models"]:
         w = weightslib.load(job["weights"][model], model)
-        out[f"{model}|forward|train"] = backend.predict(model, w, xs[0], train=True)
-        out[f"{model}|forward|eval"] = backend.predict(model, w, xs[0])
-        loss, grads = backend.float64_gradients(model, w, xs[0], ys[0])
-        out[f"{model}|float64|loss"] = np.float64(loss)
-        out.update({f"{model}|float64|grad|{n}": g for n, g in grads.items()})
+        if not nodes:
+            out[f"{model}|forward|train"] = backend.predict(model, w, xs[0], train=True)
+            out[f"{model}|forward|eval"] = backend.predict(model, w, xs[0])
+            loss, grads = backend.float64_gradients(model, w, xs[0], ys[0])
+            out[f"{model}|float64|loss"] = np.float64(loss)
+            out.update({f"{model}|float64|grad|{n}": g for n, g in grads.items()})
         for strategy in job["strategies"]:
             for k in job["devices"]:
                 for bn in job["bn"]:
                     if bn == "sync" and model == "lenet":
                         continue  # no BatchNorm: the same as local
                     key = f"{model}|{strategy}|{k}|{bn}"
-                    common = dict(bn=bn, device_kind=job["device_kind"])
+                    common = dict(bn=bn, device_kind=job["device_kind"], **nodes)
                     try:
                         out.update(_run(backend, key, strategy, model, k, w, batches, job["lr"], common))
                         out.update(_run(backend, f"{model}|{strategy}:float64|{k}|{bn}", strategy, model, k, w,
                                         batches[:FLOAT64_STEPS], job["lr"], {**common, "dtype": "float64"}))
                     except Unsupported as e:
                         skipped[key] = str(e)
-        if job.get("float64"):   # the reference's float32 floor: the same math in float64, the whole trace
+        if job.get("float64") and not nodes:   # the reference's float32 floor: the same math in float64, the whole trace
             for k in job["devices"]:
                 for bn in job["bn"]:
                     if not (bn == "sync" and model == "lenet"):

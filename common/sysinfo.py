@@ -69,7 +69,9 @@ def environment(cfg, *, framework: str, version: str, libraries: dict[str, str],
         "cudnn": cudnn,
         "devices": devices,
         "framework_gpus": framework_gpus,   # what the framework itself sees, whatever the harness found
-        "processes": processes,
+        "nodes": cfg.nodes,                 # process groups / hosts (loopback_nodes: on this one host)
+        "loopback_nodes": cfg.nodes > 1 and cfg.loopback_nodes,
+        "processes": processes,             # every node's processes, every role (a kvstore's servers too)
         "threads_per_process": threads,
         "precision": {"mode": cfg.precision, **precision},
         "levers": {"precision": cfg.precision, "compile": bool(cfg.compile), "channels_last": bool(cfg.channels_last),
