@@ -21,7 +21,7 @@ class Strategy:
     summary: str
     requires: str | None = None          # "cuda": refused where no GPU is present
     bn: tuple[str, ...] = ("local",)     # the BatchNorm modes it runs (--bn)
-    engine: str | None = None            # the distributed engine that runs it on several nodes (--nodes); None: one process
+    engine: str | None = None            # what runs it on several nodes (--nodes); None: one process only
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class Option:
     default: str
     summary: str = ""
     strategies: tuple[str, ...] | None = None   # None: applies to every strategy
+    nodes_default: str | None = None            # the default when the sweep has several nodes (a distributed kvstore)
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def load(name: str) -> Manifest:
                               v.get("engine"))
                     for k, v in d.get("strategies", {}).items()},
         options={k: Option(k, _strings(v["values"]), str(v["default"]), v.get("summary", ""),
-                           _strings(v.get("strategies")))
+                           _strings(v.get("strategies")), v.get("nodes_default"))
                  for k, v in d.get("options", {}).items()},
         levers={k: Lever(k, v.get("summary", ""), _strings(v.get("values")), v.get("refused", ""))
                 for k, v in d.get("levers", {}).items()})

@@ -71,7 +71,7 @@ def measure(backend, job: dict) -> tuple[dict[str, np.ndarray], dict[str, str]]:
                                         batches[:FLOAT64_STEPS], job["lr"], {**common, "dtype": "float64"}))
                     except Unsupported as e:
                         skipped[key] = str(e)
-        if job.get("float64") and not nodes:   # the reference's float32 floor: the same math in float64, the whole trace
+        if job.get("float64") and not nodes:   # the float32 floor: the same math in float64, the whole trace
             for k in job["devices"]:
                 for bn in job["bn"]:
                     if not (bn == "sync" and model == "lenet"):

@@ -157,6 +157,22 @@ def training_flags(lr_default: float | None, lr_help: str, batch_default: int | 
     return p
 
 
+def nodes_flags(hosts: bool = True) -> Parser:
+    """--nodes (and, for runs across hosts, --node-rank and --coordinator): harness/nodes.py."""
+    p = _group()
+    p.add_argument("--nodes", type=name_list, default=None, metavar="M",
+                   help="nodes (hosts) x --gpus devices each: a count (2) or a sweep (1,2). Without --node-rank "
+                        "all nodes run on this host as process groups over 127.0.0.1 (simulated). Default: 1, "
+                        "or Slurm's task count under srun")
+    if hosts:
+        p.add_argument("--node-rank", type=int, default=None, metavar="R",
+                       help="this host's node (0..M-1) of a run across hosts: run the same command on every host")
+        p.add_argument("--coordinator", type=nonempty, default=None, metavar="HOST:PORT",
+                       help="with --node-rank: where node 0 listens (its engine's rendezvous), reachable from every "
+                            "host; under Slurm: the first host of the job, port 29500")
+    return p
+
+
 def timeout_flags(default: float, help: str) -> Parser:
     p = _group()
     p.add_argument("--timeout", type=float, default=default, help=help)
@@ -190,8 +206,9 @@ def run_parents() -> list[Parser]:
                        "initial weights: d2l (kernels ~ N(0, 0.01), the seeds' recipe) or he (the same draws "
                        "rescaled to He's std sqrt(2 / fan_in))"),
         data_flags(),
+        nodes_flags(),
         python_flags(),
-        timeout_flags(DEFAULT_TIMEOUT, "seconds before a run is killed"),
+        timeout_flags(DEFAULT_TIMEOUT, "seconds before a run is killed (and the longest wait for a node to join)"),
         threads_flags(),
         run_flags(),
     ]

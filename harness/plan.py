@@ -17,7 +17,9 @@ from common import weights as weightslib
 from common.config import MAX_SIMULATED_DEVICES, ConfigError, RunConfig
 from common.manifest import Manifest
 from harness import devices as devicelib
+from harness import nodes as nodelib
 from harness.arguments import PRESETS, Preset, UsageError, check_shared
+from harness.nodes import Topology
 
 
 # ------------------------------------------------------------------------- parsing
@@ -99,11 +101,14 @@ def check_options_apply(options: dict[str, list[str]], backends: dict[str, Manif
                              f"(it applies to: {'; '.join(owners)})")
 
 
-def option_variants(backend: Manifest, strategy: str, asked: dict[str, list[str]]) -> list[dict[str, str]]:
-    """Every combination of the asked values of the options this strategy has, defaults for the rest."""
+def option_variants(backend: Manifest, strategy: str, asked: dict[str, list[str]],
+                    several_nodes: bool = False) -> list[dict[str, str]]:
+    """Every combination of the asked values of the options this strategy has, defaults for the rest (with
+    several nodes in the sweep, an option's default across nodes, e.g. a distributed kvstore, at every count)."""
     variants = [{}]
     for name, option in backend.options_for(strategy).items():
-        variants = [{**v, name: value} for v in variants for value in asked.get(name, [option.default])]
+        default = option.nodes_default if several_nodes and option.nodes_default else option.default
+        variants = [{**v, name: value} for v in variants for value in asked.get(name, [default])]
     return variants
 
 
@@ -116,6 +121,7 @@ class Plan:
     backends: dict[str, Manifest] = field(default_factory=dict)
     pythons: dict[str, str] = field(default_factory=dict)
     preset: str = ""
+    topology: Topology = field(default_factory=Topology)
     device_kind: str = "cpu"
     gpus: list[str] = field(default_factory=list)
     detection: str = ""          # how the GPUs were found, or why the devices are simulated
@@ -145,7 +151,16 @@ def choose_devices(args) -> Devices:
     return Devices("gpu" if found.gpus else "cpu", found.gpus, found.how)
 
 
-def check_device_counts(counts: list[int], kind: str, gpus: list[str], how: str = "") -> None:
+def check_device_counts(counts: list[int], kind: str, gpus: list[str], how: str = "", nodes_here: int = 1) -> None:
+    """`counts` devices per node, `nodes_here` nodes on this host (loopback nodes share its devices)."""
+    if nodes_here > 1:
+        needed = max(counts) * nodes_here
+        if kind == "gpu" and needed > len(gpus):
+            raise UsageError(f"{nodes_here} nodes x --gpus {max(counts)} on this host need {needed} GPUs; "
+                             f"{len(gpus)} are visible" + (f" ({how})" if how else ""))
+        if kind == "cpu" and needed > MAX_SIMULATED_DEVICES:
+            raise UsageError(f"{nodes_here} nodes x --gpus {max(counts)}: at most {MAX_SIMULATED_DEVICES} simulated "
+                             "CPU devices on one host")
     if kind == "gpu" and max(counts) > len(gpus):
         listed = "; ".join(f"{i}: {g}" for i, g in enumerate(gpus))
         raise UsageError(f"--gpus {max(counts)} asks for more devices than the {len(gpus)} visible GPU(s) ({listed})"
@@ -154,8 +169,18 @@ def check_device_counts(counts: list[int], kind: str, gpus: list[str], how: str 
         raise UsageError(f"--gpus {max(counts)}: at most {MAX_SIMULATED_DEVICES} simulated CPU devices")
 
 
-def select_strategies(args, backends: dict[str, Manifest], kind: str, bn: str = "local"):
-    """{backend: [(strategy, reason-not-run or None)]}, refusing what cannot run if it was asked for."""
+def engine_refusal(backend: Manifest, strategy: str, nodes: int) -> str | None:
+    """Why `strategy` cannot run on `nodes` nodes (None: it can)."""
+    if nodes == 1 or backend.strategies[strategy].engine:
+        return None
+    engines = [s.name for s in backend.strategies.values() if s.engine]
+    return (f"{backend.name} {strategy} runs in one process; --nodes {nodes} needs a strategy with a distributed "
+            f"engine ({backend.name}: {', '.join(engines) or 'none'})")
+
+
+def select_strategies(args, backends: dict[str, Manifest], kind: str, bn: str = "local", nodes: int = 1):
+    """{backend: [(strategy, reason-not-run or None)]}, refusing what cannot run if it was asked for
+    (on any node count of the sweep, `nodes` the smallest)."""
     asked = [s.strip() for s in args.strategy.split(",") if s.strip()] if args.strategy else None
     if asked:
         for s in asked:
@@ -174,6 +199,8 @@ def select_strategies(args, backends: dict[str, Manifest], kind: str, bn: str = 
                 reason = f"{b.name} {s} needs CUDA GPUs; none is present ({b.strategies[s].summary})"
             elif bn not in b.strategies[s].bn:
                 reason = f"{b.name} {s} has no {bn} BatchNorm (it runs: {', '.join(b.strategies[s].bn)})"
+            elif engine_refusal(b, s, nodes):
+                reason = engine_refusal(b, s, nodes)
             if reason and asked:
                 raise UsageError(f"strategy {s!r} cannot run here: {reason}")
             picks.append((s, reason))
@@ -227,10 +254,14 @@ def check_subset_sizes(args, sizes: tuple[int, int]) -> None:
 
 
 def make_config(args, preset: Preset, backend: str, strategy: str, options: dict, n: int, kind: str,
-                data_dir: str | None) -> RunConfig:
-    """One run of `preset` (the flags already in it) on n devices."""
+                data_dir: str | None, topology: Topology = Topology(), nodes: int = 1) -> RunConfig:
+    """One run of `preset` (the flags already in it) on n devices (in all, over `nodes` nodes)."""
+    loopback = topology.loopback
+    coordinator = None if nodes == 1 else (f"127.0.0.1:{nodelib.DEFAULT_PORT}" if loopback else topology.coordinator)
     cfg = RunConfig(
         backend=backend, strategy=strategy, devices=n, device_kind=kind, simulated=(kind == "cpu"),
+        nodes=nodes, node_rank=0 if loopback else topology.node_rank, coordinator=coordinator,
+        loopback_nodes=loopback,
         model=preset.model, epochs=preset.epochs, batch_size=preset.batch(n), lr=preset.learning_rate(n),
         train_size=preset.train_size, test_size=preset.test_size,
         dataset=args.dataset, data_dir=data_dir, seed=args.seed, timeout=args.timeout,
@@ -251,8 +282,11 @@ def build_plan(args) -> Plan:
     pythons = parse_pythons(args.python)
     devices = choose_devices(args)
     kind, gpus = devices.kind, devices.gpus
-    counts = parse_gpus(args.gpus) if args.gpus is not None else ([1, 2] if kind == "cpu" or len(gpus) >= 2 else [1])
-    check_device_counts(counts, kind, gpus, devices.why)
+    topology = nodelib.from_args(args)
+    several = max(topology.counts) > 1
+    counts = parse_gpus(args.gpus) if args.gpus is not None else (
+        [1] if several else [1, 2] if kind == "cpu" or len(gpus) >= 2 else [1])
+    check_device_counts(counts, kind, gpus, devices.why, max(topology.counts) if topology.loopback else 1)
     check_shared(seed=args.seed, lr=args.lr, timeout=args.timeout, threads=args.threads)
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out {args.out} exists and is not a directory")
@@ -261,24 +295,26 @@ def build_plan(args) -> Plan:
     preset = PRESETS[preset_name].with_flags(args)
     backends = {n: manifest.load(n) for n in names}
     options = parse_options(args.option, backends)
-    strategies = select_strategies(args, backends, kind, args.bn)
+    strategies = select_strategies(args, backends, kind, args.bn, min(topology.counts))
     check_options_apply(options, backends, strategies)
     refused = refused_levers(args, backends, kind)
     data_dir, data_source, sizes = resolve_data(args)
     check_subset_sizes(args, sizes)
 
     plan = Plan(backends=backends, pythons=pythons, device_kind=kind, gpus=gpus, detection=devices.why,
-                data_source=data_source, preset=preset.title)
+                data_source=data_source, preset=preset.title, topology=topology)
     for name in names:
         for strategy, reason in strategies[name]:   # (none: no asked strategy is this backend's)
             reason = reason or refused.get(name)
-            for variant in option_variants(backends[name], strategy, options):
-                for n in counts:
-                    cfg = make_config(args, preset, name, strategy, variant, n, kind, data_dir)
-                    if reason:
-                        plan.not_run.append((cfg, reason))
-                    else:
-                        plan.configs.append(cfg)
+            for variant in option_variants(backends[name], strategy, options, several):
+                for m in filter(topology.runs_here, topology.counts):
+                    for n in counts:
+                        cfg = make_config(args, preset, name, strategy, variant, n * m, kind, data_dir, topology, m)
+                        why = reason or engine_refusal(backends[name], strategy, m)
+                        if why:
+                            plan.not_run.append((cfg, why))
+                        else:
+                            plan.configs.append(cfg)
     check_weights_flags(args, plan)
     return plan
 

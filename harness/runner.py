@@ -7,6 +7,7 @@ worker's own, or a failed / timeout one with the tail of its output.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import re
@@ -26,6 +27,7 @@ from common.results import failed_result, load_result, tail
 from common.worker import THREADS_ENV
 from harness import envs, interrupts
 from harness.envs import ROOT
+from harness.nodes import free_port
 
 KILL_GRACE_S = 5.0
 
@@ -111,10 +113,10 @@ def _relative_to_root(arg: str) -> str:
         return arg
 
 
-def _pump(stream, lines: queue.Queue) -> None:
+def _pump(stream, lines: queue.Queue, index: int = 0) -> None:
     for line in iter(stream.readline, ""):
-        lines.put(line)
-    lines.put(None)
+        lines.put((index, line))
+    lines.put((index, None))
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -139,6 +141,11 @@ def kill_group(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def _start(cmd: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
+
+
 def launch(cmd: list[str], env: dict, log_path: Path, timeout: float,
            on_line: Callable[[str], bool] | None = None) -> tuple[int | None, list[str]]:
     """Run one worker process: (its exit status, or None if it was killed at `timeout`; its output lines).
@@ -148,48 +155,87 @@ def launch(cmd: list[str], env: dict, log_path: Path, timeout: float,
     consumed it (a progress record), which is then left out of the returned output. On a timeout, an
     interrupt (Ctrl-C, SIGTERM, SIGHUP: raised here) or the worker's exit, its whole group is killed, so
     nothing it started (DDP ranks) outlives it. OSError if the process cannot be started."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
-    lines: queue.Queue = queue.Queue()
-    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
-    deadline = time.monotonic() + timeout
-    output: list[str] = []
-    timed_out = False
-    with open(log_path, "w") as log:
-        log.write("$ " + " ".join(_relative_to_root(a) for a in cmd) + "\n")
-        try:
-            while True:
-                try:
-                    line = lines.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
-                except queue.Empty:
-                    if time.monotonic() >= deadline:
-                        timed_out = True
-                        break
-                    if proc.poll() is not None and lines.empty():
-                        break  # exited; a stray child may still hold the pipe open
-                    continue
-                if line is None:
-                    break
-                log.write(line)
-                if not (on_line and on_line(line)):
-                    output.append(line)
-        except BaseException:
+    (code, output, _), = launch_all([cmd], env, [log_path], timeout, on_line)
+    return code, output
+
+
+def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout: float,
+               on_line: Callable[[str], bool] | None = None,
+               grace: float = 0.0) -> list[tuple[int | None, list[str], float]]:
+    """`launch` for processes that work together (the nodes of a run), started at once, one deadline for all.
+
+    Once one has exited, the others get `grace` seconds to end too, then their groups are killed: a node
+    whose peer died must not wait on it until --timeout. `on_line` sees the first process's lines only.
+    Each process's (exit status, or None if still running at the deadline or after the grace; its output;
+    when it was first seen ended, on the monotonic clock: the order in which they failed)."""
+    procs: list[subprocess.Popen] = []
+    try:
+        for cmd in cmds:
+            procs.append(_start(cmd, env))
+    except BaseException:
+        for proc in procs:
             kill_group(proc)
-            raise
-        kill_group(proc)  # on timeout: the worker; otherwise: any stray process it left
-    return (None if timed_out else proc.returncode), output
+        raise
+    lines: queue.Queue = queue.Queue()
+    for i, proc in enumerate(procs):
+        threading.Thread(target=_pump, args=(proc.stdout, lines, i), daemon=True).start()
+    deadline = time.monotonic() + timeout
+    outputs: list[list[str]] = [[] for _ in procs]
+    open_streams, overdue, ended = set(range(len(procs))), set(), {}
+    logs = [open(path, "w") for path in log_paths]
+    try:
+        for cmd, log in zip(cmds, logs):
+            log.write("$ " + " ".join(_relative_to_root(a) for a in cmd) + "\n")
+        while open_streams:
+            for i, p in enumerate(procs):
+                if p.poll() is not None:
+                    ended.setdefault(i, time.monotonic())
+            exited = [procs[i] for i in ended]
+            if exited and len(exited) < len(procs):
+                deadline = min(deadline, time.monotonic() + grace)
+            try:
+                i, line = lines.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() >= deadline:
+                    overdue = {i for i, p in enumerate(procs) if p.poll() is None}
+                    break
+                if len(exited) == len(procs) and lines.empty():
+                    break  # all exited; a stray child may still hold a pipe open
+                continue
+            if line is None:
+                open_streams.discard(i)
+                continue
+            logs[i].write(line)
+            if not (i == 0 and on_line and on_line(line)):
+                outputs[i].append(line)
+    except BaseException:
+        for proc in procs:
+            kill_group(proc)
+        raise
+    finally:
+        for log in logs:
+            log.close()
+    for proc in procs:
+        kill_group(proc)  # on a timeout: the worker; otherwise: any stray process it left
+    now = time.monotonic()
+    return [(None if i in overdue else p.returncode, outputs[i], ended.get(i, now)) for i, p in enumerate(procs)]
 
 
 def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
-    """One worker run: config file in, result file out, output logged to workdir/logs/."""
+    """One worker run (one process per node of this host): config file in, result file out, output logged to
+    workdir/logs/. With several nodes, node 0's result is the run's, failed with the first failing node's error
+    if any failed."""
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{cfg.backend}-{cfg.variant}-x{cfg.devices}").strip("-")
+    if cfg.nodes > 1:
+        name += f"-{cfg.nodes}nodes"
     (workdir / "runs").mkdir(parents=True, exist_ok=True)
     (workdir / "logs").mkdir(parents=True, exist_ok=True)
-    config_path, result_path = workdir / "runs" / f"{name}.config.json", workdir / "runs" / f"{name}.result.json"
-    log_path = workdir / "logs" / f"{name}.log"
-    cfg.save(config_path)
+    if cfg.nodes > 1 and cfg.loopback_nodes:
+        cfg = dataclasses.replace(cfg, coordinator=f"127.0.0.1:{free_port()}")   # free now, on this host
+    ranks = list(range(cfg.nodes)) if cfg.loopback_nodes else [cfg.node_rank]
+    nodes = [Node(dataclasses.replace(cfg, node_rank=r), workdir, name + (f".node{r}" if cfg.nodes > 1 else ""))
+             for r in ranks]
     env = envs.worker_env(PYTHONUNBUFFERED="1", **({THREADS_ENV: str(cfg.threads)} if cfg.threads else {}))
-    cmd = [python, "-m", f"backends.{cfg.backend}", "--config", str(config_path), "--result", str(result_path)]
 
     def on_line(line: str) -> bool:
         record = progress.parse(line)
@@ -199,27 +245,75 @@ def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
 
     console.started(cfg)
     try:
-        returncode, output = launch(cmd, env, log_path, cfg.timeout, on_line)
+        ended = launch_all([n.command(python) for n in nodes], env, [n.log for n in nodes], cfg.timeout, on_line,
+                           grace=NODE_GRACE_S)
     except OSError as e:
         return not_run_result(cfg, "failed", f"could not start {python}: {e}")
-
-    if returncode is None:
-        # The worker's last output first, the reason last: the report's headline is the error's last line.
-        result = failed_result(cfg.to_dict(), "timeout",
-                               f"{''.join(output[-20:])}killed after --timeout {cfg.timeout:g} s")
-    else:
-        try:
-            result = load_result(result_path, cfg.to_dict())
-        except (OSError, ValueError) as e:
-            reason = f"worker exited with status {returncode} and no valid result ({e})"
-            # The report's headline is the error's last line: the worker's own last words if it failed,
-            # but the reason itself if it exited 0 (its output then says nothing about what went wrong).
-            error = (tail("".join(output)) + "\n" + reason if returncode == 0
-                     else reason + "\n" + tail("".join(output)))
-            result = failed_result(cfg.to_dict(), "failed", error)
-    if result.get("error"):
-        # Paths in the staging directory as they will be once it is renamed to the report's (runs/..., logs/...)
-        result["error"] = result["error"].replace(f"{workdir}{os.sep}", "")
-    result["log"] = f"logs/{log_path.name}"
+    results = [n.result(code, output, workdir) for n, (code, output, _) in zip(nodes, ended)]
+    result = results[0] if len(nodes) == 1 else merge_nodes(cfg, nodes, results, [at for *_, at in ended])
+    result["log"] = f"logs/{nodes[0].log.name}"
     console.finished(cfg, result)
     return result
+
+
+# After one node has ended, how long the others may take to end too before they are killed: a peer's
+# collective that lost its partner fails within seconds on gloo, but ps-lite waits for a dead worker forever.
+NODE_GRACE_S = 60.0
+
+
+class Node:
+    """One node's worker of a run: its config, result and log files."""
+
+    def __init__(self, cfg: RunConfig, workdir: Path, name: str):
+        self.cfg = cfg
+        self.config_path = workdir / "runs" / f"{name}.config.json"
+        self.result_path = workdir / "runs" / f"{name}.result.json"
+        self.log = workdir / "logs" / f"{name}.log"
+        cfg.save(self.config_path)
+
+    def command(self, python: str) -> list[str]:
+        return [python, "-m", f"backends.{self.cfg.backend}", "--config", str(self.config_path),
+                "--result", str(self.result_path)]
+
+    def result(self, returncode: int | None, output: list[str], workdir: Path) -> dict:
+        """The worker's result, or a failed / timeout one with the tail of its output."""
+        cfg = self.cfg
+        if returncode is None:
+            # The worker's last output first, the reason last: the report's headline is the error's last line.
+            result = failed_result(cfg.to_dict(), "timeout",
+                                   f"{''.join(output[-20:])}killed after --timeout {cfg.timeout:g} s")
+        else:
+            try:
+                result = load_result(self.result_path, cfg.to_dict())
+            except (OSError, ValueError) as e:
+                reason = f"worker exited with status {returncode} and no valid result ({e})"
+                # The report's headline is the error's last line: the worker's own last words if it failed,
+                # but the reason itself if it exited 0 (its output then says nothing about what went wrong).
+                error = (tail("".join(output)) + "\n" + reason if returncode == 0
+                         else reason + "\n" + tail("".join(output)))
+                result = failed_result(cfg.to_dict(), "failed", error)
+        if result.get("error"):
+            # Paths in the staging directory as they will be once it is renamed to the report's (runs/..., logs/...)
+            result["error"] = result["error"].replace(f"{workdir}{os.sep}", "")
+        return result
+
+
+def merge_nodes(cfg: RunConfig, nodes: list[Node], results: list[dict], ended_at: list[float]) -> dict:
+    """Node 0's result if every node's is ok; else a failed row with the first failing node's error (the
+    cause; the others' failures, its echoes, follow in one line each). A node killed after the grace counts
+    last: it did not fail, it waited on the one that did."""
+    bad = sorted((i for i, r in enumerate(results) if r["status"] != "ok"),
+                 key=lambda i: (results[i]["status"] == "timeout", ended_at[i]))
+    if not bad:
+        return results[0]
+    first = results[bad[0]]
+    rank = nodes[bad[0]].cfg.node_rank
+    echoes = "".join(f"\n(then node {nodes[i].cfg.node_rank}: {_last_line(results[i])})" for i in bad[1:])
+    error = f"node {rank} of {cfg.nodes} ({first['status']}): {first.get('error') or ''}{echoes}"
+    status = first["status"] if first["status"] in ("unavailable", "diverged") else "failed"
+    return {**failed_result(cfg.to_dict(), status, error), "environment": results[0].get("environment") or {}}
+
+
+def _last_line(result: dict) -> str:
+    lines = (result.get("error") or "").strip().splitlines()
+    return f"{result['status']}: {lines[-1]}" if lines else result["status"]
