@@ -28,6 +28,7 @@ import json
 
 import numpy as np
 
+from common import manifest
 from common import weights as weightslib
 from common.loop import Unsupported
 
@@ -42,6 +43,12 @@ def topology(job: dict) -> dict:
     if job.get("nodes", 1) == 1:
         return {}
     return {"nodes": job["nodes"], "node_rank": job["node_rank"], "coordinator": job["coordinator"]}
+
+
+def across_nodes(name: str, strategy: str, nodes: dict) -> dict:
+    """The options a strategy takes on several nodes (MXNet's dist_sync kvstore): {"options": {...}} or {}."""
+    options = {k: o.nodes_default for k, o in manifest.load(name).options_for(strategy).items() if o.nodes_default}
+    return {"options": options} if nodes and options else {}
 
 
 def measure(backend, job: dict) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -64,7 +71,8 @@ def measure(backend, job: dict) -> tuple[dict[str, np.ndarray], dict[str, str]]:
                     if bn == "sync" and model == "lenet":
                         continue  # no BatchNorm: the same as local
                     key = f"{model}|{strategy}|{k}|{bn}"
-                    common = dict(bn=bn, device_kind=job["device_kind"], **nodes)
+                    common = dict(bn=bn, device_kind=job["device_kind"], **nodes,
+                                  **across_nodes(backend.NAME, strategy, nodes))
                     try:
                         out.update(_run(backend, key, strategy, model, k, w, batches, job["lr"], common))
                         out.update(_run(backend, f"{model}|{strategy}:float64|{k}|{bn}", strategy, model, k, w,

@@ -22,7 +22,9 @@ from common import manifest
 from common.manifest import Manifest
 from harness import arguments, envs, runner
 from harness.arguments import UsageError
-from harness.equivalence import Row, compare, table
+from harness.equivalence import Row, compare, compare_nodes, table
+from harness.nodes import free_port
+from harness.nodes import parse_counts as parse_node_counts
 from harness.plan import (Plan, check_device_counts, choose_devices, parse_backends, parse_gpus, parse_pythons,
                           resolve_data, select_strategies)
 
@@ -72,14 +74,44 @@ def measure(name: str, python: str, job: dict, tmp: Path, timeout: float,
     return arrays, json.loads(Path(str(out) + ".skipped.json").read_text())
 
 
+def measure_nodes(name: str, python: str, job: dict, nodes: int, tmp: Path, timeout: float,
+                  log_dir: Path | None = None) -> dict:
+    """The job on `nodes` loopback nodes (check workers started together, joined at a free 127.0.0.1 port):
+    node 0's arrays, or CheckError with the first failing node's last line."""
+    coordinator = f"127.0.0.1:{free_port()}"
+    cmds, logs, outs = [], [], []
+    for rank in range(nodes):
+        job_path, out = tmp / f"{name}.nodes{nodes}.{rank}.job.json", tmp / f"{name}.nodes{nodes}.{rank}.npz"
+        job_path.write_text(json.dumps({**job, "nodes": nodes, "node_rank": rank, "coordinator": coordinator}))
+        cmds.append([python, "-m", f"backends.{name}", "--check", str(job_path), "--result", str(out)])
+        logs.append((log_dir or tmp) / f"check-{name}-{nodes}nodes.node{rank}.log")
+        outs.append(out)
+    logs[0].parent.mkdir(parents=True, exist_ok=True)
+    try:
+        ended = runner.launch_all(cmds, envs.worker_env(), logs, timeout, grace=runner.NODE_GRACE_S)
+    except OSError as e:
+        raise CheckError(f"{name}: could not start {python}: {e}") from None
+    failed = sorted((at, rank, code, output) for rank, (code, output, at) in enumerate(ended)
+                    if code != 0 or not outs[rank].exists())
+    if failed:
+        _, rank, code, output = failed[0]
+        last = "".join(output).strip().splitlines()[-1:] or ["no output"]
+        why = "no answer within the timeout" if code is None else last[0]
+        raise CheckError(f"{name} on {nodes} nodes: node {rank} failed: {why}")
+    with np.load(outs[0]) as f:
+        return {k: f[k] for k in f.files}
+
+
 # ------------------------------------------------------------------------------ run
 
 def run_checks(backends: dict[str, Manifest], pythons: dict[str, str], models: list[str],
                strategies: dict[str, list[str]], counts: list[int], bn_modes: list[str], steps: int,
                batch_size: int, lr: float, seed: int, dataset, device_kind: str, timeout: float, say=print,
-               init: str = "d2l", log_dir: Path | None = None):
-    """Measure every backend and compare; (rows, {backend: reason it could not be measured}, weights hashes)."""
-    failures, results = {}, {}
+               init: str = "d2l", log_dir: Path | None = None, nodes: int = 1):
+    """Measure every backend and compare; (rows, {backend: reason it could not be measured}, weights hashes).
+    With `nodes` > 1, each backend's strategies that have an engine are measured again on that many nodes
+    (`counts` global devices) and compared with their 1-process runs."""
+    failures, results, node_runs = {}, {}, {}
     # The 1-device runs are the references of the float32 floor, the own-float32 rows and k vs 1: always measured.
     measured_counts = sorted(set(counts) | {1})
     with tempfile.TemporaryDirectory() as tmp:
@@ -96,11 +128,25 @@ def run_checks(backends: dict[str, Manifest], pythons: dict[str, str], models: l
                 results[name] = measure(name, python, job, Path(tmp), timeout, log_dir)
             except (CheckError, envs.EnvError) as e:
                 failures[name] = str(e).splitlines()[0]
+                continue
+            engines = [s for s in strategies[name] if backend.strategies[s].engine]
+            multi = [k for k in counts if k % nodes == 0]
+            if nodes > 1 and engines and multi:
+                say(f"[check] {name}: {', '.join(engines)} on {nodes} nodes x {','.join(map(str, multi))} devices")
+                try:
+                    node_runs[name] = measure_nodes(name, python, {**job, "strategies": engines, "devices": multi,
+                                                                   "float64": False}, nodes, Path(tmp), timeout,
+                                                    log_dir)
+                except CheckError as e:
+                    failures[f"{name} on {nodes} nodes"] = str(e).splitlines()[0]
         w0 = {m: weightslib.load(p) for m, p in shared["weights"].items()}
     if "torch" not in results:
         failures = {**failures, "torch": failures.get("torch", "not measured: torch is the reference")}
         return [], failures, shared["weights_hash"]
-    return asked_rows(compare(results, w0), counts), failures, shared["weights_hash"]
+    rows = asked_rows(compare(results, w0), counts)
+    for name, arrays in node_runs.items():
+        rows += compare_nodes(name, results[name][0], arrays, nodes, w0)
+    return rows, failures, shared["weights_hash"]
 
 
 def asked_rows(rows: list[Row], counts: list[int]) -> list[Row]:
@@ -124,9 +170,11 @@ def equivalence(plan: Plan, say, log_dir: Path | None = None) -> dict:
         return {}
     dataset = (datalib.synthetic(steps * batch, 10, cfg.seed) if cfg.dataset == "synthetic"
                else datalib.load_fashion_mnist(Path(cfg.data_dir), steps * batch, 10))
+    # Nodes on other hosts are busy with their own check: the check across nodes runs on loopback nodes only.
+    nodes = max(c.nodes for c in plan.configs) if plan.topology.loopback else 1
     rows, failures, hashes = run_checks(plan.backends, plan.pythons, [cfg.model], strategies, counts, [cfg.bn],
                                         steps, batch, 0.1, cfg.seed, dataset, plan.device_kind,
-                                        cfg.timeout, say=say, init=cfg.init, log_dir=log_dir)
+                                        cfg.timeout, say=say, init=cfg.init, log_dir=log_dir, nodes=nodes)
     return {"rows": [r.__dict__ for r in rows], "failures": failures, "weights_hash": hashes,
             "setup": f"{cfg.model} ({cfg.init} init), {steps} steps of batch {batch} ({cfg.dataset}), lr 0.1, "
                      f"float32, bn {cfg.bn}",
@@ -149,6 +197,7 @@ def parents() -> list[arguments.Parser]:
     return [
         arguments.backends_flags("backends to check (torch is always the reference)"),
         arguments.devices_flags("1,2", "device counts to compare"),
+        arguments.nodes_flags(hosts=False),
         own,
         arguments.training_flags(0.1, "SGD learning rate", 16, "global batch of each step",
                                  "canonical weights to compare on: d2l (what runs start from) or he "
@@ -169,7 +218,9 @@ def main(args) -> int:
     devices = choose_devices(args)
     kind = devices.kind
     counts = parse_gpus(args.gpus)
-    check_device_counts(counts, kind, devices.gpus, devices.why)
+    nodes = max(parse_node_counts(args.nodes)) if args.nodes else 1
+    check_device_counts(counts, kind, devices.gpus, devices.why, nodes)
+    counts = [k * nodes for k in counts]   # --gpus is per node
     models = [m.strip() for m in args.model.split(",") if m.strip()]
     bn_modes = [b.strip() for b in args.bn.split(",") if b.strip()]
     if not set(models) <= {"lenet", "resnet18"} or not models:
@@ -193,7 +244,7 @@ def main(args) -> int:
     print(devices.line)
     rows, failures, hashes = run_checks(backends, parse_pythons(args.python), models, chosen, counts, bn_modes,
                                         args.steps, args.batch_size, args.lr, args.seed, dataset, kind, args.timeout,
-                                        init=args.init)
+                                        init=args.init, nodes=nodes)
     print()
     print("Canonical weights: " + ", ".join(f"{m} {h[:16]}" for m, h in hashes.items()) +
           f" ({args.init} init); {args.steps} batches of {args.batch_size} ({args.dataset}), lr {args.lr:g}, fp32")

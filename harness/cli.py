@@ -67,7 +67,8 @@ def print_listing(devices: Devices) -> None:
     for b in map(manifest.load, manifest.known()):
         for s in b.strategies.values():
             needs = f" [needs {s.requires}]" if s.requires else ""
-            print(f"  {b.name:6} {s.name:8} {s.summary}{needs}")
+            nodes = f" [--nodes: {s.engine}]" if s.engine else " [one process]"
+            print(f"  {b.name:6} {s.name:8} {s.summary}{needs}{nodes}")
         for o in b.options.values():
             where = f" ({', '.join(o.strategies)})" if o.strategies else ""
             print(f"  {b.name:6} --option {o.name}={'|'.join(o.values)} (default {o.default}){where}: {o.summary}")
@@ -117,6 +118,7 @@ def run_benchmark(args, argv: list[str]) -> int:
         "detection": plan.detection,
         "data_source": plan.data_source,
         "backends": sorted(plan.backends),
+        "topology": plan.topology.how,
     }
     with create_staging(args.out, sorted(plan.backends)) as staging:
         results = run_all(plan, args, console, meta, staging.path)
@@ -148,6 +150,11 @@ def run_all(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path
     try:
         # Printed even with --quiet: which devices ran is what a result means, and it is one line.
         console.say(Devices(plan.device_kind, plan.gpus, plan.detection).line)
+        if plan.topology.how:
+            console.say(f"Nodes: {plan.topology.how}")
+        if not plan.topology.loopback and plan.topology.node_rank:
+            console.say(f"This host is node {plan.topology.node_rank}: node 0's host writes the run's report; this "
+                        "one keeps its own logs and per-node results")
         cfg0 = (plan.configs or [c for c, _ in plan.not_run])[0]
         console.say(f"Preset: {plan.preset}: {cfg0.model}, {cfg0.epochs} epoch(s), "
                     f"train {cfg0.train_size or 'all'} / test {cfg0.test_size or 'all'} images; "

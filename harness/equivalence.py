@@ -131,6 +131,38 @@ def compare(results: dict[str, tuple[dict, dict]], w0: dict[str, dict], referenc
     return rows
 
 
+def compare_nodes(name: str, single: dict, multi: dict, nodes: int, w0: dict[str, dict]) -> list[Row]:
+    """A backend's runs on `nodes` nodes against its own 1-process runs of the same devices: the same math
+    in float64 (to the same-math tolerance), and the float32 gradients within FLOOR_FACTOR x the larger of
+    the two runs' own float32-vs-float64 distances."""
+    rows = []
+    for model, strategy, k, bn in runs_of(multi):
+        key, devices = f"{model}|{strategy}|{k}|{bn}", f"{k} = {nodes}x{k // nodes}"
+        if f"{key}|loss" not in single:
+            rows.append(Row("nodes vs 1 process", model, name, strategy, devices, bn, None, None, "not run",
+                            "no 1-process run to compare with"))
+            continue
+        f64 = float64_key(key)
+        if f"{f64}|loss" in multi and f"{f64}|loss" in single:
+            value = distances(multi, single, f64, f64, model, w0[model])
+            names = _trainable(model) + _statistics(model)
+            value["final"] = _relative(_stack(multi, f"{f64}|final", names), _stack(single, f"{f64}|final", names))
+            value.pop("k-vs-1")
+            largest = max(value, key=value.get)
+            rows.append(Row("nodes vs 1 process (float64)", model, name, strategy, devices, bn, value[largest],
+                            TOLERANCE["same math"], _verdict(value[largest], TOLERANCE["same math"]),
+                            f"{nodes} processes vs 1 process of {k} devices, float64: loss, gradients, "
+                            f"{len(multi[f'{f64}|losses'])} steps of weights; largest: {largest}"))
+            floor = max(distances(a, a, key, f64, model, w0[model])["gradients"] for a in (single, multi))
+        else:
+            floor = 0.0
+        value = distances(multi, single, key, key, model, w0[model])["gradients"]
+        tolerance, why = _allowed("gradients", {"gradients": floor})
+        rows.append(Row("nodes vs 1 process", model, name, strategy, devices, bn, value, tolerance,
+                        _verdict(value, tolerance), "float32 gradients" + (f"; tolerance {why}" if why else "")))
+    return rows
+
+
 def float64_key(key: str) -> str:
     """model|strategy|k|bn -> model|strategy:float64|k|bn: the same configuration's float64 run."""
     model, strategy, k, bn = key.split("|")

@@ -18,7 +18,7 @@ from pathlib import Path
 from common.results import SCHEMA_VERSION, Result, write_json_atomic
 from harness.plots import plot_accuracy, plot_throughput
 from harness.sections import (D2L_REFERENCE, devices_line, environment_section, equivalence_section, hashes_section,
-                              input_line, precision_line)
+                              input_line, nodes_section, precision_line)
 from harness.tables import accuracy_table, as_results, failures, steps_table, summary_table, table, with_scaling
 
 
@@ -108,6 +108,7 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
           "evaluation and data shuffling excluded). Speed-up and efficiency: images/s against the 1-device run "
           "of the same backend and strategy in this report (efficiency = speed-up / devices). "
           "Test acc: after the last epoch.", ""]
+    L += nodes_section(rows, meta.get("topology", ""))
     steps = steps_table(rows)
     if steps:
         L += ["## Step time and communication", ""] + steps + [""]

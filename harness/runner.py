@@ -33,7 +33,7 @@ KILL_GRACE_S = 5.0
 
 
 def label(cfg: RunConfig) -> str:
-    return f"{cfg.backend} {cfg.variant} x{cfg.devices}"
+    return f"{cfg.backend} {cfg.variant} x{cfg.devices}" + (f" on {cfg.nodes} nodes" if cfg.nodes > 1 else "")
 
 
 def not_run_result(cfg: RunConfig, status: str, reason: str) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from common.config import RunConfig
 from common.results import Result
-from harness.tables import key
+from harness.tables import fmt, key, milliseconds, table
 
 # d2l's published figures (10 epochs, V100-class GPUs, FP32, test accuracy of the last epoch).
 D2L_REFERENCE = [
@@ -48,6 +48,34 @@ def devices_line(meta: dict) -> str:
                 "CPU, so the figures measure the software path, not GPU scaling")
     gpus = meta.get("gpus", [])
     return f"- Devices: {len(gpus)} GPU(s): {', '.join(gpus)}" + (f", {how}" if how else "")
+
+
+def nodes_section(rows: list, topology: str) -> list[str]:
+    """The runs on several nodes: how they were spread, over what, and what it cost."""
+    several = [row for row in rows if row.result.ok and row.result.config.nodes > 1]
+    if not several:
+        return []
+    lines = ["## Several nodes", "", f"{topology}." if topology else "", ""]
+    body = []
+    for row in several:
+        r, c = row.result, row.result.config
+        env, ar = r.environment or {}, r.allreduce
+        details = env.get("details") or {}
+        body.append([c.backend, c.variant, f"{c.nodes}{' (loopback)' if c.loopback_nodes else ''}",
+                     str(env.get("processes", "—")), str(c.local_devices), str(env.get("collective") or "—"),
+                     str(details.get("engine") or "—"), milliseconds(ar and ar.median_s),
+                     fmt(row.sec_per_epoch, ".2f"), fmt(row.efficiency, ".0%")])
+    lines += table(["backend", "strategy", "hosts", "processes (all roles)", "devices per host", "transport",
+                    "engine", "cross-process allreduce ms", "s/epoch (slowest rank)", "efficiency vs 1 device"],
+                   body)
+    loopback = any(row.result.config.loopback_nodes for row in several)
+    lines += ["", "Every node runs the same config with its own rank and feeds its own shard of each global batch "
+              "(the same batches as one process: see the hashes); epoch and step times are the slowest rank's, "
+              "losses and accuracy are summed over every rank." +
+              (" **Loopback nodes** are process groups on one host joined over 127.0.0.1: they prove the engines "
+               "and the math across processes, but share the host's cores and memory bus, so their speed says "
+               "nothing about a network between hosts." if loopback else "")]
+    return lines
 
 
 def setting(value) -> str:

@@ -19,7 +19,13 @@ def as_results(results: list[dict | Result]) -> list[Result]:
 
 def key(r: Result) -> tuple:
     c = r.config
-    return c.backend, c.variant, c.devices
+    return c.backend, c.variant, c.devices, c.nodes
+
+
+def devices_cell(c) -> str:
+    """"2 (sim.)", or with several nodes "4 = 2 nodes x 2 (sim.)": how the devices were spread."""
+    spread = f" = {c.nodes} nodes x {c.local_devices}" if c.nodes > 1 else ""
+    return f"{c.devices}{spread}{' (sim.)' if c.simulated else ''}"
 
 
 @dataclass
@@ -40,7 +46,7 @@ def with_scaling(results: list[Result]) -> list[Row]:
     base = {}
     for r in results:
         s = r.summary() if r.ok else {}
-        if s.get("images_per_s") and r.config.devices == 1:
+        if s.get("images_per_s") and r.config.devices == 1 and r.config.nodes == 1:
             base[key(r)[:2]] = s["images_per_s"]
     for r in results:
         s = r.summary() if r.ok else {}
@@ -81,7 +87,7 @@ def summary_table(rows: list[Row]) -> list[str]:
             continue
         c = r.config
         body.append([
-            c.backend, c.variant, f"{c.devices}{' (sim.)' if c.simulated else ''}",
+            c.backend, c.variant, devices_cell(c),
             str(c.batch_size), f"{c.lr:g}",
             fmt(row.sec_per_epoch, ".2f"), fmt(row.images_per_s, ".1f"),
             fmt(row.speedup, ".2f"), fmt(row.efficiency, ".0%"),
@@ -114,7 +120,7 @@ def steps_table(rows: list[Row]) -> list[str]:
         c = r.config
         ms = milliseconds
         several = c.devices > 1     # on one device there is nothing to send: no bandwidth to speak of
-        body.append([c.backend, c.variant, str(c.devices), f"{ms(step.median_s)}",
+        body.append([c.backend, c.variant, devices_cell(c), f"{ms(step.median_s)}",
                      f"{ms(step.p10_s)}–{ms(step.p90_s)}", str(step.steps),
                      fmt(step.images_per_s, ".1f"),
                      ms(ar and ar.median_s), fmt(ar.gb_per_s if ar and several else None, ".2f"),
