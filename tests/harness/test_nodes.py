@@ -1,0 +1,131 @@
+"""Several nodes without a framework: the flags and Slurm's variables, the plan, and the faults of a run on
+loopback nodes (fake node workers: one dies, the other waits on it forever)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from common.config import RunConfig
+from harness import cli, nodes, runner
+from harness.arguments import UsageError
+from tests.harness.helpers import fake_python
+
+BASE = ["--backend", "all", "--model", "lenet", "--dataset", "synthetic", "--train-size", "64", "--test-size", "32",
+        "--batch-size", "32", "--epochs", "1", "--device", "cpu"]
+
+
+def args(**given):
+    return SimpleNamespace(**{"nodes": None, "node_rank": None, "coordinator": None, **given})
+
+
+def test_without_flags_or_slurm_one_node_runs():
+    assert nodes.from_args(args(), environ={}) == nodes.Topology((1,), None, None, "")
+
+
+def test_loopback_nodes_are_a_sweep_on_this_host():
+    topology = nodes.from_args(args(nodes="2,1"), environ={})
+    assert (topology.counts, topology.loopback, topology.coordinator) == ((1, 2), True, None)
+    assert "simulated on this host over 127.0.0.1" in topology.how
+
+
+def test_slurm_tasks_are_the_nodes_and_the_first_host_the_coordinator():
+    environ = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_NODELIST": "gpu[07-09,12],cpu01"}
+    topology = nodes.from_args(args(), environ=environ)
+    assert (topology.counts, topology.node_rank, topology.coordinator) == ((4,), 3, "gpu07:29500")
+    assert not topology.runs_here(3) and topology.runs_here(4)
+
+
+@pytest.mark.parametrize("nodelist, first", [("n1", "n1"), ("a[1-3]", "a1"), ("x[05]", "x05"), ("h1,h2", "h1")])
+def test_first_slurm_host(nodelist, first):
+    assert nodes.first_slurm_host(nodelist) == first
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(node_rank=1), "--node-rank needs --coordinator"),
+    (dict(coordinator="h:1"), "--coordinator goes with --node-rank"),
+    (dict(nodes="2", node_rank=2, coordinator="h:1"), "--node-rank must be between 0 and 1"),
+    (dict(nodes="2", node_rank=0, coordinator="h"), "--coordinator takes HOST:PORT"),
+    (dict(nodes="1,2", node_rank=0, coordinator="h:1"), "one --nodes count"),
+    (dict(nodes="0"), "--nodes must be at least 1"),
+    (dict(nodes="two"), "--nodes takes a node count"),
+])
+def test_bad_node_flags_are_refused_in_one_line(given, message):
+    with pytest.raises(UsageError, match=message):
+        nodes.from_args(args(**given), environ={})
+
+
+def test_bad_node_flags_exit_2(capfd):
+    assert cli.main([*BASE, "--nodes", "2", "--node-rank", "1"]) == 2
+    assert "--node-rank needs --coordinator" in capfd.readouterr().err
+
+
+def test_the_plan_runs_the_strategies_with_an_engine_on_several_nodes():
+    plan = cli.build_plan(cli.parse([*BASE, "--nodes", "1,2", "--gpus", "1"]))
+    several = {(c.backend, c.strategy, c.options.get("kvstore")) for c in plan.configs if c.nodes == 2}
+    assert ("torch", "ddp", None) in several and ("mxnet", "gluon", "dist_sync") in several
+    assert all(c.devices == 2 and c.local_devices == 1 and c.loopback_nodes for c in plan.configs if c.nodes == 2)
+    refused = {(c.backend, c.strategy): why for c, why in plan.not_run if c.nodes == 2}
+    assert "runs in one process; --nodes 2 needs" in refused[("torch", "scratch")]
+    # the sweep's variants stay comparable: MXNet's 1-node baseline runs the same dist_sync kvstore
+    assert {c.options.get("kvstore") for c in plan.configs if c.backend == "mxnet" and c.strategy == "gluon"} \
+        == {"dist_sync"}
+
+
+def test_a_strategy_in_one_process_asked_for_on_several_nodes_is_refused(capfd):
+    assert cli.main([*BASE, "--backend", "torch", "--strategy", "scratch", "--nodes", "2"]) == 2
+    assert "runs in one process" in capfd.readouterr().err
+
+
+def test_a_host_runs_only_the_runs_it_takes_part_in():
+    plan = cli.build_plan(cli.parse([*BASE, "--backend", "torch", "--strategy", "ddp", "--nodes", "2",
+                                     "--node-rank", "1", "--coordinator", "10.0.0.1:29500", "--gpus", "1"]))
+    assert [(c.nodes, c.node_rank, c.coordinator, c.loopback_nodes) for c in plan.configs] == \
+        [(2, 1, "10.0.0.1:29500", False)]
+
+
+# A node worker: node 1 fails at once with an error of its own; node 0 waits on it forever (as a ps-lite
+# worker does on a dead peer), after writing its pid.
+FAKE_NODE = r'''
+import json, os, sys, time
+cfg = json.load(open(sys.argv[sys.argv.index("--config") + 1]))
+result = sys.argv[sys.argv.index("--result") + 1]
+state = os.environ["FAKE_STATE"]
+open(os.path.join(state, f"node{cfg['node_rank']}.pid"), "w").write(str(os.getpid()))
+if cfg["node_rank"] == 1:
+    json.dump({"schema_version": 2, "status": "failed", "config": cfg, "error": "RuntimeError: rank 1 lost its GPU"},
+              open(result, "w"))
+    sys.exit(1)
+time.sleep(1000)
+'''
+
+
+def test_a_failing_node_fails_the_run_with_its_error_and_ends_the_waiting_node(tmp_path, monkeypatch):
+    script = tmp_path / "node.py"
+    script.write_text(FAKE_NODE)
+    python = fake_python(tmp_path, f'exec {sys.executable} {script} "$@"')
+    monkeypatch.setenv("FAKE_STATE", str(tmp_path))
+    monkeypatch.setattr(runner, "NODE_GRACE_S", 2.0)
+    cfg = RunConfig(backend="torch", strategy="ddp", devices=2, nodes=2, coordinator="127.0.0.1:1", model="lenet",
+                    batch_size=32, timeout=120).validate()
+    started = time.monotonic()
+    with open(os.devnull, "w") as quiet:
+        result = runner.run(cfg, python, tmp_path / "work", runner.Console(quiet=True, stream=quiet))
+    assert time.monotonic() - started < 60   # the grace, not the timeout, ended node 0
+    assert result["status"] == "failed"
+    assert result["error"].startswith("node 1 of 2 (failed): RuntimeError: rank 1 lost its GPU")
+    assert "then node 0: timeout" in result["error"]
+    assert result["config"]["coordinator"] != "127.0.0.1:1"   # a fresh loopback port per run
+    for rank in (0, 1):
+        pid = int((tmp_path / f"node{rank}.pid").read_text())
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    logs = sorted(p.name for p in (tmp_path / "work" / "logs").iterdir())
+    assert logs == ["torch-ddp-x2-2nodes.node0.log", "torch-ddp-x2-2nodes.node1.log"]
+    configs = [json.loads(p.read_text()) for p in sorted((tmp_path / "work" / "runs").glob("*.config.json"))]
+    assert [c["node_rank"] for c in configs] == [0, 1] and len({c["coordinator"] for c in configs}) == 1
