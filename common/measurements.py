@@ -45,10 +45,13 @@ def topology(job: dict) -> dict:
     return {"nodes": job["nodes"], "node_rank": job["node_rank"], "coordinator": job["coordinator"]}
 
 
-def across_nodes(name: str, strategy: str, nodes: dict) -> dict:
+def across_nodes(backend, strategy: str, nodes: dict) -> dict:
     """The options a strategy takes on several nodes (MXNet's dist_sync kvstore): {"options": {...}} or {}."""
-    options = {k: o.nodes_default for k, o in manifest.load(name).options_for(strategy).items() if o.nodes_default}
-    return {"options": options} if nodes and options else {}
+    if not nodes:
+        return {}
+    declared = manifest.load(backend.NAME).options_for(strategy)
+    options = {k: o.nodes_default for k, o in declared.items() if o.nodes_default}
+    return {"options": options} if options else {}
 
 
 def measure(backend, job: dict) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -72,7 +75,7 @@ def measure(backend, job: dict) -> tuple[dict[str, np.ndarray], dict[str, str]]:
                         continue  # no BatchNorm: the same as local
                     key = f"{model}|{strategy}|{k}|{bn}"
                     common = dict(bn=bn, device_kind=job["device_kind"], **nodes,
-                                  **across_nodes(backend.NAME, strategy, nodes))
+                                  **across_nodes(backend, strategy, nodes))
                     try:
                         out.update(_run(backend, key, strategy, model, k, w, batches, job["lr"], common))
                         out.update(_run(backend, f"{model}|{strategy}:float64|{k}|{bn}", strategy, model, k, w,

@@ -103,8 +103,8 @@ def check_options_apply(options: dict[str, list[str]], backends: dict[str, Manif
 
 def option_variants(backend: Manifest, strategy: str, asked: dict[str, list[str]],
                     several_nodes: bool = False) -> list[dict[str, str]]:
-    """Every combination of the asked values of the options this strategy has, defaults for the rest (with
-    several nodes in the sweep, an option's default across nodes, e.g. a distributed kvstore, at every count)."""
+    """Every combination of the asked values of the options this strategy has, defaults for the rest (on
+    several nodes, an option's default across nodes where it has one: MXNet's dist_sync kvstore)."""
     variants = [{}]
     for name, option in backend.options_for(strategy).items():
         default = option.nodes_default if several_nodes and option.nodes_default else option.default
@@ -283,9 +283,8 @@ def build_plan(args) -> Plan:
     devices = choose_devices(args)
     kind, gpus = devices.kind, devices.gpus
     topology = nodelib.from_args(args)
-    several = max(topology.counts) > 1
     counts = parse_gpus(args.gpus) if args.gpus is not None else (
-        [1] if several else [1, 2] if kind == "cpu" or len(gpus) >= 2 else [1])
+        [1] if max(topology.counts) > 1 else [1, 2] if kind == "cpu" or len(gpus) >= 2 else [1])
     check_device_counts(counts, kind, gpus, devices.why, max(topology.counts) if topology.loopback else 1)
     check_shared(seed=args.seed, lr=args.lr, timeout=args.timeout, threads=args.threads)
     if os.path.exists(args.out) and not os.path.isdir(args.out):
@@ -306,8 +305,8 @@ def build_plan(args) -> Plan:
     for name in names:
         for strategy, reason in strategies[name]:   # (none: no asked strategy is this backend's)
             reason = reason or refused.get(name)
-            for variant in option_variants(backends[name], strategy, options, several):
-                for m in filter(topology.runs_here, topology.counts):
+            for m in filter(topology.runs_here, topology.counts):
+                for variant in option_variants(backends[name], strategy, options, m > 1):
                     for n in counts:
                         cfg = make_config(args, preset, name, strategy, variant, n * m, kind, data_dir, topology, m)
                         why = reason or engine_refusal(backends[name], strategy, m)

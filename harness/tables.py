@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from common import manifest
 from common.results import Result
 
 STATUS_NOTE = {
@@ -22,10 +24,10 @@ def key(r: Result) -> tuple:
     return c.backend, c.variant, c.devices, c.nodes
 
 
-def devices_cell(c) -> str:
+def devices_cell(c, simulated: bool = True) -> str:
     """"2 (sim.)", or with several nodes "4 = 2 nodes x 2 (sim.)": how the devices were spread."""
     spread = f" = {c.nodes} nodes x {c.local_devices}" if c.nodes > 1 else ""
-    return f"{c.devices}{spread}{' (sim.)' if c.simulated else ''}"
+    return f"{c.devices}{spread}{' (sim.)' if c.simulated and simulated else ''}"
 
 
 @dataclass
@@ -40,6 +42,17 @@ class Row:
     efficiency: float | None = None
 
 
+def baseline(r: Result) -> tuple:
+    """The runs compared in speed-up: the same backend and strategy, options and levers, except an option
+    at its several-node default (MXNet's dist_sync kvstore is measured against its 1-device run)."""
+    c = r.config
+    options = c.options
+    if c.nodes > 1 and manifest.canonical_name(c.backend):
+        declared = manifest.load(c.backend).options
+        options = {k: v for k, v in options.items() if k not in declared or v != declared[k].nodes_default}
+    return c.backend, dataclasses.replace(c, options=options).variant
+
+
 def with_scaling(results: list[Result]) -> list[Row]:
     """Attach summary numbers, speed-up and efficiency against the 1-device run of the same backend/strategy."""
     rows = []
@@ -47,10 +60,10 @@ def with_scaling(results: list[Result]) -> list[Row]:
     for r in results:
         s = r.summary() if r.ok else {}
         if s.get("images_per_s") and r.config.devices == 1 and r.config.nodes == 1:
-            base[key(r)[:2]] = s["images_per_s"]
+            base[baseline(r)] = s["images_per_s"]
     for r in results:
         s = r.summary() if r.ok else {}
-        b = base.get(key(r)[:2])
+        b = base.get(baseline(r))
         if s.get("images_per_s") and b:
             s["speedup"] = s["images_per_s"] / b
             s["efficiency"] = s["speedup"] / r.config.devices
@@ -120,7 +133,7 @@ def steps_table(rows: list[Row]) -> list[str]:
         c = r.config
         ms = milliseconds
         several = c.devices > 1     # on one device there is nothing to send: no bandwidth to speak of
-        body.append([c.backend, c.variant, devices_cell(c), f"{ms(step.median_s)}",
+        body.append([c.backend, c.variant, devices_cell(c, simulated=False), f"{ms(step.median_s)}",
                      f"{ms(step.p10_s)}–{ms(step.p90_s)}", str(step.steps),
                      fmt(step.images_per_s, ".1f"),
                      ms(ar and ar.median_s), fmt(ar.gb_per_s if ar and several else None, ".2f"),
@@ -137,7 +150,8 @@ def accuracy_table(rows: list[Row]) -> list[str]:
     if not ok:
         return []
     n = max(len(r.epochs) for r in ok)
-    body = [[" ".join(map(str, key(r)))] + [fmt(e.test_acc, ".4f") for e in r.epochs]
+    body = [[" ".join(map(str, key(r)[:3])) + (f" on {r.config.nodes} nodes" if r.config.nodes > 1 else "")]
+            + [fmt(e.test_acc, ".4f") for e in r.epochs]
             + [""] * (n - len(r.epochs)) for r in ok]
     return table(["run"] + [f"epoch {i + 1}" for i in range(n)], body)
 

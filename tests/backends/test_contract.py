@@ -14,7 +14,7 @@ import pytest
 from common.loop import Unsupported
 from common.trainer import METHODS, Trainer
 from common.weights import he_scaled
-from tests.backends.conftest import NAME, run_backend_worker
+from tests.backends.conftest import NAME, ROOT, run_backend_worker
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative, scale
 
 BATCH = 12  # divisible by 1, 2 and 3 devices
@@ -316,3 +316,65 @@ def test_a_gpu_run_the_framework_cannot_see_a_gpu_for_is_unavailable_with_the_re
     assert rc == 1 and r["status"] == "unavailable"
     assert "GPU" in r["error"] and len(r["error"].splitlines()) == 1
     assert r["environment"]["framework_gpus"] == 0
+
+
+# ------------------------------------------------------------------------------------- several nodes
+
+def _engines(meta) -> list[str]:
+    return [s for s, spec in meta.strategies.items() if spec.engine]
+
+
+def _survivors(marker: str) -> list[str]:
+    import subprocess
+    found = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    return [pid for pid in found if int(pid) != __import__("os").getpid()]
+
+
+def test_a_node_killed_mid_run_fails_the_run_with_its_error_and_ends_every_process(meta, tmp_path):
+    """Loopback nodes through the harness on the real engine: SIGKILL node 1's process group (a host lost)
+    during training; the run is a failed row naming node 1, the report is written, and no process of any node
+    or role is left."""
+    import glob
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from harness.envs import worker_env
+
+    engines = _engines(meta)
+    if not engines:
+        pytest.skip(f"{NAME} has no strategy with a distributed engine")
+    out = tmp_path / "out"
+    harness = subprocess.Popen(
+        [sys.executable, "-m", "harness", "--backend", NAME, "--strategy", engines[0], "--nodes", "2", "--gpus", "1",
+         "--model", "lenet", "--dataset", "synthetic", "--train-size", "4096", "--test-size", "16", "--batch-size",
+         "16", "--epochs", "50", "--timed-steps", "0", "--device", "cpu", "--no-check", "--quiet", "--out", str(out),
+         "--python", f"{NAME}={sys.executable}"], cwd=ROOT, env=worker_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline, log = time.monotonic() + 300, None
+        while time.monotonic() < deadline and harness.poll() is None:
+            logs = glob.glob(str(out / ".tmp-*" / "logs" / "*node0.log"))   # rank 0 reports the steps
+            if logs and '"event": "step"' in open(logs[0]).read():
+                log = logs[0].replace("node0", "node1")
+                break
+            time.sleep(0.5)
+        assert log, "the nodes never started training"
+        node1 = _survivors(log.replace("/logs/", "/runs/").replace(".log", ".config.json"))
+        assert node1, "node 1's process was not found"
+        os.killpg(int(node1[0]), signal.SIGKILL)
+        output, _ = harness.communicate(timeout=300)
+    finally:
+        if harness.poll() is None:
+            os.killpg(harness.pid, signal.SIGKILL)
+    assert harness.returncode == 1, output[-2000:]
+    (report,) = [p for p in out.iterdir() if not p.name.startswith(".")]
+    (result,) = json.loads((report / "results.json").read_text())["runs"]
+    assert result["status"] == "failed"
+    assert result["error"].startswith("node 1 of 2 (failed): worker exited with status -9"), result["error"][:300]
+    assert "node 1 of 2" in (report / "report.md").read_text()
+    time.sleep(1)
+    assert _survivors(str(out)) == []

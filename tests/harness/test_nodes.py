@@ -72,9 +72,9 @@ def test_the_plan_runs_the_strategies_with_an_engine_on_several_nodes():
     assert all(c.devices == 2 and c.local_devices == 1 and c.loopback_nodes for c in plan.configs if c.nodes == 2)
     refused = {(c.backend, c.strategy): why for c, why in plan.not_run if c.nodes == 2}
     assert "runs in one process; --nodes 2 needs" in refused[("torch", "scratch")]
-    # the sweep's variants stay comparable: MXNet's 1-node baseline runs the same dist_sync kvstore
-    assert {c.options.get("kvstore") for c in plan.configs if c.backend == "mxnet" and c.strategy == "gluon"} \
-        == {"dist_sync"}
+    # MXNet's kvstore on one node is its own (dist_sync needs peers); the speed-up is still against it
+    gluon = [c for c in plan.configs if (c.backend, c.strategy) == ("mxnet", "gluon")]
+    assert {(c.nodes, c.options.get("kvstore")) for c in gluon} == {(1, "device"), (2, "dist_sync")}
 
 
 def test_a_strategy_in_one_process_asked_for_on_several_nodes_is_refused(capfd):
