@@ -75,9 +75,9 @@ def measure(name: str, python: str, job: dict, tmp: Path, timeout: float,
 
 
 def measure_nodes(name: str, python: str, job: dict, nodes: int, tmp: Path, timeout: float,
-                  log_dir: Path | None = None) -> dict:
+                  log_dir: Path | None = None) -> tuple[dict, dict]:
     """The job on `nodes` loopback nodes (check workers started together, joined at a free 127.0.0.1 port):
-    node 0's arrays, or CheckError with the first failing node's last line."""
+    node 0's arrays and what it could not run, or CheckError with the first failing node's last line."""
     coordinator = f"127.0.0.1:{free_port()}"
     cmds, logs, outs = [], [], []
     for rank in range(nodes):
@@ -99,7 +99,7 @@ def measure_nodes(name: str, python: str, job: dict, nodes: int, tmp: Path, time
         why = "no answer within the timeout" if code is None else last[0]
         raise CheckError(f"{name} on {nodes} nodes: node {rank} failed: {why}")
     with np.load(outs[0]) as f:
-        return {k: f[k] for k in f.files}
+        return {k: f[k] for k in f.files}, json.loads(Path(str(outs[0]) + ".skipped.json").read_text())
 
 
 # ------------------------------------------------------------------------------ run
@@ -144,8 +144,8 @@ def run_checks(backends: dict[str, Manifest], pythons: dict[str, str], models: l
         failures = {**failures, "torch": failures.get("torch", "not measured: torch is the reference")}
         return [], failures, shared["weights_hash"]
     rows = asked_rows(compare(results, w0), counts)
-    for name, arrays in node_runs.items():
-        rows += compare_nodes(name, results[name][0], arrays, nodes, w0)
+    for name, (arrays, skipped) in node_runs.items():
+        rows += compare_nodes(name, results[name][0], arrays, skipped, nodes, w0)
     return rows, failures, shared["weights_hash"]
 
 

@@ -131,10 +131,11 @@ def compare(results: dict[str, tuple[dict, dict]], w0: dict[str, dict], referenc
     return rows
 
 
-def compare_nodes(name: str, single: dict, multi: dict, nodes: int, w0: dict[str, dict]) -> list[Row]:
+def compare_nodes(name: str, single: dict, multi: dict, skipped: dict, nodes: int, w0: dict[str, dict]) -> list[Row]:
     """A backend's runs on `nodes` nodes against its own 1-process runs of the same devices: the same math
     in float64 (to the same-math tolerance), and the float32 gradients within FLOOR_FACTOR x the larger of
-    the two runs' own float32-vs-float64 distances."""
+    the two runs' own float32-vs-float64 distances (a fixed tolerance where the engine has no float64: then
+    the row says why)."""
     rows = []
     for model, strategy, k, bn in runs_of(multi):
         key, devices = f"{model}|{strategy}|{k}|{bn}", f"{k} = {nodes}x{k // nodes}"
@@ -156,6 +157,8 @@ def compare_nodes(name: str, single: dict, multi: dict, nodes: int, w0: dict[str
             floor = max(distances(a, a, key, f64, model, w0[model])["gradients"] for a in (single, multi))
         else:
             floor = 0.0
+            rows.append(Row("nodes vs 1 process (float64)", model, name, strategy, devices, bn, None, None, "not run",
+                            skipped.get(key, "no float64 run on nodes")))
         value = distances(multi, single, key, key, model, w0[model])["gradients"]
         tolerance, why = _allowed("gradients", {"gradients": floor})
         rows.append(Row("nodes vs 1 process", model, name, strategy, devices, bn, value, tolerance,

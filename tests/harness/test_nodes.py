@@ -9,6 +9,7 @@ import sys
 import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from common.config import RunConfig
@@ -129,3 +130,30 @@ def test_a_failing_node_fails_the_run_with_its_error_and_ends_the_waiting_node(t
     assert logs == ["torch-ddp-x2-2nodes.node0.log", "torch-ddp-x2-2nodes.node1.log"]
     configs = [json.loads(p.read_text()) for p in sorted((tmp_path / "work" / "runs").glob("*.config.json"))]
     assert [c["node_rank"] for c in configs] == [0, 1] and len({c["coordinator"] for c in configs}) == 1
+
+
+def _measured(rng, key: str, shift: float = 0.0) -> dict:
+    """A run's arrays as common/measurements.py stores them, for LeNet: loss, losses, grad/first/final."""
+    from common.architectures import spec
+    arrays = {f"{key}|loss": np.float64(2.3 + shift), f"{key}|losses": np.array([2.3 + shift, 2.2])}
+    for name, shape, _ in spec("lenet"):
+        for part in ("grad", "first", "final"):
+            arrays[f"{key}|{part}|{name}"] = rng.standard_normal(shape)
+    return arrays
+
+
+def test_nodes_rows_pass_on_the_same_numbers_and_fail_on_a_different_step():
+    from harness.equivalence import compare_nodes
+    from common.architectures import spec
+    w0 = {"lenet": {name: np.zeros(shape) for name, shape, _ in spec("lenet")}}
+    single = {**_measured(np.random.default_rng(0), "lenet|ddp|2|local"),
+              **_measured(np.random.default_rng(1), "lenet|ddp:float64|2|local")}
+    same = compare_nodes("torch", single, dict(single), {}, 2, w0)
+    assert [(r.check, r.devices, r.status) for r in same] == [
+        ("nodes vs 1 process (float64)", "2 = 2x1", "ok"), ("nodes vs 1 process", "2 = 2x1", "ok")]
+    wrong = dict(single)
+    wrong["lenet|ddp:float64|2|local|grad|fc1.weight"] = wrong["lenet|ddp:float64|2|local|grad|fc1.weight"] * 0.5
+    assert [r.status for r in compare_nodes("torch", single, wrong, {}, 2, w0)][0] == "FAIL"
+    no_float64 = {k: v for k, v in single.items() if ":float64" not in k}
+    rows = compare_nodes("mxnet", single, no_float64, {"lenet|ddp|2|local": "the kvstore sends float32"}, 2, w0)
+    assert (rows[0].status, rows[0].note) == ("not run", "the kvstore sends float32")
