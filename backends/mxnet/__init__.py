@@ -7,6 +7,7 @@
   gradients, train_trace
   (BatchNorm)            batchnorm.py: its layers, torch's running-statistics rule
   environment            environment.py
+  (several nodes)        distributed.py: ps-lite scheduler, server and worker, one dist_sync kvstore per process
   (mxnet itself)         compat.py: numpy aliases, threads, precision, then `import mxnet`
 """
 

@@ -28,23 +28,34 @@ def visible_gpus() -> int:
     return mx.context.num_gpus() if has_cuda() else 0
 
 
+def kvstore(cfg) -> str:
+    """The gluon Trainer's kvstore type: the one asked for, else the default for the run's node count."""
+    option = MANIFEST.options["kvstore"]
+    return cfg.options.get("kvstore") or (option.nodes_default if cfg.nodes > 1 else option.default)
+
+
 def engine_workers() -> int:
     """Operators MXNet runs at once on one CPU context; the simulated devices run side by side."""
     return int(os.environ.get("MXNET_CPU_WORKER_NTHREADS", "1"))
 
 
 def device_names(cfg) -> list[str]:
+    """This node's devices (loopback nodes on a GPU host: node r has GPUs r*L .. r*L+L-1)."""
     if cfg.device_kind == "gpu":   # (too few GPUs: the run is reported unavailable)
-        return [f"gpu({i})" for i in range(min(cfg.devices, visible_gpus()))]
-    return [f"cpu({i}) (simulated device {i})" for i in range(cfg.devices)]
+        first = cfg.node_rank * cfg.local_devices if cfg.loopback_nodes else 0
+        return [f"gpu({i})" for i in range(first, min(first + cfg.local_devices, visible_gpus()))]
+    return [f"cpu({i}) (simulated device {i})" for i in range(cfg.local_devices)]
 
 
 def collective(cfg) -> str:
     if cfg.strategy == "gluon":
-        kvstore = MANIFEST.option(cfg.options, "kvstore")
+        kind = kvstore(cfg)
+        if cfg.nodes > 1:
+            return (f"ps-lite: gluon.Trainer, kvstore '{kind}' (each node's gradients summed over its contexts, "
+                    "pushed to the servers, the global sum pulled back; update on each device)")
         if cfg.devices == 1:
-            return f"gluon.Trainer, kvstore '{kvstore}' (not created by Gluon for one device)"
-        return f"gluon.Trainer, kvstore '{kvstore}' (gradients summed by the kvstore, update on each device)"
+            return f"gluon.Trainer, kvstore '{kind}' (not created by Gluon for one device)"
+        return f"gluon.Trainer, kvstore '{kind}' (gradients summed by the kvstore, update on each device)"
     return "hand-written allreduce (copy to device 0, sum, copy back)"
 
 
@@ -76,7 +87,7 @@ def environment(cfg) -> dict:
         cudnn="enabled" if features.is_enabled("CUDNN") else None,
         devices=device_names(cfg),
         framework_gpus=visible_gpus(),   # what MXNet itself sees, whatever the harness found
-        processes=1, threads=THREADS,
+        processes=processes(cfg), threads=THREADS,
         precision={"dtype": "float32", "tf32_matmul": False, "tf32_cudnn": False,
                    "NVIDIA_TF32_OVERRIDE": os.environ.get("NVIDIA_TF32_OVERRIDE")},
         # A refused speed lever (common/levers.py, from backend.toml) makes the run unavailable; NCHW always.
@@ -84,5 +95,18 @@ def environment(cfg) -> dict:
         input_copies=input_copies(cfg), sgd_update=sgd_update(cfg), collective=collective(cfg),
         batchnorm=batchnorm(cfg),
         details={"engine": f"threaded engine per device, {engine_workers()} worker thread(s) per context",
-                 "kvstore": MANIFEST.option(cfg.options, "kvstore") if cfg.strategy == "gluon" else None,
-                 "hybridize": hybridized(cfg)})
+                 "kvstore": kvstore(cfg) if cfg.strategy == "gluon" else None,
+                 "hybridize": hybridized(cfg), **ps_lite(cfg)})
+
+
+def processes(cfg) -> int:
+    """Every process of the run: one; with several nodes a worker and a server per node and the scheduler."""
+    return 1 if cfg.nodes == 1 else 2 * cfg.nodes + 1
+
+
+def ps_lite(cfg) -> dict:
+    if cfg.nodes == 1:
+        return {}
+    return {"ps_lite": (f"scheduler at {cfg.coordinator} (started by node 0), one server and one worker per "
+                        f"node: DMLC_NUM_SERVER = DMLC_NUM_WORKER = {cfg.nodes}, DMLC_ROLE per process"),
+            "rendezvous": f"ps-lite scheduler at {cfg.coordinator}"}

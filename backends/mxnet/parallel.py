@@ -9,10 +9,10 @@ from common.data import check_divisible
 from mxnet import gluon
 
 
-def devices(n: int, kind: str = "cpu") -> list:
-    """n data-parallel contexts: gpu(0..n-1), or n simulated devices cpu(0..n-1) on the host."""
+def devices(n: int, kind: str = "cpu", first: int = 0) -> list:
+    """n data-parallel contexts: gpu(first..first+n-1), or n simulated devices cpu(0..n-1) on the host."""
     if kind == "gpu":
-        return [mx.gpu(i) for i in range(n)]
+        return [mx.gpu(first + i) for i in range(n)]
     return [mx.cpu(i) for i in range(n)]
 
 
@@ -106,3 +106,43 @@ def zeros_per_context(values: int, devs: list) -> list:
     buffers = [mx.nd.zeros((values,), ctx=ctx, dtype="float32") for ctx in devs]
     mx.nd.waitall()
     return buffers
+
+
+# ----------------------------------------------------------------------- across nodes (a dist kvstore)
+
+def node_shard(X, y, nodes: int, rank: int):
+    """This node's consecutive share of a global numpy batch (node r: shards r*L .. (r+1)*L-1)."""
+    check_divisible(len(y), nodes)
+    size = len(y) // nodes
+    return X[rank * size:(rank + 1) * size], y[rank * size:(rank + 1) * size]
+
+
+class AcrossNodes:
+    """Small reductions over every node's worker through a dist kvstore (a KeyedKVStore view): the server
+    sums what each worker pushes. Every worker must make the same calls in the same order."""
+
+    def __init__(self, kv, nodes: int, rank: int):
+        self.kv, self.nodes, self.rank = kv, nodes, rank
+        self._keys: set[str] = set()
+
+    def gather(self, values) -> np.ndarray:
+        """Every node's `values` (float64), row r node r's: each pushes its row, zeros elsewhere; the sum."""
+        values = np.asarray(values, dtype=np.float64).ravel()
+        rows = np.zeros((self.nodes, len(values)))
+        rows[self.rank] = values
+        buffer = mx.nd.array(rows.ravel(), dtype="float64")
+        self.kv.pushpull(self._ready(f"gather{len(values)}", buffer), buffer, out=buffer)
+        return buffer.asnumpy().reshape(self.nodes, len(values))
+
+    def average(self, name: str, arrays: list) -> None:
+        """Arrays equal on every context of a node become the mean of every node's: arrays[0] pushed, / nodes."""
+        self.kv.pushpull(self._ready(name, arrays[0]), arrays[0], out=arrays)
+        for a in arrays:
+            a[:] /= self.nodes
+
+    def _ready(self, key: str, like) -> str:
+        """`key`, initialised on the servers on first use (every worker calls it, worker 0's value is kept)."""
+        if key not in self._keys:
+            self.kv.init(key, mx.nd.zeros(like.shape, dtype=like.dtype))
+            self._keys.add(key)
+        return key

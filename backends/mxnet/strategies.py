@@ -10,6 +10,9 @@ Same math in both: one SGD step on the mean cross-entropy of the *global* batch.
            1 / B (d2l's concise chapter)
 A step is reduce_gradients (each context on its shard, then the strategy's own reduction)
 followed by update; gradients() and train_trace() run the same two halves (common/trainer.py's probes).
+Several nodes (gluon only, --nodes): each node's worker takes its consecutive share of the global batch
+over its own contexts, and the Trainer's kvstore is dist_sync (distributed.py), which sums every node's
+gradients; collect, slowest, evaluate and the BatchNorm average go through it too (parallel.AcrossNodes).
 Both load the run's weights into every context first, and both can run hybridized
 (option hybridize). BatchNorm (--bn): "local", each context normalises with its own
 shard's statistics in training (as the seeds do) and the running statistics are averaged
@@ -35,12 +38,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from backends.mxnet import models
+from backends.mxnet import distributed, models
 from backends.mxnet.batchnorm import RunningStatistics
 from backends.mxnet.compat import mx
-from backends.mxnet.environment import MANIFEST, NO_GPU_BUILD, has_cuda, visible_gpus
-from backends.mxnet.parallel import (Reduction, Shards, allreduce, average, devices, examples, split, stage,
-                                     zeros_per_context)
+from backends.mxnet.environment import NO_GPU_BUILD, has_cuda, kvstore, visible_gpus
+from backends.mxnet.parallel import (AcrossNodes, Reduction, Shards, allreduce, average, devices, examples,
+                                     node_shard, split, stage, zeros_per_context)
 from common import data as datalib
 from common import levers as leverlib
 from common.config import RunConfig
@@ -61,21 +64,32 @@ class MXNetTrainer(Trainer):
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
-        self.devs = devices(cfg.devices, cfg.device_kind)
-        self._examples = cfg.batch_size   # the examples of the batch reduce_gradients last took
+        first = cfg.node_rank * cfg.local_devices if cfg.loopback_nodes else 0   # loopback nodes share the GPUs
+        self.devs = devices(cfg.local_devices, cfg.device_kind, first)
+        self._examples = cfg.batch_size   # the examples of the (global) batch reduce_gradients last took
+        # Several nodes (gluon only): this node's view of the process's dist kvstore, for the global figures.
+        self.kv = distributed.keyed(cfg) if cfg.nodes > 1 else None
+        self.across = AcrossNodes(self.kv, cfg.nodes, cfg.node_rank) if self.kv else None
 
     def place(self, x, y):
         """One batch split_and_load-ed onto the contexts, as step() would; the copies are queued on the
         engine, not waited for (so put() is place())."""
-        return stage(self._images(x), y, self.devs)
+        return stage(*self._local(self._images(x), y), self.devs)
 
     def collect(self, handles) -> tuple[float, float]:
+        """(loss sum, correct) of every device of every node."""
         loss = sum(float(l.asscalar()) for step in handles for l, _ in step)
         correct = sum(int(c.asscalar()) for step in handles for _, c in step)
+        if self.across:
+            loss, correct = self.across.gather([loss, correct]).sum(axis=0)
+            correct = int(round(correct))
         return loss, correct
 
     def sync(self) -> None:
         mx.nd.waitall()
+
+    def slowest(self, seconds: float) -> float:
+        return float(self.across.gather([seconds]).max()) if self.across else seconds
 
     def canonical(self) -> dict[str, np.ndarray]:
         return models.to_canonical(self.module)
@@ -87,8 +101,14 @@ class MXNetTrainer(Trainer):
                 for name, p in models.canonical_params(self.module).items() if not models.is_statistic(p)}
 
     def evaluate(self, batches) -> tuple[int, int]:
+        """(correct, total) on the test batches; with several nodes each evaluates every nodes-th batch."""
         self.average_bn_statistics()
-        return models.accuracy_counts(self.module, batches, self.devs[0], self.dtype)
+        if not self.across:
+            return models.accuracy_counts(self.module, batches, self.devs[0], self.dtype)
+        mine = (b for i, b in enumerate(batches) if i % self.cfg.nodes == self.cfg.node_rank)
+        counts = self.across.gather(models.accuracy_counts(self.module, mine, self.devs[0], self.dtype))
+        correct, total = counts.sum(axis=0)
+        return int(round(correct)), int(round(total))
 
     def param_count(self) -> int:
         return models.count_params(self.module)
@@ -96,9 +116,15 @@ class MXNetTrainer(Trainer):
     # memory(): the base's {}, as MXNet 1.x exposes no peak memory for CPU contexts
 
     def _split(self, x, y) -> tuple[list, list]:
-        """The batch's shards, one per context; remembers its size for update()."""
-        self._examples = examples(y)
-        return split(self._images(x), y, self.devs)
+        """This node's shards of the global batch, one per context; remembers the global size for update()."""
+        self._examples = examples(y) * (self.cfg.nodes if isinstance(y, Shards) else 1)
+        return split(*self._local(self._images(x), y), self.devs)
+
+    def _local(self, x, y):
+        """This node's part of a global numpy batch (a staged one is this node's already)."""
+        if self.cfg.nodes == 1 or isinstance(y, Shards):
+            return x, y
+        return node_shard(x, y, self.cfg.nodes, self.cfg.node_rank)
 
     def _forward_backward(self, net, x, y):
         """forward_backward of one context's shard. In float64 each context finishes before the next
@@ -180,9 +206,20 @@ class GluonTrainer(MXNetTrainer):
         # With the update on the kvstore, its copy of the weights would be re-made after reset(),
         # inside the first timed step; this way the kvstore is set up once, in the warm-up step.
         sgd = Float64SGD(learning_rate=cfg.lr) if dtype == "float64" else mx.optimizer.SGD(learning_rate=cfg.lr)
-        self.trainer = gluon.Trainer(models.trainable(self.module), sgd,
-                                     kvstore=MANIFEST.option(cfg.options, "kvstore"),
+        # Several nodes: the process's dist_sync kvstore, under this trainer's own keys (distributed.py).
+        self.trainer = gluon.Trainer(models.trainable(self.module), sgd, kvstore=self.kv or kvstore(cfg),
                                      update_on_kvstore=False)
+        if self.kv:
+            self._broadcast_now()
+
+    def _broadcast_now(self) -> None:
+        """The Trainer's lazy kvstore set-up (a broadcast: worker 0's weights to the servers, every worker
+        pulls them back), done now and waited for. Left to the first allreduce_grads, nothing orders that
+        pull before the gradients' pushpull on the same keys: the servers could answer it with the first
+        step's summed gradient, which would then overwrite the weights (seen as such on loopback nodes)."""
+        self.trainer._init_kvstore()
+        self.trainer._init_params()
+        mx.nd.waitall()
 
     def reset(self) -> None:
         models.load_canonical(self.module, self.weights)   # SGD without momentum keeps no state
@@ -197,7 +234,8 @@ class GluonTrainer(MXNetTrainer):
         return metrics
 
     def update(self) -> None:
-        """SGD on every context with the reduced gradients, scaled by lr / batch size."""
+        """SGD on every context with the reduced gradients, scaled by lr / global batch size (a dist
+        kvstore sums every worker's gradients, and Trainer.update(B) rescales by 1 / B, not / workers)."""
         self.trainer.update(self._examples)   # allreduce_grads + update(B) is Trainer.step(B)
 
     def allreduce_op(self, values: int) -> Reduction:
@@ -209,14 +247,17 @@ class GluonTrainer(MXNetTrainer):
         buffers = zeros_per_context(values, self.devs)
         if self.n_devices == 1:
             return Reduction(buffers, lambda: None)
-        kv = mx.kv.create(MANIFEST.option(self.cfg.options, "kvstore"))
-        kv.init(0, buffers[0])
+        kv = self.kv or mx.kv.create(kvstore(self.cfg))   # several nodes: the trainer's keys, "allreduce"
+        kv.init("allreduce", buffers[0])
         mx.nd.waitall()
-        return Reduction(buffers, lambda: kv.pushpull(0, buffers))
+        return Reduction(buffers, lambda: kv.pushpull("allreduce", buffers))
 
     def average_bn_statistics(self) -> None:
-        for p in models.running_statistics(self.module):
+        """Each node's contexts averaged, then (several nodes) the nodes' averages."""
+        for i, p in enumerate(models.running_statistics(self.module)):
             average(p.list_data())
+            if self.across:
+                self.across.average(f"statistics{i}", p.list_data())
 
 
 class Float64SGD(mx.optimizer.SGD):
@@ -246,9 +287,16 @@ SYNC_BN_IN_FLOAT64 = ("mxnet 1.9.1's SyncBatchNorm operator fails on float64 inp
                       "as float32 arrays")
 
 
+DIST_FLOAT64 = ("mxnet 1.9.1's dist kvstore carries float32 only: a float64 array pushed or pulled through "
+                "ps-lite comes back rounded to float32 (1/3 -> 0.33333334), so several nodes cannot run in float64")
+
+
 def check_dtype(dtype: str, cfg: RunConfig) -> None:
-    """The common rule (common/levers.py), and: float64 has no synchronised BatchNorm over several contexts."""
+    """The common rule (common/levers.py), and: float64 has no synchronised BatchNorm over several contexts,
+    nor a dist kvstore."""
     leverlib.check_dtype(dtype, cfg)
+    if dtype == "float64" and cfg.nodes > 1:
+        raise Unsupported(DIST_FLOAT64)
     if dtype == "float64" and models.statistics_shards(cfg) > 1:
         raise Unsupported(SYNC_BN_IN_FLOAT64)
 
@@ -256,6 +304,7 @@ def check_dtype(dtype: str, cfg: RunConfig) -> None:
 def check_supported(cfg: RunConfig) -> None:
     if cfg.strategy not in TRAINERS:
         raise Unsupported(f"mxnet has no strategy {cfg.strategy!r}; it has {', '.join(TRAINERS)}")
+    check_nodes(cfg)
     if reason := leverlib.check(cfg):   # backend.toml: float32 only, no channels-last
         raise Unsupported(reason)
     if cfg.bn == "sync" and not TRAINERS[cfg.strategy].sync_bn:
@@ -268,6 +317,22 @@ def check_supported(cfg: RunConfig) -> None:
             raise Unsupported(f"GPU run requested, but no MXNet GPU build can run here: {NO_GPU_BUILD}")
         if visible_gpus() < cfg.devices:
             raise Unsupported(f"{cfg.devices} GPUs requested, MXNet sees {visible_gpus()}")
+
+
+def check_nodes(cfg: RunConfig) -> None:
+    """Several nodes: gluon over dist_sync only; dist_sync: several nodes only."""
+    if cfg.nodes > 1 and cfg.strategy != "gluon":
+        raise Unsupported(f"mxnet {cfg.strategy} reduces across the contexts of one process only (its hand-written "
+                          "allreduce has no transport between processes); --nodes needs gluon")
+    if cfg.strategy != "gluon":
+        return
+    kind = kvstore(cfg)
+    if cfg.nodes > 1 and kind != distributed.KVSTORE:
+        raise Unsupported(f"kvstore '{kind}' reduces within one process; --nodes {cfg.nodes} needs kvstore "
+                          f"'{distributed.KVSTORE}' (the default with several nodes)")
+    if cfg.nodes == 1 and kind == distributed.KVSTORE:
+        raise Unsupported(f"kvstore '{kind}' needs several nodes (a ps-lite scheduler at --coordinator); "
+                          "one process reduces with 'device' or 'local'")
 
 
 def make_trainer(cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32") -> MXNetTrainer:
@@ -285,8 +350,14 @@ def make_trainer(cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "f
 def run(cfg: RunConfig) -> dict:
     """Train as the run config says; the metrics part of a result."""
     check_supported(cfg)
-    trainer = TRAINERS[cfg.strategy](cfg, weights_for_run(cfg))
-    return run_training(trainer, cfg, datalib.load(cfg))
+    clean = False
+    try:
+        trainer = TRAINERS[cfg.strategy](cfg, weights_for_run(cfg))
+        metrics = run_training(trainer, cfg, datalib.load(cfg))
+        clean = True
+        return metrics
+    finally:   # several nodes: the scheduler and server this node started end with it
+        distributed.leave(clean)
 
 
 def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,

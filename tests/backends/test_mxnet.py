@@ -12,6 +12,7 @@ path (the stock SGD kernel gluon's Trainer runs in float32) gets a tolerance mea
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -504,3 +505,112 @@ def test_gpu_steps_from_pinned_memory_are_the_cpu_steps(name):
     on_gpu = train_steps(name, "lenet", k, weights, batches(2), 0.5, device_kind="gpu", dtype="float64")
     on_cpu = train_steps(name, "lenet", k, weights, batches(2), 0.5, dtype="float64")
     assert relative(on_gpu, on_cpu) <= IDENTICAL
+
+
+# ----------------------------------------------------------------------- Several nodes
+# gluon runs on several nodes through a dist_sync kvstore (ps-lite: node 0 starts the scheduler, every node
+# a server; backends/mxnet/distributed.py). Nodes here are loopback processes (tests/backends/nodes.py).
+
+def node_job(tmp_path, strategy, weights, data) -> dict:
+    from tests.backends.nodes import write_check_inputs
+    return {"models": ["lenet"], "strategies": [strategy], "devices": [2], "bn": ["local"], "lr": 0.1,
+            "device_kind": "cpu", "float64": False, **write_check_inputs(tmp_path, "lenet", weights, data)}
+
+
+def probe(strategy, k, weights, data, dtype) -> dict:
+    """What a check job stores for one configuration (common/measurements.py's keys), in this process."""
+    from backends.mxnet import gradients, train_trace
+    loss, grads = gradients(strategy, "lenet", k, weights, *data[0], dtype=dtype)
+    trace = train_trace(strategy, "lenet", k, weights, data, 0.1, dtype=dtype)
+    return {"loss": np.float64(loss), "losses": np.asarray(trace["losses"]),
+            **{f"grad|{n}": g for n, g in grads.items()}, **{f"first|{n}": v for n, v in trace["first"].items()},
+            **{f"final|{n}": v for n, v in trace["final"].items()}}
+
+
+def stored(arrays: dict, strategy: str, dtype: str) -> dict:
+    prefix = f"lenet|{strategy}{':float64' if dtype == 'float64' else ''}|2|local|"
+    return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+
+def test_gluon_on_two_nodes_is_the_one_process_step(tmp_path):
+    """2 nodes x 1 device (dist_sync) against 1 process x 2 devices and 1 device with the whole batch: loss,
+    gradients, the weights after the first and last step, every step's loss; every node stores the same.
+    mxnet's dist kvstore carries float32 only (strategies.DIST_FLOAT64), so the 2-node run is float32 and its
+    float64 run is refused: it is held to the in-process float64 runs (proven IDENTICAL to each other) within
+    the float32 tolerance measured from the in-process (float32, float64) pair."""
+    from backends.mxnet import initial_weights
+    from tests.backends.nodes import measure_on_nodes
+    weights, data = initial_weights("lenet", 0), batches(3, size=8)
+    nodes = measure_on_nodes("mxnet", node_job(tmp_path, "gluon", weights, data), 2, tmp_path, timeout=240)
+    two_nodes = stored(nodes[0], "gluon", "float32")
+    assert two_nodes and not stored(nodes[0], "gluon", "float64")   # float64 refused, with the reason
+    for other in nodes[1:]:
+        assert max_abs_diff(stored(other, "gluon", "float32"), two_nodes) == 0
+    one_process = {dtype: probe("gluon", 2, weights, data, dtype) for dtype in ("float32", "float64")}
+    one_device = probe("gluon", 1, weights, data, "float64")
+    assert two_nodes.keys() == one_device.keys()
+    assert max_abs_diff({n: two_nodes[f"final|{n}"] for n in weights}, weights) > 1e-4   # it trained
+    assert relative(one_process["float64"], one_device) <= IDENTICAL
+    tolerance = float32_tolerance((one_process["float32"], one_process["float64"]))
+    assert max_abs_diff(two_nodes, one_process["float64"]) <= tolerance
+    assert max_abs_diff(two_nodes, one_process["float32"]) <= tolerance
+
+
+def test_float64_on_two_nodes_is_refused_as_the_kvstore_rounds_it():
+    from backends.mxnet import gradients, initial_weights
+    from common.loop import Unsupported
+    x, y = batches(1, size=8)[0]
+    with pytest.raises(Unsupported, match="carries float32 only"):
+        gradients("gluon", "lenet", 2, initial_weights("lenet", 0), x, y, dtype="float64",
+                  nodes=2, node_rank=0, coordinator="127.0.0.1:1")
+
+
+def node_run(tmp_path, rank, coordinator, **overrides) -> dict:
+    cfg = {"backend": "mxnet", "strategy": "gluon", "devices": 2, "model": "lenet", "epochs": 1, "batch_size": 16,
+           "lr": 0.1, "train_size": 64, "test_size": 40, "eval_batch_size": 16, "dataset": "synthetic",
+           "timed_steps": 2, "nodes": 2, "node_rank": rank, "coordinator": coordinator, "timeout": 120, **overrides}
+    return cfg
+
+
+def test_a_node_without_its_coordinator_fails_naming_the_address(tmp_path):
+    from tests.backends.nodes import finish, refused_port, start_nodes
+    coordinator = f"127.0.0.1:{refused_port()}"
+    procs = start_nodes("mxnet", "--config", [node_run(tmp_path, 1, coordinator, timeout=20)], tmp_path, ".json")
+    # (start_nodes numbers its files from 0: this one node of rank 1 writes node0.json)
+    [(code, output)] = finish(procs, timeout=20 + 60)
+    result = json.loads((tmp_path / "node0.json").read_text())
+    assert code != 0 and result["status"] == "failed", output[-2000:]
+    assert f"could not reach the coordinator (ps-lite scheduler) at {coordinator}" in result["error"]
+
+
+def test_two_nodes_train_end_to_end(tmp_path):
+    from tests.backends.nodes import finish, free_port, start_nodes
+    coordinator = f"127.0.0.1:{free_port()}"
+    jobs = [node_run(tmp_path, rank, coordinator) for rank in range(2)]
+    finished = finish(start_nodes("mxnet", "--config", jobs, tmp_path, ".json"), timeout=240)
+    for rank, (code, output) in enumerate(finished):
+        assert code == 0, f"node {rank} failed:\n{output[-3000:]}"
+    result = json.loads((tmp_path / "node0.json").read_text())
+    assert result["status"] == "ok", result.get("error")
+    assert np.isfinite(result["epochs"][0]["train_loss"]) and result["step_time"]
+    assert result["environment"]["processes"] == 5   # 2 workers, 2 servers, the scheduler
+    assert "ps-lite" in result["environment"]["collective"]
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    ({"strategy": "scratch"}, "--nodes needs gluon"),
+    ({"strategy": "gluon", "options": {"kvstore": "device"}}, "needs kvstore 'dist_sync'")])
+def test_two_nodes_are_refused_without_the_engine(tmp_path, overrides, reason):
+    from backends.mxnet import gradients, initial_weights
+    from common.loop import Unsupported
+    x, y = batches(1, size=8)[0]
+    with pytest.raises(Unsupported, match=reason):
+        gradients(overrides["strategy"], "lenet", 2, initial_weights("lenet", 0), x, y,
+                  options=overrides.get("options"), nodes=2, node_rank=0, coordinator="127.0.0.1:1")
+    rc, r = run_backend_worker(tmp_path, **overrides, nodes=2, coordinator="127.0.0.1:1")
+    assert rc != 0 and r["status"] == "unavailable" and reason in r["error"]
+
+
+def test_dist_sync_on_one_node_is_refused(tmp_path):
+    rc, r = run_backend_worker(tmp_path, strategy="gluon", options={"kvstore": "dist_sync"})
+    assert rc != 0 and r["status"] == "unavailable" and "needs several nodes" in r["error"]
