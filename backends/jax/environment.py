@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from backends.jax import distributed
 from backends.jax.parallel import gpu_count
 from common import loop, sysinfo
 
@@ -90,23 +91,41 @@ def input_copies(cfg) -> str:
                              in_step=f"jax.device_put to {where} just before the step")
 
 
+COLLECTIVE = {"pmap": "lax.psum of the gradients inside jax.pmap (XLA all-reduce)",
+              "sharding": "XLA all-reduce from autodiff through jax.shard_map (jit over a NamedSharding mesh)"}
+
+
+def collective(cfg) -> str | None:
+    """The strategy's reduction, and with several nodes the transport between the processes."""
+    if cfg.strategy not in COLLECTIVE or cfg.nodes == 1:
+        return COLLECTIVE.get(cfg.strategy)
+    return f"{COLLECTIVE[cfg.strategy]}, across the {cfg.nodes} processes over {distributed.transport(cfg)}"
+
+
+def details(cfg) -> dict:
+    """XLA_FLAGS (the CPU devices XLA simulates, __init__.py, and any flag of the user's); the engine's settings."""
+    engine = {} if cfg.nodes == 1 else {
+        "engine": distributed.ENGINE, "coordinator": cfg.coordinator, "node_rank": cfg.node_rank,
+        "cpu_collectives": distributed.transport(cfg) if cfg.device_kind == "cpu" else None,
+        "heartbeat_timeout_s": min(distributed.HEARTBEAT_SECONDS, max(1, int(cfg.timeout)))}
+    return {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), **engine}
+
+
 def environment(cfg) -> dict:
+    distributed.join(cfg)   # before anything asks jax for its devices (jax joins before its backends exist)
     cuda, cudnn = cuda_versions() if cfg.device_kind == "gpu" else (None, None)
     return sysinfo.environment(
         cfg, framework="jax", version=jax.__version__,
         libraries={"flax": flax.__version__, "optax": optax.__version__},
         cuda=cuda, cudnn=cudnn, devices=device_names(cfg),
         framework_gpus=gpu_count(),   # what JAX itself sees, whatever the harness found
-        processes=1, threads=threads_per_process(cfg),
+        processes=cfg.nodes, threads=threads_per_process(cfg),
         precision={"dtype": COMPUTE_DTYPE[cfg.precision], "param_dtype": "float32",
                    "jax_default_matmul_precision": MATMUL_PRECISION[cfg.precision],
                    "tf32_matmul": cfg.precision == "tf32", "tf32_cudnn": cfg.precision == "tf32"},
         compile=COMPILE if cfg.compile else None,
         input_copies=input_copies(cfg),
         sgd_update="optax.sgd inside the compiled step, (params, batch_stats, opt_state) donated",
-        collective={"pmap": "lax.psum of the gradients inside jax.pmap (XLA all-reduce)",
-                    "sharding": "XLA all-reduce from autodiff through jax.shard_map "
-                                "(jit over a NamedSharding mesh)"}.get(cfg.strategy),
+        collective=collective(cfg),
         batchnorm=BATCHNORM[cfg.bn],
-        # XLA_FLAGS: how many CPU devices XLA simulates (backends/jax/__init__.py), and any flag of the user's
-        details={"XLA_FLAGS": os.environ.get("XLA_FLAGS", "")})
+        details=details(cfg))

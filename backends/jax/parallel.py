@@ -123,3 +123,15 @@ def _psum_over(devs: tuple):
     """A jitted psum over `devs`, built once per device set."""
     return jax.jit(jax.shard_map(lambda a: lax.psum(a, AXIS), mesh=mesh(list(devs)),
                                  in_specs=P(AXIS), out_specs=P(AXIS)))
+
+
+def node_rows(X, y, cfg):
+    """This node's rows of a global batch: the shards of its devices, node_rank * local_devices onwards."""
+    rows = len(y) // cfg.nodes
+    start = cfg.node_rank * rows
+    return np.asarray(X)[start:start + rows], np.asarray(y)[start:start + rows]
+
+
+def local_sum(a) -> float:
+    """The sum (float64) of the parts of `a` this process holds: every row of a per-device array."""
+    return float(sum(np.sum(np.asarray(shard.data), dtype=np.float64) for shard in a.addressable_shards))

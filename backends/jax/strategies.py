@@ -10,25 +10,23 @@ the gradient is the sum over devices divided by B.
             so each device computes on its own shard; the loss is lax.psum'ed there, and
             jax.grad through the shard_map yields the global gradient (XLA inserts the
             all-reduce); the optax update runs on the replicated parameters.
-BatchNorm (--bn): "local", inside pmap and shard_map every device normalises with its own
-shard's statistics (as the seeds do; plain jit over a batch-sharded array would normalise
-over the global batch instead). "sync", BatchNorm(axis_name=AXIS) (models.py) lax.pmean's the
-batch statistics over the pmap axis / the shard_map mesh axis, so they are the global
-batch's and k-device training is 1-device training. Either way the running statistics
-(torch's update: momentum 0.1, unbiased variance) are kept per device, with a leading device
-axis, and averaged with lax.pmean before evaluation and in `canonical`, so every replica
-evaluates the same model.
+BatchNorm (--bn): "local", inside pmap and shard_map every device normalises with its own shard's
+statistics (plain jit over a batch-sharded array would use the global batch's). "sync",
+BatchNorm(axis_name=AXIS) (models.py) lax.pmean's the batch statistics over the devices, so
+k-device training is 1-device training. The running statistics (torch's update) are kept per
+device, with a leading device axis, and averaged with lax.pmean before evaluation and in `canonical`.
 Gradients: each strategy's step is its `reduce_gradients` half (the reduced gradient of the
 global mean loss, as that strategy computes it) followed by the same optax update (`update`);
 `step` runs the two fused in one compiled call. The equivalence API (`gradients`, `train_trace`,
 `train_steps`: common.trainer's probes) runs them in float32 or, with dtype="float64", the same
-code with jax_enable_x64 set for the call: parameters, BatchNorm statistics, batches,
-activations, loss, psum / pmean and the SGD update in float64.
+code with jax_enable_x64 set for the call: everything, psum / pmean and SGD included, in float64.
 Timing: the step is compiled on its first call (the loop's warm-up step); `step` only
 queues work and returns device arrays, `sync` blocks on them; it donates the state it replaces.
 `put` (--prefetch) and `stage` (--resident-data) place batches on the devices as `step` would,
 and `step` takes such batches as they are. `allreduce_op` is the strategy's own collective
 alone: a pmapped lax.psum, or a lax.psum in a jax.shard_map under jax.jit over the strategy's mesh.
+Several nodes (distributed.py): each process places its own devices' rows of the global batch; collect() and
+slowest() reduce over the processes; canonical() and evaluate() read this process's first device.
 Levers: --precision bf16 builds the modules with dtype bfloat16 (parameters, gradients,
 BatchNorm statistics and SGD in float32); tf32 sets jax_default_matmul_precision (refused on
 CPU devices by common.levers); --compile changes nothing (every step is compiled already);
@@ -46,10 +44,10 @@ import optax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from backends.jax import models
+from backends.jax import distributed, models
 from backends.jax.environment import DTYPES, computing_in, configure_precision, module_dtypes
-from backends.jax.parallel import (AXIS, check_batch, device_axis_sharding, devices, mesh, on_device, per_device,
-                                   replicated_sharding, stack_on_devices, stacked)
+from backends.jax.parallel import (AXIS, check_batch, device_axis_sharding, local_sum, mesh, node_rows, on_device,
+                                   per_device, replicated_sharding, stack_on_devices, stacked)
 from backends.jax.models import local_loss, predict_classes, sgd
 from common import data as datalib
 from common import levers as leverlib
@@ -82,7 +80,8 @@ class JaxTrainer(Trainer):
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
         self._np_dtype = np.dtype(DTYPES[dtype])   # of parameters, statistics, batches and results
-        self.devs = devices(cfg.devices, cfg.device_kind)
+        self.devs = distributed.run_devices(cfg)
+        self.local_devs = [d for d in self.devs if d.process_index == jax.process_index()]   # this node's
         self.batch_sharding = device_axis_sharding(self.devs)   # batches: split along axis 0
         self.net = models.build(cfg.model, bn_axis=AXIS if cfg.bn == "sync" else None,
                                 **module_dtypes(cfg.precision, dtype))
@@ -100,8 +99,7 @@ class JaxTrainer(Trainer):
         self._last = self._grads = self._new_stats = None
 
     def stage(self, batches: list) -> list:
-        """--resident-data: every batch put on the devices, the copies finished when this returns (sync()
-        waits for the steps' work, not for jax.device_put's)."""
+        """--resident-data: every batch put, the copies finished (sync() waits for the steps, not device_put)."""
         staged = [self.put(x, y) for x, y in batches]
         jax.block_until_ready(staged)
         return staged
@@ -132,13 +130,16 @@ class JaxTrainer(Trainer):
         self.state, self._new_stats = (params, self._new_stats, opt_state), None
 
     def collect(self, handles) -> tuple[float, float]:
-        """Per-device (loss sum, correct) of every step, read back and added up."""
-        host = jax.device_get(handles)
-        return (float(sum(np.sum(loss, dtype=np.float64) for loss, _ in host)),
-                float(sum(np.sum(correct) for _, correct in host)))
+        """Per-device (loss sum, correct) of every step, read back and added up over the devices of every node."""
+        local = [sum(local_sum(loss) for loss, _ in handles), sum(local_sum(correct) for _, correct in handles)]
+        loss_sum, correct = distributed.across_processes(local, "sum")
+        return float(loss_sum), float(correct)
 
     def sync(self) -> None:
         jax.block_until_ready((self.state, self._last, self._grads))
+
+    def slowest(self, seconds: float) -> float:
+        return float(distributed.across_processes([seconds], "max")[0])
 
     def allreduce_op(self, values: int):
         """A sum over the devices of a float32 buffer of `values` elements per device (made here, once),
@@ -170,7 +171,7 @@ class JaxTrainer(Trainer):
         correct = total = 0
         for x, y in batches:
             classes = self._predict(params, stats,
-                                    jax.device_put(np.asarray(x, dtype=self._np_dtype), self.devs[0]))
+                                    jax.device_put(np.asarray(x, dtype=self._np_dtype), self.local_devs[0]))
             correct += int(np.sum(np.asarray(classes) == np.asarray(y)))
             total += len(y)
         return correct, total
@@ -181,7 +182,7 @@ class JaxTrainer(Trainer):
     def memory(self) -> dict:
         if self.cfg.device_kind != "gpu":
             return {}
-        peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in self.devs]
+        peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in self.local_devs]
         peaks = [p for p in peaks if p is not None]
         return {"peak_device_mb": max(peaks) / 2**20} if peaks else {}
 
@@ -195,9 +196,12 @@ class JaxTrainer(Trainer):
             y.ndim == self.label_ndim
 
     def _allreduce_buffer(self, values: int) -> jax.Array:
-        """(devices, values) float32, row i on device i and filled with i + 1; made on the devices."""
-        make = jax.jit(lambda: jnp.broadcast_to(jnp.arange(1, self.n_devices + 1, dtype=jnp.float32)[:, None],
-                                                (self.n_devices, values)),
+        """(devices, values) float32, the row of run device i on it and filled with i + 1; made on the devices
+        (pmap's: this node's rows)."""
+        rows = list(self.batch_sharding.mesh.devices.flat)
+        first = self.devs.index(rows[0]) + 1
+        make = jax.jit(lambda: jnp.broadcast_to(jnp.arange(first, first + len(rows), dtype=jnp.float32)[:, None],
+                                                (len(rows), values)),
                        out_shardings=self.batch_sharding)
         return make()
 
@@ -213,7 +217,7 @@ class JaxTrainer(Trainer):
 
     def _stats_on_device_0(self, stats):
         """BatchNorm statistics carry a leading device axis in both strategies."""
-        return jax.tree.map(lambda a: per_device(a, self.devs)[0], stats)
+        return jax.tree.map(lambda a: per_device(a, self.local_devs)[0], stats)
 
 
 class PmapTrainer(JaxTrainer):
@@ -224,6 +228,8 @@ class PmapTrainer(JaxTrainer):
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
+        # pmap over several processes takes (and returns) each process's rows of the device axis only
+        self.batch_sharding = device_axis_sharding(self.local_devs)
         over_devices = functools.partial(jax.pmap, axis_name=AXIS, devices=self.devs)
         self._step = over_devices(functools.partial(self._device_step, self.net, self.tx, cfg.batch_size),
                                   donate_argnums=DONATED)
@@ -234,7 +240,8 @@ class PmapTrainer(JaxTrainer):
         self._allreduce = over_devices(functools.partial(lax.psum, axis_name=AXIS))
 
     def place(self, x, y):
-        return stack_on_devices(np.asarray(x), np.asarray(y), self.devs, self._np_dtype)
+        check_batch(np.asarray(x), np.asarray(y), self.n_devices)
+        return stack_on_devices(*node_rows(x, y, self.cfg), self.local_devs, self._np_dtype)
 
     @staticmethod
     def _device_gradients(net, batch_size, params, stats, x, y):
@@ -251,11 +258,11 @@ class PmapTrainer(JaxTrainer):
         return params, stats, opt_state, (loss_sum, correct)
 
     def _place_state(self, params, stats, opt_state):
-        return stacked((params, stats, opt_state), self.devs)
+        return stacked((params, stats, opt_state), self.local_devs)
 
     def _params_on_device_0(self, tree):
-        """Every device holds its own copy along the leading device axis."""
-        return jax.tree.map(lambda a: per_device(a, self.devs)[0], tree)
+        """Every device holds its own copy along the leading device axis (this node's first device's)."""
+        return jax.tree.map(lambda a: per_device(a, self.local_devs)[0], tree)
 
 
 class ShardingTrainer(JaxTrainer):
@@ -284,8 +291,9 @@ class ShardingTrainer(JaxTrainer):
     def place(self, x, y):
         x, y = np.asarray(x), np.asarray(y)
         check_batch(x, y, self.n_devices)
-        return jax.device_put((np.asarray(x, dtype=self._np_dtype), np.asarray(y, dtype=np.int32)),
-                              self.batch_sharding)
+        xs, ys = node_rows(x, y, self.cfg)   # this node's rows only: the global array is made of every node's
+        return (jax.make_array_from_process_local_data(self.batch_sharding, xs.astype(self._np_dtype), x.shape),
+                jax.make_array_from_process_local_data(self.batch_sharding, ys.astype(np.int32), y.shape))
 
     @staticmethod
     def _sharded_loss(net, mesh, batch_size):
@@ -319,8 +327,8 @@ class ShardingTrainer(JaxTrainer):
                 jax.device_put(opt_state, self.replicated))
 
     def _params_on_device_0(self, tree):
-        """Parameters (and gradients) are replicated: device 0's copy."""
-        return jax.tree.map(lambda a: on_device(a, self.devs[0]), tree)
+        """Parameters (and gradients) are replicated: this node's first device's copy."""
+        return jax.tree.map(lambda a: on_device(a, self.local_devs[0]), tree)
 
 
 TRAINERS = {"pmap": PmapTrainer, "sharding": ShardingTrainer}
@@ -331,7 +339,7 @@ def check_supported(cfg: RunConfig) -> None:
         raise Unsupported(f"jax has no strategy {cfg.strategy!r}; it has {', '.join(TRAINERS)}")
     if reason := leverlib.check(cfg):   # backend.toml: no channels-last; no TF32 on the CPU
         raise Unsupported(reason)
-    devices(cfg.devices, cfg.device_kind)   # Unsupported when JAX sees too few
+    distributed.run_devices(cfg)   # Unsupported: too few devices; several nodes for a strategy without an engine
 
 
 def make_trainer(cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32") -> JaxTrainer:

@@ -747,3 +747,108 @@ def test_gpu_worker_trains_with_prefetch(tmp_path):
     assert rc == 0 and r["status"] == "ok", r["error"]
     assert r["environment"]["input_copies"] == \
         "2 batches ahead of their step: jax.device_put to the GPUs, not waited for"
+
+
+# ------------------------------------------------------------------ Several nodes
+
+def lenet_check_job(tmp_path, strategy) -> tuple[dict, dict, list]:
+    """A check job (common/measurements.py) of `strategy` on LeNet, 2 devices, 3 batches of 8: (job, weights,
+    batches)."""
+    from backends.jax import initial_weights
+    from tests.backends.nodes import write_check_inputs
+    weights, batches = initial_weights("lenet", 0), [batch(8, seed=s) for s in range(3)]
+    job = {"models": ["lenet"], "strategies": [strategy], "devices": [2], "bn": ["local"], "lr": 0.1,
+           "device_kind": "cpu", "float64": False, **write_check_inputs(tmp_path, "lenet", weights, batches)}
+    return job, weights, batches
+
+
+def measured(arrays: dict, key: str) -> dict:
+    """One configuration's measurements (loss, grad|, first|, final|, losses) by their name under `key`."""
+    return {k[len(key) + 1:]: v for k, v in arrays.items() if k.startswith(key + "|")}
+
+
+def in_process(strategy, k, weights, batches, dtype) -> dict:
+    """The same measurements in this process on k devices (k=1: one device with the whole batch)."""
+    from backends.jax import gradients, train_trace
+    loss, grads = gradients(strategy, "lenet", k, weights, *batches[0], dtype=dtype)
+    trace = train_trace(strategy, "lenet", k, weights, batches, 0.1, dtype=dtype)
+    return {"loss": np.float64(loss), "losses": np.asarray(trace["losses"], np.float64),
+            **{f"grad|{n}": g for n, g in grads.items()}, **{f"first|{n}": v for n, v in trace["first"].items()},
+            **{f"final|{n}": v for n, v in trace["final"].items()}}
+
+
+def test_two_nodes_of_one_device_are_one_process_of_two_devices_and_one_device(tmp_path, strategy):
+    """2 loopback nodes x 1 device (jax.distributed) against 1 process x 2 devices and 1 device with the whole
+    batch: the same loss, gradients, weights and losses in float64; every node the same values; float32
+    within the float32-vs-float64 distance measured here."""
+    job, weights, batches = lenet_check_job(tmp_path, strategy)
+    nodes = measure_on_nodes_of(job, tmp_path)
+    two_nodes = [measured(a, f"lenet|{strategy}:float64|2|local") for a in nodes]
+    two_nodes32 = [measured(a, f"lenet|{strategy}|2|local") for a in nodes]
+    assert max_abs_diff(two_nodes[0], two_nodes[1]) == 0 and max_abs_diff(two_nodes32[0], two_nodes32[1]) == 0
+    f64 = {k: in_process(strategy, k, weights, batches, "float64") for k in (1, 2)}
+    for k in (1, 2):
+        assert relative(two_nodes[0], f64[k]) < IDENTICAL, k
+    f32 = in_process(strategy, 2, weights, batches, "float32")
+    tolerance = float32_tolerance((two_nodes32[0], two_nodes[0]), (f32, f64[2]))
+    assert max_abs_diff(two_nodes32[0], f32) <= tolerance
+
+
+def measure_on_nodes_of(job, tmp_path):
+    from tests.backends.nodes import measure_on_nodes
+    return measure_on_nodes("jax", job, 2, tmp_path, timeout=240)
+
+
+def node_config(tmp_path, rank, coordinator, **overrides) -> dict:
+    return {"backend": "jax", "strategy": "pmap", "devices": 2, "model": "lenet", "epochs": 1, "batch_size": 16,
+            "lr": 0.1, "train_size": 64, "test_size": 40, "eval_batch_size": 16, "dataset": "synthetic",
+            "timed_steps": 2, "nodes": 2, "node_rank": rank, "coordinator": coordinator, **overrides}
+
+
+def test_a_node_that_cannot_reach_the_coordinator_fails_with_its_address(tmp_path):
+    import json
+    from tests.backends.nodes import finish, refused_port, start_nodes
+    coordinator = f"127.0.0.1:{refused_port()}"
+    job = node_config(tmp_path, 1, coordinator, timeout=20)
+    # start_nodes numbers its jobs from 0: node 1's config is written as node0.json
+    (code, text), = finish(start_nodes("jax", "--config", [job], tmp_path, ".result.json"), timeout=20 + 60)
+    assert code != 0, text[-2000:]
+    result = json.loads((tmp_path / "node0.result.json").read_text())
+    assert result["status"] == "failed"
+    assert f"could not reach the jax.distributed coordinator at {coordinator}" in result["error"]
+
+
+def test_two_nodes_train_end_to_end(tmp_path, strategy):
+    import json
+    import math
+    from tests.backends.nodes import finish, free_port, start_nodes
+    coordinator = f"127.0.0.1:{free_port()}"
+    jobs = [node_config(tmp_path, r, coordinator, strategy=strategy) for r in range(2)]
+    finished = finish(start_nodes("jax", "--config", jobs, tmp_path, ".result.json"), timeout=240)
+    assert [code for code, _ in finished] == [0, 0], finished[0][1][-2000:] + finished[1][1][-2000:]
+    results = [json.loads((tmp_path / f"node{r}.result.json").read_text()) for r in range(2)]
+    r = results[0]
+    assert r["status"] == "ok" and math.isfinite(r["epochs"][0]["train_loss"])
+    assert r["environment"]["processes"] == 2 and r["environment"]["nodes"] == 2
+    assert "gloo" in r["environment"]["collective"] and r["environment"]["details"]["coordinator"] == coordinator
+    assert results[1]["epochs"][0]["train_loss"] == r["epochs"][0]["train_loss"]
+    assert r["step_time"]["steps"] == 2 and r["allreduce"]["median_s"] > 0
+
+
+def test_a_strategy_without_an_engine_refuses_several_nodes(monkeypatch):
+    """Every jax strategy has an engine (backend.toml); one without is refused before anything joins."""
+    import dataclasses
+    from backends.jax import distributed
+    from backends.jax.strategies import TRAINERS, check_supported
+    from common import manifest
+    from common.config import RunConfig
+    from common.loop import Unsupported
+    real = manifest.load("jax")
+    assert all(real.strategies[s].engine for s in TRAINERS)
+    without = {**real.strategies, "sharding": dataclasses.replace(real.strategies["sharding"], engine=None)}
+    monkeypatch.setattr(manifest, "load", lambda name: dataclasses.replace(real, strategies=without))
+    cfg = RunConfig(backend="jax", strategy="sharding", devices=2, model="lenet", batch_size=8, nodes=2,
+                    node_rank=1, coordinator="127.0.0.1:1").validate()
+    with pytest.raises(Unsupported, match="--nodes needs pmap"):
+        check_supported(cfg)
+    assert distributed._joined is None

@@ -1,0 +1,127 @@
+"""Several nodes in JAX: every node process joins jax.distributed at the coordinator (node 0 hosts its
+service), once per process, before jax initialises a backend; the run's devices are then the first
+cfg.local_devices devices of every process, in process order.
+
+On the CPU the cross-process collectives are gloo's (XLA's CPU default has none); on GPUs, NCCL.
+jax.distributed aborts the process (no exception) when it cannot register with the coordinator, so a node
+first waits for the coordinator's port itself, bounded by the run's timeout, and fails with the address.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from backends.jax.parallel import devices
+from common import manifest
+from common.loop import Unsupported
+
+ENGINE = "jax.distributed"
+# A peer that stops answering is declared dead (and this process stopped) after this many seconds at most,
+# instead of jax's default 100: a node on a dead peer fails soon after it, with the service's error.
+HEARTBEAT_SECONDS = 30
+CONNECT_RETRY_SECONDS = 0.25
+
+_joined: tuple | None = None   # (nodes, node_rank, coordinator, device kind) of this process's join
+
+
+def topology(cfg) -> tuple:
+    return cfg.nodes, cfg.node_rank, cfg.coordinator, cfg.device_kind
+
+
+def transport(cfg) -> str:
+    return "NCCL" if cfg.device_kind == "gpu" else "gloo"
+
+
+def check_engine(cfg) -> None:
+    """Unsupported: several nodes for a strategy that backend.toml gives no engine."""
+    strategies = manifest.load("jax").strategies
+    if cfg.nodes > 1 and not getattr(strategies.get(cfg.strategy), "engine", None):
+        others = [name for name, s in strategies.items() if s.engine]
+        raise Unsupported(f"jax's {cfg.strategy} runs in one process only; --nodes needs {' or '.join(others)}")
+
+
+def join(cfg) -> None:
+    """Join jax.distributed as node cfg.node_rank of cfg.nodes (nothing with one node). Once per process:
+    the same topology again changes nothing, a different one is refused (jax joins once)."""
+    global _joined
+    if cfg.nodes == 1:
+        if _joined is not None:
+            raise RuntimeError(f"this process joined {ENGINE} as node {_joined[1]} of {_joined[0]}; "
+                               "a one-process run needs a process of its own")
+        return
+    check_engine(cfg)
+    if _joined is not None:
+        if _joined != topology(cfg):
+            raise RuntimeError(f"this process joined {ENGINE} as {_joined}; it cannot join again as {topology(cfg)}")
+        return
+    if cfg.device_kind == "cpu":   # before any backend exists: XLA's CPU client is made with it
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    timeout = max(1, int(cfg.timeout))
+    if cfg.node_rank:
+        wait_for_coordinator(cfg, timeout)
+    jax.distributed.initialize(cfg.coordinator, num_processes=cfg.nodes, process_id=cfg.node_rank,
+                               local_device_ids=local_gpu_ids(cfg), initialization_timeout=timeout,
+                               heartbeat_timeout_seconds=min(HEARTBEAT_SECONDS, timeout))
+    _joined = topology(cfg)
+
+
+def wait_for_coordinator(cfg, timeout: float) -> None:
+    """Return when the coordinator's port accepts a connection; RuntimeError after `timeout` seconds."""
+    host, port = cfg.coordinator_address
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=CONNECT_RETRY_SECONDS * 4):
+                return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"could not reach the {ENGINE} coordinator at {cfg.coordinator} "
+                                   f"within {timeout} s ({e})") from None
+        time.sleep(CONNECT_RETRY_SECONDS)
+
+
+def local_gpu_ids(cfg) -> list[int] | None:
+    """This node's GPUs: loopback nodes share the host's, node r taking [r*L, (r+1)*L); else the first L."""
+    if cfg.device_kind != "gpu":
+        return None
+    first = cfg.node_rank * cfg.local_devices if cfg.loopback_nodes else 0
+    return list(range(first, first + cfg.local_devices))
+
+
+def run_devices(cfg) -> list:
+    """The run's devices: the first cfg.devices of this process, or with several nodes (joined here first)
+    the first cfg.local_devices of every node's."""
+    join(cfg)   # (with one node: refuses a process that joined several)
+    return devices(cfg.devices, cfg.device_kind) if cfg.nodes == 1 else global_devices(cfg)
+
+
+def global_devices(cfg) -> list:
+    """The run's devices: the first cfg.local_devices of every process, ordered by process (so device
+    i of the run holds shard i of the global batch, as on one node)."""
+    platform = "gpu" if cfg.device_kind == "gpu" else "cpu"
+    found = jax.devices(platform)
+    chosen = []
+    for process in range(cfg.nodes):
+        own = [d for d in found if d.process_index == process]
+        if len(own) < cfg.local_devices:
+            raise Unsupported(f"{cfg.local_devices} {platform.upper()} devices per node requested, "
+                              f"node {process} has {len(own)}")
+        chosen += own[:cfg.local_devices]
+    return chosen
+
+
+def across_processes(values, reduce: str) -> np.ndarray:
+    """Every process's float64 `values` reduced over the processes ("sum", added in process order, or
+    "max"), the same on every process. They travel as their bits (uint32 words), so float32 arithmetic
+    (jax_enable_x64 off) rounds nothing."""
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    if jax.process_count() == 1:
+        return values
+    words = np.asarray(multihost_utils.process_allgather(values.view(np.uint32)))
+    gathered = np.ascontiguousarray(words).view(np.float64)   # (processes, len(values))
+    return gathered.max(axis=0) if reduce == "max" else gathered.sum(axis=0)
