@@ -1,22 +1,28 @@
-"""DDP's processes: launch_ddp runs a job in one process per device (gloo on the CPU, NCCL on GPUs) and
-returns rank 0's value; a failing rank fails the run with the first failure's traceback. The jobs: a
-training run, and an equivalence probe (common.trainer.PROBES)."""
+"""DDP's processes on torch's own engine, the one `torchrun` runs: this node process is the elastic agent
+(torch.distributed.launcher.api.elastic_launch, in process) that starts cfg.local_devices ranks (gloo on the
+CPU, NCCL on GPUs) and joins the other nodes at a static rendezvous at cfg.coordinator, where node_rank decides
+the node's ranks (torchrun --node-rank --master-addr --master-port): global rank = node_rank * local_devices +
+local_rank, so global rank 0 is on node 0. launch_ddp returns the node's first rank's value (every rank holds
+the global figures); a failing rank fails the run with the first failure torch's error files record. The
+jobs: a training run, and an equivalence probe (common.trainer.PROBES)."""
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import itertools
 import os
 import pickle
 import socket
 import sys
 import tempfile
-import time
-import traceback
 import warnings
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from common import data as datalib
 from common.config import RunConfig
@@ -25,94 +31,153 @@ from common.trainer import PROBES
 from common.weights import for_run as weights_for_run
 from common.worker import scratch_dir
 
-from backends.torch.environment import configure_precision, configure_threads
+from backends.torch.environment import configure_precision, configure_threads, host_processes
+
+# Every node runs the same launches in the same order (a run, or the probes of a check), so the n-th launch
+# has the same run id on every node: its keys in the coordinator's store are its own.
+_launches = itertools.count()
+# Node 0's store server, kept for the process's life: every launch's rendezvous shares it (multi-tenant), so a
+# faster node starting the next launch cannot reach the server of the last one as it shuts down.
+_coordinator_store = None
 
 
-def _free_port() -> int:
+def join_timeout(cfg: RunConfig) -> int:
+    """Seconds the rendezvous waits for the other nodes: a quarter of the run's timeout, since a store client
+    tries its connection twice (with a pause between) before giving up, and its error must still reach the
+    result before the run's timeout."""
+    return max(1, int(cfg.timeout / 4))
+
+
+def rendezvous_address(cfg: RunConfig) -> tuple[str, int]:
+    """cfg.coordinator; one node: a free loopback port of its own."""
+    if cfg.nodes > 1:
+        return cfg.coordinator_address
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        return "127.0.0.1", s.getsockname()[1]
 
 
-def _rank_main(rank: int, cfg_dict: dict, port: int, job, payload, out_dir: str) -> None:
-    """Body of one DDP process: join the group, run the job; rank 0 reports, a failing rank leaves its error."""
-    cfg = RunConfig.from_dict(cfg_dict)
-    # CPU 1x1-conv gradients differ from DDP's buckets only in the strides of size-1 dims,
-    # which address the same memory: the warning is a false alarm here.
-    warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
-    configure_threads(cfg, processes=cfg.devices)
-    configure_precision(cfg)
-    try:
-        if cfg.device_kind == "gpu":
-            torch.cuda.set_device(rank)
-        dist.init_process_group(
-            "nccl" if cfg.device_kind == "gpu" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank, world_size=cfg.devices, timeout=datetime.timedelta(seconds=max(60, cfg.timeout)))
-        try:
-            outcome = ("ok", job(cfg, rank, payload))
-        except Diverged as e:  # every rank sees the same all-reduced loss, so all stop together
-            outcome = ("diverged", str(e))
-        except BaseException:
-            _record_failure(out_dir, rank)  # before tearing down the group wakes the other ranks
-            raise
-        finally:
-            dist.destroy_process_group()
-        if rank == 0:
-            with open(os.path.join(out_dir, "rank0.pkl"), "wb") as f:
-                pickle.dump(outcome, f)
-    except BaseException:
-        _record_failure(out_dir, rank)
-        raise
-    # Done and reported: leave without running C++ static destructors, where gloo's background
-    # threads can still be joinable and abort the process ("terminate called without an active
-    # exception"), intermittently failing a run that has already succeeded.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+def gpu_index(cfg: RunConfig, local_rank: int) -> int:
+    """Loopback nodes share this host's GPUs: node r uses [r*L, (r+1)*L); a node on its own host uses [0, L)."""
+    return cfg.node_rank * cfg.local_devices + local_rank if cfg.loopback_nodes else local_rank
 
 
-def _record_failure(out_dir: str, rank: int) -> None:
-    """When one rank fails, the others fail next in their collectives; the time stamp lets
-    the parent report the first failure, the cause, rather than its echoes."""
-    path = os.path.join(out_dir, f"rank{rank}.error")
-    if not os.path.exists(path):
-        with open(path, "w") as f:
-            f.write(f"{time.time()}\n{traceback.format_exc()}")
-
-
-def _first_failure(out_dir: str) -> str | None:
-    errors = []
-    for name in os.listdir(out_dir):
-        if name.endswith(".error"):
-            with open(os.path.join(out_dir, name)) as f:
-                stamp, _, text = f.read().partition("\n")
-            errors.append((float(stamp), name[4:-6], text.strip()))
-    if not errors:
-        return None
-    errors.sort()
-    _, rank, text = errors[0]
-    others = "".join(f"\n(then rank {r} failed too: {t.splitlines()[-1]})" for _, r, t in errors[1:])
-    return f"DDP rank {rank} failed: {text}{others}"
+def rank_device(cfg: RunConfig) -> torch.device:
+    """This rank's device: the GPU _rank_main selected, or the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if cfg.device_kind == "gpu" else torch.device("cpu")
 
 
 def launch_ddp(cfg: RunConfig, job, payload=None):
-    """Run job(cfg, rank, payload) in cfg.devices processes; return rank 0's value.
+    """Run job(cfg, rank, payload) in every rank of every node; return this node's first rank's value.
 
-    A rank that raises fails the whole run with that rank's traceback; torch's spawn
-    terminates the other ranks, so no process is left behind.
-    """
-    # In the worker's scratch directory, which the harness removes: a run killed by a signal cannot clean up.
-    with tempfile.TemporaryDirectory(dir=scratch_dir()) as out_dir:
+    A rank that raises fails the run with the first failure on this node (its message and traceback); the
+    agent stops this node's other ranks, so no process is left behind."""
+    host, port = rendezvous_address(cfg)
+    run_id = f"dpbench-{next(_launches)}"
+    if cfg.nodes > 1 and cfg.node_rank == 0:
+        _serve_coordinator(cfg, host, port)
+    # The ranks' error files in the worker's scratch directory, which the harness removes: a run killed by a
+    # signal cannot clean up.
+    with tempfile.TemporaryDirectory(dir=scratch_dir()) as log_dir:
+        config = LaunchConfig(
+            min_nodes=cfg.nodes, max_nodes=cfg.nodes, nproc_per_node=cfg.local_devices, run_id=run_id,
+            rdzv_backend="static", rdzv_endpoint=f"{host}:{port}",
+            rdzv_configs={"rank": cfg.node_rank, "timeout": join_timeout(cfg)}, max_restarts=0,
+            start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=log_dir))
         try:
-            mp.start_processes(_rank_main, args=(cfg.to_dict(), _free_port(), job, payload, out_dir),
-                               nprocs=cfg.devices, join=True, start_method="spawn")
-        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
-            raise RuntimeError(_first_failure(out_dir) or f"DDP rank {e.error_index} failed: {e}") from None
-        with open(os.path.join(out_dir, "rank0.pkl"), "rb") as f:
-            status, value = pickle.load(f)
+            values = elastic_launch(config, _rank_main)(cfg.to_dict(), job, payload)
+        except ChildFailedError as e:
+            raise RuntimeError(first_failure(cfg, e)) from None
+        except dist.DistError as e:
+            raise RuntimeError(_rendezvous_failure(cfg, host, port, e)) from None
+    status, value = pickle.loads(values[cfg.node_rank * cfg.local_devices])
     if status == "diverged":
         raise Diverged(value)
     return value
+
+
+def _serve_coordinator(cfg: RunConfig, host: str, port: int) -> None:
+    """Node 0: start the coordinator's store server once (each launch's rendezvous then joins it)."""
+    global _coordinator_store
+    if _coordinator_store is None:
+        _coordinator_store = dist.TCPStore(
+            host, port, None, True, datetime.timedelta(seconds=join_timeout(cfg)), wait_for_workers=False,
+            multi_tenant=True)
+
+
+def _rendezvous_failure(cfg: RunConfig, host: str, port: int, error: Exception) -> str:
+    waited = f"within {join_timeout(cfg)} s (a quarter of --timeout)"
+    if cfg.node_rank == 0:
+        return f"node 0: not every node joined the rendezvous at {host}:{port} {waited}: {error}"
+    return f"node {cfg.node_rank} could not reach the coordinator at {host}:{port} {waited}: {error}"
+
+
+def first_failure(cfg: RunConfig, error: ChildFailedError) -> str:
+    """When one rank fails, the others fail next in their collectives: the first failure, the cause, rather
+    than its echoes, as "DDP rank R (node N) failed: <message>" with its traceback."""
+    failures = sorted(error.failures.items(), key=lambda item: _failed_at(item[1]))
+    rank, first = failures[0]
+    message, trace = _message_and_trace(first)
+    others = "".join(f"\n(then DDP rank {r} failed too: {_message_and_trace(f)[0].strip().splitlines()[-1]})"
+                     for r, f in failures[1:])
+    return f"DDP rank {rank} (node {cfg.node_rank}) failed: {message}\n{trace}".rstrip() + others
+
+
+def _message_and_trace(failure) -> tuple[str, str]:
+    """A rank's failure as its error file holds it (a message and the traceback; a killed rank: a message)."""
+    if isinstance(failure.message, dict):
+        return failure.message.get("message", ""), failure.message.get("extraInfo", {}).get("py_callstack", "")
+    return str(failure.message) or f"exit code {failure.exitcode}", ""
+
+
+def _failed_at(failure) -> float:
+    """A rank's error file's time of writing; the agent's stamp (whole seconds, rounded down: its end) for a
+    rank that left none (killed by a signal)."""
+    if os.path.isfile(failure.error_file):
+        return os.path.getmtime(failure.error_file)
+    return failure.timestamp + 1.0
+
+
+def _rank_main(cfg_dict: dict, job, payload) -> bytes:
+    """Body of one rank, started by the agent: join the process group, run the job, return its outcome
+    (pickled here, so that handing it to the agent cannot fail after the run succeeded)."""
+    cfg = RunConfig.from_dict(cfg_dict)
+    local_rank, rank = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"])
+    # CPU 1x1-conv gradients differ from DDP's buckets only in the strides of size-1 dims,
+    # which address the same memory: the warning is a false alarm here.
+    warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
+    configure_threads(cfg, processes=host_processes(cfg))
+    configure_precision(cfg)
+    if cfg.device_kind == "gpu":
+        torch.cuda.set_device(gpu_index(cfg, local_rank))
+    dist.init_process_group(
+        "nccl" if cfg.device_kind == "gpu" else "gloo", store=_rank_store(cfg), rank=rank,
+        world_size=int(os.environ["WORLD_SIZE"]), timeout=datetime.timedelta(seconds=max(60, cfg.timeout)))
+    # A failing rank raises with its group still up: the agent's error file is written before the others
+    # see this rank go, so the cause is the first failure.
+    try:
+        outcome = ("ok", job(cfg, rank, payload))
+    except Diverged as e:  # every rank sees the same all-reduced loss, so all stop together
+        outcome = ("diverged", str(e))
+    dist.destroy_process_group()
+    atexit.register(_exit_now)
+    return pickle.dumps(outcome)
+
+
+def _rank_store(cfg: RunConfig) -> dist.Store:
+    """The agent's store (node 0's), under this launch's run id: the coordinator's server outlives a launch."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=join_timeout(cfg)))
+    return dist.PrefixStore(f"{os.environ['TORCHELASTIC_RUN_ID']}/ranks", store)
+
+
+def _exit_now() -> None:
+    """A finished rank, its value handed to the agent, leaves without running C++ static destructors, where
+    gloo's background threads can still be joinable and abort the process ("terminate called without an
+    active exception"), intermittently failing a run that has already succeeded."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # The jobs (strategies imports this module, so they import it when they run, in the rank).

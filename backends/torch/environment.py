@@ -35,6 +35,8 @@ def refusal(cfg) -> str | None:
     """Why torch cannot run this strategy's configuration here (one line), or None: the strategy's needs,
     the GPUs torch sees, the levers backend.toml declares (common.levers), and what this GPU and host have."""
     gpu = cfg.device_kind == "gpu"
+    if cfg.nodes > 1 and cfg.strategy != "ddp":
+        return f"torch {cfg.strategy} runs in one process; --nodes needs ddp (torchrun's elastic agent)"
     if cfg.strategy == "dp" and (reason := cuda_refusal(cfg)):
         return reason
     if cfg.bn == "sync" and cfg.strategy != "ddp":
@@ -42,8 +44,8 @@ def refusal(cfg) -> str | None:
     if gpu and not torch.cuda.is_available():
         build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
         return f"GPU run requested but torch ({torch.__version__}, {build}) sees no CUDA device"
-    if gpu and torch.cuda.device_count() < cfg.devices:
-        return f"{cfg.devices} GPUs requested, torch sees {torch.cuda.device_count()}"
+    if gpu and torch.cuda.device_count() < host_processes(cfg):
+        return f"{host_processes(cfg)} GPUs needed on this host, torch sees {torch.cuda.device_count()}"
     if reason := leverlib.check(cfg):   # (it refuses TF32 on the CPU)
         return reason
     if cfg.precision == "tf32":
@@ -58,6 +60,11 @@ def refusal(cfg) -> str | None:
     if cfg.compile and not gpu and not shutil.which(os.environ.get("CXX", "g++")):
         return "torch.compile on the CPU needs a C++ compiler for TorchInductor; none found"
     return None
+
+
+def host_processes(cfg) -> int:
+    """The processes (or GPUs) of the run on this host: every node's when they are loopback nodes."""
+    return cfg.devices if cfg.loopback_nodes or cfg.nodes == 1 else cfg.local_devices
 
 
 def threads_per_process(cfg, processes: int) -> int:
@@ -137,15 +144,25 @@ def device_names(cfg) -> list[str]:
 
 def environment(cfg) -> dict:
     """The run's environment record (common.sysinfo.environment); sets nothing."""
-    processes = cfg.devices if cfg.strategy == "ddp" else 1
+    ddp = cfg.strategy == "ddp"
+    processes = cfg.devices if ddp else 1   # ddp: every rank on every node
     return sysinfo.environment(
         cfg, framework="torch", version=torch.__version__, libraries={}, cuda=torch.version.cuda,
         cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         devices=device_names(cfg), framework_gpus=torch.cuda.device_count(), processes=processes,
-        threads=threads_per_process(cfg, processes), precision=precision_settings(cfg),
+        threads=threads_per_process(cfg, host_processes(cfg) if ddp else 1), precision=precision_settings(cfg),
         compile=compile_description(cfg), input_copies=input_copies(cfg), sgd_update=sgd_update(cfg),
         collective={"ddp": "nccl" if cfg.device_kind == "gpu" else "gloo",
                     "scratch": "hand-written allreduce (copy to device 0, sum, copy back)",
                     "dp": "nn.DataParallel scatter/gather + reduce"}.get(cfg.strategy),
         batchnorm=BATCHNORM[cfg.bn],
-        details={"memory_format": "channels_last" if cfg.channels_last else "contiguous_format"})
+        details={"memory_format": "channels_last" if cfg.channels_last else "contiguous_format",
+                 **(engine_details(cfg) if ddp else {})})
+
+
+def engine_details(cfg) -> dict:
+    """How ddp's processes start and meet: torchrun's engine, in this node's process."""
+    rendezvous = f"static at {cfg.coordinator} (node_rank {cfg.node_rank})" if cfg.nodes > 1 else \
+        "static at 127.0.0.1 (one node, a free port)"
+    return {"engine": "torchrun's elastic agent (torch.distributed.launcher.api.elastic_launch, max_restarts 0)",
+            "rendezvous": rendezvous, "ranks_per_node": cfg.local_devices}

@@ -4,8 +4,8 @@ Same math in all three: one SGD step on the mean cross-entropy of the *global* b
   scratch  k replicas; per-shard summed loss, gradients summed by the hand-written
            allreduce, then p -= lr / B * g on every replica (d2l's from-scratch chapter)
   dp       nn.DataParallel: mean loss on the gathered output, torch.optim.SGD (CUDA only)
-  ddp      DistributedDataParallel, one process per device (distributed.py): per-shard mean loss,
-           DDP averages gradients across ranks, torch.optim.SGD
+  ddp      DistributedDataParallel, one process per device on every node, started by torchrun's elastic
+           agent (distributed.py): per-shard mean loss, DDP averages gradients across ranks, torch.optim.SGD
 BatchNorm: each device normalises with its own shard's statistics in training; before evaluation the
 running statistics are averaged across replicas (dp keeps device 0's, as DataParallel does).
 dtype "float64" (the equivalence API only) runs the same strategy code with every tensor in float64.
@@ -34,7 +34,7 @@ from common.trainer import PROBES, Trainer, probe_config
 from common.weights import for_run as weights_for_run
 
 from backends.torch import models
-from backends.torch.distributed import launch_ddp, probe_job, train_job
+from backends.torch.distributed import launch_ddp, probe_job, rank_device, train_job
 from backends.torch.environment import autocast_device, configure_precision, configure_threads, cuda_refusal, refusal
 from backends.torch.parallel import CopyStreams, OnDevice, allreduce, as_tensor, convert_sync_batchnorm, devices, split
 
@@ -250,12 +250,13 @@ class DataParallelTrainer(OptimizerTrainer):
 
 
 class DDPTrainer(OptimizerTrainer):
-    """One rank of DistributedDataParallel; the process group is set up by launch_ddp (distributed.py)."""
+    """One rank of DistributedDataParallel (global rank: its shard of every global batch); the process group
+    is set up by launch_ddp (distributed.py)."""
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
         self.rank = dist.get_rank()
-        self.device = devices(cfg.devices, cfg.device_kind)[self.rank]
+        self.device = rank_device(cfg)
         self.devs = [self.device]
         self.module = models.build(cfg.model)
         if cfg.bn == "sync":
@@ -347,7 +348,7 @@ def run(cfg: RunConfig) -> dict:
 
 
 def _measure(cfg: RunConfig, weights: dict[str, np.ndarray], batches: list, probe: str, dtype: str):
-    """PROBES[probe] of a fresh trainer: in this process, or in the ddp ranks (rank 0's result).
+    """PROBES[probe] of a fresh trainer: in this process, or in the ddp ranks (this node's first rank's result).
     The batches are cast to `dtype` (float32 -> float64 is exact)."""
     check_supported(cfg)
     leverlib.check_dtype(dtype, cfg)

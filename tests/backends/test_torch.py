@@ -1,6 +1,7 @@
-"""PyTorch-only behaviour: DDP failure handling, dp refusal, the worker end to end, the levers, and the
-CPU synchronised BatchNorm. Identity of math is proven in float64 (numerics.IDENTICAL); a lever that only
-exists in float32 is judged against float32's own distance from float64, measured in the same test."""
+"""PyTorch-only behaviour: DDP failure handling, dp refusal, the worker end to end, the levers, the
+CPU synchronised BatchNorm, and ddp on several nodes (torchrun's elastic agent). Identity of math is proven
+in float64 (numerics.IDENTICAL); a lever that only exists in float32 is judged against float32's own distance
+from float64, measured in the same test."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ pytestmark = pytest.mark.skipif(NAME != "torch", reason="torch backend only")
 
 
 def rank_processes_of(pid: int) -> list[int]:
-    """Live children started by multiprocessing spawn (the ranks; not its resource tracker)."""
+    """Live children started by multiprocessing spawn (the ranks the elastic agent starts; not its resource
+    tracker)."""
     kids = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -41,14 +43,16 @@ def fail_on_rank_1(cfg, rank, payload):
 
 
 def test_a_failing_rank_fails_the_run_with_its_error_and_leaves_no_process():
+    """The agent's error files name the first failure, the cause (rank 1's exception, with its traceback),
+    not rank 0's echo of it; the agent stops every rank."""
     from backends.torch.distributed import launch_ddp
     from common.config import RunConfig
     cfg = RunConfig(backend="torch", strategy="ddp", devices=2, batch_size=8, timeout=120).validate()
     assert rank_processes_of(os.getpid()) == []
     with pytest.raises(RuntimeError) as info:
         launch_ddp(cfg, fail_on_rank_1)
-    assert "DDP rank 1 failed" in str(info.value)
-    assert "planted failure in rank 1" in str(info.value)
+    assert str(info.value).startswith("DDP rank 1 (node 0) failed: ValueError: planted failure in rank 1")
+    assert "in fail_on_rank_1" in str(info.value)     # the traceback from the rank's error file
     assert rank_processes_of(os.getpid()) == []
 
 
@@ -87,8 +91,9 @@ def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
     assert r["environment"]["precision"]["tf32_matmul"] is False and r["environment"]["compile"] is None
 
 
-def test_worker_reports_divergence(tmp_path):
-    rc, r = run_worker(tmp_path, strategy="scratch", lr=1e30, epochs=1)
+@pytest.mark.parametrize("name", ["scratch", "ddp"])
+def test_worker_reports_divergence(tmp_path, name):
+    rc, r = run_worker(tmp_path, strategy=name, lr=1e30, epochs=1)
     assert rc == 1 and r["status"] == "diverged"
     assert "training loss became" in r["error"]
 
@@ -441,3 +446,125 @@ def test_cuda_worker_trains_with_prefetch_and_records_it(tmp_path):
     env = r["environment"]
     assert env["input_copies"].startswith("2 batches ahead of their step: pinned host memory")
     assert env["precision"]["cudnn_benchmark"]
+
+
+# ------------------------------------------------------------------ several nodes (torchrun's elastic agent)
+
+def engine_strategies() -> list[str]:
+    from common import manifest
+    return [s.name for s in manifest.load("torch").strategies.values() if s.engine]
+
+
+PARTS = ("loss", "grad", "first", "final", "losses")
+
+
+def parts_of_nodes(arrays: dict, prefix: str) -> dict[str, dict]:
+    """A check job's measurements under `prefix` (common/measurements.py), by part."""
+    parts = {p: {} for p in PARTS}
+    for key, value in arrays.items():
+        if key.startswith(prefix + "|"):
+            part, _, name = key[len(prefix) + 1:].partition("|")
+            parts[part][name] = value
+    return parts
+
+
+def parts_of(gradients: tuple, trace: dict) -> dict[str, dict]:
+    """The same parts from the equivalence API's (loss, gradients) and trace."""
+    loss, grads = gradients
+    return {"loss": {"": np.float64(loss)}, "grad": grads, "first": trace["first"], "final": trace["final"],
+            "losses": {"": np.asarray(trace["losses"])}}
+
+
+def every_probe(cfg, rank, payload):
+    """One launch of one process x cfg.devices ranks measuring what a check job does: the first batch's
+    gradients and the trace, in float32 then float64 (one launch instead of four keeps the test short)."""
+    from backends.torch.strategies import make_trainer
+    from common.trainer import PROBES
+    weights, batches = payload
+    out = {}
+    for dtype in ("float32", "float64"):
+        typed = [(np.asarray(x, dtype), y) for x, y in batches]
+        out[dtype] = parts_of(PROBES["gradients"](make_trainer(cfg, weights, dtype), typed),
+                              PROBES["trace"](make_trainer(cfg, weights, dtype), typed))
+    return out
+
+
+def flat_parts(parts: dict) -> dict:
+    return {f"{p}|{n}": v for p, named in parts.items() for n, v in named.items()}
+
+
+@pytest.mark.parametrize("name", engine_strategies())
+def test_two_nodes_take_the_step_of_one_process_and_of_one_device(tmp_path, name):
+    """2 nodes x 1 device (a check job on loopback nodes) = 1 process x 2 devices = 1 device holding the whole
+    batch, in float64 (loss, gradients, weights after the first and the last step, every loss); every node
+    stores the same values; in float32 the nodes are as close to one process as float32 is to float64."""
+    from backends.torch import gradients, initial_weights, train_trace
+    from backends.torch.distributed import launch_ddp
+    from common.trainer import probe_config
+    from tests.backends.nodes import measure_on_nodes, write_check_inputs
+    weights, batches, lr = initial_weights("lenet", 0), image_batches(3), 0.1
+    job = {"models": ["lenet"], "strategies": [name], "devices": [2], "bn": ["local"], "lr": lr,
+           "device_kind": "cpu", "float64": False, **write_check_inputs(tmp_path, "lenet", weights, batches)}
+    node0, node1 = measure_on_nodes("torch", job, 2, tmp_path)
+    assert node0.keys() == node1.keys() and all(np.array_equal(node0[k], node1[k]) for k in node0)
+    nodes32 = parts_of_nodes(node0, f"lenet|{name}|2|local")
+    nodes64 = parts_of_nodes(node0, f"lenet|{name}:float64|2|local")
+    one_process = launch_ddp(probe_config("torch", name, "lenet", 2, 8, lr, "local", "cpu", None, {}),
+                             every_probe, (weights, batches))
+    x64 = [(np.asarray(x, np.float64), y) for x, y in batches]
+    one_device = parts_of(gradients("scratch", "lenet", 1, weights, *x64[0], dtype="float64"),
+                          train_trace("scratch", "lenet", 1, weights, x64, lr, dtype="float64"))
+    assert max_abs_diff(nodes64["final"], weights) > 1e-3        # the steps really moved the weights
+    for part in PARTS:
+        assert relative(nodes64[part], one_process["float64"][part]) <= IDENTICAL, part
+        assert relative(nodes64[part], one_device[part]) <= IDENTICAL, part
+    tolerance = float32_tolerance((flat_parts(nodes32), flat_parts(nodes64)),
+                                  (flat_parts(one_process["float32"]), flat_parts(one_process["float64"])))
+    assert max_abs_diff(flat_parts(nodes32), flat_parts(one_process["float32"])) <= tolerance
+
+
+def node_config(**overrides) -> dict:
+    """A small synthetic LeNet ddp run (the worker's --config)."""
+    return {"backend": "torch", "strategy": "ddp", "devices": 2, "nodes": 2, "model": "lenet", "epochs": 1,
+            "batch_size": 16, "lr": 0.1, "train_size": 64, "test_size": 32, "eval_batch_size": 16,
+            "dataset": "synthetic", "timed_steps": 2, **overrides}
+
+
+def test_a_node_that_cannot_reach_the_coordinator_fails_naming_it(tmp_path):
+    """Node 1 of 2 alone, its coordinator refusing connections: the rendezvous gives up within the run's
+    timeout and the result says which address it could not reach."""
+    import json
+    from tests.backends.nodes import finish, refused_port, start_nodes
+    address, timeout = f"127.0.0.1:{refused_port()}", 20
+    (code, output), = finish(start_nodes("torch", "--config", [node_config(node_rank=1, coordinator=address,
+                                                                         timeout=timeout)],
+                                         tmp_path, "-result.json"), timeout + 60)
+    result = json.loads((tmp_path / "node0-result.json").read_text())
+    assert code != 0 and result["status"] == "failed", output[-2000:]
+    assert f"node 1 could not reach the coordinator at {address}" in result["error"]
+
+
+def test_two_nodes_train_end_to_end(tmp_path):
+    import json
+    from tests.backends.nodes import finish, free_port, start_nodes
+    address = f"127.0.0.1:{free_port()}"
+    jobs = [node_config(node_rank=r, coordinator=address, timeout=240) for r in range(2)]
+    finished = finish(start_nodes("torch", "--config", jobs, tmp_path, "-result.json"), 300)
+    for rank, (code, output) in enumerate(finished):
+        assert code == 0, f"node {rank} failed:\n{output[-3000:]}"
+    result = json.loads((tmp_path / "node0-result.json").read_text())
+    assert result["status"] == "ok" and np.isfinite(result["epochs"][0]["train_loss"])
+    assert result["epochs"][0]["images"] == 64 and result["step_time"]["steps"] == 2
+    env = result["environment"]
+    assert env["processes"] == 2 and env["nodes"] == 2 and env["collective"] == "gloo"
+    assert env["details"]["rendezvous"] == f"static at {address} (node_rank 0)"
+
+
+@pytest.mark.parametrize("name", ["scratch", "dp"])
+def test_a_strategy_without_an_engine_refuses_several_nodes(name):
+    from backends.torch import initial_weights, train_steps
+    from common.loop import Unsupported
+    assert name not in engine_strategies()
+    with pytest.raises(Unsupported, match=f"torch {name} runs in one process; --nodes needs ddp"):
+        train_steps(name, "lenet", 2, initial_weights("lenet", 0), image_batches(1), 0.1, nodes=2, node_rank=0,
+                    coordinator="127.0.0.1:1")
