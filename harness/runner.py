@@ -165,7 +165,8 @@ def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout:
     """`launch` for processes that work together (the nodes of a run), started at once, one deadline for all.
 
     Once one has exited, the others get `grace` seconds to end too, then their groups are killed: a node
-    whose peer died must not wait on it until --timeout. `on_line` sees the first process's lines only.
+    whose peer died must not wait on it until --timeout. `on_line` sees the first process's lines only;
+    the others' progress records are left out of their output.
     Each process's (exit status, or None if still running at the deadline or after the grace; its output;
     when it was first seen ended, on the monotonic clock: the order in which they failed)."""
     procs: list[subprocess.Popen] = []
@@ -206,8 +207,11 @@ def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout:
                 open_streams.discard(i)
                 continue
             logs[i].write(line)
-            if not (i == 0 and on_line and on_line(line)):
-                outputs[i].append(line)
+            if i == 0 and on_line and on_line(line):
+                continue
+            if i > 0 and progress.parse(line) is not None:
+                continue   # the other nodes' progress: node 0 reports the run's
+            outputs[i].append(line)
     except BaseException:
         for proc in procs:
             kill_group(proc)
@@ -249,7 +253,8 @@ def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
                            grace=NODE_GRACE_S)
     except OSError as e:
         return not_run_result(cfg, "failed", f"could not start {python}: {e}")
-    results = [n.result(code, output, workdir) for n, (code, output, _) in zip(nodes, ended)]
+    peer_ended = any(code is not None for code, _, _ in ended)
+    results = [n.result(code, output, workdir, peer_ended) for n, (code, output, _) in zip(nodes, ended)]
     result = results[0] if len(nodes) == 1 else merge_nodes(cfg, nodes, results, [at for *_, at in ended])
     result["log"] = f"logs/{nodes[0].log.name}"
     console.finished(cfg, result)
@@ -275,10 +280,13 @@ class Node:
         return [python, "-m", f"backends.{self.cfg.backend}", "--config", str(self.config_path),
                 "--result", str(self.result_path)]
 
-    def result(self, returncode: int | None, output: list[str], workdir: Path) -> dict:
+    def result(self, returncode: int | None, output: list[str], workdir: Path, peer_ended: bool = False) -> dict:
         """The worker's result, or a failed / timeout one with the tail of its output."""
         cfg = self.cfg
-        if returncode is None:
+        if returncode is None and peer_ended:
+            result = failed_result(cfg.to_dict(), "timeout", f"{''.join(output[-20:])}stopped {NODE_GRACE_S:g} s "
+                                   "after another node had ended (waiting on it)")
+        elif returncode is None:
             # The worker's last output first, the reason last: the report's headline is the error's last line.
             result = failed_result(cfg.to_dict(), "timeout",
                                    f"{''.join(output[-20:])}killed after --timeout {cfg.timeout:g} s")
@@ -309,11 +317,14 @@ def merge_nodes(cfg: RunConfig, nodes: list[Node], results: list[dict], ended_at
     first = results[bad[0]]
     rank = nodes[bad[0]].cfg.node_rank
     echoes = "".join(f"\n(then node {nodes[i].cfg.node_rank}: {_last_line(results[i])})" for i in bad[1:])
-    error = f"node {rank} of {cfg.nodes} ({first['status']}): {first.get('error') or ''}{echoes}"
+    # The headline (the last line, which survives the error's tail) names the node that failed first.
+    error = f"{first.get('error') or ''}{echoes}\nnode {rank} of {cfg.nodes} failed first: {_last_line(first)}"
     status = first["status"] if first["status"] in ("unavailable", "diverged") else "failed"
     return {**failed_result(cfg.to_dict(), status, error), "environment": results[0].get("environment") or {}}
 
 
 def _last_line(result: dict) -> str:
+    """A node's failure in one line: how its process ended if it left no result (killed), else its last words."""
     lines = (result.get("error") or "").strip().splitlines()
-    return f"{result['status']}: {lines[-1]}" if lines else result["status"]
+    exited = [line for line in lines if line.startswith("worker exited with status")]
+    return f"{result['status']}: {(exited or lines)[-1]}" if lines else result["status"]

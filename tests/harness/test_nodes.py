@@ -119,8 +119,9 @@ def test_a_failing_node_fails_the_run_with_its_error_and_ends_the_waiting_node(t
         result = runner.run(cfg, python, tmp_path / "work", runner.Console(quiet=True, stream=quiet))
     assert time.monotonic() - started < 60   # the grace, not the timeout, ended node 0
     assert result["status"] == "failed"
-    assert result["error"].startswith("node 1 of 2 (failed): RuntimeError: rank 1 lost its GPU")
-    assert "then node 0: timeout" in result["error"]
+    assert result["error"].startswith("RuntimeError: rank 1 lost its GPU")
+    assert "(then node 0: timeout: stopped 2 s after another node had ended" in result["error"]
+    assert result["error"].splitlines()[-1] == "node 1 of 2 failed first: failed: RuntimeError: rank 1 lost its GPU"
     assert result["config"]["coordinator"] != "127.0.0.1:1"   # a fresh loopback port per run
     for rank in (0, 1):
         pid = int((tmp_path / f"node{rank}.pid").read_text())
