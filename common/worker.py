@@ -17,7 +17,7 @@ from common.config import RunConfig
 from common.loop import Diverged, Unsupported
 from common.results import new_result, tail, write_json_atomic
 
-# Where a worker keeps its scratch files (torch DDP's per-rank error files): beside its result, inside the
+# Where a worker keeps its scratch files (torch's elastic error files of the DDP ranks): beside its result, inside the
 # directory the harness removes whatever happens, so a worker killed by a signal leaves nothing in /tmp.
 SCRATCH_ENV = "DPBENCH_SCRATCH_DIR"
 # The run's --threads, for a framework that sizes its thread pools when it is imported (MXNet): the harness

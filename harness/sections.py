@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from common import manifest
 from common.config import RunConfig
 from common.results import Result
 from harness.tables import fmt, key, milliseconds, table
@@ -60,10 +61,10 @@ def nodes_section(rows: list, topology: str) -> list[str]:
     for row in several:
         r, c = row.result, row.result.config
         env, ar = r.environment or {}, r.allreduce
-        details = env.get("details") or {}
+        strategy = manifest.load(c.backend).strategies.get(c.strategy) if manifest.canonical_name(c.backend) else None
         body.append([c.backend, c.variant, f"{c.nodes}{' (loopback)' if c.loopback_nodes else ''}",
                      str(env.get("processes", "—")), str(c.local_devices), str(env.get("collective") or "—"),
-                     str(details.get("engine") or "—"), milliseconds(ar and ar.median_s),
+                     (strategy and strategy.engine or "—").split(" (")[0], milliseconds(ar and ar.median_s),
                      fmt(row.sec_per_epoch, ".2f"), fmt(row.efficiency, ".0%")])
     lines += table(["backend", "strategy", "hosts", "processes (all roles)", "devices per host", "transport",
                     "engine", "cross-process allreduce ms", "s/epoch (slowest rank)", "efficiency vs 1 device"],
