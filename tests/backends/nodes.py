@@ -4,7 +4,6 @@ process (a check job's measurements, or a training run), all started together, e
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,14 +11,9 @@ from pathlib import Path
 import numpy as np
 
 from harness.envs import worker_env
+from harness.nodes import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def refused_port() -> int:
