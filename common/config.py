@@ -134,6 +134,12 @@ class RunConfig:
         return self.devices // self.nodes
 
     @property
+    def first_gpu(self) -> int:
+        """This node's first GPU on its host: loopback nodes share the host's GPUs (node r has [r*L, (r+1)*L)),
+        a node on a host of its own starts at 0."""
+        return self.node_rank * self.local_devices if self.loopback_nodes else 0
+
+    @property
     def coordinator_address(self) -> tuple[str, int]:
         """(host, port) of node 0's rendezvous; validate() has checked the form."""
         return parse_address(self.coordinator)

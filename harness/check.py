@@ -20,10 +20,10 @@ from common import data as datalib
 from common import weights as weightslib
 from common import manifest
 from common.manifest import Manifest
+from common.network import free_port
 from harness import arguments, envs, runner
 from harness.arguments import UsageError
 from harness.equivalence import Row, compare, compare_nodes, table
-from harness.nodes import free_port
 from harness.nodes import parse_counts as parse_node_counts
 from harness.plan import (Plan, check_device_counts, choose_devices, parse_backends, parse_gpus, parse_pythons,
                           resolve_data, select_strategies)

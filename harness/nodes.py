@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from dataclasses import dataclass
 
 from common.config import ConfigError, parse_address
@@ -38,13 +37,6 @@ class Topology:
     def runs_here(self, nodes: int) -> bool:
         """A host of rank R takes part in the runs on more than R nodes."""
         return self.loopback or self.node_rank < nodes
-
-
-def free_port() -> int:
-    """A loopback port free now (the engine binds it a moment later; a clash fails that run, not the report)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def first_slurm_host(nodelist: str) -> str:

@@ -27,7 +27,7 @@ from common.results import failed_result, load_result, tail
 from common.worker import THREADS_ENV
 from harness import envs, interrupts
 from harness.envs import ROOT
-from harness.nodes import free_port
+from common.network import free_port
 
 KILL_GRACE_S = 5.0
 

@@ -9,8 +9,6 @@ first waits for the coordinator's port itself, bounded by the run's timeout, and
 
 from __future__ import annotations
 
-import socket
-import time
 
 import jax
 import numpy as np
@@ -19,12 +17,12 @@ from jax.experimental import multihost_utils
 from backends.jax.parallel import devices
 from common import manifest
 from common.loop import Unsupported
+from common.network import wait_for_coordinator
 
 ENGINE = "jax.distributed"
 # A peer that stops answering is declared dead (and this process stopped) after this many seconds at most,
 # instead of jax's default 100: a node on a dead peer fails soon after it, with the service's error.
 HEARTBEAT_SECONDS = 30
-CONNECT_RETRY_SECONDS = 0.25
 
 _joined: tuple | None = None   # (nodes, node_rank, coordinator, device kind) of this process's join
 
@@ -63,34 +61,18 @@ def join(cfg) -> None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     timeout = max(1, int(cfg.timeout))
     if cfg.node_rank:
-        wait_for_coordinator(cfg, timeout)
+        wait_for_coordinator(*cfg.coordinator_address, timeout, f"{ENGINE} coordinator")
     jax.distributed.initialize(cfg.coordinator, num_processes=cfg.nodes, process_id=cfg.node_rank,
                                local_device_ids=local_gpu_ids(cfg), initialization_timeout=timeout,
                                heartbeat_timeout_seconds=min(HEARTBEAT_SECONDS, timeout))
     _joined = topology(cfg)
 
 
-def wait_for_coordinator(cfg, timeout: float) -> None:
-    """Return when the coordinator's port accepts a connection; RuntimeError after `timeout` seconds."""
-    host, port = cfg.coordinator_address
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=CONNECT_RETRY_SECONDS * 4):
-                return
-        except OSError as e:
-            if time.monotonic() >= deadline:
-                raise RuntimeError(f"could not reach the {ENGINE} coordinator at {cfg.coordinator} "
-                                   f"within {timeout} s ({e})") from None
-        time.sleep(CONNECT_RETRY_SECONDS)
-
-
 def local_gpu_ids(cfg) -> list[int] | None:
     """This node's GPUs: loopback nodes share the host's, node r taking [r*L, (r+1)*L); else the first L."""
     if cfg.device_kind != "gpu":
         return None
-    first = cfg.node_rank * cfg.local_devices if cfg.loopback_nodes else 0
-    return list(range(first, first + cfg.local_devices))
+    return list(range(cfg.first_gpu, cfg.first_gpu + cfg.local_devices))
 
 
 def run_devices(cfg) -> list:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import atexit
 import os
-import socket
 import subprocess
 import sys
 import time
 
 from backends.mxnet.compat import mx
 from common.config import RunConfig
+from common.network import wait_for_coordinator
 
 KVSTORE = "dist_sync"
 SETTLE_S = 10.0   # how long a scheduler or server may take to exit by itself once the workers stopped it
@@ -56,21 +56,6 @@ def start_role(cfg: RunConfig, role: str) -> subprocess.Popen:
                             env={**os.environ, **ps_environment(cfg, role)}, stdout=subprocess.DEVNULL)
 
 
-def wait_for_coordinator(cfg: RunConfig) -> None:
-    """ps-lite waits forever for an absent scheduler: a TCP connection to it first, for cfg.timeout at most."""
-    host, port = cfg.coordinator_address
-    deadline = time.monotonic() + cfg.timeout
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=1.0):
-                return
-        except OSError as e:
-            if time.monotonic() >= deadline:
-                raise ConnectionError(f"could not reach the coordinator (ps-lite scheduler) at {cfg.coordinator} "
-                                      f"within {cfg.timeout:g} s: {e}") from None
-            time.sleep(0.2)
-
-
 def join(cfg: RunConfig):
     """The process's dist kvstore, started on the first call (scheduler on node 0, a server on every node);
     later calls (the next probe) reuse it, and must name the same nodes."""
@@ -85,7 +70,8 @@ def join(cfg: RunConfig):
     if cfg.node_rank == 0:
         _node.children.append(start_role(cfg, "scheduler"))
     _node.children.append(start_role(cfg, "server"))
-    wait_for_coordinator(cfg)
+    # ps-lite waits forever for an absent scheduler: a connection to it first, for --timeout at most
+    wait_for_coordinator(*cfg.coordinator_address, cfg.timeout, "coordinator (ps-lite scheduler)")
     os.environ.update(ps_environment(cfg, "worker"))
     _node.kvstore = mx.kv.create(KVSTORE)   # returns once every worker and server has joined
     return _node.kvstore

@@ -42,7 +42,7 @@ def engine_workers() -> int:
 def device_names(cfg) -> list[str]:
     """This node's devices (loopback nodes on a GPU host: node r has GPUs r*L .. r*L+L-1)."""
     if cfg.device_kind == "gpu":   # (too few GPUs: the run is reported unavailable)
-        first = cfg.node_rank * cfg.local_devices if cfg.loopback_nodes else 0
+        first = cfg.first_gpu
         return [f"gpu({i})" for i in range(first, min(first + cfg.local_devices, visible_gpus()))]
     return [f"cpu({i}) (simulated device {i})" for i in range(cfg.local_devices)]
 

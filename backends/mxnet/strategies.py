@@ -64,8 +64,7 @@ class MXNetTrainer(Trainer):
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
-        first = cfg.node_rank * cfg.local_devices if cfg.loopback_nodes else 0   # loopback nodes share the GPUs
-        self.devs = devices(cfg.local_devices, cfg.device_kind, first)
+        self.devs = devices(cfg.local_devices, cfg.device_kind, cfg.first_gpu)   # loopback nodes share the GPUs
         self._examples = cfg.batch_size   # the examples of the (global) batch reduce_gradients last took
         # Several nodes (gluon only): this node's view of the process's dist kvstore, for the global figures.
         self.kv = distributed.keyed(cfg) if cfg.nodes > 1 else None

@@ -13,7 +13,6 @@ import datetime
 import itertools
 import os
 import pickle
-import socket
 import sys
 import tempfile
 import warnings
@@ -27,6 +26,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from common import data as datalib
 from common.config import RunConfig
 from common.loop import Diverged, run_training
+from common.network import free_port
 from common.trainer import PROBES
 from common.weights import for_run as weights_for_run
 from common.worker import scratch_dir
@@ -52,14 +52,12 @@ def rendezvous_address(cfg: RunConfig) -> tuple[str, int]:
     """cfg.coordinator; one node: a free loopback port of its own."""
     if cfg.nodes > 1:
         return cfg.coordinator_address
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return "127.0.0.1", s.getsockname()[1]
+    return "127.0.0.1", free_port()
 
 
 def gpu_index(cfg: RunConfig, local_rank: int) -> int:
     """Loopback nodes share this host's GPUs: node r uses [r*L, (r+1)*L); a node on its own host uses [0, L)."""
-    return cfg.node_rank * cfg.local_devices + local_rank if cfg.loopback_nodes else local_rank
+    return cfg.first_gpu + local_rank
 
 
 def rank_device(cfg: RunConfig) -> torch.device:

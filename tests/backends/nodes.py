@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from harness.envs import worker_env
-from harness.nodes import free_port
+from common.network import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
