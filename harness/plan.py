@@ -199,7 +199,7 @@ def select_strategies(args, backends: dict[str, Manifest], kind: str, bn: str = 
                 reason = f"{b.name} {s} needs CUDA GPUs; none is present ({b.strategies[s].summary})"
             elif bn not in b.strategies[s].bn:
                 reason = f"{b.name} {s} has no {bn} BatchNorm (it runs: {', '.join(b.strategies[s].bn)})"
-            elif engine_refusal(b, s, nodes):
+            else:
                 reason = engine_refusal(b, s, nodes)
             if reason and asked:
                 raise UsageError(f"strategy {s!r} cannot run here: {reason}")
