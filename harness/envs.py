@@ -28,13 +28,19 @@ class EnvError(Exception):
     """The environment could not be built; the message holds the reason and pip's tail."""
 
 
+BOOTSTRAPPED = "DPBENCH_BOOTSTRAPPED"   # set by bootstrap() in the harness it re-runs: no second re-run
+
+
 def worker_env(caller=None, **extra: str) -> dict:
     """The environment of a process we start (a worker, a check, a test suite): the caller's, with the
     project root first on PYTHONPATH and the caller's entries after it (packages carried to a host
     without network stay importable), plus `extra`."""
     caller = os.environ if caller is None else caller
     path = os.pathsep.join(p for p in (str(ROOT), caller.get("PYTHONPATH", "")) if p)
-    return {**caller, "PYTHONPATH": path, **extra}
+    # The bootstrap's loop guard is this process's own: a harness started by a child (a test's) in an
+    # interpreter without the harness's packages must still re-run itself inside .venvs/harness/.
+    inherited = {k: v for k, v in caller.items() if k != BOOTSTRAPPED}
+    return {**inherited, "PYTHONPATH": path, **extra}
 
 
 def venv_python(name: str) -> Path:
@@ -98,12 +104,12 @@ def bootstrap(argv: list[str]) -> None:
     with `pip install -e .[test]` done, nothing happens here.
     """
     needed = ["numpy", "matplotlib", "tqdm"] + (["pytest", "ruff", "importlinter"] if argv[:1] == ["test"] else [])
-    if not _missing(needed) or os.environ.get("DPBENCH_BOOTSTRAPPED"):
+    if not _missing(needed) or os.environ.get(BOOTSTRAPPED):
         return
     try:
         python = ensure("harness", HARNESS_REQUIREMENTS, say=lambda m: print(m, file=sys.stderr))
     except EnvError as e:
         print(f"harness: error: {e}", file=sys.stderr)
         sys.exit(2)
-    os.environ["DPBENCH_BOOTSTRAPPED"] = "1"
+    os.environ[BOOTSTRAPPED] = "1"
     os.execv(str(python), [str(python), "-m", "harness", *argv])

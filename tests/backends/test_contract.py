@@ -362,7 +362,9 @@ def test_a_node_killed_mid_run_fails_the_run_with_its_error_and_ends_every_proce
                 log = logs[0].replace("node0", "node1")
                 break
             time.sleep(0.5)
-        assert log, "the nodes never started training"
+        if log is None:
+            harness.kill()
+            raise AssertionError(f"the nodes never started training:\n{harness.communicate()[0][-3000:]}")
         node1 = _survivors(log.replace("/logs/", "/runs/").replace(".log", ".config.json"))
         assert node1, "node 1's process was not found"
         os.killpg(int(node1[0]), signal.SIGKILL)

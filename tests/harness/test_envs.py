@@ -32,3 +32,10 @@ def test_a_package_on_the_callers_pythonpath_is_importable_in_a_worker(tmp_path,
     out = subprocess.run([sys.executable, "-c", "import carried_package, common; print(carried_package.VALUE)"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "42", out.stderr
+
+
+def test_a_child_harness_bootstraps_again(monkeypatch):
+    """The bootstrap's loop guard stays in the harness it re-ran: a harness a child starts (a backend test's,
+    in an interpreter without tqdm) must re-run itself inside .venvs/harness/ too."""
+    monkeypatch.setenv(envs.BOOTSTRAPPED, "1")
+    assert envs.BOOTSTRAPPED not in envs.worker_env()
