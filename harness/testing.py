@@ -39,6 +39,7 @@ PORTABLE_ENV = {
     "MKL_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
     "MXNET_CPU_WORKER_NTHREADS": "1",
+    "DPBENCH_PORTABLE": "1",            # the tests of processes and faults, not of kernels, run in the normal pass only
 }
 # Appended to the caller's XLA_FLAGS. A flag XLA does not know aborts jax: these two exist in jaxlib 0.10.2.
 PORTABLE_XLA_FLAGS = "--xla_cpu_max_isa=SSE4_2 --xla_cpu_multi_thread_eigen=false"

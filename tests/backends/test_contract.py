@@ -14,7 +14,7 @@ import pytest
 from common.loop import Unsupported
 from common.trainer import METHODS, Trainer
 from common.weights import he_scaled
-from tests.backends.conftest import NAME, ROOT, run_backend_worker
+from tests.backends.conftest import NAME, ROOT, not_portable, run_backend_worker
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative, scale
 
 BATCH = 12  # divisible by 1, 2 and 3 devices
@@ -330,6 +330,7 @@ def _survivors(marker: str) -> list[str]:
     return [pid for pid in found if int(pid) != __import__("os").getpid()]
 
 
+@not_portable
 def test_a_node_killed_mid_run_fails_the_run_with_its_error_and_ends_every_process(meta, tmp_path):
     """Loopback nodes through the harness on the real engine: SIGKILL node 1's process group (a host lost)
     during training; the run is a failed row naming node 1, the report is written, and no process of any node

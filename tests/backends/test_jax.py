@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.backends.conftest import NAME, run_backend_worker
+from tests.backends.conftest import NAME, not_portable, run_backend_worker
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative, scale
 
 pytestmark = pytest.mark.skipif(NAME != "jax", reason="jax backend only")
@@ -805,6 +805,7 @@ def node_config(tmp_path, rank, coordinator, **overrides) -> dict:
             "timed_steps": 2, "nodes": 2, "node_rank": rank, "coordinator": coordinator, **overrides}
 
 
+@not_portable
 def test_a_node_that_cannot_reach_the_coordinator_fails_with_its_address(tmp_path):
     import json
     from tests.backends.nodes import finish, refused_port, start_nodes

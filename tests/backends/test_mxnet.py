@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.backends.conftest import NAME, run_backend_worker
+from tests.backends.conftest import NAME, not_portable, run_backend_worker
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative, scale
 
 pytestmark = pytest.mark.skipif(NAME != "mxnet", reason="mxnet backend only")
@@ -572,6 +572,7 @@ def node_run(tmp_path, rank, coordinator, **overrides) -> dict:
     return cfg
 
 
+@not_portable
 def test_a_node_without_its_coordinator_fails_naming_the_address(tmp_path):
     from tests.backends.nodes import finish, refused_port, start_nodes
     coordinator = f"127.0.0.1:{refused_port()}"

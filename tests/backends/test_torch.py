@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.backends.conftest import NAME, run_backend_worker
+from tests.backends.conftest import NAME, not_portable, run_backend_worker
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative
 
 pytestmark = pytest.mark.skipif(NAME != "torch", reason="torch backend only")
@@ -530,6 +530,7 @@ def node_config(**overrides) -> dict:
             "dataset": "synthetic", "timed_steps": 2, **overrides}
 
 
+@not_portable
 def test_a_node_that_cannot_reach_the_coordinator_fails_naming_it(tmp_path):
     """Node 1 of 2 alone, its coordinator refusing connections: the rendezvous gives up within the run's
     timeout and the result says which address it could not reach."""
