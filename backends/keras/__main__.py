@@ -1,0 +1,5 @@
+import backends.keras as backend
+from common.worker import run_module
+
+if __name__ == "__main__":
+    run_module(backend)

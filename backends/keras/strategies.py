@@ -1,0 +1,391 @@
+"""Keras 3 strategies, each a common.trainer.Trainer for common/loop.py, and the backend's entry points.
+
+Same math in both: one plain SGD step on the mean cross-entropy of the *global* batch of B examples.
+  ddp           the Keras guide's recipe ("Multi-GPU distributed training with PyTorch"): every rank imports
+                Keras on torch (KERAS_BACKEND=torch), so the Keras model is a torch.nn.Module, wrapped in torch
+                DistributedDataParallel; one process per device (gloo on the CPU, NCCL on GPUs), each feeding its
+                shard of the global batch; torch's cross-entropy (mean), DDP's gradient average, torch.optim.SGD.
+                The ranks start as torch's ddp's do (distributed.py).
+  distribution  Keras on jax: keras.distribution.DataParallel over the devices (variables replicated, batches
+                split along their first axis), and one jax.jit-compiled stateless train step: model.stateless_call,
+                jax.grad of the global mean loss (XLA all-reduces the gradients of the replicated variables),
+                keras.optimizers.SGD.stateless_apply. The state lives outside the Keras variables.
+BatchNorm (models.BatchNorm, torch's running statistics): ddp normalises on each rank's shard and all-reduces the
+running statistics before evaluation; distribution's step sees the global batch in one call, so BatchNorm normalises
+each device's slice of it (local) or the whole of it (sync).
+dtype "float64" (the equivalence API): the dtype policy float64, with Keras's floatx and jax_enable_x64 for the call.
+Levers: --precision bf16 is the dtype policy mixed_bfloat16; --compile is torch.compile of the DDP-wrapped model (ddp)
+or inherent (distribution); --channels-last builds the models channels_last and transposes the batches.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import keras
+import numpy as np
+import torch
+import torch.distributed as dist
+from jax.sharding import NamedSharding, PartitionSpec as P
+from torch.nn import functional as F
+
+from backends.keras import models
+from backends.keras.distributed import launch_ddp, probe_job, rank_device, train_job
+from backends.keras.environment import computing_in, configure_precision, refusal
+from backends.keras.parallel import devices
+from common import data as datalib
+from common import levers as leverlib
+from common.config import RunConfig
+from common.data import check_divisible
+from common.loop import Unsupported, run_training
+from common.trainer import PROBES, Trainer, probe_config
+from common.weights import for_run as weights_for_run
+
+# The stateless step's (trainable, non-trainable, optimizer) state is donated: XLA writes the new state into the
+# old one's buffers (it is replaced by the step's outputs and never read again).
+DONATED = (0, 1, 2)
+
+
+class KerasTrainer(Trainer):
+    """What the strategies share: `model` is the Keras model, built with the run's dtype policy and data format."""
+
+    model: keras.Model
+
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
+        super().__init__(cfg, weights, dtype)
+        self.np_dtype = np.dtype(dtype)
+        self.data_format = "channels_last" if cfg.channels_last else "channels_first"
+        self.policy = models.policy(cfg.precision, dtype)
+
+    def param_count(self) -> int:
+        return models.count_params(self.model)
+
+    def _inputs(self, x):
+        """A global numpy batch's images in the model's dtype and data format."""
+        return models.to_data_format(np.asarray(x, dtype=self.np_dtype), self.data_format)
+
+
+class DDPTrainer(KerasTrainer):
+    """One rank of DistributedDataParallel around the Keras model (Keras on torch); the process group is set up
+    by launch_ddp (distributed.py)."""
+
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
+        super().__init__(cfg, weights, dtype)
+        self.rank = dist.get_rank()
+        self.device = rank_device(cfg)
+        self.model = models.build(cfg.model, self.policy, self.data_format).to(self.device)
+        models.load_canonical(self.model, weights)
+        self.trainable = self.model.trainable_variables
+        self.statistics = [v.value for v, kind in models.variables(self.model).values() if kind in ("bn_mean", "bn_var")]
+        # broadcast_buffers=False: every rank keeps its own BatchNorm statistics (averaged before evaluation),
+        # as torch's ddp does. (Keras's non-trainable variables are torch parameters without gradients.)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+            self.net = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if cfg.device_kind == "gpu" else None,
+                broadcast_buffers=False)
+        if cfg.compile:
+            self.net = torch.compile(self.net)
+        self.optimizer = torch.optim.SGD([v.value for v in self.trainable], lr=cfg.lr)
+        self._statistics_averaged = False
+
+    def reset(self) -> None:
+        models.load_canonical(self.model, self.weights)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def place(self, x, y):
+        """This rank's shard of the global batch, on its device."""
+        check_divisible(len(y), self.n_devices)
+        m = len(y) // self.n_devices
+        rows = slice(self.rank * m, (self.rank + 1) * m)
+        return (torch.from_numpy(np.ascontiguousarray(self._inputs(x[rows]))).to(self.device, non_blocking=True),
+                torch.from_numpy(np.asarray(y[rows])).to(self.device, non_blocking=True).long())
+
+    def reduce_gradients(self, x, y):
+        xi, yi = self.place(x, y) if isinstance(x, np.ndarray) else (x, y)
+        self._statistics_averaged = False   # the training forward updates them
+        self.optimizer.zero_grad(set_to_none=True)
+        logits = self.net(xi, training=True)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))   # (bf16: the loss in float32)
+        loss = F.cross_entropy(logits, yi)
+        loss.backward()
+        return (loss.detach() * len(yi), (logits.argmax(1) == yi).sum())
+
+    def update(self) -> None:
+        self.optimizer.step()
+
+    def collect(self, handles) -> tuple[float, float]:
+        loss, correct = self._all_reduce([sum(float(l) for l, _ in handles), sum(float(c) for _, c in handles)])
+        return loss, correct
+
+    def sync(self) -> None:
+        if self.cfg.device_kind == "gpu":
+            torch.cuda.synchronize(self.device)
+
+    def slowest(self, seconds: float) -> float:
+        return self._all_reduce([seconds], op=dist.ReduceOp.MAX)[0]
+
+    def allreduce_op(self, values: int):
+        """torch.distributed.all_reduce (sum) of one flat float32 tensor on this rank's device."""
+        buffer = torch.ones(values, dtype=torch.float32, device=self.device)
+        return lambda: dist.all_reduce(buffer)
+
+    def average_bn_statistics(self) -> None:
+        with torch.no_grad():
+            for b in self.statistics:
+                dist.all_reduce(b)
+                b.div_(self.n_devices)
+        self._statistics_averaged = True
+
+    def canonical(self) -> dict[str, np.ndarray]:
+        if not self._statistics_averaged:
+            self.average_bn_statistics()
+        return models.to_canonical(self.model)
+
+    def canonical_gradients(self) -> dict[str, np.ndarray]:
+        """The gradient of the global mean loss, after DDP's average."""
+        return models.canonical_gradients(self.model, {id(v): v.value.grad for v in self.trainable})
+
+    def evaluate(self, batches) -> tuple[int, int]:
+        """Each rank evaluates its slice of every test batch; the counts are summed."""
+        if not self._statistics_averaged:
+            self.average_bn_statistics()
+        correct = total = 0
+        with torch.no_grad():
+            for x, y in batches:
+                xi = torch.from_numpy(np.ascontiguousarray(self._inputs(x[self.rank::self.n_devices])))
+                logits = self.model(xi.to(self.device), training=False)
+                correct += int((logits.argmax(1).cpu() == torch.from_numpy(np.asarray(y[self.rank::self.n_devices]))).sum())
+                total += len(y[self.rank::self.n_devices])
+        correct, total = self._all_reduce([correct, total])
+        return int(correct), int(total)
+
+    def memory(self) -> dict:
+        if self.cfg.device_kind != "gpu":
+            return {}
+        return {"peak_device_mb": torch.cuda.max_memory_allocated(self.device) / 2**20}
+
+    def _all_reduce(self, values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=op)
+        return t.tolist()
+
+
+class DistributionTrainer(KerasTrainer):
+    """keras.distribution.DataParallel (Keras on jax): one process, the variables replicated on every device, each
+    global batch split along its first axis, one jitted stateless step over the global batch."""
+
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
+        super().__init__(cfg, weights, dtype)
+        self.devs = devices(cfg.devices, cfg.device_kind)
+        self.distribution = keras.distribution.DataParallel(devices=self.devs)
+        with self.distribution.scope():
+            self.model = models.build(cfg.model, self.policy, self.data_format,
+                                      bn_groups=1 if cfg.bn == "sync" else cfg.devices)
+            self.optimizer = keras.optimizers.SGD(learning_rate=cfg.lr)
+            self.optimizer.build(self.model.trainable_variables)
+        self.mesh = self.distribution.get_data_layout((cfg.devices,)).backend_layout.mesh
+        self.replicated = NamedSharding(self.mesh, P())
+        r = self.replicated
+        self._step = jax.jit(self._stateless_step, out_shardings=(r, r, r, (r, r)), donate_argnums=DONATED)
+        self._gradients = jax.jit(self._stateless_gradients, out_shardings=(r, (r, r, r)))
+        self._update = jax.jit(self.optimizer.stateless_apply, out_shardings=(r, r), donate_argnums=(0, 2))
+        self._predict = jax.jit(self._stateless_classes)
+        self.state = None       # (trainable, non-trainable, optimizer variables): lists of jax arrays
+        self._last = None       # the latest step's (loss sum, correct), for sync
+        self._grads = None      # reduce_gradients()' gradients, for update() and canonical_gradients()
+        self._new_statistics = None
+
+    def reset(self) -> None:
+        """The run's weights in the variables, and the state copied from them (the step donates its state)."""
+        models.load_canonical(self.model, self.weights)
+        copied = [[jax.numpy.array(v.value, copy=True) for v in vs] for vs in
+                  (self.model.trainable_variables, self.model.non_trainable_variables, self.optimizer.variables)]
+        self.state = tuple(copied)
+        self._last = self._grads = self._new_statistics = None
+
+    def place(self, x, y):
+        """The global batch laid out as keras.distribution.DataParallel lays out data: split along axis 0."""
+        x, y = self._inputs(x), np.asarray(y, dtype=np.int32)
+        check_divisible(len(y), self.n_devices)
+        return tuple(keras.distribution.distribute_tensor(a, self.distribution.get_data_layout(a.shape))
+                     for a in (x, y))
+
+    def stage(self, batches: list) -> list:
+        staged = [self.put(x, y) for x, y in batches]
+        jax.block_until_ready(staged)
+        return staged
+
+    def step(self, x, y):
+        """reduce_gradients() and update() fused in one compiled call (the same math: test_keras proves the same
+        weights), the state donated."""
+        trainable, statistics, optimizer, metrics = self._step(*self.state, *self._on_devices(x, y))
+        self.state, self._last = (trainable, statistics, optimizer), metrics
+        self._grads = self._new_statistics = None
+        return metrics
+
+    def reduce_gradients(self, x, y):
+        trainable, statistics, _ = self.state
+        grads, (new_statistics, loss_sum, correct) = self._gradients(trainable, statistics, *self._on_devices(x, y))
+        self._grads, self._new_statistics, self._last = grads, new_statistics, (loss_sum, correct)
+        return loss_sum, correct
+
+    def update(self) -> None:
+        if self._new_statistics is None:
+            raise RuntimeError("update() needs the gradients of a reduce_gradients() not applied yet")
+        trainable, _, optimizer = self.state
+        trainable, optimizer = self._update(optimizer, self._grads, trainable)
+        self.state, self._new_statistics = (trainable, self._new_statistics, optimizer), None
+
+    def collect(self, handles) -> tuple[float, float]:
+        return (float(sum(np.asarray(l, dtype=np.float64) for l, _ in handles)),
+                float(sum(np.asarray(c, dtype=np.float64) for _, c in handles)))
+
+    def sync(self) -> None:
+        jax.block_until_ready((self.state, self._last, self._grads))
+
+    def allreduce_op(self, values: int):
+        """The sum over the devices of a (devices, values) float32 buffer split along its first axis, replicated
+        (as the step's gradients of the replicated variables are); the call waits for it."""
+        rows = jax.device_put(np.ones((self.n_devices, values), np.float32), NamedSharding(self.mesh, P("batch")))
+        total = jax.jit(lambda a: a.sum(axis=0), out_shardings=self.replicated)
+        return lambda: jax.block_until_ready(total(rows))
+
+    def canonical(self) -> dict[str, np.ndarray]:
+        """The state's weights; the one copy of the running statistics moves by the devices' mean update, so it
+        is their average already (models.BatchNorm)."""
+        trainable, statistics, _ = self.state
+        return models.to_canonical(self.model, self._by_variable(trainable, statistics))
+
+    def canonical_gradients(self) -> dict[str, np.ndarray]:
+        if self._grads is None:
+            raise RuntimeError("canonical_gradients() reads the gradients of reduce_gradients(); there are none")
+        return models.canonical_gradients(self.model, dict(zip(map(id, self.model.trainable_variables), self._grads)))
+
+    def evaluate(self, batches) -> tuple[int, int]:
+        """On device 0 (a test batch need not divide among the devices), with its copy of the replicated state."""
+        trainable, statistics, _ = self.state
+        first = self.mesh.devices.flat[0]
+        trainable, statistics = ([on_device(a, first) for a in arrays] for arrays in (trainable, statistics))
+        correct = total = 0
+        for x, y in batches:
+            classes = self._predict(trainable, statistics, jax.device_put(self._inputs(x), first))
+            correct += int(np.sum(np.asarray(classes) == np.asarray(y)))
+            total += len(y)
+        return correct, total
+
+    def memory(self) -> dict:
+        if self.cfg.device_kind != "gpu":
+            return {}
+        peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in self.mesh.devices.flat]
+        peaks = [p for p in peaks if p is not None]
+        return {"peak_device_mb": max(peaks) / 2**20} if peaks else {}
+
+    def _on_devices(self, x, y):
+        """The batch as the step takes it: a placed one as it is, a numpy one placed now."""
+        return (x, y) if isinstance(x, jax.Array) else self.put(x, y)
+
+    def _stateless_gradients(self, trainable, statistics, x, y):
+        """The gradient of the global mean loss with respect to the replicated variables;
+        (grads, (new BatchNorm statistics, loss sum, correct))."""
+        def mean_loss(trainable):
+            logits, new_statistics = self.model.stateless_call(trainable, statistics, x, training=True)
+            logits = keras.ops.cast(logits, jax.numpy.promote_types(logits.dtype, jax.numpy.float32))
+            losses = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+            loss_sum = keras.ops.sum(losses)
+            correct = keras.ops.sum(keras.ops.cast(keras.ops.argmax(logits, axis=-1) == y, "int32"))
+            return loss_sum / self.cfg.batch_size, (new_statistics, loss_sum, correct)
+        return jax.grad(mean_loss, has_aux=True)(trainable)
+
+    def _stateless_step(self, trainable, statistics, optimizer, x, y):
+        grads, (statistics, loss_sum, correct) = self._stateless_gradients(trainable, statistics, x, y)
+        trainable, optimizer = self.optimizer.stateless_apply(optimizer, grads, trainable)
+        return trainable, statistics, optimizer, (loss_sum, correct)
+
+    def _stateless_classes(self, trainable, statistics, x):
+        logits, _ = self.model.stateless_call(trainable, statistics, x, training=False)
+        return keras.ops.argmax(logits, axis=-1)
+
+    def _by_variable(self, trainable, statistics) -> dict:
+        variables = self.model.trainable_variables + self.model.non_trainable_variables
+        return {id(v): a for v, a in zip(variables, list(trainable) + list(statistics))}
+
+
+def on_device(a: jax.Array, device) -> jax.Array:
+    """The copy of a replicated array that lives on `device`."""
+    return next(shard.data for shard in a.addressable_shards if shard.device == device)
+
+
+TRAINERS = {"ddp": DDPTrainer, "distribution": DistributionTrainer}
+
+
+def check_supported(cfg: RunConfig) -> None:
+    if cfg.strategy not in TRAINERS:
+        raise Unsupported(f"keras has no strategy {cfg.strategy!r}; it has {', '.join(TRAINERS)}")
+    if reason := refusal(cfg):
+        raise Unsupported(reason)
+    if cfg.strategy == "distribution":
+        devices(cfg.devices, cfg.device_kind)   # Unsupported: too few devices
+
+
+def make_trainer(cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32") -> KerasTrainer:
+    """The strategy's trainer, checked, with the framework's precision configured, reset to `weights`
+    (for ddp: this rank's, inside a process group); the caller holds computing_in(dtype)."""
+    check_supported(cfg)
+    leverlib.check_dtype(dtype, cfg)
+    configure_precision(cfg)
+    trainer = TRAINERS[cfg.strategy](cfg, weights, dtype)
+    trainer.reset()
+    return trainer
+
+
+def run(cfg: RunConfig) -> dict:
+    """Train as the run config says; the metrics part of a result."""
+    check_supported(cfg)
+    if cfg.strategy == "ddp":
+        return launch_ddp(cfg, train_job)
+    return run_training(make_trainer(cfg, weights_for_run(cfg)), cfg, datalib.load(cfg))
+
+
+def _measure(cfg: RunConfig, weights: dict[str, np.ndarray], batches: list, probe: str, dtype: str):
+    """PROBES[probe] of a fresh trainer: in this process, or in the ddp ranks (this node's first rank's result).
+    The batches are cast to `dtype` (float32 -> float64 is exact)."""
+    check_supported(cfg)
+    leverlib.check_dtype(dtype, cfg)
+    batches = [(np.asarray(x, dtype=dtype), y) for x, y in batches]
+    if cfg.strategy == "ddp":
+        return launch_ddp(cfg, probe_job, (weights, batches, probe, dtype))
+    with computing_in(dtype):
+        return PROBES[probe](make_trainer(cfg, weights, dtype), batches)
+
+
+def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,
+              bn: str = "local", device_kind: str = "cpu", dtype: str = "float32", options: dict | None = None,
+              **levers) -> tuple[float, dict[str, np.ndarray]]:
+    """(mean loss of the global batch, its gradient per trainable canonical parameter), as the strategy
+    computes it: every device on its shard, then the strategy's own reduction; device 0's copy."""
+    cfg = probe_config("keras", strategy, model, n_devices, len(y), 1.0, bn, device_kind, options, levers)
+    return _measure(cfg, weights, [(x, y)], "gradients", dtype)
+
+
+def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
+                lr: float, bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
+                options: dict | None = None, **levers) -> dict:
+    """SGD steps from `weights`: {"first": weights after step 1, "final": after the last, "losses": per step}.
+    Weights are canonical, BatchNorm running statistics averaged across devices."""
+    cfg = probe_config("keras", strategy, model, n_devices, len(batches[0][1]), lr, bn, device_kind, options, levers)
+    return _measure(cfg, weights, batches, "trace", dtype)
+
+
+def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
+                lr: float, bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
+                options: dict | None = None, **levers) -> dict[str, np.ndarray]:
+    """The canonical weights after len(batches) SGD steps from `weights` (for tests and checks)."""
+    return train_trace(strategy, model, n_devices, weights, batches, lr, bn, device_kind, dtype, options,
+                       **levers)["final"]
+
+
+def float64_gradients(model: str, weights: dict[str, np.ndarray], x, y) -> tuple[float, dict[str, np.ndarray]]:
+    """(mean loss, canonical gradients) of one batch on one CPU device, computed in float64 (Keras on jax)."""
+    return gradients("distribution", model, 1, weights, x, y, dtype="float64")
