@@ -52,6 +52,7 @@ class Manifest:
     strategies: dict[str, Strategy] = field(default_factory=dict)
     options: dict[str, Option] = field(default_factory=dict)
     levers: dict[str, Lever] = field(default_factory=dict)
+    kernels: tuple[str, ...] = ()       # the libraries whose CPU kernels it runs (the portable pass probes each)
 
     def options_for(self, strategy: str) -> dict[str, Option]:
         return {k: o for k, o in self.options.items() if o.strategies is None or strategy in o.strategies}
@@ -82,7 +83,8 @@ def load(name: str) -> Manifest:
                            _strings(v.get("strategies")), v.get("nodes_default"))
                  for k, v in d.get("options", {}).items()},
         levers={k: Lever(k, v.get("summary", ""), _strings(v.get("values")), v.get("refused", ""))
-                for k, v in d.get("levers", {}).items()})
+                for k, v in d.get("levers", {}).items()},
+        kernels=_strings(d.get("kernels", [d["name"]])))
 
 
 def known() -> tuple[str, ...]:

@@ -44,8 +44,9 @@ PORTABLE_ENV = {
 # Appended to the caller's XLA_FLAGS. A flag XLA does not know aborts jax: these two exist in jaxlib 0.10.2.
 PORTABLE_XLA_FLAGS = "--xla_cpu_max_isa=SSE4_2 --xla_cpu_multi_thread_eigen=false"
 
-# One tiny computation per framework, run with the portable environment and the libraries' own
-# verbose switches, so that the pass starts by showing what the kernels really run with.
+# One tiny computation per kernel library (a backend.toml's `kernels`), run in each backend's environment with the
+# portable environment and the library's own verbose switches, so that the pass starts by showing what the kernels
+# really run with.
 PROBES = {
     "torch": ({"ONEDNN_VERBOSE": "1", "MKL_VERBOSE": "1"},
               "import torch\n"
@@ -130,17 +131,24 @@ def probe_facts(output: str) -> list[str]:
     return facts
 
 
+def probe(library: str, python: str) -> str:
+    """One line: what `library`'s kernels run with in the environment of `python`."""
+    if library not in PROBES:
+        return f"{library}: no probe for this library"
+    verbose, code = PROBES[library]
+    proc = subprocess.run([python, "-c", code], cwd=ROOT, env={**suite_env({}, True), **verbose},
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode:
+        return f"{library}: the probe failed (status {proc.returncode}): {proc.stderr.strip()[-500:]}"
+    return f"{library}: " + "; ".join(probe_facts(proc.stdout + proc.stderr))
+
+
 def print_caps(pythons: dict[str, str]) -> None:
-    """One line per backend: what its kernels are capped to, as its own libraries report it."""
+    """One line per backend and kernel library: what the kernels are capped to, as the library reports it."""
     print("\n=== portable: what each backend's CPU kernels run with ===", flush=True)
     for name, python in pythons.items():
-        verbose, code = PROBES[name]
-        proc = subprocess.run([python, "-c", code], cwd=ROOT, env={**suite_env({}, True), **verbose},
-                              capture_output=True, text=True, timeout=600)
-        if proc.returncode:
-            print(f"{name}: the probe failed (status {proc.returncode}): {proc.stderr.strip()[-500:]}", flush=True)
-            continue
-        print(f"{name}: " + "; ".join(probe_facts(proc.stdout + proc.stderr)), flush=True)
+        for library in manifest.load(name).kernels:
+            print(f"{name}: {probe(library, python)}" if library != name else probe(library, python), flush=True)
 
 
 def run_suite(title: str, python: str, paths: list[str], env: dict, pytest_args: list[str]) -> Counts:
@@ -196,7 +204,7 @@ def main(args) -> int:
             print(f"\n=== {name}: environment setup failed ===\n{e}")
             results[name] = Counts(failed=1)
     if args.portable:
-        print_caps({name: python for name, python in backend_pythons.items() if name in PROBES})
+        print_caps(backend_pythons)
     for name, python in backend_pythons.items():
         own = [f"tests/backends/test_{name}.py"] if (ROOT / "tests" / "backends" / f"test_{name}.py").exists() else []
         results[name] = run_suite(f"{name} (inside its environment)", python, ["tests/backends/test_contract.py", *own],

@@ -51,7 +51,10 @@ def train_job(cfg: RunConfig, rank: int, payload) -> dict:
 
 
 def probe_job(cfg: RunConfig, rank: int, payload):
-    """One rank of an equivalence call: payload (weights, batches, probe name, dtype)."""
+    """One rank of an equivalence call: payload (weights, batches, probe name, dtype), computed in `dtype`
+    (Keras's floatx too: it is the dtype of the Python numbers in the layers' arithmetic, BatchNorm's momentum)."""
+    from backends.keras.environment import computing_in
     from backends.keras.strategies import make_trainer
     weights, batches, probe, dtype = payload
-    return PROBES[probe](make_trainer(cfg, weights, dtype), batches)
+    with computing_in(dtype):
+        return PROBES[probe](make_trainer(cfg, weights, dtype), batches)

@@ -34,6 +34,21 @@ def test_a_manifest_holds_what_its_toml_declares(name):
     assert {k: (lv.values, lv.refused) for k, lv in m.levers.items()} == \
         {k: (tuple(v["values"]) if "values" in v else None, v.get("refused", "")) for k, v in d["levers"].items()}
     assert m.requirements.is_file()
+    assert m.kernels == tuple(d.get("kernels", [name]))
+
+
+def pins(name: str) -> dict[str, str]:
+    """{package: exact version} of a backend's requirements.txt (its == pins)."""
+    lines = (line.split("#")[0].strip() for line in manifest.load(name).requirements.read_text().splitlines())
+    return dict(line.split("==") for line in lines if "==" in line and ";" not in line)
+
+
+def test_keras_runs_the_torch_and_jax_the_torch_and_jax_backends_pin():
+    """Keras's ddp is torch's DDP and its distribution is jax's jit: the same framework versions, so that a
+    difference between the backends is Keras's, not another release's."""
+    keras = pins("keras")
+    assert {k: keras[k] for k in ("jax", "jaxlib")} == {k: pins("jax")[k] for k in ("jax", "jaxlib")}
+    assert keras["torch"] == pins("torch")["torch"]
 
 
 def test_aliases_come_from_the_toml(monkeypatch):

@@ -79,3 +79,12 @@ def test_probe_facts_read_what_the_libraries_report():
 def test_help_names_the_portable_pass():
     out = run_harness("test", "--help")
     assert out.returncode == 0 and "--portable" in out.stdout and "SSE4" in out.stdout
+
+
+def test_every_kernel_library_a_backend_declares_has_a_probe():
+    """The portable pass shows what each backend's kernels run with: a backend.toml naming a library without a
+    probe would show nothing for it."""
+    from common import manifest
+    declared = {lib: name for name in manifest.known() for lib in manifest.load(name).kernels}
+    assert declared and set(declared) <= set(testing.PROBES), {lib: n for lib, n in declared.items() if lib not in testing.PROBES}
+    assert manifest.load("keras").kernels == ("torch", "jax")

@@ -1,0 +1,209 @@
+"""Keras-only behaviour: why the models use their own mean and product layers (Keras's promotion drops float64),
+the float64 math of both strategies against the torch backend's, the fused step of distribution, the data format
+(channels_last) and bf16 (the mixed_bfloat16 dtype policy) levers, what ddp and distribution refuse, the
+environment record, and the worker end to end on both strategies (Keras on torch in ddp's ranks, on jax in
+distribution's process).
+
+Identities are proven in float64 (numerics.IDENTICAL); the float32-only levers are judged against the float32
+rounding measured in the same test. The contract tests (test_contract.py) cover the rest: k devices against one,
+synchronised BatchNorm, torch's running statistics, the gradient of the mean loss."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.backends.conftest import NAME, run_backend_worker
+from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative
+
+pytestmark = pytest.mark.skipif(NAME != "keras", reason="keras backend only")
+BF16_EPSILON = 2.0 ** -7   # bfloat16's spacing at 1 (8 significant bits; float32's is 2 ** -23)
+
+
+def batch(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, n).astype(np.int32)
+
+
+def in_float64(weights: dict) -> dict:
+    return {k: v.astype(np.float64) for k, v in weights.items()}
+
+
+def update_distance(start: dict, a: dict, b: dict) -> float:
+    """|update a - update b| / |update b| (L2 over every weight)."""
+    diff = sum(float(np.sum(((a[k] - start[k]) - (b[k] - start[k])).astype(np.float64) ** 2)) for k in start)
+    norm = sum(float(np.sum((b[k] - start[k]).astype(np.float64) ** 2)) for k in start)
+    return float(np.sqrt(diff / norm))
+
+
+def distribution_trainer(model, k, batch_size, dtype="float64"):
+    """A reset distribution trainer (Keras on jax, this process); a float64 one is used inside computing_in."""
+    from backends.keras import initial_weights
+    from backends.keras.strategies import make_trainer
+    from common.config import RunConfig
+    cfg = RunConfig(backend="keras", strategy="distribution", devices=k, model=model, batch_size=batch_size,
+                    lr=0.1).validate()
+    return make_trainer(cfg, initial_weights(model, 0), dtype)
+
+
+# ------------------------------------------------------------------ float64: why the own layers, and the proof
+
+def test_kerases_own_mean_and_product_drop_float64_which_the_models_layers_keep():
+    """Keras 3's dtype promotion computes ops.mean of float64 values in float32 outside TensorFlow (models.py):
+    the stock GlobalAveragePooling2D and BatchNormalization would make a float64 run float32 halfway. The models'
+    layers keep float64 to the end: their float64 forward pass is float64 and differs from the float32 one."""
+    import keras
+    from backends.keras import initial_weights, models
+    from backends.keras.environment import computing_in
+    x, _ = batch(4)
+    with computing_in("float64"):
+        values = keras.ops.convert_to_tensor(x.astype(np.float64))
+        assert keras.ops.convert_to_numpy(keras.ops.mean(values, axis=(2, 3))).dtype == np.float32
+        assert keras.ops.convert_to_numpy(models._mean(values, (2, 3))).dtype == np.float64
+        model = models.build("resnet18", policy="float64")
+        models.load_canonical(model, in_float64(initial_weights("resnet18", 0)))
+        logits64 = keras.ops.convert_to_numpy(model(values, training=True))
+    model32 = models.build("resnet18")
+    models.load_canonical(model32, initial_weights("resnet18", 0))
+    logits32 = keras.ops.convert_to_numpy(model32(x, training=True))
+    assert logits64.dtype == np.float64 and logits32.dtype == np.float32
+    assert 0 < np.max(np.abs(logits64 - logits32)) < 1e-3 * np.max(np.abs(logits64))
+
+
+@pytest.mark.parametrize("model", ["lenet", "resnet18"])
+def test_float64_gradients_are_the_torch_backends(strategy, model):
+    """One 8-image batch on one device: the loss and every gradient equal the torch backend's float64 ones
+    (torch.nn modules, the reference) to float64 rounding; Keras on torch (ddp's ranks) and on jax alike."""
+    from backends import torch as reference
+    from backends.keras import gradients, initial_weights
+    w = in_float64(initial_weights(model, 0))
+    x, y = batch(8)
+    loss, grads = gradients(strategy, model, 1, w, x, y, dtype="float64")
+    ref_loss, ref_grads = reference.float64_gradients(model, w, x, y)
+    assert {g.dtype for g in grads.values()} == {np.dtype(np.float64)}
+    assert abs(loss - ref_loss) <= IDENTICAL * abs(ref_loss)
+    assert relative(grads, ref_grads) <= IDENTICAL
+
+
+def test_distribution_reduce_gradients_then_update_is_the_fused_step():
+    """step() fuses reduce_gradients() and update() in one compiled call: two ResNet-18 steps of 8 examples on 2
+    devices (float64) give the same losses, weights and running statistics either way."""
+    from backends.keras.environment import computing_in
+    batches = [batch(8, seed=s) for s in range(2)]
+    with computing_in("float64"):
+        fused, halves = distribution_trainer("resnet18", 2, 8), distribution_trainer("resnet18", 2, 8)
+        for x, y in batches:
+            fused_loss, fused_correct = fused.collect([fused.step(x, y)])
+            halves_loss, halves_correct = halves.collect([halves.reduce_gradients(x, y)])
+            assert set(halves.canonical_gradients()) < set(halves.canonical())
+            halves.update()
+            assert abs(halves_loss - fused_loss) <= IDENTICAL * abs(fused_loss) and halves_correct == fused_correct
+        with pytest.raises(RuntimeError, match="reduce_gradients"):
+            halves.update()        # its gradients are applied already
+        assert max_abs_diff(fused.canonical(), fused.weights) > 1e-3
+        assert relative(halves.canonical(), fused.canonical()) <= IDENTICAL
+
+
+# ------------------------------------------------------------------ levers: data format and bf16
+
+def steps_with(strategy, dtype="float32", model="resnet18", **levers):
+    """(start, the weights after one 2-device step of 8 images), from the seed-0 weights."""
+    from backends.keras import initial_weights, train_steps
+    start = initial_weights(model, 0)
+    if dtype == "float64":
+        start = in_float64(start)
+    return start, train_steps(strategy, model, 2, start, [batch(8)], 0.5, dtype=dtype, **levers)
+
+
+def test_channels_last_builds_nhwc_and_takes_the_same_step(strategy):
+    """--channels-last: NHWC layers and batches, a float32 lever: its step is as close to the float64 step as
+    the channels_first one (ResNet-18, so BatchNorm's channel axis moves too)."""
+    from backends.keras import models
+    assert models.build("lenet", data_format="channels_last").input_shape == (None, 28, 28, 1)
+    start, plain = steps_with(strategy)
+    _, exact = steps_with(strategy, dtype="float64")
+    _, nhwc = steps_with(strategy, channels_last=True)
+    assert max_abs_diff(plain, start) > 1e-3
+    assert max_abs_diff(nhwc, exact) <= float32_tolerance((plain, exact))
+
+
+def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same(strategy):
+    """--precision bf16, the mixed_bfloat16 policy: the weights stay float32; LeNet's step is further from the
+    float64 step than float32 rounding (measured here) can take it (bfloat16 really ran), yet within a few
+    bfloat16 roundings of it (the same step, rounded coarser)."""
+    start, fp32 = steps_with(strategy, model="lenet")
+    _, exact = steps_with(strategy, dtype="float64", model="lenet")
+    _, bf16 = steps_with(strategy, model="lenet", precision="bf16")
+    assert {v.dtype for v in bf16.values()} == {np.dtype(np.float32)}
+    assert max_abs_diff(fp32, start) > 1e-3
+    assert max_abs_diff(bf16, exact) > 100 * float32_tolerance((fp32, exact))
+    assert update_distance(start, bf16, exact) <= 4 * BF16_EPSILON
+
+
+def test_bf16_policy_computes_in_bfloat16_and_keeps_variables_float32():
+    import keras
+    from backends.keras import models
+    model = models.build("resnet18", policy=models.policy("bf16", "float32"))
+    assert {v.dtype for v in model.variables} == {"float32"}
+    assert model(np.zeros((2, 1, 28, 28), np.float32), training=False).dtype == "bfloat16"
+    assert keras.config.floatx() == "float32"
+
+
+# ------------------------------------------------------------------ refusals and the environment record
+
+def test_what_each_strategy_refuses_and_why():
+    from backends.keras.strategies import check_supported
+    from common.config import RunConfig
+    from common.loop import Unsupported
+
+    def refused(**kw):
+        with pytest.raises(Unsupported) as e:
+            check_supported(RunConfig(backend="keras", devices=2, **kw).validate())
+        return str(e.value)
+
+    assert "Keras's `synchronized` BatchNormalization is TensorFlow's only" in refused(strategy="ddp", bn="sync")
+    assert "--nodes needs ddp" in refused(strategy="distribution", nodes=2, coordinator="127.0.0.1:29500")
+    assert "TF32 is a mode of NVIDIA tensor cores" in refused(strategy="distribution", precision="tf32")
+    assert "32 CPU devices requested" in refused(strategy="distribution", devices=32, batch_size=32)
+    check_supported(RunConfig(backend="keras", strategy="distribution", devices=2, bn="sync", precision="bf16",
+                              compile=True, channels_last=True, resident_data=True).validate())
+
+
+def test_environment_records_the_framework_under_keras_and_the_levers():
+    from backends.keras import environment
+    from common.config import RunConfig
+    ddp = environment(RunConfig(backend="keras", strategy="ddp", devices=2, precision="bf16",
+                                channels_last=True).validate())
+    assert ddp["libraries"]["keras_backend"] == "torch" and ddp["processes"] == 2
+    assert ddp["precision"]["dtype_policy"] == "mixed_bfloat16" and "autocast" not in ddp["precision"]
+    assert ddp["details"]["data_format"] == "channels_last" and "gloo" in ddp["collective"]
+    dist = environment(RunConfig(backend="keras", strategy="distribution", devices=2, compile=True).validate())
+    assert dist["libraries"]["keras_backend"] == "jax" and dist["processes"] == 1
+    assert dist["precision"]["jax_default_matmul_precision"] == "highest"
+    assert dist["compile"].startswith("inherent") and dist["details"]["data_format"] == "channels_first"
+
+
+# ------------------------------------------------------------------ the worker end to end
+
+def test_worker_trains_and_writes_a_complete_result(tmp_path, strategy):
+    rc, r = run_backend_worker(tmp_path, strategy=strategy, timed_steps=3)
+    assert rc == 0 and r["status"] == "ok", r["error"]
+    assert r["params"] == 129_068 and [e["epoch"] for e in r["epochs"]] == [1, 2]
+    assert all(e["steps"] == 4 and e["images"] == 64 for e in r["epochs"])
+    assert r["epochs"][1]["train_loss"] < r["epochs"][0]["train_loss"]
+    env = r["environment"]
+    assert env["framework"] == "keras" and env["libraries"]["keras_backend"] == {"ddp": "torch"}.get(strategy, "jax")
+    assert len(env["devices"]) == 2
+    assert r["step_time"]["steps"] == 3 and r["allreduce"]["values"] == r["params"]
+
+
+def test_worker_runs_with_the_levers(tmp_path, strategy):
+    """bf16, channels_last and resident data together (and distribution's inherent compile), end to end."""
+    levers = {"precision": "bf16", "channels_last": True, "resident_data": True,
+              "compile": strategy == "distribution"}
+    rc, r = run_backend_worker(tmp_path, strategy=strategy, epochs=1, timed_steps=2, **levers)
+    assert rc == 0 and r["status"] == "ok", r["error"]
+    assert np.isfinite(r["epochs"][0]["train_loss"])
+    env = r["environment"]
+    assert env["levers"] == {**env["levers"], **levers}
+    assert env["precision"]["dtype_policy"] == "mixed_bfloat16" and env["details"]["data_format"] == "channels_last"
