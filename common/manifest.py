@@ -93,6 +93,12 @@ def known() -> tuple[str, ...]:
     return tuple(sorted(names, key=lambda n: (n != "torch", n)))
 
 
+def choices() -> str:
+    """The backends' names for a message: "torch (pytorch), jax, keras (keras3), mxnet, all"."""
+    names = [f"{n} ({', '.join(load(n).aliases)})" if load(n).aliases else n for n in known()]
+    return ", ".join([*names, "all"])
+
+
 def canonical_name(name: str) -> str | None:
     """A backend's name from any of its names (case-insensitive), or None for no backend."""
     name = name.strip().lower()

@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass
 
 from common import config as configlib
+from common import manifest
 from common import weights as weightslib
 from common.config import BN_MODES, COMPILE_MODES, DATASETS, MODELS, PRECISIONS, ConfigError
 
@@ -112,9 +113,10 @@ def _group() -> Parser:
     return Parser(add_help=False)
 
 
-def backends_flags(help: str = "torch (alias pytorch), jax, mxnet, all, or a comma list") -> Parser:
+def backends_flags(help: str = "") -> Parser:
     p = _group()
-    p.add_argument("--backend", type=name_list, default="all", help=help)
+    p.add_argument("--backend", type=name_list, default="all",
+                   help=help or f"{manifest.choices()}, or a comma list (default: all)")
     return p
 
 
@@ -190,8 +192,8 @@ def threads_flags() -> Parser:
 # ------------------------------------------------------------------------------ the run's flags
 
 RUN_DESCRIPTION = ("Train the same ResNet-18 (or LeNet) on the same Fashion-MNIST batches with synchronous "
-                   "data parallelism in PyTorch, JAX and MXNet, time every run with one rule, and write a "
-                   "Markdown report under reports/.")
+                   "data parallelism in PyTorch, JAX, MXNet/Gluon and Keras 3, time every run with one rule, and "
+                   "write a Markdown report under reports/.")
 
 
 def run_parents() -> list[Parser]:
@@ -243,11 +245,13 @@ def run_flags() -> Parser:
                    help="fp32 (TF32 off, set explicitly), tf32 (TF32 matmuls and convolutions; NVIDIA GPUs) or bf16 "
                         "(bfloat16 compute, float32 weights and SGD); backends without it are reported as refused")
     p.add_argument("--compile", action="store_true",
-                   help="torch.compile for torch, hybridize for MXNet; JAX steps are always jit-compiled")
+                   help="torch.compile for torch (and Keras's ddp), hybridize for MXNet; JAX steps (and Keras's "
+                        "distribution) are always jit-compiled")
     p.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
                    help="with --compile, torch only: torch.compile's mode (reduce-overhead: CUDA graphs, GPU only; "
                         "max-autotune: autotuned kernels, long compiles)")
-    p.add_argument("--channels-last", action="store_true", help="torch only: NHWC memory format for model and batches")
+    p.add_argument("--channels-last", action="store_true",
+                   help="NHWC: torch's memory format for model and batches, Keras's channels_last layers and batches")
     p.add_argument("--resident-data", action="store_true",
                    help="copy each epoch's batches to the devices before its timer starts (no host-to-device "
                         "copy inside the timed steps)")

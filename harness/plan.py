@@ -24,13 +24,6 @@ from harness.nodes import Topology
 
 # ------------------------------------------------------------------------- parsing
 
-def choices() -> str:
-    """The backends' names for an error message: "torch (pytorch), jax, mxnet, all"."""
-    names = [f"{n} ({', '.join(manifest.load(n).aliases)})" if manifest.load(n).aliases else n
-             for n in manifest.known()]
-    return ", ".join([*names, "all"])
-
-
 def parse_backends(text: str) -> list[str]:
     names = []
     for part in text.split(","):
@@ -39,7 +32,7 @@ def parse_backends(text: str) -> list[str]:
             continue
         name = manifest.canonical_name(part)
         if name is None:
-            raise UsageError(f"unknown backend {part.strip()!r}; choose from {choices()}")
+            raise UsageError(f"unknown backend {part.strip()!r}; choose from {manifest.choices()}")
         names.append(name)
     return list(dict.fromkeys(names))
 

@@ -2,7 +2,8 @@
 functional API), the same code on either framework Keras runs on here (torch in the ddp ranks, jax otherwise).
 
 Layer names are the canonical module names (common/architectures.py) with "-" for "." (torch, under Keras,
-refuses dots in parameter names): layer `stage2-0-conv3` holds canonical `stage2.0.conv3.weight` and `.bias`. Layouts differ from the canonical ones and are converted here:
+refuses dots in parameter names): layer `stage2-0-conv3` holds canonical `stage2.0.conv3.weight` and `.bias`.
+Layouts differ from the canonical ones and are converted here:
   Conv2D kernel  (kh, kw, in, out)          <->  canonical OIHW (out, in, kh, kw)
   Dense kernel   (in, out)                  <->  canonical (out, in)
   BatchNorm      gamma, beta, moving_mean,  <->  weight, bias, running_mean, running_var
@@ -77,7 +78,8 @@ class BatchNorm(layers.BatchNormalization):
         batch_var = ops.sum(ops.reshape(var, (self.groups, -1)), axis=0) / self.groups * (count / (count - 1))
         m = self.momentum
         self.moving_mean.assign(self.moving_mean * m + ops.cast(batch_mean, self.moving_mean.dtype) * (1 - m))
-        self.moving_variance.assign(self.moving_variance * m + ops.cast(batch_var, self.moving_variance.dtype) * (1 - m))
+        self.moving_variance.assign(self.moving_variance * m +
+                                    ops.cast(batch_var, self.moving_variance.dtype) * (1 - m))
         return ops.cast(y, self.compute_dtype)
 
     def _normalize(self, x, mean, var, channel: int):

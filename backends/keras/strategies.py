@@ -77,7 +77,8 @@ class DDPTrainer(KerasTrainer):
         self.model = models.build(cfg.model, self.policy, self.data_format).to(self.device)
         models.load_canonical(self.model, weights)
         self.trainable = self.model.trainable_variables
-        self.statistics = [v.value for v, kind in models.variables(self.model).values() if kind in ("bn_mean", "bn_var")]
+        self.statistics = [v.value for v, kind in models.variables(self.model).values()
+                           if kind in ("bn_mean", "bn_var")]
         # broadcast_buffers=False: every rank keeps its own BatchNorm statistics (averaged before evaluation),
         # as torch's ddp does. (Keras's non-trainable variables are torch parameters without gradients.)
         with warnings.catch_warnings():
@@ -154,10 +155,11 @@ class DDPTrainer(KerasTrainer):
         correct = total = 0
         with torch.no_grad():
             for x, y in batches:
-                xi = torch.from_numpy(np.ascontiguousarray(self._inputs(x[self.rank::self.n_devices])))
+                x, y = x[self.rank::self.n_devices], np.asarray(y[self.rank::self.n_devices])
+                xi = torch.from_numpy(np.ascontiguousarray(self._inputs(x)))
                 logits = self.model(xi.to(self.device), training=False)
-                correct += int((logits.argmax(1).cpu() == torch.from_numpy(np.asarray(y[self.rank::self.n_devices]))).sum())
-                total += len(y[self.rank::self.n_devices])
+                correct += int((logits.argmax(1).cpu() == torch.from_numpy(y)).sum())
+                total += len(y)
         correct, total = self._all_reduce([correct, total])
         return int(correct), int(total)
 

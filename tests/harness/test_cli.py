@@ -151,7 +151,7 @@ def test_a_lever_one_backend_lacks_makes_its_rows_not_run_and_labels_the_others(
     args = cli.build_parser().parse_args(["--backend", "all", "--gpus", "1", "--precision", "bf16",
                                           "--compile", "--dataset", "synthetic", *CPU])
     plan = cli.build_plan(args)
-    assert {c.backend for c in plan.configs} == {"torch", "jax"}
+    assert {c.backend for c in plan.configs} == {"torch", "jax", "keras"}
     assert {c.variant for c in plan.configs if c.backend == "jax"} == {"pmap[bf16,compile]", "sharding[bf16,compile]"}
     assert all(c.precision == "bf16" and c.compile for c in plan.configs)
     refused = [reason for c, reason in plan.not_run if c.backend == "mxnet"]

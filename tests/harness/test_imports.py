@@ -1,6 +1,6 @@
 """Import contracts (pyproject.toml [tool.importlinter], checked by import-linter's `lint-imports`): the harness and
-common never import a framework, backends never import the harness or each other, common imports neither, and the
-harness's modules have no import cycle. Function-level imports count: a cycle hidden in a function is a cycle."""
+common never import a framework, backends never import the harness or each other (but keras, which imports torch's
+launcher; no backend imports keras), common imports neither, and the harness's modules have no import cycle. Function-level imports count: a cycle hidden in a function is a cycle."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def lint_imports(*args, cwd=ROOT, path=ROOT) -> subprocess.CompletedProcess:
 def test_the_import_contracts_hold():
     out = lint_imports()
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-2000:]
-    assert len(CONTRACTS) == 5
+    assert len(CONTRACTS) == 7
     for name in CONTRACTS:
         assert f"{name} KEPT" in out.stdout, name
 
