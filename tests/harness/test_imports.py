@@ -1,6 +1,7 @@
 """Import contracts (pyproject.toml [tool.importlinter], checked by import-linter's `lint-imports`): the harness and
 common never import a framework, backends never import the harness or each other (but keras, which imports torch's
-launcher; no backend imports keras), common imports neither, and the harness's modules have no import cycle. Function-level imports count: a cycle hidden in a function is a cycle."""
+launcher; no backend imports keras), common imports neither, and the harness's modules have no import cycle.
+Function-level imports count: a cycle hidden in a function is a cycle."""
 
 from __future__ import annotations
 
