@@ -4,9 +4,11 @@ Each suite is a pytest run with a JUnit XML report; the counts are added up and 
 last line printed is `N passed, N failed` (and skipped). Exit status 0 only if nothing
 failed and every suite ran at least one test.
 
-`--portable` runs the backend and cross-backend suites again on one CPU with every
-framework's CPU kernels capped to SSE4.1/SSE4.2 (x86-64-v2, numpy 2's own floor), so that
-a pass says the tests hold on any x86-64 CPU, not only on the one they were written on.
+`--portable` runs the backend and cross-backend tests whose verdict rests on how the CPU kernels
+round (marked `rounding`: a float32 or bf16 tolerance) again, on one CPU with every framework's
+CPU kernels capped to SSE4.1/SSE4.2 (x86-64-v2, numpy 2's own floor), so that a pass says the
+tests hold on any x86-64 CPU, not only on the one they were written on. The other tests judge
+float64 identities, exact copies, processes and records: no kernel's rounding decides them.
 """
 
 from __future__ import annotations
@@ -39,10 +41,11 @@ PORTABLE_ENV = {
     "MKL_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
     "MXNET_CPU_WORKER_NTHREADS": "1",
-    "DPBENCH_PORTABLE": "1",            # the tests of processes and faults, not of kernels, run in the normal pass only
 }
 # Appended to the caller's XLA_FLAGS. A flag XLA does not know aborts jax: these two exist in jaxlib 0.10.2.
 PORTABLE_XLA_FLAGS = "--xla_cpu_max_isa=SSE4_2 --xla_cpu_multi_thread_eigen=false"
+# What the portable pass selects: the tests marked `rounding` (pyproject.toml lists the marker).
+PORTABLE_SELECTION = ["-m", "rounding"]
 
 # One tiny computation per kernel library (a backend.toml's `kernels`), run in each backend's environment with the
 # portable environment and the library's own verbose switches, so that the pass starts by showing what the kernels
@@ -151,11 +154,13 @@ def print_caps(pythons: dict[str, str]) -> None:
             print(f"{name}: {probe(library, python)}" if library != name else probe(library, python), flush=True)
 
 
-def run_suite(title: str, python: str, paths: list[str], env: dict, pytest_args: list[str]) -> Counts:
+def run_suite(title: str, python: str, paths: list[str], env: dict, selection: list[str],
+              pytest_args: list[str]) -> Counts:
+    """One pytest run: the pass's own selection (PORTABLE_SELECTION or none), then the user's arguments."""
     print(f"\n=== {title} ===", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         xml = Path(tmp) / "junit.xml"
-        cmd = [python, "-m", "pytest", *paths, "-q", f"--junitxml={xml}", *pytest_args]
+        cmd = [python, "-m", "pytest", *paths, "-q", f"--junitxml={xml}", *selection, *pytest_args]
         rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
         if not xml.exists():
             print(f"{title}: pytest exited with status {rc} and no report", flush=True)
@@ -174,9 +179,9 @@ def parents() -> list[Parser]:
     """The flags of `python -m harness test`."""
     own = Parser(add_help=False)
     own.add_argument("--portable", action="store_true",
-                     help="run the backend and cross-backend suites (not the harness's) on one CPU with every "
-                          "framework's CPU kernels capped to SSE4.1/SSE4.2 and one thread (torch: "
-                          "ATEN_CPU_CAPABILITY=default, oneDNN SSE41, MKL_CBWR=COMPATIBLE; jax: XLA_FLAGS "
+                     help="run the backend and cross-backend tests whose verdict rests on the kernels' rounding "
+                          "(marked rounding) on one CPU with every framework's CPU kernels capped to SSE4.1/SSE4.2 "
+                          "and one thread (torch: ATEN_CPU_CAPABILITY=default, oneDNN SSE41, MKL_CBWR=COMPATIBLE; jax: XLA_FLAGS "
                           "--xla_cpu_max_isa=SSE4_2; mxnet: oneDNN SSE41, OpenBLAS Nehalem), to show the tests "
                           "pass on any x86-64 CPU; it first prints what each backend's kernels run with")
     own.add_argument("pytest_args", nargs="*", help="passed to pytest (after --), e.g. -- -k split -x")
@@ -194,7 +199,7 @@ def main(args) -> int:
         pin_to_one_cpu()
     else:
         results["harness"] = run_suite("harness (no framework)", sys.executable, ["tests/harness"],
-                                       suite_env({}, False), args.pytest_args)
+                                       suite_env({}, False), [], args.pytest_args)
     backend_pythons: dict[str, str] = {}
     for name in names:
         backend = manifest.load(name)
@@ -205,17 +210,18 @@ def main(args) -> int:
             results[name] = Counts(failed=1)
     if args.portable:
         print_caps(backend_pythons)
+    selection = PORTABLE_SELECTION if args.portable else []
     for name, python in backend_pythons.items():
         own = [f"tests/backends/test_{name}.py"] if (ROOT / "tests" / "backends" / f"test_{name}.py").exists() else []
         results[name] = run_suite(f"{name} (inside its environment)", python, ["tests/backends/test_contract.py", *own],
-                                  suite_env({"DPBENCH_BACKEND": name}, args.portable), args.pytest_args)
+                                  suite_env({"DPBENCH_BACKEND": name}, args.portable), selection, args.pytest_args)
 
     tested = [name for name in names if name in results and results[name].failed == 0]
     if len(tested) >= 2 and not args.pytest_args:
         results["cross"] = run_suite(f"cross-backend ({', '.join(tested)})", sys.executable, ["tests/cross"],
                                      suite_env({"DPBENCH_BACKENDS": ",".join(tested),
                                                 "DPBENCH_PYTHONS": ",".join(f"{k}={v}" for k, v in pythons.items())},
-                                               args.portable), [])
+                                               args.portable), selection, [])
 
     total = Counts()
     print(f"\n=== summary{' (portable: capped CPU kernels, one CPU)' if args.portable else ''} ===")

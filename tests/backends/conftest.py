@@ -18,12 +18,6 @@ NAME = os.environ.get("DPBENCH_BACKEND")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# Tests of processes and faults (a killed node, an absent coordinator), not of CPU kernels: the normal pass runs
-# them; the portable pass, on one CPU, would only run them again, slower.
-not_portable = pytest.mark.skipif(os.environ.get("DPBENCH_PORTABLE") == "1",
-                                  reason="processes and faults, not kernels: run in the normal pass")
-
-
 def pytest_collection_modifyitems(config, items):
     if NAME:
         return

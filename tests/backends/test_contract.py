@@ -14,7 +14,7 @@ import pytest
 from common.loop import Unsupported
 from common.trainer import METHODS, Trainer
 from common.weights import he_scaled
-from tests.backends.conftest import NAME, ROOT, not_portable, run_backend_worker
+from tests.backends.conftest import NAME, ROOT, run_backend_worker
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative, scale
 
 BATCH = 12  # divisible by 1, 2 and 3 devices
@@ -139,6 +139,7 @@ def declared_bn_modes(meta, strategy) -> list[str]:
     return list(meta.strategies[strategy].bn)
 
 
+@pytest.mark.rounding
 def test_float64_runs_in_float64_and_leaves_float32_alone(backend, strategy):
     """dtype="float64" computes in float64, and a float32 call after it is the same as before it."""
     w = backend.initial_weights("lenet", 0)
@@ -162,6 +163,7 @@ def test_k_device_step_equals_one_device_step(backend, strategy):
     assert relative(two, one) <= IDENTICAL
 
 
+@pytest.mark.rounding
 def test_k_device_step_in_float32_is_within_float32_rounding(backend, strategy):
     """The same in float32, judged against float32's own distance from float64 on this machine."""
     one32, two32 = (steps(backend, strategy, k, dtype="float32") for k in (1, 2))
@@ -330,7 +332,6 @@ def _survivors(marker: str) -> list[str]:
     return [pid for pid in found if int(pid) != __import__("os").getpid()]
 
 
-@not_portable
 def test_a_node_killed_mid_run_fails_the_run_with_its_error_and_ends_every_process(meta, tmp_path):
     """Loopback nodes through the harness on the real engine: SIGKILL node 1's process group (a host lost)
     during training; the run is a failed row naming node 1, the report is written, and no process of any node

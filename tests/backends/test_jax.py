@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.backends.conftest import NAME, not_portable, run_backend_worker
+from tests.backends.conftest import NAME, run_backend_worker
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative, scale
 
 pytestmark = pytest.mark.skipif(NAME != "jax", reason="jax backend only")
@@ -309,6 +309,7 @@ def test_batchnorm_reduces_the_activations_no_more_often_than_flax():
         assert ours == flax_bn and ours["reduce_sum"] == 2, (axis, ours, flax_bn)
 
 
+@pytest.mark.rounding
 def test_bf16_batchnorm_keeps_its_statistics_in_float32():
     """bfloat16 activations: the statistics are reduced in float32 (as flax does), so they are as close to
     float64 as the float32 statistics of the same values, and the output stays bfloat16."""
@@ -378,6 +379,7 @@ def update_distance(start: dict, a: dict, b: dict) -> float:
 BF16_EPSILON = 2.0 ** -7   # bfloat16's spacing at 1 (8 significant bits; float32's is 2 ** -23)
 
 
+@pytest.mark.rounding
 def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same(strategy):
     """--precision bf16: LeNet's 2-device step computes in bfloat16, while the parameters and optimizer
     state stay float32. Not the same step: it is further from the float64 step than float32 rounding
@@ -777,6 +779,7 @@ def in_process(strategy, k, weights, batches, dtype) -> dict:
             **{f"final|{n}": v for n, v in trace["final"].items()}}
 
 
+@pytest.mark.rounding
 def test_two_nodes_of_one_device_are_one_process_of_two_devices_and_one_device(tmp_path, strategy):
     """2 loopback nodes x 1 device (jax.distributed) against 1 process x 2 devices and 1 device with the whole
     batch: the same loss, gradients, weights and losses in float64; every node the same values; float32
@@ -805,7 +808,6 @@ def node_config(tmp_path, rank, coordinator, **overrides) -> dict:
             "timed_steps": 2, "nodes": 2, "node_rank": rank, "coordinator": coordinator, **overrides}
 
 
-@not_portable
 def test_a_node_that_cannot_reach_the_coordinator_fails_with_its_address(tmp_path):
     import json
     from tests.backends.nodes import finish, refused_port, start_nodes

@@ -11,7 +11,6 @@ synchronised BatchNorm, torch's running statistics, the gradient of the mean los
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 import pytest
@@ -117,6 +116,7 @@ def steps_with(strategy, model, dtype="float32", **levers):
     return start, train_steps(strategy, model, 2, start, [batch(8)], 0.5, dtype=dtype, **levers)
 
 
+@pytest.mark.rounding
 def test_channels_last_builds_nhwc_and_takes_the_same_step(strategy):
     """--channels-last: NHWC layers and batches, a float32 lever: LeNet's step (which flattens in torch's C, H, W
     order) is as close to the float64 step as the channels_first one. ResNet-18 built NHWC takes the canonical
@@ -133,6 +133,7 @@ def test_channels_last_builds_nhwc_and_takes_the_same_step(strategy):
     assert max_abs_diff(nhwc, exact) <= float32_tolerance((plain, exact))
 
 
+@pytest.mark.rounding
 def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same(strategy):
     """--precision bf16, the mixed_bfloat16 policy: the weights stay float32; LeNet's step is further from the
     float64 step than float32 rounding (measured here) can take it (bfloat16 really ran), yet within a few
@@ -146,8 +147,7 @@ def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same(strategy):
     assert update_distance(start, bf16, exact) <= 4 * BF16_EPSILON
 
 
-# Normal pass only: TorchInductor generates C++ for the CPU it finds, which the portable caps do not reach.
-@pytest.mark.skipif(os.environ.get("DPBENCH_PORTABLE") == "1", reason="Inductor's own code, not the capped kernels")
+# Not marked `rounding`: TorchInductor compiles its own C++ with -march=native, which the portable caps do not reach.
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inside inductor
 def test_ddp_compiled_step_is_as_close_to_the_float64_step_as_the_eager_one():
     """--compile on ddp: torch.compile of the DDP-wrapped Keras model (a float32 lever)."""

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.backends.conftest import NAME, not_portable, run_backend_worker
+from tests.backends.conftest import NAME, run_backend_worker
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative, scale
 
 pytestmark = pytest.mark.skipif(NAME != "mxnet", reason="mxnet backend only")
@@ -109,6 +109,7 @@ def test_a_step_applies_exactly_the_returned_gradients(name):
     assert relative(stepped, manual_sgd_step(start, grads, 0.1)) <= IDENTICAL
 
 
+@pytest.mark.rounding
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
 def test_a_float32_step_applies_the_returned_gradients(name):
     """The same in float32, where gluon's Trainer runs MXNet's own sgd kernel: within 3x the distance
@@ -532,6 +533,7 @@ def stored(arrays: dict, strategy: str, dtype: str) -> dict:
     return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
 
 
+@pytest.mark.rounding
 def test_gluon_on_two_nodes_is_the_one_process_step(tmp_path):
     """2 nodes x 1 device (dist_sync) against 1 process x 2 devices and 1 device with the whole batch: loss,
     gradients, the weights after the first and last step, every step's loss; every node stores the same.
@@ -572,7 +574,6 @@ def node_run(tmp_path, rank, coordinator, **overrides) -> dict:
     return cfg
 
 
-@not_portable
 def test_a_node_without_its_coordinator_fails_naming_the_address(tmp_path):
     from tests.backends.nodes import finish, refused_port, start_nodes
     coordinator = f"127.0.0.1:{refused_port()}"

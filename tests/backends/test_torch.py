@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.backends.conftest import NAME, not_portable, run_backend_worker
+from tests.backends.conftest import NAME, run_backend_worker
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative
 
 pytestmark = pytest.mark.skipif(NAME != "torch", reason="torch backend only")
@@ -157,6 +157,7 @@ def test_ddp_resident_data_takes_the_same_steps():
     assert relative(staged, plain) <= IDENTICAL
 
 
+@pytest.mark.rounding
 def test_channels_last_takes_the_same_step_in_nhwc():
     """NHWC exists in float32 only: its steps are as close to the float64 steps as the plain float32 ones."""
     import torch
@@ -172,6 +173,7 @@ def test_channels_last_takes_the_same_step_in_nhwc():
     assert max_abs_diff(nhwc, exact) <= float32_tolerance((plain, exact))
 
 
+# Not marked `rounding`: TorchInductor compiles its own C++ with -march=native, which the portable caps do not reach.
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inside inductor
 def test_compiled_step_equals_the_eager_step():
     """torch.compile exists in float32 only: its step is as close to the float64 step as the eager one."""
@@ -188,6 +190,7 @@ def test_compiled_step_equals_the_eager_step():
 BFLOAT16_UNIT_ROUNDOFF = 2.0 ** -8   # bfloat16 keeps 8 significant bits
 
 
+@pytest.mark.rounding
 def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same():
     """Autocast computes forward and loss in bfloat16; weights, gradients and SGD stay float32. Its update
     is off the float64 update by far more than float32 rounding (bfloat16 really ran), yet by only a few
@@ -493,6 +496,7 @@ def flat_parts(parts: dict) -> dict:
     return {f"{p}|{n}": v for p, named in parts.items() for n, v in named.items()}
 
 
+@pytest.mark.rounding
 @pytest.mark.parametrize("name", engine_strategies())
 def test_two_nodes_take_the_step_of_one_process_and_of_one_device(tmp_path, name):
     """2 nodes x 1 device (a check job on loopback nodes) = 1 process x 2 devices = 1 device holding the whole
@@ -530,7 +534,6 @@ def node_config(**overrides) -> dict:
             "dataset": "synthetic", "timed_steps": 2, **overrides}
 
 
-@not_portable
 def test_a_node_that_cannot_reach_the_coordinator_fails_naming_it(tmp_path):
     """Node 1 of 2 alone, its coordinator refusing connections: the rendezvous gives up within the run's
     timeout and the result says which address it could not reach."""

@@ -27,6 +27,7 @@ def harness(*args: str) -> subprocess.CompletedProcess:
                           env=worker_env(), timeout=1500)
 
 
+@pytest.mark.rounding
 def test_equivalence_check_passes_for_lenet():
     out = harness("check", "--backend", ",".join(BACKENDS), "--device", "cpu", "--gpus", "1,2", "--model", "lenet",
                   "--bn", "local", "--steps", "3", "--batch-size", "8", "--dataset", "synthetic")
@@ -56,6 +57,7 @@ def test_equivalence_check_passes_on_the_gpu():
     assert any("| torch |" in r for r in ran) and any("| jax |" in r for r in ran), rows
 
 
+@pytest.mark.rounding
 def test_checkpoint_from_one_backend_evaluates_the_same_everywhere(tmp_path):
     common = ["--device", "cpu", "--model", "lenet", "--dataset", "synthetic", "--test-size", "200", "--quiet",
               "--no-check"]

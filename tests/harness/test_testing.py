@@ -89,3 +89,39 @@ def test_every_kernel_library_a_backend_declares_has_a_probe():
     missing = {lib: name for lib, name in declared.items() if lib not in testing.PROBES}
     assert declared and not missing, missing
     assert manifest.load("keras").kernels == ("torch", "jax")
+
+
+def suites_run(monkeypatch, portable: bool, pytest_args=()) -> dict[str, list[str]]:
+    """`python -m harness test` for torch and jax with the suites not run: each suite's title and the pytest
+    arguments after its test paths."""
+    from argparse import Namespace
+    calls = {}
+
+    def run_suite(title, python, paths, env, selection, user_args):
+        calls[title.split(" ")[0]] = [*selection, *user_args]
+        return testing.Counts(passed=1)
+    monkeypatch.setattr(testing, "run_suite", run_suite)
+    monkeypatch.setattr(testing, "print_caps", lambda pythons: None)
+    monkeypatch.setattr(testing, "pin_to_one_cpu", lambda: None)
+    monkeypatch.setattr(testing.envs, "ensure", lambda name, requirements: f"python-{name}")
+    args = Namespace(backend="torch,jax", python=[], portable=portable, pytest_args=list(pytest_args))
+    assert testing.main(args) == 0
+    return calls
+
+
+def test_the_portable_pass_runs_the_rounding_tests_of_each_backend_and_across_them(monkeypatch):
+    assert suites_run(monkeypatch, True) == {"torch": ["-m", "rounding"], "jax": ["-m", "rounding"],
+                                             "cross-backend": ["-m", "rounding"]}
+    assert suites_run(monkeypatch, False) == {"harness": [], "torch": [], "jax": [], "cross-backend": []}
+    assert suites_run(monkeypatch, True, ["-k", "split"])["torch"] == ["-m", "rounding", "-k", "split"]
+
+
+def test_the_contract_marks_rounding_tests_so_every_backends_portable_suite_runs_some():
+    """The portable pass selects `-m rounding`; a backend suite that selected nothing would count as a failure.
+    The contract, run for every backend, holds float32 claims, and the marker is registered (--strict-markers)."""
+    import ast
+    tree = ast.parse((ROOT / "tests" / "backends" / "test_contract.py").read_text())
+    marked = [f.name for f in tree.body if isinstance(f, ast.FunctionDef)
+              and any(ast.unparse(d) == "pytest.mark.rounding" for d in f.decorator_list)]
+    assert "test_k_device_step_in_float32_is_within_float32_rounding" in marked
+    assert "rounding:" in (ROOT / "pyproject.toml").read_text()
