@@ -181,9 +181,9 @@ def parents() -> list[Parser]:
     own.add_argument("--portable", action="store_true",
                      help="run the backend and cross-backend tests whose verdict rests on the kernels' rounding "
                           "(marked rounding) on one CPU with every framework's CPU kernels capped to SSE4.1/SSE4.2 "
-                          "and one thread (torch: ATEN_CPU_CAPABILITY=default, oneDNN SSE41, MKL_CBWR=COMPATIBLE; jax: XLA_FLAGS "
-                          "--xla_cpu_max_isa=SSE4_2; mxnet: oneDNN SSE41, OpenBLAS Nehalem), to show the tests "
-                          "pass on any x86-64 CPU; it first prints what each backend's kernels run with")
+                          "and one thread (torch: ATEN_CPU_CAPABILITY=default, oneDNN SSE41, MKL_CBWR=COMPATIBLE; "
+                          "jax: XLA_FLAGS --xla_cpu_max_isa=SSE4_2; mxnet: oneDNN SSE41, OpenBLAS Nehalem), to show "
+                          "the tests pass on any x86-64 CPU; it first prints what each backend's kernels run with")
     own.add_argument("pytest_args", nargs="*", help="passed to pytest (after --), e.g. -- -k split -x")
     return [backends_flags("backends whose tests to run (comma list, or all, or none)"),
             python_flags("use this interpreter for BACKEND's tests instead of .venvs/BACKEND/"), own]
