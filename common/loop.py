@@ -183,13 +183,14 @@ def prefetched(trainer: Trainer, batches: Iterable, depth: int) -> Iterable:
 
 
 def step_statistics(seconds: list[float], batch_size: int) -> dict | None:
-    """Median and spread (10th and 90th percentiles) of the timed steps."""
+    """Median and spread (10th and 90th percentiles) of the timed steps, and every step's seconds (the samples
+    `harness compare` tests)."""
     if not seconds:
         return None
     median = float(np.median(seconds))
     return {"steps": len(seconds), "median_s": median, "p10_s": float(np.percentile(seconds, 10)),
             "p90_s": float(np.percentile(seconds, 90)), "min_s": min(seconds), "max_s": max(seconds),
-            "images_per_s": batch_size / median}
+            "images_per_s": batch_size / median, "samples_s": [float(s) for s in seconds]}
 
 
 ALLREDUCE_REPEATS = 10

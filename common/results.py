@@ -115,6 +115,7 @@ class StepTime(_Record):
     min_s: float | None = None
     max_s: float | None = None
     images_per_s: float | None = None
+    samples_s: list[float] | None = None     # every timed step's seconds (absent from results written before)
     extra: dict = field(default_factory=dict)
 
 
@@ -167,6 +168,7 @@ class Result:
     test_examples: int | None = None
     train_examples: int | None = None
     log: str | None = None                             # set by the harness: logs/<run>.log
+    trial: int | None = None                           # set by the harness with --repeat: 1, 2, ... (else None)
     extra: dict = field(default_factory=dict)          # top-level fields this version does not know
 
     PARTS = {"step_time": StepTime, "allreduce": Allreduce, "memory": Memory, "saved_weights": SavedWeights}
@@ -330,6 +332,8 @@ def result_problem(result, config: dict | None = None) -> str | None:
     if not isinstance(environment.get("devices") or [], list) or \
             not isinstance(environment.get("precision") or {}, dict):
         return "environment.devices or environment.precision has the wrong type"
+    if result.get("trial") is not None and not (type(result["trial"]) is int and result["trial"] >= 1):
+        return "trial is not a positive whole number"
     return _metrics_problem(result) if result["status"] == "ok" else None
 
 
@@ -378,6 +382,9 @@ def _metrics_problem(result: dict) -> str | None:
         if not all(_number(part.get(k)) for k in required[name]) or \
                 not all(part.get(k) is None or _number(part[k]) for k in optional[name]):
             return f"{name} lacks a field or has one that is not a number"
+    samples = (result.get("step_time") or {}).get("samples_s")
+    if samples is not None and not (isinstance(samples, list) and all(_number(s) and s > 0 for s in samples)):
+        return "step_time.samples_s is not a list of positive numbers"
     return None
 
 

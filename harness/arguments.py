@@ -261,6 +261,10 @@ def run_flags() -> Parser:
     p.add_argument("--timed-steps", type=int, default=None,
                    help="steps timed one by one after training, for the step-time median and spread "
                         "(default: the preset's; 0 skips them and the allreduce figure)")
+    p.add_argument("--repeat", type=int, default=1, metavar="K",
+                   help="train each configuration K times, each in a fresh process, trials interleaved; the report "
+                        "gives the median and range over the trials kept (default 1). `compare` tests the "
+                        "step-time samples of every trial")
     p.add_argument("--option", action="append", type=nonempty, default=[], metavar="NAME=VALUE[,VALUE]",
                    help="a backend-specific option declared in its backend.toml (see `list`), e.g. kvstore=local; "
                         "several values run one variant each, e.g. hybridize=on,off")

@@ -1,4 +1,4 @@
-"""`python -m harness`: the command line (subcommands run, check, test, list) and the benchmark run:
+"""`python -m harness`: the command line (subcommands run, check, test, list, compare, report) and the benchmark run:
 every planned (backend, strategy, devices) run in turn, then the report.
 
 Without a subcommand the flags are `run`'s: `python -m harness --backend jax --gpus 2` is
@@ -13,14 +13,14 @@ import time
 from pathlib import Path
 
 from common import manifest
-from harness import arguments, check, envs, interrupts, report, runner, tables, testing
+from harness import arguments, check, compare, envs, interrupts, report, runner, tables, testing
 from harness.arguments import HelpFormatter, Parser, UsageError
 from harness.plan import Devices, Plan, build_plan, choose_devices, parse_pythons
 
 # The names tests and tools reach through this module (the benchmark's entry points).
 __all__ = ["COMMANDS", "UsageError", "build_parser", "build_plan", "choose_devices", "main", "parse_pythons"]
 
-COMMANDS = ("run", "check", "test", "list")
+COMMANDS = ("run", "check", "test", "list", "compare", "report")
 
 EPILOG = ("`python -m harness COMMAND --help` shows a subcommand's flags. Examples: "
           "`python -m harness --backend torch --gpus 2`, `python -m harness --backend all --gpus 1,2 --strategy "
@@ -44,6 +44,12 @@ def build_parser() -> Parser:
     sub.add_parser("list", parents=arguments.list_parents(), formatter_class=HelpFormatter,
                    help="show the backends, strategies and devices (as --list)",
                    description="Show the devices that would run, and every backend's strategies, options and levers.")
+    sub.add_parser("compare", parents=compare.parents(), formatter_class=HelpFormatter,
+                   help="compare runs: the change per configuration, significance, exit 1 on a regression",
+                   description=compare.DESCRIPTION)
+    sub.add_parser("report", parents=report.parents(), formatter_class=HelpFormatter,
+                   help="re-render a report from its results.json, or export its summary table",
+                   description=report.DESCRIPTION)
     return p
 
 
@@ -87,11 +93,11 @@ def backend_python(name: str, plan: Plan, say) -> str:
 
 
 def execute(plan: Plan, workdir: Path, console: runner.Console, results: list[dict]) -> None:
-    """Run the planned configs in order, appending each one's result to `results` as it ends; never lets
-    one failure stop the others. An interrupt propagates: `results` then holds the runs that finished,
-    and plan.configs[len(results):] are the ones that did not."""
+    """Run the planned runs (plan.runs: each config, and each trial with --repeat) in order, appending each one's
+    result to `results` as it ends; never lets one failure stop the others. An interrupt propagates: `results`
+    then holds the runs that finished, and plan.runs[len(results):] are the ones that did not."""
     pythons: dict[str, str | Exception] = {}
-    for cfg in plan.configs:
+    for cfg, trial in plan.runs:
         if cfg.backend not in pythons:
             try:
                 pythons[cfg.backend] = backend_python(cfg.backend, plan, console.say)
@@ -99,11 +105,16 @@ def execute(plan: Plan, workdir: Path, console: runner.Console, results: list[di
                 pythons[cfg.backend] = e
         python = pythons[cfg.backend]
         if isinstance(python, Exception):
-            result = runner.not_run_result(cfg, "failed", f"environment setup failed: {python}")
+            result = not_run(cfg, trial, "failed", f"environment setup failed: {python}")
             console.finished(cfg, result)
         else:
-            result = runner.run(cfg, python, workdir, console)
+            result = runner.run(cfg, python, workdir, console, trial)
         results.append(result)
+
+
+def not_run(cfg, trial: int | None, status: str, reason: str) -> dict:
+    result = runner.not_run_result(cfg, status, reason)
+    return result if trial is None else {**result, "trial": trial}
 
 
 def run_benchmark(args, argv: list[str]) -> int:
@@ -158,7 +169,7 @@ def run_all(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path
         cfg0 = (plan.configs or [c for c, _ in plan.not_run])[0]
         console.say(f"Preset: {plan.preset}: {cfg0.model}, {cfg0.epochs} epoch(s), "
                     f"train {cfg0.train_size or 'all'} / test {cfg0.test_size or 'all'} images; "
-                    f"{len(plan.configs)} run(s)")
+                    f"{len(plan.runs)} run(s)" + (f" ({plan.repeat} trials each)" if plan.repeat > 1 else ""))
         if args.check:
             meta["equivalence"] = {"interrupted": True}   # replaced by the table if the check finishes
             meta["equivalence"] = check.equivalence(plan, console.say, workdir / "logs")
@@ -167,7 +178,7 @@ def run_all(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path
         why = f"interrupted by {e}" if str(e) else "interrupted by the user"
         console.say(f"Interrupted ({str(e) or 'SIGINT'}): writing the report with the runs finished so far")
         # execute() appends one result per config, in order: the rest never finished
-        finished += [runner.not_run_result(cfg, "interrupted", why) for cfg in plan.configs[len(finished):]]
+        finished += [not_run(cfg, trial, "interrupted", why) for cfg, trial in plan.runs[len(finished):]]
     return results + finished
 
 
@@ -189,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parse(argv)
         if args.command == "test":
             return testing.main(args)
+        if args.command == "compare":
+            return compare.main(args)
+        if args.command == "report":
+            return report.main(args)
         with interrupts.handled():   # SIGTERM and SIGHUP stop the harness the way Ctrl-C does
             try:
                 if args.command == "check":

@@ -21,6 +21,8 @@ from harness import nodes as nodelib
 from harness.arguments import PRESETS, Preset, UsageError, check_shared
 from harness.nodes import Topology
 
+MAX_REPEAT = 100     # --repeat: trials of each configuration
+
 
 # ------------------------------------------------------------------------- parsing
 
@@ -119,6 +121,16 @@ class Plan:
     gpus: list[str] = field(default_factory=list)
     detection: str = ""          # how the GPUs were found, or why the devices are simulated
     data_source: str = ""
+    repeat: int = 1              # trials of each config (--repeat)
+
+    @property
+    def runs(self) -> list[tuple[RunConfig, int | None]]:
+        """What runs, in order: each config with its trial number (None without --repeat). Trials are interleaved
+        (every config's first trial, then every second one, ...) so that a slow spell of the host is spread over
+        the configurations instead of falling on one."""
+        if self.repeat == 1:
+            return [(cfg, None) for cfg in self.configs]
+        return [(cfg, trial) for trial in range(1, self.repeat + 1) for cfg in self.configs]
 
 
 @dataclass
@@ -293,8 +305,10 @@ def build_plan(args) -> Plan:
     data_dir, data_source, sizes = resolve_data(args)
     check_subset_sizes(args, sizes)
 
+    if not 1 <= args.repeat <= MAX_REPEAT:
+        raise UsageError(f"--repeat must be between 1 and {MAX_REPEAT} (got {args.repeat})")
     plan = Plan(backends=backends, pythons=pythons, device_kind=kind, gpus=gpus, detection=devices.why,
-                data_source=data_source, preset=preset.title, topology=topology)
+                data_source=data_source, preset=preset.title, topology=topology, repeat=args.repeat)
     for name in names:
         for strategy, reason in strategies[name]:   # (none: no asked strategy is this backend's)
             reason = reason or refused.get(name)
@@ -319,9 +333,9 @@ def check_weights_flags(args, plan: Plan) -> None:
             raise UsageError(str(e)) from None
     if args.save_weights is None:
         return
-    if len(plan.configs) != 1:
-        raise UsageError(f"--save-weights needs exactly one run (this request has {len(plan.configs)}): "
-                         "choose one --backend, --strategy and --gpus count")
+    if len(plan.runs) != 1:
+        raise UsageError(f"--save-weights needs exactly one run (this request has {len(plan.runs)}): "
+                         "choose one --backend, --strategy and --gpus count, without --repeat")
     if plan.configs[0].epochs == 0:
         raise UsageError("--save-weights with --epochs 0: nothing is trained to save "
                          "(the loaded weights are already in the --load-weights file)")

@@ -10,16 +10,22 @@ overwritten, and two runs started in the same second get different run ids (a su
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from common.results import SCHEMA_VERSION, Result, write_json_atomic
+from common.results import SCHEMA_VERSION, Result, load_results_json, publish, write_json_atomic
+from harness.arguments import Parser, UsageError
 from harness.plots import plot_accuracy, plot_throughput
 from harness.sections import (D2L_REFERENCE, devices_line, environment_section, equivalence_section, hashes_section,
                               input_line, nodes_section, precision_line)
-from harness.tables import accuracy_table, as_results, failures, steps_table, summary_table, table, with_scaling
+from harness.tables import (accuracy_table, as_results, failures, steps_table, summary_records, summary_table, table,
+                            trials_table, with_scaling)
 
 
 class Staging:
@@ -108,6 +114,13 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
           "evaluation and data shuffling excluded). Speed-up and efficiency: images/s against the 1-device run "
           "of the same backend and strategy in this report (efficiency = speed-up / devices). "
           "Test acc: after the last epoch.", ""]
+    trials = trials_table(rows)
+    if trials:
+        L += ["## Trials", ""] + trials + [""]
+        L += ["Each configuration ran in several fresh processes (--repeat). The summary gives the median over the "
+              "trials kept and, beside images/s, their range; a trial that did not finish is dropped, and of five "
+              "or more finished trials the fastest and the slowest are dropped too (MLPerf's rule). The step "
+              "statistics pool every timed step of the kept trials.", ""]
     L += nodes_section(rows, meta.get("topology", ""))
     steps = steps_table(rows)
     if steps:
@@ -172,3 +185,69 @@ def write(directory: Path, results: list[dict | Result], meta: dict) -> None:
     runs = directory / "runs"
     if runs.exists():
         shutil.rmtree(runs)  # configs and results are in results.json
+
+
+# ------------------------------------------------------------------------ `python -m harness report DIR`
+
+DESCRIPTION = ("Re-render a report's report.md and plots from its results.json (after the report format changed), "
+               "or, with --format, print its summary table as CSV, JSON or Markdown.")
+FORMATS = ("md", "csv", "json")
+
+
+def parents() -> list[Parser]:
+    p = Parser(add_help=False)
+    p.add_argument("directory", metavar="DIR", help="a report directory (holding results.json)")
+    p.add_argument("--format", choices=FORMATS, default=None,
+                   help="print the summary table in this format instead of re-rendering the report")
+    return [p]
+
+
+def export(results: list[Result], form: str) -> str:
+    """The summary table as text: md (the report's table), csv (a header and a line per configuration) or json."""
+    rows = with_scaling(results)
+    if form == "md":
+        return "\n".join(summary_table(rows)) + "\n"
+    records = summary_records(rows)
+    if form == "json":
+        return json.dumps(records, indent=2) + "\n"
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(records[0]) if records else ["backend"], lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(records)
+    return out.getvalue()
+
+
+def rerender(directory: Path, results: list[Result], meta: dict) -> None:
+    """report.md and the plots written anew beside results.json, which is left as it is (the raw numbers)."""
+    rows = with_scaling(results)
+    plots = {"accuracy": plot_accuracy(rows, directory / "accuracy.png"),
+             "throughput": plot_throughput(rows, directory / "throughput.png")}
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".report.md.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(render(results, meta, plots))
+        publish(tmp, directory / "report.md")
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def main(args) -> int:
+    """`python -m harness report`, its flags parsed (cli.build_parser)."""
+    directory = Path(args.directory)
+    try:
+        results, meta = load_results_json(directory)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if args.format:
+        print(export(results, args.format), end="")
+        return 0
+    if not directory.is_dir():
+        raise UsageError(f"{directory} is a file: re-rendering needs the report directory (or use --format)")
+    try:
+        rerender(directory, results, meta)
+    except OSError as e:
+        raise UsageError(f"cannot write the report in {directory}: {e.strerror or e}") from None
+    print(f"Report: {directory / 'report.md'}")
+    return 0

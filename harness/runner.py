@@ -225,13 +225,22 @@ def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout:
     return [(None if i in overdue else p.returncode, outputs[i], ended.get(i, now)) for i, p in enumerate(procs)]
 
 
-def run(cfg: RunConfig, python: str, workdir: Path, console: Console) -> dict:
+def run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: int | None = None) -> dict:
     """One worker run (one process per node of this host): config file in, result file out, output logged to
     workdir/logs/. With several nodes, node 0's result is the run's, failed with the first failing node's error
-    if any failed."""
+    if any failed. `trial` (--repeat) names the log and is recorded in the result."""
+    result = _run(cfg, python, workdir, console, trial)
+    if trial is not None:
+        result["trial"] = trial
+    return result
+
+
+def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: int | None) -> dict:
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{cfg.backend}-{cfg.variant}-x{cfg.devices}").strip("-")
     if cfg.nodes > 1:
         name += f"-{cfg.nodes}nodes"
+    if trial is not None:
+        name += f"-trial{trial}"
     (workdir / "runs").mkdir(parents=True, exist_ok=True)
     (workdir / "logs").mkdir(parents=True, exist_ok=True)
     if cfg.nodes > 1 and cfg.loopback_nodes:

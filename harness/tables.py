@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from dataclasses import dataclass
 
 from common import manifest
 from common.results import Result
+from harness.trials import Trials, group
 
 STATUS_NOTE = {
     "failed": "failed", "timeout": "timed out", "diverged": "diverged",
@@ -32,7 +34,8 @@ def devices_cell(c, simulated: bool = True) -> str:
 
 @dataclass
 class Row:
-    """One run with its summary numbers; speed-up and efficiency against the 1-device run of its variant."""
+    """One configuration with its summary numbers (the medians over its kept trials; with one trial, that run's)
+    and speed-up and efficiency against the 1-device row of its variant. `result` is the representative trial."""
     result: Result
     sec_per_epoch: float | None = None
     images_per_s: float | None = None
@@ -40,6 +43,11 @@ class Row:
     train_loss: float | None = None
     speedup: float | None = None
     efficiency: float | None = None
+    trials: Trials | None = None
+
+    @property
+    def repeated(self) -> bool:
+        return self.trials is not None and len(self.trials.runs) > 1
 
 
 def baseline(r: Result) -> tuple:
@@ -54,20 +62,19 @@ def baseline(r: Result) -> tuple:
 
 
 def with_scaling(results: list[Result]) -> list[Row]:
-    """Attach summary numbers, speed-up and efficiency against the 1-device run of the same backend/strategy."""
+    """One row per configuration (its trials grouped: harness/trials.py), with summary numbers, and speed-up and
+    efficiency against the 1-device row of the same backend/strategy."""
     rows = []
-    base = {}
-    for r in results:
-        s = r.summary() if r.ok else {}
-        if s.get("images_per_s") and r.config.devices == 1 and r.config.nodes == 1:
-            base[baseline(r)] = s["images_per_s"]
-    for r in results:
-        s = r.summary() if r.ok else {}
-        b = base.get(baseline(r))
-        if s.get("images_per_s") and b:
-            s["speedup"] = s["images_per_s"] / b
-            s["efficiency"] = s["speedup"] / r.config.devices
-        rows.append(Row(r, **s))
+    for t in group(results):
+        figures = {name: t.median(name) for name in ("sec_per_epoch", "images_per_s", "test_acc", "train_loss")}
+        rows.append(Row(t.representative(), **{k: v for k, v in figures.items() if v is not None}, trials=t))
+    base = {baseline(row.result): row.images_per_s for row in rows
+            if row.images_per_s and row.result.config.devices == 1 and row.result.config.nodes == 1}
+    for row in rows:
+        b = base.get(baseline(row.result))
+        if row.images_per_s and b:
+            row.speedup = row.images_per_s / b
+            row.efficiency = row.speedup / row.result.config.devices
     rows.sort(key=lambda row: key(row.result))
     return rows
 
@@ -92,24 +99,53 @@ def peak_memory(r: Result) -> str:
     return "—"
 
 
+def images_cell(row: Row) -> str:
+    """images/s; with several trials the median and the kept trials' range."""
+    cell = fmt(row.images_per_s, ".1f")
+    spread = row.trials.spread("images_per_s") if row.repeated else None
+    return f"{cell} ({spread[0]:.1f}–{spread[1]:.1f})" if spread and len(row.trials.kept) > 1 else cell
+
+
+def trials_cell(row: Row) -> str:
+    t = row.trials
+    return f"{len(t.kept)} of {len(t.runs)}" if t else "1 of 1"
+
+
+SUMMARY_HEADER = ["backend", "strategy", "devices", "batch", "lr", "s/epoch", "images/s", "speed-up",
+                  "efficiency", "test acc", "warm-up s", "peak mem MB", "params"]
+
+
+def summary_cells(row: Row, repeated: bool) -> list[str]:
+    r, c = row.result, row.result.config
+    cells = [c.backend, c.variant, devices_cell(c), str(c.batch_size), f"{c.lr:g}",
+             fmt(row.sec_per_epoch, ".2f"), images_cell(row), fmt(row.speedup, ".2f"), fmt(row.efficiency, ".0%"),
+             fmt(row.test_acc, ".4f"), fmt(r.compile_s, ".2f"), peak_memory(r), fmt(r.params, ",")]
+    return cells + ([trials_cell(row)] if repeated else [])
+
+
 def summary_table(rows: list[Row]) -> list[str]:
-    body = []
-    for row in rows:
-        r = row.result
-        if not r.ok:
-            continue
-        c = r.config
-        body.append([
-            c.backend, c.variant, devices_cell(c),
-            str(c.batch_size), f"{c.lr:g}",
-            fmt(row.sec_per_epoch, ".2f"), fmt(row.images_per_s, ".1f"),
-            fmt(row.speedup, ".2f"), fmt(row.efficiency, ".0%"),
-            fmt(row.test_acc, ".4f"), fmt(r.compile_s, ".2f"),
-            peak_memory(r), fmt(r.params, ","),
-        ])
-    header = ["backend", "strategy", "devices", "batch", "lr", "s/epoch", "images/s", "speed-up",
-              "efficiency", "test acc", "warm-up s", "peak mem MB", "params"]
+    """The report's first table: one row per configuration that finished; a trials column with --repeat."""
+    repeated = any(row.repeated for row in rows)
+    body = [summary_cells(row, repeated) for row in rows if row.result.ok]
+    header = SUMMARY_HEADER + (["trials kept"] if repeated else [])
     return table(header, body) if body else ["No run finished successfully."]
+
+
+def summary_records(rows: list[Row]) -> list[dict]:
+    """The summary as plain numbers (`harness report --format csv|json`): one record per configuration."""
+    records = []
+    for row in rows:
+        r, c = row.result, row.result.config
+        spread = row.trials.spread("images_per_s") if row.trials else None
+        records.append({"backend": c.backend, "strategy": c.variant, "devices": c.devices, "nodes": c.nodes,
+                        "simulated": c.simulated, "status": r.status, "batch": c.batch_size, "lr": c.lr,
+                        "sec_per_epoch": row.sec_per_epoch, "images_per_s": row.images_per_s,
+                        "images_per_s_min": spread and spread[0], "images_per_s_max": spread and spread[1],
+                        "speedup": row.speedup, "efficiency": row.efficiency, "test_acc": row.test_acc,
+                        "warmup_s": r.compile_s, "step_median_s": r.step_time and r.step_time.median_s,
+                        "params": r.params, "trials": len(row.trials.runs) if row.trials else 1,
+                        "trials_kept": len(row.trials.kept) if row.trials else int(r.ok)})
+    return records
 
 
 def milliseconds(seconds: float | None) -> str:
@@ -133,9 +169,14 @@ def steps_table(rows: list[Row]) -> list[str]:
         c = r.config
         ms = milliseconds
         several = c.devices > 1     # on one device there is nothing to send: no bandwidth to speak of
-        body.append([c.backend, c.variant, devices_cell(c, simulated=False), f"{ms(step.median_s)}",
-                     f"{ms(step.p10_s)}–{ms(step.p90_s)}", str(step.steps),
-                     fmt(step.images_per_s, ".1f"),
+        median, p10, p90, steps = step.median_s, step.p10_s, step.p90_s, step.steps
+        samples = row.trials.step_samples() if row.repeated else []
+        if len(samples) >= 2:       # several trials: the statistics of every kept trial's steps together
+            deciles = statistics.quantiles(samples, n=10, method="inclusive")
+            median, p10, p90, steps = statistics.median(samples), deciles[0], deciles[-1], len(samples)
+        body.append([c.backend, c.variant, devices_cell(c, simulated=False), f"{ms(median)}",
+                     f"{ms(p10)}–{ms(p90)}", str(steps),
+                     fmt(c.batch_size / median if median else None, ".1f"),
                      ms(ar and ar.median_s), fmt(ar.gb_per_s if ar and several else None, ".2f"),
                      fmt(ar and ar.share_of_step, ".0%")])
     if not body:
@@ -157,19 +198,35 @@ def accuracy_table(rows: list[Row]) -> list[str]:
 
 
 def failures(rows: list[Row]) -> list[str]:
-    """One entry per (backend, strategy, status, reason), naming the device counts it covers."""
+    """One entry per (backend, strategy, status, reason), naming the device counts (and trials) it covers."""
     groups: dict[tuple, list[Result]] = {}
     for row in rows:
-        r = row.result
-        if not r.ok:
-            reason = (r.error or "no reason recorded").strip()
-            groups.setdefault((*key(r)[:2], r.status, reason), []).append(r)
+        for r in row.trials.runs if row.trials else [row.result]:
+            if not r.ok:
+                reason = (r.error or "no reason recorded").strip()
+                groups.setdefault((*key(r)[:2], r.status, reason), []).append(r)
     lines = []
     for (backend, strategy, status, reason), runs in groups.items():
-        counts = ", ".join(str(r.config.devices) for r in runs)
+        counts = ", ".join(str(r.config.devices) + (f" (trial {r.trial})" if r.trial else "") for r in runs)
         logs = ", ".join(f"`{r.log}`" for r in runs if r.log)
         lines.append(f"- **{backend} {strategy}**, {counts} device(s): {STATUS_NOTE.get(status, status)} — "
                      f"{reason.splitlines()[-1]}" + (f" (log: {logs})" if logs else ""))
         if status in ("failed", "timeout", "diverged") and len(reason.splitlines()) > 1:
             lines += ["", "  ```", *["  " + l for l in reason.splitlines()[-12:]], "  ```"]
     return lines
+
+
+def trials_table(rows: list[Row]) -> list[str]:
+    """With --repeat: every trial of every configuration, its figures, and whether it counts (and why not)."""
+    if not any(row.repeated for row in rows):
+        return []
+    body = []
+    for row in rows:
+        dropped = {id(r): why for r, why in row.trials.dropped}
+        for r in row.trials.runs:
+            c, s = r.config, r.summary() if r.ok else {}
+            body.append([c.backend, c.variant, devices_cell(c), str(r.trial or 1), fmt(s.get("images_per_s"), ".1f"),
+                         milliseconds(r.step_time and r.step_time.median_s), fmt(s.get("test_acc"), ".4f"),
+                         "dropped: " + dropped[id(r)] if id(r) in dropped else "kept"])
+    return table(["backend", "strategy", "devices", "trial", "images/s", "step ms (median)", "test acc", "counts"],
+                 body)
