@@ -207,9 +207,11 @@ def failures(rows: list[Row]) -> list[str]:
                 groups.setdefault((*key(r)[:2], r.status, reason), []).append(r)
     lines = []
     for (backend, strategy, status, reason), runs in groups.items():
-        counts = ", ".join(str(r.config.devices) + (f" (trial {r.trial})" if r.trial else "") for r in runs)
+        counts = ", ".join(dict.fromkeys(str(r.config.devices) for r in runs)) + " device(s)"
+        if any(r.trial for r in runs):
+            counts += ", trial " + ", ".join(str(r.trial) for r in runs)
         logs = ", ".join(f"`{r.log}`" for r in runs if r.log)
-        lines.append(f"- **{backend} {strategy}**, {counts} device(s): {STATUS_NOTE.get(status, status)} — "
+        lines.append(f"- **{backend} {strategy}**, {counts}: {STATUS_NOTE.get(status, status)} — "
                      f"{reason.splitlines()[-1]}" + (f" (log: {logs})" if logs else ""))
         if status in ("failed", "timeout", "diverged") and len(reason.splitlines()) > 1:
             lines += ["", "  ```", *["  " + l for l in reason.splitlines()[-12:]], "  ```"]

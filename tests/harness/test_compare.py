@@ -1,0 +1,326 @@
+"""Comparing runs (`harness compare`), re-rendering and exporting reports (`harness report`), and repeated trials
+(`--repeat`): synthetic result sets with known differences, no framework."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from common.config import RunConfig
+from common.loop import step_statistics
+from common.results import Result, new_result, result_problem
+from harness import compare, trials
+from harness.cli import build_plan, parse
+from harness.tables import summary_table, with_scaling
+from tests.harness.helpers import fake_python, run_harness
+from tests.harness.test_results import COMMITTED
+
+ROWS = [("torch", "scratch", 1), ("torch", "scratch", 2), ("jax", "pmap", 2)]
+STEP_S = {1: 0.100, 2: 0.060}
+ENVIRONMENT = {"torch": {"framework": "torch", "framework_version": "2.13.0+cpu"},
+               "jax": {"framework": "jax", "framework_version": "0.10.2"}}
+
+
+def run_dict(backend, strategy, devices, samples, trial=None, **fields) -> dict:
+    """An ok result of a LeNet run whose timed steps took `samples` seconds."""
+    cfg = RunConfig(backend=backend, strategy=strategy, devices=devices, model="lenet", batch_size=32,
+                    train_size=256, test_size=64).to_dict()
+    epoch_s = 8 * float(np.mean(samples))
+    env = {**ENVIRONMENT[backend], "devices": [f"cpu (simulated device {i})" for i in range(devices)],
+           "precision": {"mode": "fp32"}}
+    stats = step_statistics(list(samples), 32)
+    result = {**new_result(cfg, "ok"), "environment": env, "weights_hash": "w" * 64, "data_hash": "d" * 64,
+              "epochs": [{"epoch": 1, "time_s": epoch_s, "steps": 8, "images": 256, "images_per_s": 256 / epoch_s,
+                          "train_loss": 2.0, "train_acc": 0.3, "test_acc": 0.5}],
+              "final_test_acc": 0.5, "step_time": stats, "trial": trial}
+    return {**result, **fields}
+
+
+def samples_of(rng, row, slowdown=1.0, n=20) -> list[float]:
+    """n step times around the row's step time, with 3% noise."""
+    return list(STEP_S[row[2]] * slowdown * (1 + 0.03 * rng.standard_normal(n)))
+
+
+def write_runs(path: Path, runs: list[dict]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    doc = {"schema_version": 2, "run_id": path.name, "command": "python -m harness", "started": "then",
+           "preset": "quick", "data_source": "synthetic", "runs": runs}
+    (path / "results.json").write_text(json.dumps(doc))
+    return path
+
+
+def two_sets(tmp_path, slow_row=None, repeat=3, **new_fields) -> tuple[Path, Path]:
+    """OLD and NEW result sets of ROWS, `repeat` trials each; NEW's `slow_row` 20% slower, `new_fields` set on
+    NEW's jax row."""
+    rng = np.random.default_rng(0)
+    old, new = [], []
+    for trial in range(1, repeat + 1):
+        for row in ROWS:
+            old.append(run_dict(*row, samples_of(rng, row), trial))
+            extra = new_fields if row[0] == "jax" else {}
+            new.append(run_dict(*row, samples_of(rng, row, 1.2 if row == slow_row else 1.0), trial, **extra))
+    return write_runs(tmp_path / "old", old), write_runs(tmp_path / "new", new)
+
+
+def marks(stdout: str) -> dict[tuple, str]:
+    """{(backend, strategy, devices): mark} from compare's table."""
+    out = {}
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) > 4 and cells[1] in ("torch", "jax"):
+            out[(cells[1], cells[2], int(cells[3]))] = cells[0]
+    return out
+
+
+# ------------------------------------------------------------------------ the test
+
+def test_mann_whitney_u_is_scipys_asymptotic_test():
+    # scipy.stats.mannwhitneyu's documented example (method="asymptotic"): U = 17, p = 0.11134688653314041
+    males, females = [19, 22, 16, 29, 24], [20, 11, 17, 12]
+    u, p = compare.mann_whitney_u(males, females)
+    assert u == 17 and p == pytest.approx(0.11134688653314041, rel=1e-12)
+    u2, p2 = compare.mann_whitney_u(females, males)
+    assert u + u2 == 20 and p2 == pytest.approx(p, rel=1e-12)
+    # ties share their mean rank (the three 2s: rank 3), and the tie correction (3^3 - 3 = 24) shrinks the variance
+    u, p = compare.mann_whitney_u([1, 2, 2], [2, 3, 4])
+    assert u == 1 and p == pytest.approx(math.erfc((4.5 - 1 - 0.5) / math.sqrt(9 / 12 * (7 - 24 / 30)) / 2 ** 0.5))
+    assert compare.mann_whitney_u([1.0] * 5, [1.0] * 5) == (12.5, 1.0)
+
+
+# ------------------------------------------------------------------------ compare, end to end
+
+def test_a_20_percent_slowdown_in_one_row_exits_1_naming_that_row(tmp_path):
+    old, new = two_sets(tmp_path, slow_row=("jax", "pmap", 2))
+    out = run_harness("compare", str(old), str(new))
+    assert out.returncode == 1, out.stderr
+    assert marks(out.stdout) == {("torch", "scratch", 1): "~", ("torch", "scratch", 2): "~", ("jax", "pmap", 2): "-"}
+    assert "REGRESSION: jax pmap on 2 device(s): step time +2" in out.stdout
+    assert out.stdout.count("REGRESSION") == 1
+    # the other way round it is an improvement: exit 0
+    back = run_harness("compare", str(new), str(old))
+    assert back.returncode == 0 and marks(back.stdout)[("jax", "pmap", 2)] == "+"
+
+
+def test_the_same_samples_shuffled_across_trials_are_no_change(tmp_path):
+    old, _ = two_sets(tmp_path)
+    runs = json.loads((old / "results.json").read_text())["runs"]
+    rng = np.random.default_rng(1)
+    for row in ROWS:     # every step time of the row's trials, dealt out again in another order
+        mine = [r for r in runs if (r["config"]["backend"], r["config"]["strategy"], r["config"]["devices"]) == row]
+        pooled = rng.permutation([s for r in mine for s in r["step_time"]["samples_s"]])
+        for r, part in zip(mine, np.split(pooled, len(mine))):
+            r["step_time"] = step_statistics(list(part), 32)
+    shuffled = write_runs(tmp_path / "shuffled", runs)
+    out = run_harness("compare", str(old), str(shuffled))
+    assert out.returncode == 0, out.stdout
+    assert set(marks(out.stdout).values()) == {"~"} and "REGRESSION" not in out.stdout
+
+
+def test_rows_with_other_initial_weights_are_flagged_not_compared(tmp_path):
+    old, new = two_sets(tmp_path, slow_row=("jax", "pmap", 2), weights_hash="x" * 64)
+    out = run_harness("compare", str(old), str(new))
+    assert out.returncode == 0, out.stdout       # the slow row is not comparable: no verdict on it
+    assert marks(out.stdout)[("jax", "pmap", 2)] == "!"
+    assert "not comparable: initial weights hash wwwwwwwwwwww vs xxxxxxxxxxxx" in out.stdout
+
+
+@pytest.mark.parametrize("field,value,why", [
+    ("data_hash", "e" * 64, "batch sequence hash"),
+    ("environment", {**ENVIRONMENT["jax"], "framework_version": "0.11.0", "devices": ["cpu (simulated device 0)",
+                                                                                     "cpu (simulated device 1)"],
+                     "precision": {"mode": "fp32"}}, "jax 0.10.2 vs 0.11.0"),
+    ("environment", {**ENVIRONMENT["jax"], "devices": ["NVIDIA H200", "NVIDIA H200"], "precision": {"mode": "fp32"}},
+     "devices cpu"),
+    ("environment", {**ENVIRONMENT["jax"], "devices": ["cpu (simulated device 0)", "cpu (simulated device 1)"],
+                     "precision": {"mode": "tf32"}}, "precision fp32 vs tf32"),
+])
+def test_each_difference_that_makes_rows_incomparable_is_named(tmp_path, field, value, why):
+    old, new = two_sets(tmp_path, **{field: value})
+    out = run_harness("compare", str(old), str(new))
+    assert out.returncode == 0 and marks(out.stdout)[("jax", "pmap", 2)] == "!", out.stdout
+    assert why in out.stdout
+
+
+def test_accept_versions_compares_a_framework_upgrade(tmp_path):
+    env = {**ENVIRONMENT["jax"], "framework_version": "0.11.0",
+           "devices": ["cpu (simulated device 0)", "cpu (simulated device 1)"], "precision": {"mode": "fp32"}}
+    old, new = two_sets(tmp_path, slow_row=("jax", "pmap", 2), environment=env)
+    out = run_harness("compare", str(old), str(new), "--accept", "versions")
+    assert out.returncode == 1 and marks(out.stdout)[("jax", "pmap", 2)] == "-"
+
+
+def test_accuracy_drift_is_flagged(tmp_path):
+    old, new = two_sets(tmp_path)
+    runs = json.loads((new / "results.json").read_text())["runs"]
+    for r in runs:
+        if r["config"]["backend"] == "jax":
+            r["epochs"] = [{**run_dict("jax", "pmap", 2, [0.06] * 3)["epochs"][0], "test_acc": 0.45}]
+    write_runs(new, runs)
+    out = run_harness("compare", str(old), str(new), "--accuracy-tolerance", "0.02")
+    assert "accuracy drift 0.5000 -> 0.4500 (beyond 0.02)" in out.stdout
+
+
+def test_rows_in_one_run_only_are_listed(tmp_path):
+    old, new = two_sets(tmp_path)
+    runs = [r for r in json.loads((new / "results.json").read_text())["runs"] if r["config"]["backend"] == "torch"]
+    out = run_harness("compare", str(old), str(write_runs(new, runs)))
+    assert out.returncode == 0 and marks(out.stdout)[("jax", "pmap", 2)] == "?" and "only in OLD" in out.stdout
+
+
+def test_a_committed_report_of_schema_v1_compares_with_itself(tmp_path):
+    """Results written before the step samples were kept: one median per run, too few for the test."""
+    out = run_harness("compare", str(COMMITTED), str(COMMITTED / "results.json"))
+    assert out.returncode == 0, out.stderr
+    assert "too few samples for the test" in out.stdout and "REGRESSION" not in out.stdout
+
+
+@pytest.mark.parametrize("content,message", [
+    ("{not json", "not a JSON file"),
+    ('{"schema_version": 9, "runs": []}', "not a results.json of schema v1 or v2"),
+    (None, "cannot be read"),
+])
+def test_a_corrupt_or_missing_results_file_is_one_line_and_exit_2(tmp_path, content, message):
+    old, _ = two_sets(tmp_path)
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_text(content)
+    out = run_harness("compare", str(old), str(bad))
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("harness: error: ") and message in out.stderr and len(out.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("flags,message", [(("--factor", "0.9"), "--factor must be at least 1"),
+                                           (("--alpha", "1.5"), "--alpha must be between 0 and 1"),
+                                           (("--accept", "colours"), "--accept takes versions and/or devices")])
+def test_bad_compare_flags_exit_2(tmp_path, flags, message):
+    old, new = two_sets(tmp_path)
+    out = run_harness("compare", str(old), str(new), *flags)
+    assert out.returncode == 2 and message in out.stderr
+
+
+# ------------------------------------------------------------------------ trials
+
+def results_of(runs: list[dict]) -> list[Result]:
+    return [Result.from_dict(r) for r in runs]
+
+
+def test_trials_drop_the_failed_and_of_five_the_fastest_and_slowest():
+    steps = [0.10, 0.11, 0.09, 0.30, 0.05, 0.10]
+    runs = [run_dict("torch", "scratch", 1, [s] * 4, trial=i + 1) for i, s in enumerate(steps)]
+    runs[1] = {**runs[1], "status": "failed", "error": "boom"}
+    (t,) = trials.group(results_of(runs))
+    assert [r.trial for r in t.kept] == [1, 3, 6]
+    assert {r.trial: why for r, why in t.dropped} == {
+        2: "failed", 4: "the slowest of the finished trials (MLPerf's rule)",
+        5: "the fastest of the finished trials (MLPerf's rule)"}
+    assert t.median("images_per_s") == pytest.approx(256 / (8 * 0.10))
+    assert sorted(t.step_samples()) == [0.09] * 4 + [0.10] * 8
+    assert t.representative().trial in (1, 6)
+    # fewer than five finished trials: only the failed one goes
+    (t,) = trials.group(results_of(runs[:4]))
+    assert [r.trial for r in t.kept] == [1, 3, 4]
+
+
+def test_the_summary_gives_the_median_and_range_of_the_trials_kept():
+    runs = [run_dict("torch", "scratch", 1, [s] * 4, trial=i + 1) for i, s in enumerate([0.10, 0.08, 0.125])]
+    (row,) = with_scaling(results_of(runs))
+    assert row.images_per_s == pytest.approx(320.0) and row.trials and len(row.trials.kept) == 3
+    line = summary_table([row])[2]
+    assert "| 320.0 (256.0–400.0) |" in line and line.endswith("| 3 of 3 |")
+    # one trial: the table is as it always was
+    (row,) = with_scaling(results_of(runs[:1]))
+    assert "trials" not in summary_table([row])[0]
+
+
+def test_repeat_interleaves_the_trials_of_every_configuration():
+    plan = build_plan(parse(["--backend", "torch", "--strategy", "scratch", "--device", "cpu", "--gpus", "1,2",
+                             "--dataset", "synthetic", "--repeat", "3", "--no-check"]))
+    assert [(c.devices, t) for c, t in plan.runs] == [(1, 1), (2, 1), (1, 2), (2, 2), (1, 3), (2, 3)]
+    single = build_plan(parse(["--backend", "torch", "--strategy", "scratch", "--device", "cpu", "--gpus", "1",
+                               "--dataset", "synthetic", "--no-check"]))
+    assert [t for _, t in single.runs] == [None]
+
+
+@pytest.mark.parametrize("flags,message", [(("--repeat", "0"), "--repeat must be between 1 and 100"),
+                                           (("--repeat", "2", "--save-weights", "w.npz"),
+                                            "--save-weights needs exactly one run (this request has 2)")])
+def test_bad_repeat_requests_exit_2(tmp_path, flags, message):
+    out = run_harness("--backend", "torch", "--strategy", "scratch", "--device", "cpu", "--gpus", "1",
+                      "--dataset", "synthetic", "--out", str(tmp_path), *flags, cwd=tmp_path)
+    assert out.returncode == 2 and message in out.stderr
+
+
+def test_every_trial_runs_in_its_own_process_and_log(tmp_path):
+    python = fake_python(tmp_path, 'echo "trial crash" >&2; exit 3')
+    out = tmp_path / "reports"
+    result = run_harness("--backend", "torch", "--strategy", "scratch", "--device", "cpu", "--gpus", "1,2",
+                         "--dataset", "synthetic", "--quiet", "--no-check", "--repeat", "2",
+                         "--python", f"torch={python}", "--out", str(out))
+    assert result.returncode == 1
+    (report,) = out.iterdir()
+    runs = json.loads((report / "results.json").read_text())["runs"]
+    assert [(r["config"]["devices"], r["trial"]) for r in runs] == [(1, 1), (2, 1), (1, 2), (2, 2)]
+    assert sorted(p.name for p in (report / "logs").iterdir()) == [
+        "torch-scratch-x1-trial1.log", "torch-scratch-x1-trial2.log",
+        "torch-scratch-x2-trial1.log", "torch-scratch-x2-trial2.log"]
+    text = (report / "report.md").read_text()
+    assert "## Trials" in text and "**torch scratch**, 2 device(s), trial 2: failed — trial crash" in text
+
+
+# ------------------------------------------------------------------------ results: the samples
+
+def test_step_statistics_keep_every_sample():
+    stats = step_statistics([0.3, 0.1, 0.2], 32)
+    assert stats["samples_s"] == [0.3, 0.1, 0.2] and stats["median_s"] == 0.2
+
+
+@pytest.mark.parametrize("bad,problem", [({"step_time": {**step_statistics([0.1], 8), "samples_s": [0.1, -1]}},
+                                          "step_time.samples_s is not a list of positive numbers"),
+                                         ({"step_time": {**step_statistics([0.1], 8), "samples_s": "0.1"}},
+                                          "step_time.samples_s is not a list of positive numbers"),
+                                         ({"trial": 0}, "trial is not a positive whole number"),
+                                         ({"trial": True}, "trial is not a positive whole number")])
+def test_untrusted_samples_and_trial_numbers_are_refused(bad, problem):
+    assert result_problem(run_dict("torch", "scratch", 1, [0.1] * 3, **bad)) == problem
+    assert result_problem(run_dict("torch", "scratch", 1, [0.1] * 3, trial=2)) is None
+
+
+# ------------------------------------------------------------------------ report DIR
+
+def test_report_re_renders_from_results_json_and_leaves_it_alone(tmp_path):
+    report = tmp_path / "report"
+    shutil.copytree(COMMITTED, report)
+    raw = (report / "results.json").read_bytes()
+    (report / "report.md").unlink()
+    out = run_harness("report", str(report))
+    assert out.returncode == 0, out.stderr
+    text = (report / "report.md").read_text()
+    assert text.startswith(f"# Data-parallel training report `{COMMITTED.name}`") and "## Summary" in text
+    assert (report / "results.json").read_bytes() == raw
+    assert not [p for p in report.iterdir() if p.name.startswith(".")]
+
+
+def test_report_exports_the_summary_as_csv_json_and_markdown(tmp_path):
+    old, _ = two_sets(tmp_path)
+    csv_out = run_harness("report", str(old), "--format", "csv")
+    lines = csv_out.stdout.splitlines()
+    assert csv_out.returncode == 0 and lines[0].startswith("backend,strategy,devices,nodes,")
+    assert len(lines) == 1 + len(ROWS) and lines[1].startswith("jax,pmap,2,1,")
+    records = json.loads(run_harness("report", str(old), "--format", "json").stdout)
+    assert [(r["backend"], r["devices"], r["trials"], r["trials_kept"]) for r in records] == [
+        ("jax", 2, 3, 3), ("torch", 1, 3, 3), ("torch", 2, 3, 3)]
+    assert records[2]["speedup"] == pytest.approx(records[2]["images_per_s"] / records[1]["images_per_s"])
+    md = run_harness("report", str(old), "--format", "md").stdout
+    assert md.startswith("| backend | strategy |") and "trials kept" in md
+    assert not (old / "report.md").exists()      # an export writes nothing
+
+
+def test_report_of_a_corrupt_results_file_is_exit_2(tmp_path):
+    (tmp_path / "results.json").write_text('{"schema_version": 2, "runs": "all of them"}')
+    out = run_harness("report", str(tmp_path))
+    assert out.returncode == 2 and "it has no list of runs" in out.stderr and len(out.stderr.splitlines()) == 1
