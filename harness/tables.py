@@ -137,12 +137,14 @@ def summary_records(rows: list[Row]) -> list[dict]:
     for row in rows:
         r, c = row.result, row.result.config
         spread = row.trials.spread("images_per_s") if row.trials else None
+        samples = row.trials.step_samples() if row.trials else []
+        step = statistics.median(samples) if samples else r.step_time and r.step_time.median_s
         records.append({"backend": c.backend, "strategy": c.variant, "devices": c.devices, "nodes": c.nodes,
                         "simulated": c.simulated, "status": r.status, "batch": c.batch_size, "lr": c.lr,
                         "sec_per_epoch": row.sec_per_epoch, "images_per_s": row.images_per_s,
                         "images_per_s_min": spread and spread[0], "images_per_s_max": spread and spread[1],
                         "speedup": row.speedup, "efficiency": row.efficiency, "test_acc": row.test_acc,
-                        "warmup_s": r.compile_s, "step_median_s": r.step_time and r.step_time.median_s,
+                        "warmup_s": r.compile_s, "step_median_s": step,
                         "params": r.params, "trials": len(row.trials.runs) if row.trials else 1,
                         "trials_kept": len(row.trials.kept) if row.trials else int(r.ok)})
     return records
