@@ -130,6 +130,27 @@ def test_a_chaotic_float32_trace_is_measured_not_judged():
     assert trace.status == "measured" and "chaotic" in trace.note and abs(trace.value - 0.3) < 1e-9
 
 
+def test_k_vs_1_is_judged_against_the_float32_rounding_of_both_runs():
+    """--bn sync: the 2-device float32 step rounds further from its float64 math (2e-3) than the 1-device one (0):
+    a k-vs-1 difference of 2e-3 is that rounding. Where the 2-device float32 run is itself exact, the same
+    difference is other math and fails the fixed 1e-5."""
+    w0 = {"resnet18": weights.initial_weights("resnet18", 0)}
+    runs = (("ddp", 1, "sync"), ("ddp", 2, "sync"))
+
+    def planted(rounding: bool) -> dict:
+        arrays = with_float64(measurements("resnet18", w0["resnet18"], runs=runs), "resnet18", runs, 0)
+        for name in equivalence._trainable("resnet18"):
+            exact = arrays[f"resnet18|ddp|1|sync|first|{name}"]
+            arrays[f"resnet18|ddp|2|sync|first|{name}"] = exact + 2e-3
+            arrays[f"resnet18|float64|2|sync|first|{name}"] = exact if rounding else exact + 2e-3
+        return arrays
+
+    (row,) = by(equivalence.compare({"torch": (planted(rounding=True), {})}, w0), check="k vs 1 device")
+    assert row.status == "ok" and abs(row.value - 2e-3) < 1e-9 and abs(row.tolerance - 6e-3) < 1e-9
+    (row,) = by(equivalence.compare({"torch": (planted(rounding=False), {})}, w0), check="k vs 1 device")
+    assert row.status == "FAIL" and row.tolerance == equivalence.TOLERANCE["k-vs-1"]
+
+
 # ------------------------------------------------------------- injected differences must fail
 
 def resnet_pair(runs, jax_grad_error=0.0, jax_state_scale=0.0):
