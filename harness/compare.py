@@ -46,7 +46,7 @@ def parents() -> list[Parser]:
                    help="flag a row whose final test accuracy moved by more than ABS (default 0.01)")
     p.add_argument("--accept", default="", metavar="WHAT",
                    help="compare rows that differ in this anyway (comma list): versions (framework versions: "
-                        "an upgrade), devices (device kind and names: another machine)")
+                        "an upgrade), devices (device kind and names: another machine); default: none")
     return [p]
 
 
