@@ -156,6 +156,10 @@ def asked_rows(rows: list[Row], counts: list[int]) -> list[Row]:
     return [r for r in rows if r.check in whole or int(r.devices) in counts]
 
 
+# torch's strategy measured as the reference when a report runs no torch (ddp: on CPU and GPU, with either --bn).
+REFERENCE_STRATEGY = "ddp"
+
+
 def equivalence(plan: Plan, say, log_dir: Path | None = None) -> dict:
     """A small check over what a benchmark report runs, for its Equivalence section."""
     counts = sorted({c.devices for c in plan.configs}) or [1]
@@ -164,6 +168,10 @@ def equivalence(plan: Plan, say, log_dir: Path | None = None) -> dict:
         strategies.setdefault(c.backend, [])
         if c.strategy not in strategies[c.backend]:
             strategies[c.backend].append(c.strategy)
+    backends = dict(plan.backends)
+    if "torch" not in strategies:   # the reference every backend is compared with, as `check` adds it
+        backends["torch"] = manifest.load("torch")
+        strategies = {"torch": [REFERENCE_STRATEGY], **strategies}
     steps, batch = 5, 8 * math.lcm(*counts)
     cfg = plan.configs[0] if plan.configs else None
     if cfg is None:
@@ -172,7 +180,7 @@ def equivalence(plan: Plan, say, log_dir: Path | None = None) -> dict:
                else datalib.load_fashion_mnist(Path(cfg.data_dir), steps * batch, 10))
     # Nodes on other hosts are busy with their own check: the check across nodes runs on loopback nodes only.
     nodes = max(c.nodes for c in plan.configs) if plan.topology.loopback else 1
-    rows, failures, hashes = run_checks(plan.backends, plan.pythons, [cfg.model], strategies, counts, [cfg.bn],
+    rows, failures, hashes = run_checks(backends, plan.pythons, [cfg.model], strategies, counts, [cfg.bn],
                                         steps, batch, 0.1, cfg.seed, dataset, plan.device_kind,
                                         cfg.timeout, say=say, init=cfg.init, log_dir=log_dir, nodes=nodes)
     return {"rows": [r.__dict__ for r in rows], "failures": failures, "weights_hash": hashes,

@@ -290,3 +290,22 @@ def test_a_check_worker_is_launched_as_a_run_is(tmp_path):
     with pytest.raises(check.CheckError, match="jax worker failed: bad job"):
         check.measure("jax", failing, {}, tmp_path, 30)
     assert (tmp_path / "check-jax.log").read_text().endswith("bad job\n")
+
+
+@pytest.mark.parametrize("backend,expected", [("jax", {"torch": ["ddp"], "jax": ["pmap", "sharding"]}),
+                                              ("torch", {"torch": ["scratch"]})])
+def test_a_report_without_torch_measures_torch_as_its_reference(monkeypatch, backend, expected):
+    """A run's equivalence section compares every backend with torch: a report of jax alone must measure torch
+    too (its ddp), or its check measures jax for nothing and shows no row."""
+    from harness.cli import build_plan, parse
+    strategy = ["--strategy", "scratch"] if backend == "torch" else []
+    plan = build_plan(parse(["--backend", backend, *strategy, "--device", "cpu", "--gpus", "1",
+                             "--dataset", "synthetic"]))
+    asked = {}
+
+    def run_checks(backends, pythons, models, strategies, *rest, **kw):
+        asked.update(backends=sorted(backends), strategies=strategies)
+        return [], {}, {}
+    monkeypatch.setattr(check, "run_checks", run_checks)
+    check.equivalence(plan, lambda line: None)
+    assert asked["strategies"] == expected and asked["backends"] == sorted(expected)
