@@ -1,11 +1,12 @@
 """`python -m harness compare OLD NEW [NEW ...]`: did a run get slower or faster than another, beyond noise?
 
 Each NEW is compared with OLD, row by row: a row is a configuration (backend, strategy with its options and
-levers, devices, nodes), its figures the medians over its kept trials (harness/trials.py). The test is
-Mann-Whitney U (two-sided, normal approximation with tie and continuity corrections, as asv and scipy's
-"asymptotic" method) on the step-time samples: every timed step of every kept trial. A row is marked, as asv
-does, `-` (slower) when its median step time grew by more than --factor and the test says p < --alpha, `+`
-(faster) for the mirror case, `~` otherwise. The exit status is 1 if any row is slower, 2 on bad input.
+levers, devices, nodes), its figures the medians over its kept trials (harness/trials.py). The test is a
+two-level bootstrap of the ratio of the median step times: the kept trials resampled with replacement, then
+each resampled trial's timed steps, so that the spread between processes (which on a shared host is larger
+than the spread within one) counts. A row is marked, as asv does, `-` (slower) when its median step time grew
+by more than --factor and the bootstrap's (1 - --alpha) interval of the ratio lies above 1, `+` (faster) for
+the mirror case, `~` otherwise. The exit status is 1 if any row is slower, 2 on bad input.
 
 Rows are compared only where the comparison means something: the same initial weights and batch sequence
 (hashes), the same training recipe (the config fields of COMPARABLE), framework versions, device kind and
@@ -19,18 +20,22 @@ import math
 import statistics
 from dataclasses import dataclass
 
+import numpy as np
+
 from common.results import Result, load_results_json
 from harness.arguments import Parser, UsageError
 from harness.tables import table
 from harness.trials import Trials, group
 
-DESCRIPTION = ("Compare benchmark runs: per configuration, the change in images/s and step time with a Mann-Whitney "
-               "U test on the step-time samples; exit status 1 if a row got slower than --factor, significantly.")
+DESCRIPTION = ("Compare benchmark runs: per configuration, the change in images/s and step time, with a bootstrap "
+               "interval of the step-time ratio over the trials and their steps; exit status 1 if a row got slower "
+               "than --factor, significantly.")
 # The config fields a run's figures depend on besides the row's own key: a difference makes rows incomparable.
 COMPARABLE = ("model", "batch_size", "lr", "epochs", "train_size", "test_size", "eval_batch_size", "dataset", "bn",
               "init", "seed", "timed_steps", "simulated")
 ACCEPTABLE = ("versions", "devices")
-MIN_SAMPLES = 3     # per side: below this a rank test cannot reach any usual significance level
+MIN_SAMPLES = 3     # step samples per side: below this no interval means anything
+RESAMPLES = 2000    # bootstrap resamples of each side
 
 
 def parents() -> list[Parser]:
@@ -52,28 +57,23 @@ def parents() -> list[Parser]:
 
 # ------------------------------------------------------------------------ the test
 
-def mann_whitney_u(a: list[float], b: list[float]) -> tuple[float, float]:
-    """(U of `a`, two-sided p): the normal approximation with the tie correction and a continuity correction
-    (scipy.stats.mannwhitneyu(a, b, method="asymptotic"))."""
-    n1, n2 = len(a), len(b)
-    pooled = sorted([(v, 0) for v in a] + [(v, 1) for v in b])
-    ranks, ties, i = [0.0] * len(pooled), 0.0, 0
-    while i < len(pooled):
-        j = i
-        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[k] = (i + j) / 2 + 1            # ties share the mean of their ranks
-        t = j - i + 1
-        ties += t ** 3 - t
-        i = j + 1
-    u = sum(rank for rank, (_, side) in zip(ranks, pooled) if side == 0) - n1 * (n1 + 1) / 2
-    n = n1 + n2
-    variance = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1)))
-    if variance <= 0:                               # every value equal: no evidence of a difference
-        return u, 1.0
-    z = (abs(u - n1 * n2 / 2) - 0.5) / math.sqrt(variance)
-    return u, min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
+def resampled_medians(trials: list[list[float]], rng: np.random.Generator, resamples: int = RESAMPLES) -> np.ndarray:
+    """The median step time of `resamples` bootstrap copies of one run: its trials drawn with replacement, then
+    each drawn trial's steps drawn with replacement."""
+    out = np.empty(resamples)
+    for i in range(resamples):
+        drawn = [trials[j] for j in rng.integers(len(trials), size=len(trials))]
+        out[i] = np.median(np.concatenate([rng.choice(t, size=len(t)) for t in drawn]))
+    return out
+
+
+def ratio_interval(old: list[list[float]], new: list[list[float]], alpha: float, seed: int = 0) -> tuple[float, float]:
+    """The central (1 - alpha) bootstrap interval of median(NEW steps) / median(OLD steps), each side a list of
+    trials, each trial a list of step seconds. Seeded: the same runs give the same verdict."""
+    rng = np.random.default_rng(seed)
+    ratios = resampled_medians(new, rng) / resampled_medians(old, rng)
+    low, high = np.quantile(ratios, [alpha / 2, 1 - alpha / 2])
+    return float(low), float(high)
 
 
 # ------------------------------------------------------------------------ rows
@@ -111,7 +111,7 @@ class Verdict:
     new_step: float | None = None
     old_images: float | None = None
     new_images: float | None = None
-    p: float | None = None
+    interval: tuple[float, float] | None = None     # of the step-time ratio NEW / OLD
     samples: tuple[int, int] = (0, 0)
     note: str = ""
 
@@ -125,23 +125,25 @@ def judge(old: Trials, new: Trials, args, accept: set[str]) -> Verdict:
     why = incomparable(old, new, accept)
     if why:
         return Verdict(key, "!", note="not comparable: " + "; ".join(why))
-    a, b = old.step_samples(), new.step_samples()
+    a, b = old.step_samples(by_trial=True), new.step_samples(by_trial=True)
+    na, nb = sum(map(len, a)), sum(map(len, b))
     v = Verdict(key, "~", old_images=old.median("images_per_s"), new_images=new.median("images_per_s"),
-                samples=(len(a), len(b)))
-    if not a or not b:
+                samples=(na, nb))
+    if not na or not nb:
         v.note = "no step times to compare"
         return v
-    v.old_step, v.new_step = statistics.median(a), statistics.median(b)
+    v.old_step, v.new_step = statistics.median(old.step_samples()), statistics.median(new.step_samples())
     notes = []
-    if min(len(a), len(b)) < MIN_SAMPLES:
-        notes.append(f"too few samples for the test ({len(a)} and {len(b)})")
+    if min(na, nb) < MIN_SAMPLES:
+        notes.append(f"too few samples for the test ({na} and {nb})")
     else:
-        v.p = mann_whitney_u(a, b)[1]
-        if v.p < args.alpha and v.ratio > args.factor:
+        v.interval = ratio_interval(a, b, args.alpha)
+        low, high = v.interval
+        if low > 1 and v.ratio > args.factor:
             v.mark = "-"
-        elif v.p < args.alpha and v.ratio < 1 / args.factor:
+        elif high < 1 and v.ratio < 1 / args.factor:
             v.mark = "+"
-        elif v.p < args.alpha:
+        elif low > 1 or high < 1:
             notes.append(f"significant but within the factor {args.factor:g}")
     acc_old, acc_new = old.median("test_acc"), new.median("test_acc")
     if acc_old is not None and acc_new is not None and abs(acc_new - acc_old) > args.accuracy_tolerance:
@@ -171,10 +173,11 @@ def verdict_table(verdicts: list[Verdict]) -> list[str]:
              ms(v.old_step), ms(v.new_step), change(v.old_step, v.new_step),
              "—" if v.old_images is None else f"{v.old_images:.1f}",
              "—" if v.new_images is None else f"{v.new_images:.1f}", change(v.old_images, v.new_images),
-             "—" if v.p is None else f"{v.p:.3g}", f"{v.samples[0]} / {v.samples[1]}", v.note]
+             "—" if v.interval is None else f"{v.interval[0]:.3f}–{v.interval[1]:.3f}",
+             f"{v.samples[0]} / {v.samples[1]}", v.note]
             for v in verdicts]
     return table(["", "backend", "strategy", "devices", "step ms OLD", "step ms NEW", "step", "images/s OLD",
-                  "images/s NEW", "images/s", "p (Mann-Whitney U)", "samples", "note"], body)
+                  "images/s NEW", "images/s", "step ratio interval", "samples", "note"], body)
 
 
 def check_args(args) -> None:
@@ -208,11 +211,12 @@ def main(args) -> int:
         print(f"\n## {args.runs[0]} (OLD) -> {path} (NEW)\n")
         print("\n".join(verdict_table(verdicts)))
         slower += [(path, v) for v in verdicts if v.mark == "-"]
-    print(f"\nMarks: - slower, + faster (median step time beyond x{args.factor:g} and p < {args.alpha:g}), "
+    print(f"\nMarks: - slower, + faster (median step time beyond x{args.factor:g}, and the bootstrap's "
+          f"{100 * (1 - args.alpha):g}% interval of the step-time ratio, over trials and their steps, excludes 1), "
           "~ no significant change, ! not compared, ? in one run only.")
     for path, v in slower:
         print(f"REGRESSION: {v.key[0]} {v.key[1]} on {devices_cell_key(v.key)}: step time "
-              f"{change(v.old_step, v.new_step)} (p = {v.p:.3g}) in {path}")
+              f"{change(v.old_step, v.new_step)} (interval {v.interval[0]:.3f}–{v.interval[1]:.3f}) in {path}")
     return 1 if slower else 0
 
 

@@ -38,16 +38,16 @@ class Trials:
         values = [v for v in (r.summary().get(figure) for r in self.kept) if v is not None]
         return (min(values), max(values)) if values else None
 
-    def step_samples(self) -> list[float]:
-        """Every timed step of the kept trials, in seconds (a trial written before the samples were kept
-        gives its median step)."""
-        samples = []
+    def step_samples(self, by_trial: bool = False) -> list:
+        """Every timed step of the kept trials, in seconds, pooled (or one list per trial). A trial written before
+        the samples were kept gives its median step."""
+        trials = []
         for r in self.kept:
             if r.step_time and r.step_time.samples_s:
-                samples += list(r.step_time.samples_s)
+                trials.append(list(r.step_time.samples_s))
             elif r.step_time and r.step_time.median_s is not None:
-                samples.append(r.step_time.median_s)
-        return samples
+                trials.append([r.step_time.median_s])
+        return trials if by_trial else [s for t in trials for s in t]
 
     def representative(self) -> Result:
         """The kept trial whose images/s is nearest the median (its warm-up, memory and epochs stand for the
