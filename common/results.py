@@ -42,20 +42,24 @@ def publish(tmp, path) -> None:
     os.replace(tmp, path)
 
 
-def write_json_atomic(path, obj) -> None:
+def write_text_atomic(path, text: str) -> None:
     """Write to a temp file in the same directory, then rename: readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(_finite(obj), f, indent=2, sort_keys=False)
-            f.write("\n")
+            f.write(text)
         publish(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path, obj) -> None:
+    """JSON (NaN and inf as strings) written whole or not at all (write_text_atomic)."""
+    write_text_atomic(path, json.dumps(_finite(obj), indent=2, sort_keys=False) + "\n")
 
 
 def _finite(obj):

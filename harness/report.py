@@ -13,13 +13,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from common.results import SCHEMA_VERSION, Result, load_results_json, publish, write_json_atomic
+from common.results import SCHEMA_VERSION, Result, load_results_json, write_json_atomic, write_text_atomic
 from harness.arguments import Parser, UsageError
 from harness.plots import plot_accuracy, plot_throughput
 from harness.sections import (D2L_REFERENCE, devices_line, environment_section, equivalence_section, hashes_section,
@@ -174,12 +173,17 @@ def results_document(results: list[dict | Result], meta: dict) -> dict:
     return {"schema_version": SCHEMA_VERSION, **meta, "runs": [r.to_dict() for r in as_results(results)]}
 
 
+def draw_plots(rows, directory: Path) -> dict[str, bool]:
+    """accuracy.png and throughput.png in `directory`; which of them there was anything to draw for."""
+    return {"accuracy": plot_accuracy(rows, directory / "accuracy.png"),
+            "throughput": plot_throughput(rows, directory / "throughput.png")}
+
+
 def write(directory: Path, results: list[dict | Result], meta: dict) -> None:
     results = as_results(results)
     meta = {**meta, "schema_version": SCHEMA_VERSION}     # that of the results.json written beside report.md
     rows = with_scaling(results)
-    plots = {"accuracy": plot_accuracy(rows, directory / "accuracy.png"),
-             "throughput": plot_throughput(rows, directory / "throughput.png")}
+    plots = draw_plots(rows, directory)
     write_json_atomic(directory / "results.json", results_document(results, meta))
     (directory / "report.md").write_text(render(results, meta, plots))
     runs = directory / "runs"
@@ -219,18 +223,7 @@ def export(results: list[Result], form: str) -> str:
 
 def rerender(directory: Path, results: list[Result], meta: dict) -> None:
     """report.md and the plots written anew beside results.json, which is left as it is (the raw numbers)."""
-    rows = with_scaling(results)
-    plots = {"accuracy": plot_accuracy(rows, directory / "accuracy.png"),
-             "throughput": plot_throughput(rows, directory / "throughput.png")}
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".report.md.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(render(results, meta, plots))
-        publish(tmp, directory / "report.md")
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(directory / "report.md", render(results, meta, draw_plots(with_scaling(results), directory)))
 
 
 def main(args) -> int:
