@@ -89,6 +89,18 @@ def has_all_files(directory: Path) -> bool:
     return all(_file_in(directory, stem) for stem, _ in FILES.values())
 
 
+TORCHVISION_LAYOUT = ("FashionMNIST/raw", "raw")   # torchvision's download: ROOT/FashionMNIST/raw/*.gz
+
+
+def files_dir(directory: Path) -> Path | None:
+    """The folder holding the four files: `directory` itself, or below it in torchvision's download layout
+    (given its root or its FashionMNIST folder); None if neither holds them."""
+    for candidate in (directory, *(directory / below for below in TORCHVISION_LAYOUT)):
+        if has_all_files(candidate):
+            return candidate
+    return None
+
+
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "dpbench" / "fashion-mnist"
@@ -112,13 +124,16 @@ def locate(data_dir: str | None = None) -> Path:
         d = Path(data_dir)
         if not d.is_dir():
             raise DataError(f"--data-dir {data_dir} " + ("is not a directory" if d.exists() else "does not exist"))
-        if not has_all_files(d):
+        found = files_dir(d)
+        if found is None:
             missing = [stem for stem, _ in FILES.values() if not _file_in(d, stem)]
-            raise DataError(f"--data-dir {data_dir} lacks Fashion-MNIST files: {', '.join(missing)}")
-        return d
+            raise DataError(f"--data-dir {data_dir} lacks Fashion-MNIST files: {', '.join(missing)} "
+                            "(nor does it hold them in torchvision's layout, FashionMNIST/raw/)")
+        return found
     for _, d in candidate_dirs():
-        if has_all_files(d):
-            return d
+        found = files_dir(d)
+        if found is not None:
+            return found
     raise DataError(
         "Fashion-MNIST not found (looked in $FASHION_MNIST_DIR, "
         f"{DEBIAN_DIR}, {cache_dir()}); install it with `apt-get install dataset-fashion-mnist`, "

@@ -1,6 +1,7 @@
 """PyTorch backend: the backend interface (docs/ARCHITECTURE.md) in torch.
 
-  resnet18, lenet        models.py
+  resnet18, lenet,       models.py
+  resnet50
   devices, split,        parallel.py
   allreduce
   run, train_steps,      strategies.py (TRAINERS: scratch, dp, ddp; ddp's processes in distributed.py)
@@ -10,7 +11,7 @@
 """
 
 from backends.torch.environment import environment
-from backends.torch.models import build, count_params, lenet, load_canonical, resnet18, spec
+from backends.torch.models import build, count_params, lenet, load_canonical, resnet18, resnet50, spec
 from backends.torch.parallel import allreduce, devices, split
 from backends.torch.strategies import (TRAINERS, float64_gradients, float64_reference, gradients, run, train_steps,
                                       train_trace)
@@ -18,7 +19,7 @@ from backends.torch.strategies import (TRAINERS, float64_gradients, float64_refe
 NAME = "torch"
 
 # The backend interface (docs/ARCHITECTURE.md): the same names in every backend.
-__all__ = ["NAME", "resnet18", "lenet", "initial_weights", "param_count", "devices", "split", "allreduce",
+__all__ = ["NAME", "resnet18", "lenet", "resnet50", "initial_weights", "param_count", "devices", "split", "allreduce",
            "predict", "run", "environment", "gradients", "train_trace", "train_steps", "float64_gradients",
            "TRAINERS", "array", "to_numpy", "device_of",
            "float64_reference"]   # torch only: the reference of the check's float32 floor

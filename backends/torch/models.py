@@ -1,4 +1,4 @@
-"""ResNet-18 (d2l's variant for 28x28 inputs) and d2l's from-scratch LeNet, in PyTorch.
+"""ResNet-18 (d2l's variant for 28x28 inputs), d2l's from-scratch LeNet and ResNet-50 (torchvision's v1.5), in PyTorch.
 
 Module names are the canonical parameter names (common/weights.py), and PyTorch's
 layouts are the canonical layouts, so the mapping canonical <-> native is the identity.
@@ -14,6 +14,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from backends.torch.parallel import as_tensor
+from common import architectures
+from common.architectures import RESNET50_LAYERS
 
 BN_EPS = 1e-5
 BN_MOMENTUM = 0.1   # PyTorch convention: new = (1 - m) * old + m * batch (0.9 in MXNet/flax terms)
@@ -83,6 +85,50 @@ class LeNet(nn.Module):
         return self.fc2(F.relu(self.fc1(torch.flatten(x, 1))))
 
 
+class Bottleneck(nn.Module):
+    """torchvision's Bottleneck (v1.5: the stride on the 3x3 conv): 1x1, 3x3, 1x1 (4x the planes), bias-free
+    convs each followed by BatchNorm; a strided 1x1 conv + BatchNorm (`downsample`) on a changed shortcut."""
+
+    def __init__(self, in_channels: int, planes: int, stride: int = 1, downsample: bool = False):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, planes, 1, bias=False)
+        self.bn1 = _bn(planes)
+        self.conv2 = nn.Conv2d(planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = _bn(planes)
+        self.conv3 = nn.Conv2d(planes, 4 * planes, 1, bias=False)
+        self.bn3 = _bn(4 * planes)
+        self.downsample = nn.Sequential(nn.Conv2d(in_channels, 4 * planes, 1, stride=stride, bias=False),
+                                        _bn(4 * planes)) if downsample else None
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.conv2(y)))
+        y = self.bn3(self.conv3(y))
+        return F.relu(y + (self.downsample(x) if self.downsample is not None else x))
+
+
+class ResNet50(nn.Module):
+    """torchvision's resnet50, module for module (its parameter names are the canonical ones): 7x7 stride-2
+    stem, 3x3 stride-2 max-pool, layer1..layer4 of 3/4/6/3 bottlenecks, global average pool, linear."""
+
+    def __init__(self, num_classes: int = 1000, in_channels: int = 3):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
+        self.bn1 = _bn(64)
+        channels = 64
+        for index, (planes, blocks, stride) in enumerate(RESNET50_LAYERS, start=1):
+            layer = [Bottleneck(channels, planes, stride, downsample=True)]
+            layer += [Bottleneck(4 * planes, planes) for _ in range(blocks - 1)]
+            setattr(self, f"layer{index}", nn.Sequential(*layer))
+            channels = 4 * planes
+        self.fc = nn.Linear(channels, num_classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, stride=2, padding=1)
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
 def resnet18(num_classes: int = 10, in_channels: int = 1) -> ResNet18:
     return ResNet18(num_classes, in_channels)
 
@@ -91,11 +137,16 @@ def lenet(num_classes: int = 10, in_channels: int = 1) -> LeNet:
     return LeNet(num_classes, in_channels)
 
 
-MODELS = {"resnet18": resnet18, "lenet": lenet}
+def resnet50(num_classes: int = 1000, in_channels: int = 3) -> ResNet50:
+    return ResNet50(num_classes, in_channels)
+
+
+MODELS = {"resnet18": resnet18, "lenet": lenet, "resnet50": resnet50}
 
 
 def build(model: str) -> nn.Module:
-    return MODELS[model]()
+    """The network with the channels and classes of the input it takes (common/architectures.py)."""
+    return MODELS[model](architectures.num_classes(model), architectures.in_channels(model))
 
 
 def count_params(net: nn.Module) -> int:
@@ -111,7 +162,8 @@ def spec(net: nn.Module) -> list[tuple[str, tuple[int, ...], str]]:
     for prefix, module in net.named_modules():
         p = prefix + "." if prefix else ""
         if isinstance(module, nn.Conv2d):
-            out += [(p + "weight", tuple(module.weight.shape), "conv"), (p + "bias", tuple(module.bias.shape), "bias")]
+            out += [(p + "weight", tuple(module.weight.shape), "conv")]
+            out += [(p + "bias", tuple(module.bias.shape), "bias")] if module.bias is not None else []
         elif isinstance(module, nn.Linear):
             out += [(p + "weight", tuple(module.weight.shape), "dense"), (p + "bias", tuple(module.bias.shape), "bias")]
         elif isinstance(module, nn.BatchNorm2d):

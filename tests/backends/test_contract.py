@@ -19,7 +19,7 @@ from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, 
 
 BATCH = 12  # divisible by 1, 2 and 3 devices
 
-INTERFACE = ["NAME", "resnet18", "lenet", "initial_weights", "param_count", "devices", "split", "allreduce",
+INTERFACE = ["NAME", "resnet18", "lenet", "resnet50", "initial_weights", "param_count", "devices", "split", "allreduce",
              "predict", "run", "environment", "gradients", "train_trace", "train_steps", "float64_gradients",
              "TRAINERS", "array", "to_numpy", "device_of"]
 
