@@ -10,14 +10,19 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 
-MODELS = ("resnet18", "lenet")
+from common import architectures
+
+MODELS = ("resnet18", "lenet", "resnet50")
 BN_MODES = ("local", "sync")
 INITS = ("d2l", "he")    # the initialisers of common/weights.py
 PRECISIONS = ("fp32", "tf32", "bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 MAX_PREFETCH = 16
 MAX_SIMULATED_DEVICES = 16   # --gpus on the CPU: the simulated devices a backend provides (XLA's are made at import)
-DATASETS = ("fashion-mnist", "synthetic")
+# (channels, classes) of each dataset's images; a model takes the datasets of its own input (architectures.INPUTS).
+DATASET_INPUTS = {"fashion-mnist": (1, 10), "synthetic": (1, 10), "imagenet": (3, 1000), "imagenet-synthetic": (3, 1000)}
+DATASETS = tuple(DATASET_INPUTS)
+MAX_IMAGE_SIZE = 1024    # --image-size: ImageNet-shaped images are resized to this side at most
 MAX_SEED = 2**32 - 1     # numpy's SeedSequence and every framework's seed accept 0..2**32-1
 # A fixed bound, not one derived from this host's cores: a config must mean the same on every host (the
 # worker validates it again). 1024 is above the hardware threads of any current CPU; far larger counts
@@ -56,6 +61,28 @@ def check_threads(threads) -> None:
         raise ConfigError(f"--threads must be between 1 and {MAX_THREADS} (got {threads})")
 
 
+def datasets_for(model: str) -> list[str]:
+    """The datasets whose images `model` takes."""
+    shape = (architectures.in_channels(model), architectures.num_classes(model))
+    return [name for name, inputs in DATASET_INPUTS.items() if inputs == shape]
+
+
+def check_model_input(model: str, dataset: str, image_size: int | None) -> None:
+    """The model takes the dataset's images (channels and classes), at a side it accepts."""
+    if dataset not in datasets_for(model):
+        raise ConfigError(f"--model {model} does not take {dataset} images; choose --dataset from "
+                          f"{', '.join(datasets_for(model))}")
+    if image_size is None:
+        return
+    if DATASET_INPUTS[dataset][0] == 1:
+        raise ConfigError(f"--image-size applies to ImageNet-shaped datasets; {dataset} images are 28x28")
+    smallest = architectures.smallest_image_size(model)
+    if not isinstance(image_size, int) or isinstance(image_size, bool) or \
+            not smallest <= image_size <= MAX_IMAGE_SIZE:
+        raise ConfigError(f"--image-size must be between {smallest} and {MAX_IMAGE_SIZE} for {model} "
+                          f"(got {image_size})")
+
+
 def parse_address(text) -> tuple[str, int]:
     """("host", port) from "HOST:PORT" (an IPv6 host in brackets: "[::1]:29500"); ConfigError otherwise."""
     host, sep, port = str(text or "").rpartition(":")
@@ -80,7 +107,8 @@ class RunConfig:
     test_size: int | None = None
     eval_batch_size: int = 1000
     dataset: str = "fashion-mnist"
-    data_dir: str | None = None
+    data_dir: str | None = None   # Fashion-MNIST's files, or the prepared ImageNet-layout images (common/data.py)
+    image_size: int | None = None   # the side of ImageNet-shaped images (None: the model's, 224); Fashion-MNIST is 28
     seed: int = 0
     timeout: float = 3600.0
     threads: int | None = None   # CPU threads per process; None: the framework's default
@@ -125,6 +153,13 @@ class RunConfig:
         return f"{self.strategy}[{','.join(opts)}]" if opts else self.strategy
 
     @property
+    def image_side(self) -> int:
+        """The side of the square images this run trains on."""
+        if self.dataset in ("fashion-mnist", "synthetic"):
+            return 28
+        return self.image_size or architectures.default_image_size(self.model)
+
+    @property
     def per_device_batch(self) -> int:
         return self.batch_size // self.devices
 
@@ -151,6 +186,7 @@ class RunConfig:
             raise ConfigError(f"unknown model {self.model!r}; choose from {', '.join(MODELS)}")
         if self.dataset not in DATASETS:
             raise ConfigError(f"unknown dataset {self.dataset!r}; choose from {', '.join(DATASETS)}")
+        check_model_input(self.model, self.dataset, self.image_size)
         if self.epochs < (0 if self.load_weights else 1):
             raise ConfigError(f"--epochs must be at least 1 (got {self.epochs}); "
                               "0 evaluates the weights given with --load-weights")

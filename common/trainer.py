@@ -42,7 +42,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from common.config import RunConfig
+from common.config import RunConfig, datasets_for
 from common.loop import feed, time_calls
 
 # The public methods of a trainer, in the order every strategies.py defines them.
@@ -158,5 +158,7 @@ def probe_config(backend: str, strategy: str, model: str, n_devices: int, batch_
     """The run config of an equivalence call (gradients, train_trace, train_steps), validated.
     `options`: backend options (backend.toml's [options]); `levers`: RunConfig's precision, compile,
     channels_last, resident_data, prefetch."""
+    dataset = datasets_for(model)[0]   # the batches are the caller's: a dataset of the images the model takes
     return RunConfig(backend=backend, strategy=strategy, devices=n_devices, device_kind=device_kind, model=model,
-                     batch_size=batch_size, lr=lr, bn=bn, options=dict(options or {}), **levers).validate()
+                     dataset=dataset, batch_size=batch_size, lr=lr, bn=bn, options=dict(options or {}),
+                     **levers).validate()

@@ -24,9 +24,12 @@ INTERFACE = ["NAME", "resnet18", "lenet", "resnet50", "initial_weights", "param_
              "TRAINERS", "array", "to_numpy", "device_of"]
 
 
-def batch(n=BATCH, seed=0):
+def batch(n=BATCH, seed=0, model="lenet"):
+    """n random images of the shape `model` takes (ResNet-50: 3 x 32 x 32, its smallest), and their labels."""
+    from common.architectures import example_shape, num_classes
     rng = np.random.default_rng(seed)
-    return rng.random((n, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, n).astype(np.int32)
+    return (rng.random((n, *example_shape(model)[1:]), dtype=np.float32),
+            rng.integers(0, num_classes(model), n).astype(np.int32))
 
 
 def test_the_package_provides_the_interface_in_its_order(backend):
@@ -79,13 +82,26 @@ def test_allreduce_leaves_the_exact_sum_on_every_device(backend, k):
 def test_parameter_counts(backend):
     assert backend.param_count("resnet18") == 11_175_818
     assert backend.param_count("lenet") == 129_068
+    assert backend.param_count("resnet50") == 25_557_032     # torchvision's resnet50
 
 
-@pytest.mark.parametrize("model", ["resnet18", "lenet"])
-def test_output_shape(backend, model):
-    x, _ = batch(5)
+@pytest.mark.parametrize("model, classes", [("resnet18", 10), ("lenet", 10), ("resnet50", 1000)])
+def test_output_shape(backend, model, classes):
+    x, _ = batch(5, model=model)
     logits = backend.predict(model, backend.initial_weights(model, 0), x)
-    assert logits.shape == (5, 10) and logits.dtype == np.float32 and np.isfinite(logits).all()
+    assert logits.shape == (5, classes) and logits.dtype == np.float32 and np.isfinite(logits).all()
+
+
+def test_resnet50_takes_any_image_side_from_32(backend):
+    """ResNet-50 pools globally: 32 x 32 (the smallest, 1 x 1 after its five halvings) and 48 x 48 (2 x 2 at
+    the end, odd sides on the way) give 1000 logits, in training mode too."""
+    from common.weights import he_scaled
+    w = he_scaled(backend.initial_weights("resnet50", 0), "resnet50")
+    for side in (32, 48):
+        x = np.random.default_rng(side).random((2, 3, side, side), dtype=np.float32)
+        for train in (False, True):
+            logits = backend.predict("resnet50", w, x, train=train)
+            assert logits.shape == (2, 1000) and np.isfinite(logits).all() and np.std(logits) > 1e-3
 
 
 # SHA-256 of the canonical initial weights (seed 0): every backend must start from exactly these
@@ -93,10 +109,11 @@ def test_output_shape(backend, model):
 CANONICAL_FINGERPRINTS = {
     "resnet18": "1edb562911f9087d60faa0220f475e76ee56775bafc7aab1c426b9bec6b44e2c",
     "lenet": "d4edbb487ad27285ea3211f777ff08bd27ba74ca46cc26104b6344a7ef061a0f",
+    "resnet50": "b77e429f8665a3a6439040499f86ec4b402048ae9ee8639d6abdeabb1446bb24",
 }
 
 
-@pytest.mark.parametrize("model", ["resnet18", "lenet"])
+@pytest.mark.parametrize("model", ["resnet18", "lenet", "resnet50"])
 def test_initial_weights_are_the_canonical_ones(backend, model):
     from common.weights import fingerprint
     assert fingerprint(backend.initial_weights(model, 0)) == CANONICAL_FINGERPRINTS[model]
