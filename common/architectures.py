@@ -56,7 +56,8 @@ def _bottleneck(name: str, in_ch: int, planes: int, downsample: bool) -> Spec:
     spec += _conv(f"{name}.conv2", planes, planes, 3, bias=False) + _bn(f"{name}.bn2", planes)
     spec += _conv(f"{name}.conv3", 4 * planes, planes, 1, bias=False) + _bn(f"{name}.bn3", 4 * planes)
     if downsample:
-        spec += _conv(f"{name}.downsample.0", 4 * planes, in_ch, 1, bias=False) + _bn(f"{name}.downsample.1", 4 * planes)
+        spec += _conv(f"{name}.downsample.0", 4 * planes, in_ch, 1, bias=False)
+        spec += _bn(f"{name}.downsample.1", 4 * planes)
     return spec
 
 

@@ -20,7 +20,8 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 MAX_PREFETCH = 16
 MAX_SIMULATED_DEVICES = 16   # --gpus on the CPU: the simulated devices a backend provides (XLA's are made at import)
 # (channels, classes) of each dataset's images; a model takes the datasets of its own input (architectures.INPUTS).
-DATASET_INPUTS = {"fashion-mnist": (1, 10), "synthetic": (1, 10), "imagenet": (3, 1000), "imagenet-synthetic": (3, 1000)}
+DATASET_INPUTS = {"fashion-mnist": (1, 10), "synthetic": (1, 10),
+                  "imagenet": (3, 1000), "imagenet-synthetic": (3, 1000)}
 DATASETS = tuple(DATASET_INPUTS)
 MAX_IMAGE_SIZE = 1024    # --image-size: ImageNet-shaped images are resized to this side at most
 MAX_SEED = 2**32 - 1     # numpy's SeedSequence and every framework's seed accept 0..2**32-1

@@ -1,4 +1,5 @@
-"""Fashion-MNIST: find, verify and read the IDX files, and cut them into batches.
+"""Fashion-MNIST: find, verify and read the IDX files; the dataset of a run (ImageNet-shaped ones are in
+common/imagenet.py); and the batches.
 
 Batching lives here, in numpy, so that every backend and strategy sees the same
 batches in the same order: one seeded permutation per epoch, global batches of
@@ -180,7 +181,8 @@ def locate_or_download(data_dir: str | None = None) -> Path:
 
 @dataclass(frozen=True)
 class Dataset:
-    """Images as float32 NCHW in [0, 1] (as d2l's ToTensor), labels as int32."""
+    """Images as float32 NCHW (Fashion-MNIST in [0, 1] as d2l's ToTensor, ImageNet normalised as torchvision's
+    reference scripts do), labels as int32."""
     name: str
     source: str
     x_train: np.ndarray
@@ -266,6 +268,9 @@ def load(cfg) -> Dataset:
     """The dataset a run config asks for."""
     if cfg.dataset == "synthetic":
         return synthetic(cfg.train_size or SYNTHETIC_SIZES[0], cfg.test_size or SYNTHETIC_SIZES[1], cfg.seed)
+    if cfg.dataset.startswith("imagenet"):
+        from common import imagenet   # (which builds on this module's Dataset)
+        return imagenet.load(cfg)
     return load_fashion_mnist(Path(cfg.data_dir), cfg.train_size, cfg.test_size)
 
 

@@ -33,6 +33,9 @@ class Preset:
     timed_steps: int
     batch_size: int | None = None   # --batch-size: the global batch, whatever the device count
     lr: float | None = None         # --lr: the learning rate, whatever the device count
+    dataset: str = "fashion-mnist"
+    image_size: int | None = None   # the side of ImageNet-shaped images (None: the model's, 224)
+    precision: str = "fp32"
 
     def with_flags(self, args) -> "Preset":
         """The preset with the value of every flag the command line gives in place of its own."""
@@ -47,14 +50,23 @@ class Preset:
 
 
 # The flags that override a preset's value (their default, None, leaves it).
-PRESET_FLAGS = ("model", "epochs", "train_size", "test_size", "timed_steps", "batch_size", "lr")
+PRESET_FLAGS = ("model", "epochs", "train_size", "test_size", "timed_steps", "batch_size", "lr", "dataset",
+                "image_size", "precision")
 
-# d2l's recipe (GPU) and a quick CPU preset that finishes in a few minutes on 2 cores.
+# d2l's recipe (GPU) and a quick CPU preset that finishes in a few minutes on 2 cores; ResNet-50 on
+# ImageNet-shaped synthetic images, for the GPU (torchvision's recipe: batch 256 and lr 0.1 per device, in bf16,
+# the throughput NVIDIA publishes) and a few steps on small images for the CPU.
 PRESETS = {
     "d2l": Preset("d2l recipe", model="resnet18", epochs=10, batch_per_device=256, lr_per_device=0.1,
                   train_size=None, test_size=None, timed_steps=50),
     "quick": Preset("CPU quick preset (data subset)", model="resnet18", epochs=2, batch_per_device=32,
                     lr_per_device=0.05, train_size=2048, test_size=1000, timed_steps=10),
+    "resnet50": Preset("ResNet-50 throughput preset (224x224 synthetic images, bf16)", model="resnet50", epochs=1,
+                       batch_per_device=256, lr_per_device=0.1, train_size=5120, test_size=1000, timed_steps=50,
+                       dataset="imagenet-synthetic", image_size=224, precision="bf16"),
+    "resnet50-quick": Preset("ResNet-50 CPU quick preset (a few steps on 32x32 synthetic images)", model="resnet50",
+                             epochs=1, batch_per_device=4, lr_per_device=0.1 * 4 / 256, train_size=32, test_size=16,
+                             timed_steps=3, dataset="imagenet-synthetic", image_size=32),
 }
 
 
@@ -141,10 +153,18 @@ def devices_flags(gpus_default: str | None, gpus_help: str) -> Parser:
 
 def data_flags() -> Parser:
     p = _group()
-    p.add_argument("--dataset", choices=DATASETS, default="fashion-mnist",
-                   help="synthetic: random images for smoke runs, labelled as such in the report")
+    p.add_argument("--dataset", choices=DATASETS, default=None,
+                   help="fashion-mnist (lenet, resnet18); imagenet: an ImageNet-layout folder (--data-dir) "
+                        "(resnet50); synthetic and imagenet-synthetic: random images of either shape for speed "
+                        "runs, labelled as such in the report. Default: the preset's, else the model's "
+                        "(imagenet-synthetic for resnet50 without --data-dir)")
     p.add_argument("--data-dir", type=absolute_path, default=None,
-                   help="directory with the four Fashion-MNIST IDX files (.gz or not)")
+                   help="directory with the four Fashion-MNIST IDX files (.gz or not; or torchvision's download "
+                        "root, ROOT/FashionMNIST/raw/), or with --dataset imagenet a folder DIR/train/<class>/*.JPEG "
+                        "and DIR/val/<class>/*.JPEG")
+    p.add_argument("--image-size", type=int, default=None, metavar="PX",
+                   help="side of ImageNet-shaped images, resized and centre-cropped once before the runs "
+                        "(default: the preset's, else 224; resnet50 takes 32 and more)")
     return p
 
 
@@ -221,7 +241,10 @@ def run_flags() -> Parser:
     p = _group()
     p.add_argument("--preset", choices=("auto", *PRESETS), default="auto",
                    help="d2l: 10 epochs, full data, batch 256 and lr 0.1 per device; quick: 2 epochs on "
-                        "2,048/1,000 images, batch 32 and lr 0.05 per device. auto: d2l on GPUs, quick on CPU")
+                        "2,048/1,000 images, batch 32 and lr 0.05 per device. auto: d2l on GPUs, quick on CPU. "
+                        "resnet50: ResNet-50 on 5,120/1,000 synthetic 224x224 images, 1 epoch, batch 256 and lr 0.1 "
+                        "per device, bf16 (a GPU's throughput); resnet50-quick: a few steps of ResNet-50 on 32x32 "
+                        "synthetic images, batch 4 per device (CPU)")
     p.add_argument("--model", choices=MODELS, default=None, help="network (default: the preset's, resnet18)")
     p.add_argument("--epochs", type=int, default=None, help="epochs (default: the preset's)")
     p.add_argument("--train-size", type=int, default=None,
@@ -241,9 +264,10 @@ def run_flags() -> Parser:
     p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                    help="run a small equivalence check (`python -m harness check`: 5 steps on a few images) over "
                         "this report's backends, strategies and devices first, and put its table in the report")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="fp32 (TF32 off, set explicitly), tf32 (TF32 matmuls and convolutions; NVIDIA GPUs) or bf16 "
-                        "(bfloat16 compute, float32 weights and SGD); backends without it are reported as refused")
+                        "(bfloat16 compute, float32 weights and SGD); backends without it are reported as refused. "
+                        "Default: the preset's (bf16 for resnet50, else fp32)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile for torch (and Keras's ddp), hybridize for MXNet; JAX steps (and Keras's "
                         "distribution) are always jit-compiled")

@@ -16,17 +16,20 @@ from pathlib import Path
 
 import numpy as np
 
+from common import architectures, imagenet
 from common import data as datalib
 from common import weights as weightslib
 from common import manifest
 from common.manifest import Manifest
 from common.network import free_port
 from harness import arguments, envs, runner
+from common.config import MODELS, ConfigError, check_model_input, datasets_for
 from harness.arguments import UsageError
 from harness.equivalence import Row, compare, compare_nodes, table
 from harness.nodes import parse_counts as parse_node_counts
 from harness.plan import (Plan, check_device_counts, choose_devices, parse_backends, parse_gpus, parse_pythons,
-                          resolve_data, select_strategies)
+                          select_strategies)
+from harness.datasets import resolve_data
 
 
 class CheckError(Exception):
@@ -160,6 +163,22 @@ def asked_rows(rows: list[Row], counts: list[int]) -> list[Row]:
 REFERENCE_STRATEGY = "ddp"
 
 
+def described(dataset: datalib.Dataset) -> str:
+    return dataset.name if dataset.name == "fashion-mnist" else dataset.source
+
+
+def probe_dataset(dataset: str, data_dir: str | None, n: int, model: str, side: int | None, seed: int
+                  ) -> datalib.Dataset:
+    """`n` training images for the check's batches (and 10 test images). ImageNet-shaped ones are synthetic, at
+    `side` px (default: the smallest the model takes): the check proves the math, which is that of any image
+    side, and keeps its float64 references (on the CPU) small."""
+    if dataset == "synthetic":
+        return datalib.synthetic(n, 10, seed)
+    if dataset in ("imagenet", "imagenet-synthetic"):
+        return imagenet.synthetic(n, 10, side or architectures.smallest_image_size(model), seed)
+    return datalib.load_fashion_mnist(Path(data_dir), n, 10)
+
+
 def equivalence(plan: Plan, say, log_dir: Path | None = None) -> dict:
     """A small check over what a benchmark report runs, for its Equivalence section."""
     counts = sorted({c.devices for c in plan.configs}) or [1]
@@ -176,15 +195,14 @@ def equivalence(plan: Plan, say, log_dir: Path | None = None) -> dict:
     cfg = plan.configs[0] if plan.configs else None
     if cfg is None:
         return {}
-    dataset = (datalib.synthetic(steps * batch, 10, cfg.seed) if cfg.dataset == "synthetic"
-               else datalib.load_fashion_mnist(Path(cfg.data_dir), steps * batch, 10))
+    dataset = probe_dataset(cfg.dataset, cfg.data_dir, steps * batch, cfg.model, None, cfg.seed)
     # Nodes on other hosts are busy with their own check: the check across nodes runs on loopback nodes only.
     nodes = max(c.nodes for c in plan.configs) if plan.topology.loopback else 1
     rows, failures, hashes = run_checks(backends, plan.pythons, [cfg.model], strategies, counts, [cfg.bn],
                                         steps, batch, 0.1, cfg.seed, dataset, plan.device_kind,
                                         cfg.timeout, say=say, init=cfg.init, log_dir=log_dir, nodes=nodes)
     return {"rows": [r.__dict__ for r in rows], "failures": failures, "weights_hash": hashes,
-            "setup": f"{cfg.model} ({cfg.init} init), {steps} steps of batch {batch} ({cfg.dataset}), lr 0.1, "
+            "setup": f"{cfg.model} ({cfg.init} init), {steps} steps of batch {batch} ({described(dataset)}), lr 0.1, "
                      f"float32, bn {cfg.bn}",
             "table": table(rows)}
 
@@ -198,7 +216,9 @@ DESCRIPTION = ("Compare forward passes, gradients, SGD steps and k-vs-1-device t
 def parents() -> list[arguments.Parser]:
     """The flag groups of `python -m harness check` (shared with `run` where they mean the same)."""
     own = arguments.Parser(add_help=False)
-    own.add_argument("--model", type=arguments.name_list, default="lenet,resnet18", help="comma list of models")
+    own.add_argument("--model", type=arguments.name_list, default="lenet,resnet18",
+                     help="comma list of models (resnet50, which takes ImageNet-shaped images, is checked apart, on "
+                          "synthetic 32x32 images unless --image-size says otherwise)")
     own.add_argument("--bn", type=arguments.name_list, default="local,sync", help="BatchNorm modes: local, sync")
     own.add_argument("--steps", type=int, default=20,
                      help="SGD steps in the loss trace; steps x batch size may not exceed the training images")
@@ -231,8 +251,14 @@ def main(args) -> int:
     counts = [k * nodes for k in counts]   # --gpus is per node
     models = [m.strip() for m in args.model.split(",") if m.strip()]
     bn_modes = [b.strip() for b in args.bn.split(",") if b.strip()]
-    if not set(models) <= {"lenet", "resnet18"} or not models:
-        raise UsageError(f"--model takes lenet and/or resnet18 (got {args.model!r})")
+    if not set(models) <= set(MODELS) or not models:
+        raise UsageError(f"--model takes a comma list of {', '.join(MODELS)} (got {args.model!r})")
+    args.dataset = args.dataset or datasets_for(models[0])[-1 if models[0] == "resnet50" else 0]
+    try:
+        for model in models:
+            check_model_input(model, args.dataset, args.image_size)
+    except ConfigError as e:
+        raise UsageError(f"{e} (check models that take other images separately)") from None
     if not set(bn_modes) <= {"local", "sync"} or not bn_modes:
         raise UsageError(f"--bn takes local and/or sync (got {args.bn!r})")
     if args.steps < 1:
@@ -242,12 +268,13 @@ def main(args) -> int:
     backends = {n: manifest.load(n) for n in names}
     chosen = {n: [s for s, reason in picks if reason is None]
               for n, picks in select_strategies(args, backends, kind).items()}
-    data_dir, _, (train_images, _) = resolve_data(args)
+    data_dir, _, (train_images, _) = (None, "", imagenet.SIZES) if args.dataset.startswith("imagenet") \
+        else resolve_data(args)
     if args.steps * args.batch_size > train_images:   # each step takes its own batch of the first epoch
         raise UsageError(f"--steps {args.steps} x --batch-size {args.batch_size} needs more than the "
                          f"{train_images} training images of {args.dataset}")
-    dataset = (datalib.synthetic(args.steps * args.batch_size, 10, args.seed) if args.dataset == "synthetic"
-               else datalib.load_fashion_mnist(Path(data_dir), args.steps * args.batch_size, 10))
+    dataset = probe_dataset(args.dataset, data_dir, args.steps * args.batch_size, models[0], args.image_size,
+                            args.seed)
 
     print(devices.line)
     rows, failures, hashes = run_checks(backends, parse_pythons(args.python), models, chosen, counts, bn_modes,
@@ -255,7 +282,8 @@ def main(args) -> int:
                                         init=args.init, nodes=nodes)
     print()
     print("Canonical weights: " + ", ".join(f"{m} {h[:16]}" for m, h in hashes.items()) +
-          f" ({args.init} init); {args.steps} batches of {args.batch_size} ({args.dataset}), lr {args.lr:g}, fp32")
+          f" ({args.init} init); {args.steps} batches of {args.batch_size} ({described(dataset)}), "
+          f"lr {args.lr:g}, fp32")
     print("\n".join(table(rows)))
     for name, reason in failures.items():
         print(f"{name}: could not be checked: {reason}")

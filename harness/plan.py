@@ -10,15 +10,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from common import data as datalib
 from common import levers as leverlib
 from common import manifest
 from common import weights as weightslib
-from common.config import MAX_SIMULATED_DEVICES, ConfigError, RunConfig
+from common.config import (MAX_SIMULATED_DEVICES, ConfigError, RunConfig)
 from common.manifest import Manifest
 from harness import devices as devicelib
 from harness import nodes as nodelib
 from harness.arguments import PRESETS, Preset, UsageError, check_shared
+from harness.datasets import check_subset_sizes, explicit_size, resolve_data, settle_data
 from harness.nodes import Topology
 
 MAX_REPEAT = 100     # --repeat: trials of each configuration
@@ -235,29 +235,6 @@ def refused_levers(args, backends: dict[str, Manifest], kind: str) -> dict[str, 
     return refused
 
 
-def resolve_data(args) -> tuple[str | None, str, tuple[int, int]]:
-    """(data directory, where the data comes from, (training images, test images)).
-
-    The files are read and verified here, once, so that bad data is one error before anything runs."""
-    if args.dataset == "synthetic":
-        return None, "synthetic (random images; not Fashion-MNIST)", datalib.SYNTHETIC_SIZES
-    try:
-        path = datalib.locate_or_download(args.data_dir)
-        sizes = datalib.verify(path)
-    except datalib.DataError as e:
-        raise UsageError(str(e)) from None
-    return str(path), f"Fashion-MNIST IDX files in {path} (SHA-256 verified before the runs and by each worker)", sizes
-
-
-def check_subset_sizes(args, sizes: tuple[int, int]) -> None:
-    """--train-size / --test-size may not ask for more images than the dataset has (they would be clipped
-    while the report claimed the number asked for)."""
-    for flag, asked, available, split in (("--train-size", args.train_size, sizes[0], "training"),
-                                          ("--test-size", args.test_size, sizes[1], "test")):
-        if asked is not None and asked > available:
-            raise UsageError(f"{flag} {asked} is more than the {available} {split} images of {args.dataset}")
-
-
 def make_config(args, preset: Preset, backend: str, strategy: str, options: dict, n: int, kind: str,
                 data_dir: str | None, topology: Topology = Topology(), nodes: int = 1) -> RunConfig:
     """One run of `preset` (the flags already in it) on n devices (in all, over `nodes` nodes)."""
@@ -268,8 +245,9 @@ def make_config(args, preset: Preset, backend: str, strategy: str, options: dict
         nodes=nodes, node_rank=0 if loopback else topology.node_rank, coordinator=coordinator,
         loopback_nodes=loopback,
         model=preset.model, epochs=preset.epochs, batch_size=preset.batch(n), lr=preset.learning_rate(n),
-        train_size=preset.train_size, test_size=preset.test_size,
-        dataset=args.dataset, data_dir=data_dir, seed=args.seed, timeout=args.timeout,
+        train_size=explicit_size(preset.train_size, preset.dataset, 0),
+        test_size=explicit_size(preset.test_size, preset.dataset, 1),
+        dataset=args.dataset, data_dir=data_dir, image_size=args.image_size, seed=args.seed, timeout=args.timeout,
         threads=args.threads, options=options, bn=args.bn, init=args.init,
         precision=args.precision, compile=args.compile, channels_last=args.channels_last,
         resident_data=args.resident_data, compile_mode=args.compile_mode, prefetch=args.prefetch,
@@ -296,13 +274,13 @@ def build_plan(args) -> Plan:
         raise UsageError(f"--out {args.out} exists and is not a directory")
 
     preset_name = args.preset if args.preset != "auto" else ("d2l" if kind == "gpu" else "quick")
-    preset = PRESETS[preset_name].with_flags(args)
+    preset = settle_data(args, PRESETS[preset_name].with_flags(args))
     backends = {n: manifest.load(n) for n in names}
     options = parse_options(args.option, backends)
     strategies = select_strategies(args, backends, kind, args.bn, min(topology.counts))
     check_options_apply(options, backends, strategies)
     refused = refused_levers(args, backends, kind)
-    data_dir, data_source, sizes = resolve_data(args)
+    data_dir, data_source, sizes = resolve_data(args, preset.model, (preset.train_size, preset.test_size))
     check_subset_sizes(args, sizes)
 
     if not 1 <= args.repeat <= MAX_REPEAT:

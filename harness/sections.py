@@ -7,13 +7,6 @@ from common.config import RunConfig
 from common.results import Result
 from harness.tables import fmt, key, milliseconds, table
 
-# d2l's published figures (10 epochs, V100-class GPUs, FP32, test accuracy of the last epoch).
-D2L_REFERENCE = [
-    ("ResNet-18, MXNet Gluon Trainer (bs 256/lr 0.1, then bs 512/lr 0.2)", "13.1 s/epoch, 0.93", "6.8 s/epoch, 0.92"),
-    ("ResNet-18, PyTorch nn.DataParallel", "12.2-14.2 s/epoch, 0.91", "7.5-9.3 s/epoch, 0.73-0.86"),
-    ("LeNet from scratch, PyTorch (bs 256, lr 0.2)", "3.0 s/epoch, 0.83", "2.8 s/epoch, 0.84"),
-]
-
 # What a GPU run's speed depends on beyond the framework (recorded by the workers that have them).
 GPU_SETTINGS = (("input_copies", "input copies"), ("sgd_update", "SGD update"), ("compile", "compile"))
 

@@ -179,13 +179,12 @@ def steps_table(rows: list[Row]) -> list[str]:
         body.append([c.backend, c.variant, devices_cell(c, simulated=False), f"{ms(median)}",
                      f"{ms(p10)}–{ms(p90)}", str(steps),
                      fmt(c.batch_size / median if median else None, ".1f"),
-                     ms(ar and ar.median_s), fmt(ar.gb_per_s if ar and several else None, ".2f"),
-                     fmt(ar and ar.share_of_step, ".0%")])
+                     fmt(ar and ar.bytes / 1e6, ".1f"), ms(ar and ar.median_s),
+                     fmt(ar.gb_per_s if ar and several else None, ".2f"), fmt(ar and ar.share_of_step, ".0%")])
     if not body:
         return []
-    mb = next(row.result.allreduce.bytes for row in rows if row.result.ok and row.result.allreduce) / 1e6
     return table(["backend", "strategy", "devices", "step ms (median)", "p10–p90 ms", "steps", "images/s at median",
-                  f"allreduce ms ({mb:.1f} MB)", "allreduce GB/s", "allreduce / step"], body)
+                  "gradients MB / step", "allreduce ms", "allreduce GB/s", "allreduce / step"], body)
 
 
 def accuracy_table(rows: list[Row]) -> list[str]:
