@@ -25,7 +25,8 @@ from harness.plots import plot_accuracy, plot_throughput
 from harness.published import d2l_section, resnet50_section
 from harness.sections import (devices_line, environment_section, equivalence_section, hashes_section,
                               input_line, nodes_section, precision_line)
-from harness.tables import (accuracy_table, as_results, failures, steps_table, summary_records, summary_table, trials_table, with_scaling)
+from harness.tables import (accuracy_table, as_results, failures, steps_table, summary_records, summary_table,
+                            trials_table, with_scaling)
 
 
 class Staging:
