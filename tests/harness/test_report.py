@@ -76,13 +76,32 @@ def test_step_statistics_and_allreduce_figure_are_tabulated():
     r["allreduce"] = {"values": 11175818, "bytes": 44703272, "repeats": 10, "median_s": 0.0025, "p10_s": 0.002,
                       "p90_s": 0.003, "gb_per_s": 17.88, "share_of_step": 0.2}
     lines = tables.steps_table(tables.with_scaling(tables.as_results([r, result()])))
-    assert lines[0].startswith("| backend | strategy | devices | step ms (median) |") and "(44.7 MB)" in lines[0]
-    assert lines[2] == "| torch | scratch[bf16,compile] | 2 | 12.5 | 12–14 | 10 | 5120.0 | 2.5 | 17.88 | 20% |"
+    assert lines[0].startswith("| backend | strategy | devices | step ms (median) |") and "gradients MB" in lines[0]
+    assert lines[2] == "| torch | scratch[bf16,compile] | 2 | 12.5 | 12–14 | 10 | 5120.0 | 44.7 | 2.5 | 17.88 | 20% |"
     assert len(lines) == 3                     # the run without step statistics has no row
     r["config"]["devices"] = 1                 # nothing to send: no bandwidth figure
     assert tables.steps_table(tables.with_scaling(tables.as_results([r])))[2].endswith("| 2.5 | — | 20% |")
     text = report.render([r], {**META, "run_id": "x"}, {})
     assert "## Step time and communication" in text and "bfloat16 compute" in text and "compile" in text
+
+
+def resnet50_on(gpu: str, ips: float) -> dict:
+    r = result(ips=ips)
+    r["config"].update(model="resnet50", dataset="imagenet-synthetic", image_size=224, simulated=False,
+                       device_kind="gpu", precision="bf16", batch_size=256)
+    r["environment"] = {"devices": [gpu]}
+    return r
+
+
+def test_a_resnet50_report_quotes_nvidias_figures_and_compares_a_gpu_it_names():
+    text = report.render([resnet50_on("NVIDIA A100-SXM4-80GB", 2223.0), resnet50_on("NVIDIA H200", 3000.0)],
+                         {**META, "run_id": "r"}, {})
+    assert "model resnet50 (25.6 M parameters: 102 MB of float32 gradients per step) on 224x224 images" in text
+    assert "> **Synthetic data**: random images, not ImageNet." in text
+    assert "## Published reference (ResNet-50 v1.5, one GPU)" in text and "13.1 s/epoch" not in text
+    assert "| A100 | DGX A100 (A100 80GB) | mixed precision | 2,470 |" in text
+    assert "on NVIDIA A100-SXM4-80GB: 2,223 images/s, 90% of the published 2,470 (mixed precision)." in text
+    assert "on NVIDIA H200: 3,000 images/s; the table has no figure for this GPU." in text
 
 
 def test_the_devices_line_says_how_they_were_found_and_old_results_still_render():
@@ -134,14 +153,19 @@ def test_the_method_says_how_batches_reach_the_devices():
 
 def test_a_committed_report_renders_again_from_its_results_json():
     """reports/*/results.json (schema v1) loads and renders: every table and section of the committed report.md
-    comes out the same; only the lines the report has reworded since (the devices line, the input line of the
-    method, the equivalence prose, the note on its logs) differ."""
+    comes out the same; only the lines the report has reworded since (the devices line, the preset line, the input
+    line of the method, the equivalence prose, the note on its logs) and the step table, which has gained a
+    column, differ."""
     from common.results import load_results_json
     directory = next(p for p in sorted(Path(__file__).parents[2].glob("reports/*")) if (p / "results.json").exists())
     results, meta = load_results_json(directory)
     text = report.render(results, meta, {"accuracy": True, "throughput": True})
     assert "(schema v1)" in text
     lines = set(text.splitlines())
-    changed = [l for l in (directory / "report.md").read_text().splitlines() if l not in lines]
-    reworded = ("- Devices:", "Every backend and strategy of this report", "Raw numbers:")
+    committed = (directory / "report.md").read_text()
+    steps = committed.split("## Step time and communication")[1].split("\n## ")[0].splitlines()
+    changed = [l for l in committed.splitlines() if l not in lines and l not in steps]
+    reworded = ("- Devices:", "- Preset:", "Every backend and strategy of this report", "Raw numbers:")
     assert all(l.startswith(reworded) for l in changed), changed
+    rendered_steps = text.split("## Step time and communication")[1].split("\n## ")[0].splitlines()
+    assert sum(l.startswith("| ") for l in rendered_steps) == sum(l.startswith("| ") for l in steps) > 2
