@@ -31,8 +31,8 @@ DESCRIPTION = ("Compare benchmark runs: per configuration, the change in images/
                "interval of the step-time ratio over the trials and their steps; exit status 1 if a row got slower "
                "than --factor, significantly.")
 # The config fields a run's figures depend on besides the row's own key: a difference makes rows incomparable.
-COMPARABLE = ("model", "batch_size", "lr", "epochs", "train_size", "test_size", "eval_batch_size", "dataset", "bn",
-              "init", "seed", "timed_steps", "simulated")
+COMPARABLE = ("model", "batch_size", "lr", "epochs", "train_size", "test_size", "eval_batch_size", "dataset",
+              "image_size", "bn", "init", "seed", "timed_steps", "simulated")
 ACCEPTABLE = ("versions", "devices")
 MIN_SAMPLES = 3     # step samples per side: below this no interval means anything
 RESAMPLES = 2000    # bootstrap resamples of each side

@@ -103,7 +103,8 @@ def bootstrap(argv: list[str]) -> None:
     So that `python -m harness ...` works on a fresh machine with nothing but Python;
     with `pip install -e .[test]` done, nothing happens here.
     """
-    needed = ["numpy", "matplotlib", "tqdm", "PIL"] + (["pytest", "ruff", "importlinter"] if argv[:1] == ["test"] else [])
+    needed = ["numpy", "matplotlib", "tqdm", "PIL"]
+    needed += ["pytest", "ruff", "importlinter"] if argv[:1] == ["test"] else []
     if not _missing(needed) or os.environ.get(BOOTSTRAPPED):
         return
     try:
