@@ -76,7 +76,10 @@ def he_scaled(weights: dict[str, np.ndarray], model: str) -> dict[str, np.ndarra
     out = dict(weights)
     for name, shape, kind in architectures.spec(model):
         if kind in ("conv", "dense"):
-            out[name] = (weights[name] * (np.sqrt(2.0 / np.prod(shape[1:])) / INIT_STD)).astype(np.float32)
+            # in float64, then rounded once: numpy 1 (MXNet's environment) would multiply a float32 array by a
+            # float64 scalar in float32, numpy 2 in float64, and the weights would differ by one float32 step
+            scale = np.sqrt(2.0 / np.prod(shape[1:])) / INIT_STD
+            out[name] = (np.asarray(weights[name], np.float64) * scale).astype(np.float32)
     return out
 
 
