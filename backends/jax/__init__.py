@@ -1,6 +1,7 @@
 """JAX backend: the backend interface (docs/ARCHITECTURE.md) in JAX, flax (linen) and optax.
 
-  resnet18, lenet        models.py
+  resnet18, lenet,       models.py
+  resnet50
   devices, split,        parallel.py
   allreduce
   run, train_steps,      strategies.py (TRAINERS: pmap, sharding; the math they share in models.py)
@@ -27,7 +28,8 @@ def _ask_xla_for_cpu_devices(count: int) -> None:
 _ask_xla_for_cpu_devices(SIMULATED_DEVICES)
 
 from backends.jax.environment import environment  # noqa: E402  (after the XLA flag)
-from backends.jax.models import build, count_params, forward, from_canonical, lenet, resnet18, spec  # noqa: E402
+from backends.jax.models import (build, count_params, forward, from_canonical, lenet, resnet18,  # noqa: E402
+                                 resnet50, spec)
 from backends.jax.parallel import allreduce, devices, split  # noqa: E402
 from backends.jax.strategies import (TRAINERS, float64_gradients, gradients, run, train_steps,  # noqa: E402
                                      train_trace)
@@ -35,9 +37,9 @@ from backends.jax.strategies import (TRAINERS, float64_gradients, gradients, run
 NAME = "jax"
 
 # The backend interface (docs/ARCHITECTURE.md): the same names in every backend.
-__all__ = ["NAME", "resnet18", "lenet", "initial_weights", "param_count", "devices", "split", "allreduce",
-           "predict", "run", "environment", "gradients", "train_trace", "train_steps", "float64_gradients",
-           "TRAINERS", "array", "to_numpy", "device_of"]
+__all__ = ["NAME", "resnet18", "lenet", "resnet50", "initial_weights", "param_count", "devices", "split",
+           "allreduce", "predict", "run", "environment", "gradients", "train_trace", "train_steps",
+           "float64_gradients", "TRAINERS", "array", "to_numpy", "device_of"]
 
 
 def initial_weights(model: str, seed: int = 0):

@@ -1,7 +1,9 @@
-"""ResNet-18 (d2l's variant for 28x28 inputs) and d2l's from-scratch LeNet, in flax (linen).
+"""ResNet-18 (d2l's variant for 28x28 inputs), d2l's from-scratch LeNet and ResNet-50 (torchvision's v1.5),
+in flax (linen).
 
 Module names follow the canonical parameter names (common/weights.py): the flax tree
-{"params": {"stage2": {"0": {"conv3": {"kernel": ...}}}}} is canonical `stage2.0.conv3.weight`.
+{"params": {"stage2": {"0": {"conv3": {"kernel": ...}}}}} is canonical `stage2.0.conv3.weight`, and
+ResNet-50's {"layer1": {"0": {"downsample": {"0": {"kernel": ...}}}}} is `layer1.0.downsample.0.weight`.
 Layouts differ from the canonical ones and are converted here:
   conv kernel   flax HWIO (kh, kw, in, out)  <->  canonical OIHW (out, in, kh, kw)
   dense kernel  flax (in, out)               <->  canonical (out, in)
@@ -11,7 +13,7 @@ Activations are NHWC inside the network; callers pass canonical NCHW batches to 
 BatchNorm, e.g. jnp.bfloat16 for --precision bf16; parameters and BatchNorm statistics are
 `param_dtype` (float32; float64 for the float64 equivalence runs), and `forward` hands back logits
 of at least float32, so the loss is computed in float32 (or float64).
-BatchNorm is this module's own (see BatchNorm): flax's updates the running variance with the biased
+BatchNorm is the backend's own (batchnorm.py): flax's updates the running variance with the biased
 batch variance, torch with the unbiased one, and every backend follows torch.
 At the end, the math of a step every strategy shares on one device's shard: the loss, the SGD update and
 the predicted classes of evaluation (strategies.py decides how they are spread over the devices).
@@ -19,81 +21,24 @@ the predicted classes of evaluation (strategies.py decides how they are spread o
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax import lax
 
-BN_EPS = 1e-5
-BN_MOMENTUM = 0.1   # torch's convention: running <- (1 - 0.1) * running + 0.1 * batch
-
-
-def _batch_statistics(x, axis_name: str | None):
-    """(mean, biased variance) per channel of NHWC `x`, in at least float32, and the number of values
-    per channel they were taken over. Two passes, as torch and flax (use_fast_variance=False) compute
-    them; with `axis_name` each pass's per-channel means are lax.pmean'ed over the devices, so both
-    are the global batch's."""
-    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-    axes = tuple(range(x.ndim - 1))
-    count = int(np.prod(x.shape[:-1]))
-
-    def mean(values):
-        m = values.mean(axes)
-        return m if axis_name is None else lax.pmean(m, axis_name)
-
-    mu = mean(x)
-    var = mean(lax.square(x - mu))
-    if axis_name is not None:
-        count *= lax.axis_size(axis_name)
-    return mu, var, count
-
-
-class BatchNorm(nn.Module):
-    """flax's BatchNorm (same names: params scale, bias; batch_stats mean, var) with torch's update of the
-    running statistics: the running variance takes the UNBIASED batch variance, var * n / (n - 1) with n
-    the values per channel the statistics were taken over (this device's shard, or with `axis_name` the
-    global batch), while training-mode normalisation uses the biased one, as every framework does.
-
-    The correction is a per-channel scalar factor on the C-element variance vector, after the two
-    reductions flax makes too: no extra pass over the activations, so a step costs what flax's costs.
-    Statistics are reduced in at least float32 (bfloat16 activations included) and normalisation is
-    flax's arithmetic, so float32 and bfloat16 steps compute exactly what flax's BatchNorm computes."""
-
-    use_running_average: bool
-    axis_name: str | None = None
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
-
-    @nn.compact
-    def __call__(self, x):
-        features = (x.shape[-1],)
-        stats_dtype = jnp.promote_types(self.param_dtype, jnp.float32)
-        ra_mean = self.variable("batch_stats", "mean", jnp.zeros, features, stats_dtype)
-        ra_var = self.variable("batch_stats", "var", jnp.ones, features, stats_dtype)
-        if self.use_running_average:
-            mean, var = ra_mean.value, ra_var.value
-        else:
-            mean, var, count = _batch_statistics(x, None if self.is_initializing() else self.axis_name)
-            if count < 2:
-                raise ValueError(f"BatchNorm needs more than 1 value per channel in training, got {count}")
-            if not self.is_initializing():
-                ra_mean.value = (1 - BN_MOMENTUM) * ra_mean.value + BN_MOMENTUM * mean
-                ra_var.value = (1 - BN_MOMENTUM) * ra_var.value + BN_MOMENTUM * (var * (count / (count - 1)))
-        scale = self.param("scale", nn.initializers.ones, features, self.param_dtype)
-        bias = self.param("bias", nn.initializers.zeros, features, self.param_dtype)
-        y = (x - mean) * (lax.rsqrt(var + BN_EPS) * scale) + bias
-        return jnp.asarray(y, self.dtype)
+from backends.jax.batchnorm import BatchNorm
+from common import architectures
+from common.architectures import RESNET50_LAYERS
 
 
 def _conv(features: int, kernel: int, stride: int = 1, padding: int = 0, name: str | None = None,
-          dtype: Any = None, param_dtype: Any = jnp.float32) -> nn.Conv:
+          dtype: Any = None, param_dtype: Any = jnp.float32, use_bias: bool = True) -> nn.Conv:
     """A conv with torch's explicit symmetric padding (flax's "SAME" pads stride-2 convs differently)."""
     return nn.Conv(features, (kernel, kernel), strides=stride, padding=((padding, padding), (padding, padding)),
-                   dtype=dtype, param_dtype=param_dtype, name=name)
+                   use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, name=name)
 
 
 def _bn(train: bool, name: str, axis: str | None, dtype: Any = None, param_dtype: Any = jnp.float32) -> BatchNorm:
@@ -146,6 +91,7 @@ class ResNet18(nn.Module):
 
     `bn_axis`: the device axis BatchNorm synchronises its statistics over (None: per device)."""
 
+    architecture: ClassVar[str] = "resnet18"   # its name in common/architectures.py (see native_shapes)
     num_classes: int = 10
     bn_axis: str | None = None
     dtype: Any = None
@@ -164,6 +110,7 @@ class ResNet18(nn.Module):
 class LeNet(nn.Module):
     """The from-scratch chapter's network: conv3x3(20) relu avgpool, conv5x5(50) relu avgpool, 800-128-10."""
 
+    architecture: ClassVar[str] = "lenet"
     num_classes: int = 10
     dtype: Any = None
     param_dtype: Any = jnp.float32
@@ -178,6 +125,90 @@ class LeNet(nn.Module):
         return nn.Dense(self.num_classes, dtype=d, param_dtype=p, name="fc2")(x)
 
 
+class Downsample(nn.Module):
+    """torchvision's `downsample` nn.Sequential: a strided 1x1 conv "0" and a BatchNorm "1"."""
+
+    features: int
+    stride: int
+    bn_axis: str | None = None
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        d, p = self.dtype, self.param_dtype
+        x = _conv(self.features, 1, self.stride, 0, "0", d, p, use_bias=False)(x)
+        return _bn(train, "1", self.bn_axis, d, p)(x)
+
+
+class Bottleneck(nn.Module):
+    """torchvision's Bottleneck (v1.5: the stride on the 3x3 conv): 1x1, 3x3, 1x1 (4x the planes), bias-free
+    convs each followed by BatchNorm; a strided 1x1 conv + BatchNorm (`downsample`) on a changed shortcut."""
+
+    planes: int
+    stride: int = 1
+    downsample: bool = False
+    bn_axis: str | None = None
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        d, p, a = self.dtype, self.param_dtype, self.bn_axis
+        y = _conv(self.planes, 1, 1, 0, "conv1", d, p, use_bias=False)(x)
+        y = nn.relu(_bn(train, "bn1", a, d, p)(y))
+        y = _conv(self.planes, 3, self.stride, 1, "conv2", d, p, use_bias=False)(y)
+        y = nn.relu(_bn(train, "bn2", a, d, p)(y))
+        y = _conv(4 * self.planes, 1, 1, 0, "conv3", d, p, use_bias=False)(y)
+        y = _bn(train, "bn3", a, d, p)(y)
+        if self.downsample:
+            x = Downsample(4 * self.planes, self.stride, a, d, p, name="downsample")(x, train)
+        return nn.relu(y + x)
+
+
+class Layer(nn.Module):
+    """torchvision's layer1..layer4: `blocks` bottlenecks named "0", "1", ... (nn.Sequential's indices); the
+    first takes the stride and the downsampling shortcut."""
+
+    planes: int
+    blocks: int
+    stride: int
+    bn_axis: str | None = None
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        same = dict(bn_axis=self.bn_axis, dtype=self.dtype, param_dtype=self.param_dtype)
+        x = Bottleneck(self.planes, self.stride, downsample=True, **same, name="0")(x, train)
+        for i in range(1, self.blocks):
+            x = Bottleneck(self.planes, **same, name=str(i))(x, train)
+        return x
+
+
+class ResNet50(nn.Module):
+    """torchvision's resnet50, module for module: 7x7 stride-2 stem, 3x3 stride-2 max-pool, layer1..layer4
+    of 3/4/6/3 bottlenecks, global average pool, dense.
+
+    `bn_axis`: the device axis BatchNorm synchronises its statistics over (None: per device)."""
+
+    architecture: ClassVar[str] = "resnet50"
+    num_classes: int = 1000
+    bn_axis: str | None = None
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, train: bool = False):
+        d, p = self.dtype, self.param_dtype
+        x = nn.relu(_bn(train, "bn1", self.bn_axis, d, p)(_conv(64, 7, 2, 3, "conv1", d, p, use_bias=False)(x)))
+        # padded with -inf, as torch's (after the ReLU, zero padding would give the same maxima)
+        x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
+        for i, (planes, blocks, stride) in enumerate(RESNET50_LAYERS, start=1):
+            x = Layer(planes, blocks, stride, self.bn_axis, d, p, name=f"layer{i}")(x, train)
+        return nn.Dense(self.num_classes, dtype=d, param_dtype=p, name="fc")(jnp.mean(x, axis=(1, 2)))
+
+
 def resnet18(num_classes: int = 10, in_channels: int = 1, bn_axis: str | None = None, dtype: Any = None,
              param_dtype: Any = jnp.float32) -> ResNet18:
     """`in_channels` is read from the input by flax; kept for the common signature."""
@@ -190,14 +221,21 @@ def lenet(num_classes: int = 10, in_channels: int = 1, bn_axis: str | None = Non
     return LeNet(num_classes, dtype=dtype, param_dtype=param_dtype)
 
 
-MODELS = {"resnet18": resnet18, "lenet": lenet}
-INPUT_SHAPE = (1, 1, 28, 28)   # NCHW, one Fashion-MNIST image
+def resnet50(num_classes: int = 1000, in_channels: int = 3, bn_axis: str | None = None, dtype: Any = None,
+             param_dtype: Any = jnp.float32) -> ResNet50:
+    """`in_channels` is read from the input by flax; kept for the common signature."""
+    return ResNet50(num_classes, bn_axis=bn_axis, dtype=dtype, param_dtype=param_dtype)
+
+
+MODELS = {"resnet18": resnet18, "lenet": lenet, "resnet50": resnet50}
 
 
 def build(model: str, bn_axis: str | None = None, dtype: Any = None, param_dtype: Any = jnp.float32) -> nn.Module:
-    """`dtype`: the compute dtype (None: that of the input, float32 in training); `param_dtype`: that of
-    the parameters and BatchNorm statistics (float32; float64 with jax_enable_x64 for float64 runs)."""
-    return MODELS[model](bn_axis=bn_axis, dtype=dtype, param_dtype=param_dtype)
+    """The network with the classes of the input it takes (common/architectures.py). `dtype`: the compute
+    dtype (None: that of the input, float32 in training); `param_dtype`: that of the parameters and BatchNorm
+    statistics (float32; float64 with jax_enable_x64 for float64 runs)."""
+    return MODELS[model](architectures.num_classes(model), architectures.in_channels(model), bn_axis=bn_axis,
+                         dtype=dtype, param_dtype=param_dtype)
 
 
 def _at_least_float32(logits):
@@ -215,8 +253,10 @@ def forward(net: nn.Module, variables: dict, x, train: bool):
 
 
 def native_shapes(net: nn.Module) -> dict:
-    """{"params": ..., "batch_stats": ...} of shape structs, without computing anything."""
-    x = jax.ShapeDtypeStruct((INPUT_SHAPE[0], *INPUT_SHAPE[2:], INPUT_SHAPE[1]), jnp.float32)
+    """{"params": ..., "batch_stats": ...} of shape structs, without computing anything: flax reads the
+    input channels from a sample, one small image of the network's input (NHWC)."""
+    n, c, h, w = architectures.example_shape(net.architecture)
+    x = jax.ShapeDtypeStruct((n, h, w, c), jnp.float32)
     shapes = jax.eval_shape(lambda x: net.init(jax.random.key(0), x, train=False), x)
     return {"params": dict(shapes["params"]), "batch_stats": dict(shapes.get("batch_stats", {}))}
 

@@ -1,6 +1,7 @@
 """MXNet/Gluon backend: the backend interface (docs/ARCHITECTURE.md) in mxnet 1.9.1.
 
-  resnet18, lenet        models.py
+  resnet18, lenet,       models.py
+  resnet50
   devices, split,        parallel.py
   allreduce, stage
   run, train_steps,      strategies.py (TRAINERS: scratch, gluon, each a common.trainer.Trainer)
@@ -13,7 +14,7 @@
 
 from backends.mxnet.compat import mx
 from backends.mxnet.environment import environment
-from backends.mxnet.models import build, count_params, lenet, load_canonical, resnet18, spec
+from backends.mxnet.models import build, count_params, lenet, load_canonical, resnet18, resnet50, spec
 from backends.mxnet.parallel import allreduce, devices, split
 from backends.mxnet.strategies import TRAINERS, float64_gradients, gradients, run, train_steps, train_trace
 from mxnet import autograd
@@ -21,7 +22,7 @@ from mxnet import autograd
 NAME = "mxnet"
 
 # The backend interface (docs/ARCHITECTURE.md): the same names in every backend.
-__all__ = ["NAME", "resnet18", "lenet", "initial_weights", "param_count", "devices", "split", "allreduce",
+__all__ = ["NAME", "resnet18", "lenet", "resnet50", "initial_weights", "param_count", "devices", "split", "allreduce",
            "predict", "run", "environment", "gradients", "train_trace", "train_steps", "float64_gradients",
            "TRAINERS", "array", "to_numpy", "device_of"]
 

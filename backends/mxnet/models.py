@@ -1,10 +1,12 @@
-"""ResNet-18 (d2l's variant for 28x28 inputs) and d2l's from-scratch LeNet, in Gluon.
+"""ResNet-18 (d2l's variant for 28x28 inputs), d2l's from-scratch LeNet and ResNet-50 (torchvision's v1.5),
+in Gluon.
 
 Layer for layer the networks of backends/torch/models.py. Child blocks carry the
 canonical names as attribute names, so `_collect_params_with_prefix()` yields
-`stage2.0.conv3.weight`, `bn.gamma`, ...; the canonical names (common/weights.py)
-differ only for BatchNorm's gamma/beta, which torch calls weight/bias. Gluon's layouts
-(conv OIHW, dense (out, in)) are the canonical layouts, so values copy unchanged.
+`stage2.0.conv3.weight`, `bn.gamma`, `layer1.0.downsample.0.weight`, ...; the canonical
+names (common/weights.py) differ only for BatchNorm's gamma/beta, which torch calls
+weight/bias. Gluon's layouts (conv OIHW, dense (out, in)) are the canonical layouts, so
+values copy unchanged. ResNet-50's convs have no bias, so they have no `bias` parameter.
 
 BatchNorm is nn.BatchNorm (each context its own shard's statistics) or, for --bn sync,
 Gluon's contrib SyncBatchNorm (statistics over the shards of all contexts); both
@@ -23,13 +25,17 @@ from backends.mxnet.batchnorm import Norm, batchnorm, sync_batchnorm
 from backends.mxnet.compat import mx
 from backends.mxnet.environment import hybridized
 from backends.mxnet.parallel import as_ndarray
+from common import architectures
+from common.architectures import RESNET50_LAYERS
 from common.config import RunConfig
 from mxnet import autograd, gluon
 from mxnet.gluon import nn
 
 
-def _conv(in_channels: int, out_channels: int, kernel: int, stride: int = 1, padding: int = 0) -> nn.Conv2D:
-    return nn.Conv2D(out_channels, kernel, strides=stride, padding=padding, in_channels=in_channels)
+def _conv(in_channels: int, out_channels: int, kernel: int, stride: int = 1, padding: int = 0,
+          bias: bool = True) -> nn.Conv2D:
+    return nn.Conv2D(out_channels, kernel, strides=stride, padding=padding, in_channels=in_channels,
+                     use_bias=bias)
 
 
 class Residual(nn.HybridBlock):
@@ -98,6 +104,66 @@ class LeNet(nn.HybridBlock):
         return self.fc2(F.relu(self.fc1(x)))
 
 
+def _downsample(in_channels: int, out_channels: int, stride: int, norm: Norm) -> nn.HybridSequential:
+    """torch's nn.Sequential(conv, bn): its children are named 0 and 1, as in the canonical names."""
+    downsample = nn.HybridSequential()
+    downsample.add(_conv(in_channels, out_channels, 1, stride=stride, bias=False), norm(out_channels))
+    return downsample
+
+
+class Bottleneck(nn.HybridBlock):
+    """torchvision's Bottleneck (v1.5: the stride on the 3x3 conv): 1x1, 3x3, 1x1 (4x the planes), bias-free
+    convs each followed by BatchNorm; a strided 1x1 conv + BatchNorm (`downsample`) on a changed shortcut."""
+
+    def __init__(self, in_channels: int, planes: int, stride: int = 1, downsample: bool = False,
+                 norm: Norm = batchnorm):
+        super().__init__()
+        self.conv1 = _conv(in_channels, planes, 1, bias=False)
+        self.bn1 = norm(planes)
+        self.conv2 = _conv(planes, planes, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = norm(planes)
+        self.conv3 = _conv(planes, 4 * planes, 1, bias=False)
+        self.bn3 = norm(4 * planes)
+        self.downsample = _downsample(in_channels, 4 * planes, stride, norm) if downsample else None
+
+    def hybrid_forward(self, F, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.conv2(y)))
+        y = self.bn3(self.conv3(y))
+        return F.relu(y + (self.downsample(x) if self.downsample is not None else x))
+
+
+def _layer(in_channels: int, planes: int, blocks: int, stride: int, norm: Norm) -> nn.HybridSequential:
+    layer = nn.HybridSequential()
+    layer.add(Bottleneck(in_channels, planes, stride, downsample=True, norm=norm))
+    layer.add(*[Bottleneck(4 * planes, planes, norm=norm) for _ in range(blocks - 1)])
+    return layer
+
+
+class ResNet50(nn.HybridBlock):
+    """torchvision's resnet50, block for block: 7x7 stride-2 stem, 3x3 stride-2 max-pool, layer1..layer4 of
+    3/4/6/3 bottlenecks, global average pool, dense."""
+
+    def __init__(self, num_classes: int = 1000, in_channels: int = 3, norm: Norm = batchnorm):
+        super().__init__()
+        self.conv1 = _conv(in_channels, 64, 7, stride=2, padding=3, bias=False)
+        self.bn1 = norm(64)
+        # Its output side rounds down, as torch's; after a ReLU every window holds a real value >= 0, so
+        # what the padding holds does not change the maximum.
+        self.maxpool = nn.MaxPool2D(pool_size=3, strides=2, padding=1)
+        channels = 64
+        for index, (planes, blocks, stride) in enumerate(RESNET50_LAYERS, start=1):
+            setattr(self, f"layer{index}", _layer(channels, planes, blocks, stride, norm))
+            channels = 4 * planes
+        self.avgpool = nn.GlobalAvgPool2D()
+        self.fc = nn.Dense(num_classes, in_units=channels)   # flattens (N, 2048, 1, 1) itself
+
+    def hybrid_forward(self, F, x):
+        x = self.maxpool(F.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(self.avgpool(x))
+
+
 def resnet18(num_classes: int = 10, in_channels: int = 1, norm: Norm = batchnorm) -> ResNet18:
     return ResNet18(num_classes, in_channels, norm)
 
@@ -106,12 +172,20 @@ def lenet(num_classes: int = 10, in_channels: int = 1) -> LeNet:
     return LeNet(num_classes, in_channels)
 
 
-MODELS = {"resnet18": resnet18, "lenet": lenet}
+def resnet50(num_classes: int = 1000, in_channels: int = 3, norm: Norm = batchnorm) -> ResNet50:
+    return ResNet50(num_classes, in_channels, norm)
+
+
+MODELS = {"resnet18": resnet18, "lenet": lenet, "resnet50": resnet50}
 
 
 def build(model: str, norm: Norm = batchnorm) -> nn.HybridBlock:
-    """The model; `norm` makes its BatchNorm layers (LeNet has none)."""
-    return resnet18(norm=norm) if model == "resnet18" else MODELS[model]()
+    """The network with the channels and classes of the input it takes (common/architectures.py);
+    `norm` makes its BatchNorm layers (LeNet has none)."""
+    classes, channels = architectures.num_classes(model), architectures.in_channels(model)
+    if model == "lenet":
+        return lenet(classes, channels)
+    return MODELS[model](classes, channels, norm)
 
 
 def count_params(net: nn.Block) -> int:
