@@ -12,6 +12,7 @@ harness, and stores flat arrays in an .npz (readable whatever numpy the harness 
   <model>|<strategy>:float64|<k>|<bn>|...             the same run in float64 (dtype="float64": the strategy's
                                                       own code path), over the first FLOAT64_STEPS steps
   <model>|float64|loss, <model>|float64|grad|<name>   the first batch's mean loss and gradient in float64, 1 device
+  <model>|float64|forward|train, ...|eval             the logits in float64 (the reference backend only)
   <model>|float64|<k>|<bn>|...                        loss, grad, first, final, losses in float64 over the whole
                                                       trace (the reference backend only: the float32 floor)
 and a JSON of what could not run here, with the reason.
@@ -65,6 +66,10 @@ def measure(backend, job: dict) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         if not nodes:
             out[f"{model}|forward|train"] = backend.predict(model, w, xs[0], train=True)
             out[f"{model}|forward|eval"] = backend.predict(model, w, xs[0])
+            if hasattr(backend, "float64_reference"):   # the reference: its logits' own float32 rounding
+                for mode in ("train", "eval"):
+                    out[f"{model}|float64|forward|{mode}"] = backend.predict(model, w, xs[0], train=mode == "train",
+                                                                            dtype="float64")
             loss, grads = backend.float64_gradients(model, w, xs[0], ys[0])
             out[f"{model}|float64|loss"] = np.float64(loss)
             out.update({f"{model}|float64|grad|{n}": g for n, g in grads.items()})

@@ -35,15 +35,17 @@ def param_count(model: str) -> int:
     return count_params(build(model))
 
 
-def predict(model: str, weights, x, train: bool = False):
+def predict(model: str, weights, x, train: bool = False, dtype: str = "float32"):
     """Logits (numpy) of `model` with canonical `weights` on a numpy batch; train=True normalises
-    with the batch's own statistics (BatchNorm in training mode), else with the running ones."""
+    with the batch's own statistics (BatchNorm in training mode), else with the running ones.
+    dtype "float64" computes in float64."""
     import torch
-    net = build(model)
+    precision = torch.float64 if dtype == "float64" else torch.float32
+    net = build(model).to(precision)
     load_canonical(net, weights)
     net.train(train)
     with torch.no_grad():
-        return net(torch.from_numpy(x)).numpy()
+        return net(torch.from_numpy(x).to(precision)).numpy()
 
 
 def to_numpy(a):
