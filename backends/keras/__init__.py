@@ -1,6 +1,7 @@
 """Keras 3 backend: the backend interface (docs/ARCHITECTURE.md) in Keras, on the framework each strategy runs it on.
 
-  resnet18, lenet        models.py (keras.layers, one model code for both frameworks)
+  resnet18, lenet,       models.py (keras.layers, one model code for both frameworks)
+  resnet50
   devices, split,        parallel.py
   allreduce
   run, train_steps,      strategies.py (TRAINERS: ddp, Keras on torch under DistributedDataParallel, its ranks
@@ -24,7 +25,7 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
                                f" --xla_force_host_platform_device_count={SIMULATED_DEVICES}").strip()
 
 from backends.keras.environment import environment  # noqa: E402  (after KERAS_BACKEND and the XLA flag)
-from backends.keras.models import build, count_params, lenet, load_canonical, resnet18  # noqa: E402
+from backends.keras.models import build, count_params, lenet, load_canonical, resnet18, resnet50  # noqa: E402
 from backends.keras.parallel import allreduce, device_of, devices, split  # noqa: E402
 from backends.keras.strategies import (TRAINERS, float64_gradients, gradients, run, train_steps,  # noqa: E402
                                        train_trace)
@@ -32,7 +33,7 @@ from backends.keras.strategies import (TRAINERS, float64_gradients, gradients, r
 NAME = "keras"
 
 # The backend interface (docs/ARCHITECTURE.md): the same names in every backend.
-__all__ = ["NAME", "resnet18", "lenet", "initial_weights", "param_count", "devices", "split", "allreduce",
+__all__ = ["NAME", "resnet18", "lenet", "resnet50", "initial_weights", "param_count", "devices", "split", "allreduce",
            "predict", "run", "environment", "gradients", "train_trace", "train_steps", "float64_gradients",
            "TRAINERS", "array", "to_numpy", "device_of"]
 

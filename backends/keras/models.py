@@ -1,8 +1,11 @@
-"""ResNet-18 (d2l's variant for 28x28 inputs) and d2l's from-scratch LeNet, from keras.layers (Keras 3's
-functional API), the same code on either framework Keras runs on here (torch in the ddp ranks, jax otherwise).
+"""ResNet-18 (d2l's variant for 28x28 inputs), d2l's from-scratch LeNet and ResNet-50 (torchvision's v1.5), from
+keras.layers (Keras 3's functional API), the same code on either framework Keras runs on here (torch in the ddp
+ranks, jax otherwise). ResNet-50 takes square images of any side from 32 (its input's spatial dims are None, as a
+torch module takes any size): one model for every --image-size, the step compiled for the size it is given.
 
 Layer names are the canonical module names (common/architectures.py) with "-" for "." (torch, under Keras,
-refuses dots in parameter names): layer `stage2-0-conv3` holds canonical `stage2.0.conv3.weight` and `.bias`.
+refuses dots in parameter names): layer `stage2-0-conv3` holds canonical `stage2.0.conv3.weight` and `.bias`
+(ResNet-50's convs have no bias: use_bias=False, and no canonical `.bias`).
 Layouts differ from the canonical ones and are converted here:
   Conv2D kernel  (kh, kw, in, out)          <->  canonical OIHW (out, in, kh, kw)
   Dense kernel   (in, out)                  <->  canonical (out, in)
@@ -23,6 +26,9 @@ import keras
 import numpy as np
 from keras import layers, ops
 
+from common import architectures
+from common.architectures import RESNET50_LAYERS
+
 BN_EPS = 1e-5
 BN_MOMENTUM = 0.1   # torch's convention: running <- 0.9 * running + 0.1 * batch (Keras's momentum=0.9)
 POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16"}   # --precision -> dtype policy
@@ -37,7 +43,8 @@ def policy(precision: str, dtype: str) -> str:
 # (keras.src.backend.common.dtypes) forces 64-bit results to 32 bits, which ops.mean (jax and torch) and ops.matmul
 # (torch) apply to their float64 inputs. The layers below therefore take means as ops.sum / count and products
 # with ops.einsum, which keep their operands' dtype, so that a float64 run computes in float64 throughout (the
-# float64 proof needs it); in float32 and bfloat16 they compute what the stock layers compute.
+# float64 proof needs it); in float32 and bfloat16 they compute what the stock layers compute. (Max-pooling,
+# convolution and zero padding keep their input's dtype: the stock layers serve.)
 
 def _mean(x, axes):
     """The mean over `axes` (kept), in x's dtype (see above)."""
@@ -119,13 +126,17 @@ class Net:
         self.policy, self.data_format, self.bn_groups = policy, data_format, bn_groups
         self.channel_axis = 1 if data_format == "channels_first" else -1
 
-    def conv(self, x, name: str, filters: int, kernel: int, stride: int = 1, padding: int = 0):
+    def conv(self, x, name: str, filters: int, kernel: int, stride: int = 1, padding: int = 0, bias: bool = True):
         """torch's explicit symmetric padding: Keras's "same" pads a stride-2 conv on one side only."""
-        if padding:
-            x = layers.ZeroPadding2D(padding, data_format=self.data_format, dtype=self.policy,
-                                     name=layer_name(f"{name}.pad"))(x)
-        return layers.Conv2D(filters, kernel, strides=stride, data_format=self.data_format, dtype=self.policy,
-                             name=layer_name(name))(x)
+        x = self.pad(x, name, padding)
+        return layers.Conv2D(filters, kernel, strides=stride, use_bias=bias, data_format=self.data_format,
+                             dtype=self.policy, name=layer_name(name))(x)
+
+    def pad(self, x, name: str, padding: int):
+        if not padding:
+            return x
+        return layers.ZeroPadding2D(padding, data_format=self.data_format, dtype=self.policy,
+                                    name=layer_name(f"{name}.pad"))(x)
 
     def bn(self, x, name: str):
         return BatchNorm(groups=self.bn_groups, axis=self.channel_axis, dtype=self.policy, name=layer_name(name))(x)
@@ -136,6 +147,16 @@ class Net:
     def dense(self, x, name: str, units: int):
         return Dense(units, dtype=self.policy, name=layer_name(name))(x)
 
+    def max_pool(self, x, name: str, size: int, stride: int, padding: int):
+        """torch pads a max-pool with -inf; zeros give the same maxima (and gradients) after a ReLU, as
+        ResNet-50's one max-pool comes: every window holds a real value >= 0."""
+        x = self.pad(x, name, padding)
+        return layers.MaxPooling2D(size, stride, data_format=self.data_format, dtype=self.policy,
+                                   name=layer_name(name))(x)
+
+    def global_average_pool(self, x):
+        return GlobalAveragePooling2D(data_format=self.data_format, dtype=self.policy)(x)
+
     def residual(self, x, name: str, channels: int, use_1x1conv: bool = False, stride: int = 1):
         """d2l's residual block: two 3x3 convs with BatchNorm; a 1x1 conv on the shortcut when shape changes."""
         y = self.relu(self.bn(self.conv(x, f"{name}.conv1", channels, 3, stride, 1), f"{name}.bn1"))
@@ -143,8 +164,20 @@ class Net:
         shortcut = self.conv(x, f"{name}.conv3", channels, 1, stride) if use_1x1conv else x
         return self.relu(layers.Add(dtype=self.policy)([y, shortcut]))
 
-    def inputs(self, in_channels: int = 1):
-        shape = (in_channels, 28, 28) if self.data_format == "channels_first" else (28, 28, in_channels)
+    def bottleneck(self, x, name: str, planes: int, stride: int = 1, downsample: bool = False):
+        """torchvision's Bottleneck (v1.5: the stride on the 3x3 conv): 1x1, 3x3, 1x1 (4x the planes), bias-free
+        convs each followed by BatchNorm; a strided 1x1 conv + BatchNorm (`downsample`) on a changed shortcut."""
+        y = self.relu(self.bn(self.conv(x, f"{name}.conv1", planes, 1, bias=False), f"{name}.bn1"))
+        y = self.relu(self.bn(self.conv(y, f"{name}.conv2", planes, 3, stride, 1, bias=False), f"{name}.bn2"))
+        y = self.bn(self.conv(y, f"{name}.conv3", 4 * planes, 1, bias=False), f"{name}.bn3")
+        if downsample:
+            x = self.bn(self.conv(x, f"{name}.downsample.0", 4 * planes, 1, stride, bias=False),
+                        f"{name}.downsample.1")
+        return self.relu(layers.Add(dtype=self.policy)([y, x]))
+
+    def inputs(self, in_channels: int = 1, side: int | None = 28):
+        """Images of `side` x `side` (None: any side)."""
+        shape = (in_channels, side, side) if self.data_format == "channels_first" else (side, side, in_channels)
         return keras.Input(shape, dtype="float64" if self.policy == "float64" else "float32")
 
     def resnet18(self, num_classes: int = 10, in_channels: int = 1) -> keras.Model:
@@ -155,7 +188,7 @@ class Net:
             first = stage == 1
             x = self.residual(x, f"stage{stage}.0", channels, use_1x1conv=not first, stride=1 if first else 2)
             x = self.residual(x, f"stage{stage}.1", channels)
-        x = GlobalAveragePooling2D(data_format=self.data_format, dtype=self.policy)(x)
+        x = self.global_average_pool(x)
         return keras.Model(inputs, self.dense(x, "fc", num_classes), name="resnet18")
 
     def lenet(self, num_classes: int = 10, in_channels: int = 1) -> keras.Model:
@@ -171,6 +204,19 @@ class Net:
         x = self.relu(self.dense(x, "fc1", 128))
         return keras.Model(inputs, self.dense(x, "fc2", num_classes), name="lenet")
 
+    def resnet50(self, num_classes: int = 1000, in_channels: int = 3) -> keras.Model:
+        """torchvision's resnet50, layer for layer: 7x7 stride-2 stem, 3x3 stride-2 max-pool, layer1..layer4 of
+        3/4/6/3 bottlenecks, global average pool, dense. Any image side (see the module's docstring)."""
+        inputs = self.inputs(in_channels, side=None)
+        x = self.relu(self.bn(self.conv(inputs, "conv1", 64, 7, 2, 3, bias=False), "bn1"))
+        x = self.max_pool(x, "maxpool", 3, 2, 1)
+        for index, (planes, blocks, stride) in enumerate(RESNET50_LAYERS, start=1):
+            x = self.bottleneck(x, f"layer{index}.0", planes, stride, downsample=True)
+            for block in range(1, blocks):
+                x = self.bottleneck(x, f"layer{index}.{block}", planes)
+        x = self.global_average_pool(x)
+        return keras.Model(inputs, self.dense(x, "fc", num_classes), name="resnet50")
+
 
 def resnet18(num_classes: int = 10, in_channels: int = 1) -> keras.Model:
     return Net().resnet18(num_classes, in_channels)
@@ -180,10 +226,16 @@ def lenet(num_classes: int = 10, in_channels: int = 1) -> keras.Model:
     return Net().lenet(num_classes, in_channels)
 
 
+def resnet50(num_classes: int = 1000, in_channels: int = 3) -> keras.Model:
+    return Net().resnet50(num_classes, in_channels)
+
+
 def build(model: str, policy: str = "float32", data_format: str = "channels_first", bn_groups: int = 1) -> keras.Model:
-    """`bn_groups`: the devices one call's batch spans when BatchNorm normalises per device (see BatchNorm)."""
+    """The network with the channels and classes of the input it takes (common/architectures.py).
+    `bn_groups`: the devices one call's batch spans when BatchNorm normalises per device (see BatchNorm)."""
     net = Net(policy, data_format, bn_groups)
-    return {"resnet18": net.resnet18, "lenet": net.lenet}[model]()
+    make = {"resnet18": net.resnet18, "lenet": net.lenet, "resnet50": net.resnet50}[model]
+    return make(architectures.num_classes(model), architectures.in_channels(model))
 
 
 def count_params(model: keras.Model) -> int:
@@ -210,11 +262,12 @@ TO_CANONICAL = {"conv": (3, 2, 0, 1), "dense": (1, 0)}  # Keras -> canonical axe
 
 
 def variables(model: keras.Model) -> dict:
-    """{canonical name: (Keras variable, kind)} of every weight of the model."""
+    """{canonical name: (Keras variable, kind)} of every weight of the model (a conv without bias has none)."""
     out = {}
     for layer in model.layers:
         for leaf, (attribute, kind) in LEAVES.get(type(layer), {}).items():
-            out[f"{layer.name.replace('-', '.')}.{leaf}"] = (getattr(layer, attribute), kind)
+            if (variable := getattr(layer, attribute)) is not None:
+                out[f"{layer.name.replace('-', '.')}.{leaf}"] = (variable, kind)
     return out
 
 
