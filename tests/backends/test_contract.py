@@ -93,15 +93,13 @@ def test_output_shape(backend, model, classes):
 
 
 def test_resnet50_takes_any_image_side_from_32(backend):
-    """ResNet-50 pools globally: 32 x 32 (the smallest, 1 x 1 after its five halvings) and 48 x 48 (2 x 2 at
-    the end, odd sides on the way) give 1000 logits, in training mode too."""
+    """ResNet-50 pools globally: beside 32 x 32 (test_output_shape: 1 x 1 after its five halvings), 48 x 48 (2 x 2
+    at the end, odd sides on the way) gives 1000 logits in training mode."""
     from common.weights import he_scaled
     w = he_scaled(backend.initial_weights("resnet50", 0), "resnet50")
-    for side in (32, 48):
-        x = np.random.default_rng(side).random((2, 3, side, side), dtype=np.float32)
-        for train in (False, True):
-            logits = backend.predict("resnet50", w, x, train=train)
-            assert logits.shape == (2, 1000) and np.isfinite(logits).all() and np.std(logits) > 1e-3
+    x = np.random.default_rng(48).random((2, 3, 48, 48), dtype=np.float32)
+    logits = backend.predict("resnet50", w, x, train=True)
+    assert logits.shape == (2, 1000) and np.isfinite(logits).all() and np.std(logits) > 1e-3
 
 
 # SHA-256 of the canonical initial weights (seed 0): every backend must start from exactly these
