@@ -62,6 +62,24 @@ def check_threads(threads) -> None:
         raise ConfigError(f"--threads must be between 1 and {MAX_THREADS} (got {threads})")
 
 
+def imagenet_shaped(dataset: str) -> bool:
+    return DATASET_INPUTS.get(dataset, (1,))[0] == 3   # (an unknown name: an old or altered results.json)
+
+
+def image_side(model: str, dataset: str, image_size: int | None) -> int:
+    """The side of the square images a run trains on: Fashion-MNIST's 28, else --image-size or the model's."""
+    if not imagenet_shaped(dataset):
+        return 28
+    return image_size or architectures.default_image_size(model)
+
+
+def default_dataset(model: str, data_dir: str | None) -> str:
+    """The dataset `model` trains on when none is named: its real one (Fashion-MNIST, found by itself; an
+    ImageNet-layout folder only with --data-dir), else ImageNet-shaped synthetic images."""
+    real, *_, synthetic = datasets_for(model)
+    return real if data_dir or not imagenet_shaped(real) else synthetic
+
+
 def datasets_for(model: str) -> list[str]:
     """The datasets whose images `model` takes."""
     shape = (architectures.in_channels(model), architectures.num_classes(model))
@@ -75,7 +93,7 @@ def check_model_input(model: str, dataset: str, image_size: int | None) -> None:
                           f"{', '.join(datasets_for(model))}")
     if image_size is None:
         return
-    if DATASET_INPUTS[dataset][0] == 1:
+    if not imagenet_shaped(dataset):
         raise ConfigError(f"--image-size applies to ImageNet-shaped datasets; {dataset} images are 28x28")
     smallest = architectures.smallest_image_size(model)
     if not isinstance(image_size, int) or isinstance(image_size, bool) or \
@@ -156,9 +174,7 @@ class RunConfig:
     @property
     def image_side(self) -> int:
         """The side of the square images this run trains on."""
-        if self.dataset in ("fashion-mnist", "synthetic"):
-            return 28
-        return self.image_size or architectures.default_image_size(self.model)
+        return image_side(self.model, self.dataset, self.image_size)
 
     @property
     def per_device_batch(self) -> int:

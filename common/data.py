@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common.config import imagenet_shaped
+
 OFFICIAL_MIRROR = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
 ENV_VAR = "FASHION_MNIST_DIR"
@@ -268,7 +270,7 @@ def load(cfg) -> Dataset:
     """The dataset a run config asks for."""
     if cfg.dataset == "synthetic":
         return synthetic(cfg.train_size or SYNTHETIC_SIZES[0], cfg.test_size or SYNTHETIC_SIZES[1], cfg.seed)
-    if cfg.dataset.startswith("imagenet"):
+    if imagenet_shaped(cfg.dataset):
         from common import imagenet   # (which builds on this module's Dataset)
         return imagenet.load(cfg)
     return load_fashion_mnist(Path(cfg.data_dir), cfg.train_size, cfg.test_size)

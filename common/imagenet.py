@@ -5,13 +5,12 @@ every worker reads (the same bytes for every backend, no decoding inside a timed
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from common.data import DataError, Dataset
+from common.results import write_atomic
 
 CLASSES = 1000
 # Without --train-size, as many synthetic images as fit a modest host at 224 px (float32: 3 GB for 5,120).
@@ -101,16 +100,7 @@ def prepare(directory: Path, side: int, train_size: int | None, test_size: int |
         chosen = _sample(files[split], size)
         parts[f"x_{key}"] = np.stack([_center_crop(f, side) for f, _ in chosen])
         parts[f"y_{key}"] = np.array([label for _, label in chosen], np.int32)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **parts)
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(target, lambda f: np.savez(f, **parts), "wb")
     return len(parts["y_train"]), len(parts["y_test"])
 
 

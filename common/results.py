@@ -42,19 +42,22 @@ def publish(tmp, path) -> None:
     os.replace(tmp, path)
 
 
-def write_text_atomic(path, text: str) -> None:
-    """Write to a temp file in the same directory, then rename: readers never see half a file."""
+def write_atomic(path, write, mode: str = "w") -> None:
+    """`write(file)` into a temp file beside `path`, then rename: never half a file, nor a temp file left."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, mode) as f:
+            write(f)
         publish(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path, text: str) -> None:
+    write_atomic(path, lambda f: f.write(text))
 
 
 def write_json_atomic(path, obj) -> None:

@@ -23,7 +23,7 @@ from common import manifest
 from common.manifest import Manifest
 from common.network import free_port
 from harness import arguments, envs, runner
-from common.config import MODELS, ConfigError, check_model_input, datasets_for
+from common.config import MODELS, ConfigError, check_model_input, default_dataset, imagenet_shaped
 from harness.arguments import UsageError
 from harness.equivalence import Row, compare, compare_nodes, table
 from harness.nodes import parse_counts as parse_node_counts
@@ -180,7 +180,7 @@ def probe_dataset(dataset: str, data_dir: str | None, n: int, model: str, side: 
     float64 references (on the CPU) small."""
     if dataset == "synthetic":
         return datalib.synthetic(n, 10, seed)
-    if dataset in ("imagenet", "imagenet-synthetic"):
+    if imagenet_shaped(dataset):
         return imagenet.synthetic(n, 10, side or max(CHECK_SIDE, architectures.smallest_image_size(model)), seed)
     return datalib.load_fashion_mnist(Path(data_dir), n, 10)
 
@@ -259,7 +259,7 @@ def main(args) -> int:
     bn_modes = [b.strip() for b in args.bn.split(",") if b.strip()]
     if not set(models) <= set(MODELS) or not models:
         raise UsageError(f"--model takes a comma list of {', '.join(MODELS)} (got {args.model!r})")
-    args.dataset = args.dataset or datasets_for(models[0])[-1 if models[0] == "resnet50" else 0]
+    args.dataset = args.dataset or default_dataset(models[0], args.data_dir)
     try:
         for model in models:
             check_model_input(model, args.dataset, args.image_size)
@@ -274,7 +274,8 @@ def main(args) -> int:
     backends = {n: manifest.load(n) for n in names}
     chosen = {n: [s for s, reason in picks if reason is None]
               for n, picks in select_strategies(args, backends, kind).items()}
-    data_dir, _, (train_images, _) = (None, "", imagenet.SIZES) if args.dataset.startswith("imagenet") \
+    # (ImageNet-shaped images are synthetic in the check: probe_dataset)
+    data_dir, _, (train_images, _) = (None, "", imagenet.SIZES) if imagenet_shaped(args.dataset) \
         else resolve_data(args)
     if args.steps * args.batch_size > train_images:   # each step takes its own batch of the first epoch
         raise UsageError(f"--steps {args.steps} x --batch-size {args.batch_size} needs more than the "

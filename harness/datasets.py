@@ -9,9 +9,10 @@ import hashlib
 import os
 from pathlib import Path
 
-from common import architectures, imagenet
+from common import imagenet
 from common import data as datalib
-from common.config import DATASET_INPUTS, ConfigError, check_model_input, datasets_for
+from common.config import (ConfigError, check_model_input, datasets_for, default_dataset, image_side,
+                           imagenet_shaped)
 from harness.arguments import Preset, UsageError
 
 
@@ -22,19 +23,14 @@ def settle_data(args, preset: Preset) -> Preset:
     the dataset, the side and the precision."""
     dataset = preset.dataset
     if args.dataset is None and dataset not in datasets_for(preset.model):
-        fits = datasets_for(preset.model)
-        dataset = fits[0] if args.data_dir or fits[0] == "fashion-mnist" else fits[-1]
-    image_size = preset.image_size if DATASET_INPUTS[dataset][0] == 3 else args.image_size
+        dataset = default_dataset(preset.model, args.data_dir)
+    image_size = preset.image_size if imagenet_shaped(dataset) else args.image_size
     try:
         check_model_input(preset.model, dataset, image_size)
     except ConfigError as e:
         raise UsageError(str(e)) from None
     args.dataset, args.image_size, args.precision = dataset, image_size, preset.precision
     return dataclasses.replace(preset, dataset=dataset, image_size=image_size)
-
-
-def image_side(args, model: str) -> int:
-    return args.image_size or architectures.default_image_size(model)
 
 
 def resolve_data(args, model: str = "resnet18", sizes: tuple[int | None, int | None] = (None, None)
@@ -46,11 +42,11 @@ def resolve_data(args, model: str = "resnet18", sizes: tuple[int | None, int | N
     if args.dataset == "synthetic":
         return None, "synthetic (random images; not Fashion-MNIST)", datalib.SYNTHETIC_SIZES
     if args.dataset == "imagenet-synthetic":
-        side = image_side(args, model)
+        side = image_side(model, args.dataset, args.image_size)
         return (None, f"synthetic ImageNet-shaped images ({side}x{side}, 1,000 classes; random, not ImageNet)",
                 imagenet.SIZES)
     if args.dataset == "imagenet":
-        return prepare_imagenet(args, image_side(args, model), sizes)
+        return prepare_imagenet(args, image_side(model, args.dataset, args.image_size), sizes)
     try:
         path = datalib.locate_or_download(args.data_dir)
         sizes = datalib.verify(path)

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from common import architectures
+from common.config import imagenet_shaped
 from common.results import SCHEMA_VERSION, Result, load_results_json, write_json_atomic, write_text_atomic
 from harness.arguments import Parser, UsageError
 from harness.plots import plot_accuracy, plot_throughput
@@ -99,7 +100,7 @@ def model_line(cfg) -> str:
 
 
 def all_images(cfg, split: int) -> str:
-    return ("all 60,000", "all 10,000")[split] if cfg and cfg.dataset in ("fashion-mnist", "synthetic") else "all"
+    return ("all 60,000", "all 10,000")[split] if cfg and not imagenet_shaped(cfg.dataset) else "all"
 
 
 def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> str:
