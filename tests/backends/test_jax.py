@@ -199,7 +199,7 @@ def batchnorm_step(x: np.ndarray, k: int, bn: str, dtype=None, param_dtype=None)
     variance 1, scale 1, bias 0): (output, running mean, running variance) per device, as numpy."""
     import jax
     import jax.numpy as jnp
-    from backends.jax.models import BatchNorm
+    from backends.jax.batchnorm import BatchNorm
     from backends.jax.parallel import AXIS, devices
     param_dtype = param_dtype or x.dtype
     bn_module = BatchNorm(use_running_average=False, axis_name=AXIS if bn == "sync" else None, dtype=dtype,
@@ -243,7 +243,7 @@ def test_batchnorm_is_flaxs_but_for_the_running_variance():
     import jax
     import jax.numpy as jnp
     import flax.linen as nn
-    from backends.jax.models import BN_EPS, BatchNorm
+    from backends.jax.batchnorm import BN_EPS, BatchNorm
     x = np.random.default_rng(1).normal(0.5, 2.0, (3, 4, 4, 6))
     n = 3 * 4 * 4
     with float64():
@@ -266,7 +266,7 @@ def test_batchnorm_reduces_the_activations_no_more_often_than_flax():
     import jax
     import jax.numpy as jnp
     import flax.linen as nn
-    from backends.jax.models import BN_EPS, BatchNorm
+    from backends.jax.batchnorm import BN_EPS, BatchNorm
     from backends.jax.parallel import AXIS, devices
 
     def primitives(module):
