@@ -1,4 +1,5 @@
-"""`python -m harness`: the command line (subcommands run, check, test, list, compare, report) and the benchmark run:
+"""`python -m harness`: the command line (subcommands run, check, test, list, compare, report,
+project) and the benchmark run:
 every planned (backend, strategy, devices) run in turn, then the report.
 
 Without a subcommand the flags are `run`'s: `python -m harness --backend jax --gpus 2` is
@@ -13,14 +14,14 @@ import time
 from pathlib import Path
 
 from common import manifest
-from harness import arguments, check, compare, envs, interrupts, report, runner, tables, testing
+from harness import arguments, check, compare, envs, interrupts, projection, report, runner, tables, testing
 from harness.arguments import HelpFormatter, Parser, UsageError
 from harness.plan import Devices, Plan, build_plan, choose_devices, parse_pythons
 
 # The names tests and tools reach through this module (the benchmark's entry points).
 __all__ = ["COMMANDS", "UsageError", "build_parser", "build_plan", "choose_devices", "main", "parse_pythons"]
 
-COMMANDS = ("run", "check", "test", "list", "compare", "report")
+COMMANDS = ("run", "check", "test", "list", "compare", "report", "project")
 
 EPILOG = ("`python -m harness COMMAND --help` shows a subcommand's flags. Examples: "
           "`python -m harness --backend torch --gpus 2`, `python -m harness --backend all --gpus 1,2 --strategy "
@@ -50,6 +51,9 @@ def build_parser() -> Parser:
     sub.add_parser("report", parents=report.parents(), formatter_class=HelpFormatter,
                    help="re-render a report from its results.json, or export its summary table",
                    description=report.DESCRIPTION)
+    sub.add_parser("project", parents=projection.parents(), formatter_class=HelpFormatter,
+                   help="project a finished run to 1..1024 devices with a stated communication model",
+                   description=projection.DESCRIPTION)
     return p
 
 
@@ -204,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
             return compare.main(args)
         if args.command == "report":
             return report.main(args)
+        if args.command == "project":
+            return projection.main(args)
         with interrupts.handled():   # SIGTERM and SIGHUP stop the harness the way Ctrl-C does
             try:
                 if args.command == "check":

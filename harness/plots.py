@@ -7,7 +7,7 @@ from pathlib import Path
 from harness.tables import Row, key
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -18,7 +18,7 @@ def plot_accuracy(rows: list[Row], path: Path) -> bool:
     ok = [row.result for row in rows if row.result.ok and row.result.epochs]
     if not ok:
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     styles = ["-", "--", ":", "-."]
     strategies = sorted({key(r)[:2] for r in ok})
@@ -52,7 +52,7 @@ def plot_throughput(rows: list[Row], path: Path) -> bool:
             series.setdefault(name, []).append((c.devices, row.images_per_s))
     if not any(len(points) > 1 for points in series.values()):
         return False
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     counts = sorted({p[0] for points in series.values() for p in points})
     for name, points in sorted(series.items()):

@@ -40,6 +40,33 @@ RESNET50_ONE_GPU = [
 ]
 
 
+@dataclass(frozen=True)
+class Scaling:
+    """A published weak-scaling figure: one GPU's and several GPUs' throughput at the same per-GPU batch."""
+    system: str
+    profile: str       # the interconnect of common/scaling.py's PROFILES it ran on
+    precision: str
+    one_gpu: float
+    gpus: int
+    many_gpus: float
+
+    @property
+    def efficiency(self) -> float:
+        return self.many_gpus / (self.gpus * self.one_gpu)
+
+
+# ResNet-50 v1.5 with PyTorch DistributedDataParallel, batch 256 per GPU (the same source and table as above; its
+# "strong scaling" column keeps the per-GPU batch, which is weak scaling in this suite's words).
+RESNET50_BATCH = 256
+RESNET50_8GPU = [
+    Scaling("DGX A100 (8x A100 80GB)", "dgx-a100", "TF32", 938, 8, 7248),
+    Scaling("DGX A100 (8x A100 80GB)", "dgx-a100", "mixed precision", 2470, 8, 16621),
+    Scaling("DGX-1 (8x V100 16GB)", "dgx1-v100", "FP32", 367, 8, 2855),
+    Scaling("DGX-1 (8x V100 16GB)", "dgx1-v100", "mixed precision", 1200, 8, 8322),
+    Scaling("DGX-1 (8x V100 32GB)", "dgx1-v100", "FP32", 356, 8, 2766),
+    Scaling("DGX-1 (8x V100 32GB)", "dgx1-v100", "mixed precision", 1156, 8, 8056),
+]
+
 def d2l_section() -> list[str]:
     return ["## d2l reference numbers", "",
             "Published by d2l.ai (10 epochs, V100-class GPUs, FP32, test accuracy of the last epoch); "
