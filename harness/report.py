@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import architectures
+from common import architectures, flops
 from common.config import imagenet_shaped
 from common.results import SCHEMA_VERSION, Result, load_results_json, write_json_atomic, write_text_atomic
 from harness.arguments import Parser, UsageError
@@ -127,7 +127,10 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
         L += [f"> **Synthetic data**: random images, not {real}. Accuracy figures mean nothing here.", ""]
     L += ["## Summary", ""] + summary_table(rows) + [""]
     L += ["s/epoch and images/s: mean over all epochs of the timed training loop only (warm-up / compile, "
-          "evaluation and data shuffling excluded). Speed-up and efficiency: images/s against the 1-device run "
+          "evaluation and data shuffling excluded). TFLOP/s: the model's training FLOPs per image (3 x the forward "
+          "pass's convolution and dense multiply-adds, counted from the architecture) x images/s; in brackets its "
+          f"share of the devices' peak at the run's precision ({flops.PEAKS_SOURCE}; MFU), on a GPU whose peak "
+          "is known. Speed-up and efficiency: images/s against the 1-device run "
           "of the same backend and strategy in this report (efficiency = speed-up / devices). "
           "Test acc: after the last epoch.", ""]
     trials = trials_table(rows)

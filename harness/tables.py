@@ -6,7 +6,7 @@ import dataclasses
 import statistics
 from dataclasses import dataclass
 
-from common import manifest
+from common import flops, manifest
 from common.results import Result
 from harness.trials import Trials, group
 
@@ -111,14 +111,34 @@ def trials_cell(row: Row) -> str:
     return f"{len(t.kept)} of {len(t.runs)}" if t else "1 of 1"
 
 
-SUMMARY_HEADER = ["backend", "strategy", "devices", "batch", "lr", "s/epoch", "images/s", "speed-up",
-                  "efficiency", "test acc", "warm-up s", "peak mem MB", "params"]
+SUMMARY_HEADER = ["backend", "strategy", "devices", "batch", "lr", "s/epoch", "images/s", "TFLOP/s (of peak)",
+                  "speed-up", "efficiency", "test acc", "warm-up s", "peak mem MB", "params"]
+
+
+def model_flops(row: Row) -> tuple[float | None, float | None]:
+    """(achieved TFLOP/s, its fraction of the devices' peak): the model's training FLOPs per image (common/flops.py)
+    times images/s; the fraction only on a GPU whose peak at the run's precision is known (else None)."""
+    c = row.result.config
+    if not row.images_per_s:
+        return None, None
+    achieved = flops.training_flops(c.model, c.image_side) * row.images_per_s / 1e12
+    devices = (row.result.environment or {}).get("devices") or []
+    peak = None if c.simulated or not devices else flops.peak_tflops(str(devices[0]), c.precision)
+    return achieved, (achieved / (peak * c.devices) if peak else None)
+
+
+def flops_cell(row: Row) -> str:
+    achieved, mfu = model_flops(row)
+    if achieved is None:
+        return "—"
+    return f"{achieved:.3g} ({mfu:.1%})" if mfu is not None else f"{achieved:.3g} (no peak known)"
 
 
 def summary_cells(row: Row, repeated: bool) -> list[str]:
     r, c = row.result, row.result.config
     cells = [c.backend, c.variant, devices_cell(c), str(c.batch_size), f"{c.lr:g}",
-             fmt(row.sec_per_epoch, ".2f"), images_cell(row), fmt(row.speedup, ".2f"), fmt(row.efficiency, ".0%"),
+             fmt(row.sec_per_epoch, ".2f"), images_cell(row), flops_cell(row), fmt(row.speedup, ".2f"),
+             fmt(row.efficiency, ".0%"),
              fmt(row.test_acc, ".4f"), fmt(r.compile_s, ".2f"), peak_memory(r), fmt(r.params, ",")]
     return cells + ([trials_cell(row)] if repeated else [])
 
@@ -143,6 +163,7 @@ def summary_records(rows: list[Row]) -> list[dict]:
                         "simulated": c.simulated, "status": r.status, "batch": c.batch_size, "lr": c.lr,
                         "sec_per_epoch": row.sec_per_epoch, "images_per_s": row.images_per_s,
                         "images_per_s_min": spread and spread[0], "images_per_s_max": spread and spread[1],
+                        "tflops": model_flops(row)[0], "mfu": model_flops(row)[1],
                         "speedup": row.speedup, "efficiency": row.efficiency, "test_acc": row.test_acc,
                         "warmup_s": r.compile_s, "step_median_s": step,
                         "params": r.params, "trials": len(row.trials.runs) if row.trials else 1,

@@ -572,3 +572,20 @@ def test_a_strategy_without_an_engine_refuses_several_nodes(name):
     with pytest.raises(Unsupported, match=f"torch {name} runs in one process; --nodes needs ddp"):
         train_steps(name, "lenet", 2, initial_weights("lenet", 0), image_batches(1), 0.1, nodes=2, node_rank=0,
                     coordinator="127.0.0.1:1")
+
+
+@pytest.mark.parametrize("model, side", [("lenet", 28), ("resnet18", 28), ("resnet50", 64), ("resnet50", 224)])
+def test_the_model_flop_count_is_torchs_own_count_of_the_forward_pass(model, side):
+    """common/flops.py counts from the architecture; torch's FlopCounterMode counts the convolutions and matrix
+    products the forward pass runs (biases, BatchNorm and pooling left out by both)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from backends.torch.models import build
+    from common import architectures, flops
+
+    net = build(model).eval()
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        net(torch.zeros(1, architectures.in_channels(model), side, side))
+    assert counter.get_total_flops() == flops.forward_flops(model, side)
