@@ -127,7 +127,7 @@ def run_checks(backends: dict[str, Manifest], pythons: dict[str, str], models: l
             say(f"[check] {name}: {', '.join(strategies[name])} x {','.join(map(str, counts))}, "
                 f"{'/'.join(models)}, bn {'/'.join(bn_modes)}")
             try:
-                python = pythons.get(name) or str(envs.ensure(name, backend.requirements, say=say))
+                python = pythons.get(name) or str(envs.ensure_backend(name, backend.requirements, say=say))
                 results[name] = measure(name, python, job, Path(tmp), timeout, log_dir)
             except (CheckError, envs.EnvError) as e:
                 failures[name] = str(e).splitlines()[0]

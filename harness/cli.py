@@ -93,7 +93,7 @@ def print_listing(devices: Devices) -> None:
 def backend_python(name: str, plan: Plan, say) -> str:
     if name in plan.pythons:
         return plan.pythons[name]
-    return str(envs.ensure(name, plan.backends[name].requirements, say=say))
+    return str(envs.ensure_backend(name, plan.backends[name].requirements, say=say))
 
 
 def execute(plan: Plan, workdir: Path, console: runner.Console, results: list[dict]) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 NVIDIA_SMI_TIMEOUT_S = 20               # a wedged driver can hang nvidia-smi; the harness must not hang with it
 PROC_GPUS = Path("/proc/driver/nvidia/gpus")   # one directory per GPU (its PCI bus id), with an `information` file
 DEV_NVIDIA0 = Path("/dev/nvidia0")      # the first GPU's device node
+PROC_VERSION = Path("/proc/driver/nvidia/version")   # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15 ..."
 
 
 @dataclass
@@ -117,6 +118,19 @@ def mig_instances() -> list[Gpu]:
         elif mig:
             instances.append(Gpu(mig.group(2), f"{parent} MIG {mig.group(1)}"))
     return instances
+
+
+def driver_version() -> tuple[int, ...] | None:
+    """The NVIDIA driver's version, e.g. (550, 54, 15), from nvidia-smi or the driver's /proc file; None without
+    a driver."""
+    text, _ = run_nvidia_smi("--query-gpu=driver_version", "--format=csv,noheader")
+    found = re.search(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?\s*$", text or "", re.M)
+    if not found:
+        try:
+            found = re.search(r"NVRM version:.*?\s(\d+)\.(\d+)(?:\.(\d+))?\s", PROC_VERSION.read_text(errors="replace"))
+        except OSError:
+            found = None
+    return tuple(int(g) for g in found.groups() if g is not None) if found else None
 
 
 # ---------------------------------------------------------------- CUDA_VISIBLE_DEVICES

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness import devices
+
 ROOT = Path(__file__).resolve().parent.parent
 VENVS = ROOT / ".venvs"
 STAMP = ".dpbench-stamp"
@@ -85,6 +87,36 @@ def ensure(name: str, requirements: Path, say=print, base_python: str = BASE_PYT
                                    f"(full log: {log.relative_to(ROOT)}):\n{tail}")
         (target / STAMP).write_text(stamp_for(requirements, base_python) + "\n")
         return venv_python(name)
+
+
+# ------------------------------------------------------------------- CPU or CUDA builds
+
+# The oldest driver each CUDA major version runs on (CUDA's minor-version compatibility), newest first.
+CUDA_DRIVERS = ((13, (580,)), (12, (525, 60, 13)))
+
+
+def cuda_major(driver: tuple[int, ...] | None) -> int | None:
+    """The newest CUDA major version the driver runs; None without a driver or with one older than CUDA 12's."""
+    for major, oldest in CUDA_DRIVERS:
+        if driver is not None and driver >= oldest:
+            return major
+    return None
+
+
+def requirements_for(requirements: Path, driver: tuple[int, ...] | None) -> Path:
+    """The pins of a backend's environment: on a host with an NVIDIA driver, the backend's CUDA build where it has
+    one (requirements-cuda<major>.txt for the newest CUDA the driver runs, else requirements-cuda.txt); its CPU
+    pins (requirements.txt) otherwise."""
+    major = cuda_major(driver)
+    if major is None:
+        return requirements
+    names = [f"requirements-cuda{m}.txt" for m, _ in CUDA_DRIVERS if m <= major] + ["requirements-cuda.txt"]
+    return next((requirements.with_name(n) for n in names if requirements.with_name(n).is_file()), requirements)
+
+
+def ensure_backend(name: str, requirements: Path, say=print) -> Path:
+    """The interpreter of a backend's environment, built from the pins this host's driver calls for."""
+    return ensure(name, requirements_for(requirements, devices.driver_version()), say=say)
 
 
 # ------------------------------------------------------------------- the harness's own

@@ -204,7 +204,7 @@ def main(args) -> int:
     for name in names:
         backend = manifest.load(name)
         try:
-            backend_pythons[name] = pythons.get(name) or str(envs.ensure(name, backend.requirements))
+            backend_pythons[name] = pythons.get(name) or str(envs.ensure_backend(name, backend.requirements))
         except envs.EnvError as e:
             print(f"\n=== {name}: environment setup failed ===\n{e}")
             results[name] = Counts(failed=1)

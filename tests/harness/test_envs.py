@@ -39,3 +39,53 @@ def test_a_child_harness_bootstraps_again(monkeypatch):
     in an interpreter without tqdm) must re-run itself inside .venvs/harness/ too."""
     monkeypatch.setenv(envs.BOOTSTRAPPED, "1")
     assert envs.BOOTSTRAPPED not in envs.worker_env()
+
+
+# ------------------------------------------------------------------ CPU or CUDA builds
+
+def test_the_newest_cuda_a_driver_runs_picks_the_pins():
+    assert envs.cuda_major((580, 65, 6)) == 13
+    assert envs.cuda_major((575, 51, 3)) == 12
+    assert envs.cuda_major((525, 60, 13)) == 12
+    assert envs.cuda_major((525, 60, 12)) is None      # older than CUDA 12's: the CPU pins
+    assert envs.cuda_major(None) is None
+    backends = envs.ROOT / "backends"
+    pins = {name: backends / name / "requirements.txt" for name in ("jax", "torch", "mxnet")}
+    assert envs.requirements_for(pins["jax"], (580, 65, 6)).name == "requirements-cuda13.txt"
+    assert envs.requirements_for(pins["jax"], (550, 54, 15)).name == "requirements-cuda12.txt"
+    assert envs.requirements_for(pins["torch"], (550, 54, 15)).name == "requirements-cuda.txt"
+    assert envs.requirements_for(pins["mxnet"], (580, 65, 6)).name == "requirements.txt"   # no CUDA build
+    assert all(envs.requirements_for(p, None) == p for p in pins.values())
+
+
+def test_the_cuda_pins_are_the_cpu_pins_with_the_cuda_build():
+    jax = envs.ROOT / "backends" / "jax"
+
+    def pins(path):
+        return {line for line in path.read_text().splitlines() if line and not line.startswith("#")}
+    for major in (12, 13):
+        cuda = pins(jax / f"requirements-cuda{major}.txt")
+        assert cuda - pins(jax / "requirements.txt") == {f"jax[cuda{major}]==0.10.2"}
+        assert pins(jax / "requirements.txt") - cuda == {"jax==0.10.2"}
+    torch = envs.ROOT / "backends" / "torch"
+    assert pins(torch / "requirements-cuda.txt") == pins(torch / "requirements.txt")
+
+
+def test_the_driver_version_comes_from_nvidia_smi_else_the_drivers_proc_file(tmp_path, monkeypatch):
+    from harness import devices
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 550.54.15\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert devices.driver_version() == (550, 54, 15)
+    (bin_dir / "nvidia-smi").unlink()
+    proc = tmp_path / "version"
+    proc.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build\n")
+    monkeypatch.setattr(devices, "PROC_VERSION", proc)
+    assert devices.driver_version() == (580, 65, 6)
+    monkeypatch.setattr(devices, "PROC_VERSION", tmp_path / "absent")
+    assert devices.driver_version() is None
+    proc.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n")
+    monkeypatch.setattr(devices, "PROC_VERSION", proc)
+    assert devices.driver_version() == (550, 54, 15)
