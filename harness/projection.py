@@ -7,7 +7,9 @@ Markdown. Every figure in them is a projection unless a column says "measured".
 
 from __future__ import annotations
 
+import math
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 from common import architectures, scaling
@@ -35,10 +37,15 @@ def parents() -> list[Parser]:
                    help=f"declared interconnects to project on: {names} (the measured one is always shown)")
     p.add_argument("--max-devices", type=int, default=1024, metavar="N",
                    help="project to the powers of two up to N (default: 1024)")
+    p.add_argument("--faster", type=float, default=1.0, metavar="X",
+                   help="on the declared profiles, devices that compute X times faster than the run's (a GPU "
+                        "projected from a CPU run: what the communication would cost then); default 1: the run's own")
     return [p]
 
 
 def check_args(args) -> list[scaling.Profile]:
+    if not (args.faster > 0 and math.isfinite(args.faster)):
+        raise UsageError(f"--faster must be a positive number (got {args.faster})")
     if not 1 <= args.max_devices <= 1 << 20:
         raise UsageError(f"--max-devices must be 1 to {1 << 20} (got {args.max_devices})")
     names = [n.strip() for n in args.profile.split(",") if n.strip()]
@@ -149,7 +156,8 @@ def published_table() -> list[str]:
 
 # ------------------------------------------------------------------------------ the document and the plot
 
-def render(meta: dict, items, profiles: list[scaling.Profile], counts: list[int], plotted: bool) -> list[str]:
+def render(meta: dict, items, profiles: list[scaling.Profile], counts: list[int], faster: float,
+           plotted: bool) -> list[str]:
     L = [f"# Scaling projection for `{meta['run_id']}`", "",
          "**A projection, not a measurement.** Each backend and strategy's measured pieces (one device's step, "
          "the gradient bytes, the allreduce figure and the overlap where real devices let it be measured) go "
@@ -168,10 +176,12 @@ def render(meta: dict, items, profiles: list[scaling.Profile], counts: list[int]
         L += check_table(rows) + [""]
         if worst is not None:
             L += [f"Largest error of a prediction: {worst:.0%}.", ""]
+    compute = ("this run's one-device step" if faster == 1 else
+               f"this run's one-device step / {faster:g} (--faster: devices {faster:g} times faster than the run's)")
     for profile in profiles:
         L += [f"## Projected on {profile.name}", "", f"{profile.summary}. Source: {profile.source}.", "",
-              "Scaling efficiency (images/s per device against one device):", ""]
-        L += projection_table(items, profile, counts) + [""]
+              f"Compute: {compute}. Scaling efficiency (images/s per device against one device):", ""]
+        L += projection_table(faster_devices(items, faster), profile, counts) + [""]
     L += ["## The model against a published table", "",
           f"ResNet-50 v1.5 on 8 GPUs, {NVIDIA_RESNET50_SOURCE}: the published 8-GPU efficiency, and the "
           "model's from the published 1-GPU throughput, 25.6 M float32 gradients and the system's NVLink, "
@@ -194,7 +204,12 @@ def host_series(p: scaling.Pieces, shared: bool) -> tuple[list[int], list[float]
     return counts, [ref.step_s / m.step_s for m in p.measured], [ref.step_s / s for s in projected]
 
 
-def plot(items, profiles: list[scaling.Profile], counts: list[int], path: Path) -> bool:
+def faster_devices(items, faster: float):
+    """The pieces with devices that compute `faster` times faster (the declared profiles' devices)."""
+    return [(replace(p, compute_s=p.compute_s / faster), shared) for p, shared in items]
+
+
+def plot(items, profiles: list[scaling.Profile], counts: list[int], faster: float, path: Path) -> bool:
     plt = pyplot()
     fig, axes = plt.subplots(1, 1 + len(profiles), figsize=(4.6 * (1 + len(profiles)), 4.2), squeeze=False)
     host, panels = axes[0][0], axes[0][1:]
@@ -206,12 +221,13 @@ def plot(items, profiles: list[scaling.Profile], counts: list[int], path: Path) 
     host.set_title("this run's host: model (dashed) vs measured (dots)", fontsize=9)
     host.set_ylabel("scaling efficiency")
     for ax, profile in zip(panels, profiles):
-        for p, _ in items:
+        for p, _ in faster_devices(items, faster):
             points = scaling.project(p, profile, counts)
             ax.plot([q.devices for q in points], [q.efficiency for q in points], marker=".", label=p.name)
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"projected on {profile.name}", fontsize=9)
+        ax.set_title(f"projected on {profile.name}" + (f" (devices x{faster:g} faster)" if faster != 1 else ""),
+                     fontsize=9)
     for ax in axes[0]:
+        ax.set_xscale("log", base=2)
         ax.set_ylim(0, 1.05)
         ax.set_xlabel("devices")
         ax.grid(alpha=0.3)
@@ -238,8 +254,8 @@ def main(args) -> int:
                          "(runs with --timed-steps 0 have none)")
     counts = scaling.powers_of_two(args.max_devices)
     try:
-        plotted = plot(items, profiles, counts, directory / "projection.png")
-        text = "\n".join(render(meta, items, profiles, counts, plotted))
+        plotted = plot(items, profiles, counts, args.faster, directory / "projection.png")
+        text = "\n".join(render(meta, items, profiles, counts, args.faster, plotted))
         write_text_atomic(directory / "projection.md", text)
     except OSError as e:
         raise UsageError(f"cannot write the projection in {directory}: {e.strerror or e}") from None
