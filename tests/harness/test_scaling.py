@@ -19,7 +19,7 @@ from tests.harness.test_results import COMMITTED, REPORTS
 
 # The committed sweep of every backend on 1, 2, 4 and 8 simulated devices, and on 2 and 4 loopback nodes.
 SWEEP = REPORTS / "20261124-071528-all"
-NODES = REPORTS / "NODES_ID"
+NODES = REPORTS / "20261124-083120-all"
 # A prediction of the model (fitted at 2 devices) may be off the measured median step by this much at 4 and 8:
 # on this host one command's trial medians spread by +-15% (README, "Repeated trials"), and a prediction
 # compares two single trials (the fit's and the checked one's), plus ~10% for what the model leaves out (the
@@ -30,6 +30,8 @@ OUTSIDE = {
     ("jax pmap", 4): "XLA's CPU client at 4 simulated devices on 2 cores: 3.5 s a replica, against 2.3 at 2, 2.9 at 8",
     ("keras distribution", 4): "the same XLA client (Keras on jax): 5.2 s a replica, against 2.6 at 2, 3.5 at 8",
     ("mxnet gluon[hybridize=on,kvstore=device]", 8): "erratic steps on 8 contexts: 21 to 101 s, median 34",
+    ("jax pmap across nodes", 4): "4 jax processes on 2 cores: 3.9 s a replica, against 2.6 at 2 processes",
+    ("keras ddp across nodes", 4): "faster a replica at 4 processes than at 2: 1.4 s against 2.1",
 }
 
 
