@@ -154,8 +154,8 @@ def test_the_method_says_how_batches_reach_the_devices():
 def test_a_committed_report_renders_again_from_its_results_json():
     """reports/*/results.json (schema v1) loads and renders: every table and section of the committed report.md
     comes out the same; only the lines the report has reworded since (the devices line, the preset line, the input
-    line of the method, the equivalence prose, the note on its logs) and the step table, which has gained a
-    column, differ."""
+    line of the method, the equivalence prose, the note on its logs) and the step and summary tables, which have
+    gained a column, differ."""
     from common.results import load_results_json
     directory = next(p for p in sorted(Path(__file__).parents[2].glob("reports/*")) if (p / "results.json").exists())
     results, meta = load_results_json(directory)
@@ -164,8 +164,17 @@ def test_a_committed_report_renders_again_from_its_results_json():
     lines = set(text.splitlines())
     committed = (directory / "report.md").read_text()
     steps = committed.split("## Step time and communication")[1].split("\n## ")[0].splitlines()
-    changed = [l for l in committed.splitlines() if l not in lines and l not in steps]
+    summary = committed.split("## Summary")[1].split("\n## ")[0].splitlines()
+    changed = [l for l in committed.splitlines() if l not in lines and l not in steps and l not in summary]
     reworded = ("- Devices:", "- Preset:", "Every backend and strategy of this report", "Raw numbers:")
     assert all(l.startswith(reworded) for l in changed), changed
     rendered_steps = text.split("## Step time and communication")[1].split("\n## ")[0].splitlines()
     assert sum(l.startswith("| ") for l in rendered_steps) == sum(l.startswith("| ") for l in steps) > 2
+    # the summary has gained the TFLOP/s column (the 8th): without it, every row is the committed one
+    rendered_summary = text.split("## Summary")[1].split("\n## ")[0].splitlines()
+
+    def without_flops(line: str) -> str:
+        cells = line.split("|")
+        return "|".join(cells[:8] + cells[9:])
+    table_lines = [without_flops(l) for l in rendered_summary if l.startswith("|")]
+    assert table_lines == [l for l in summary if l.startswith("|")] and len(table_lines) > 3

@@ -90,9 +90,11 @@ def test_successful_workers_give_speedup_in_report(tmp_path):
     assert result.returncode == 0, result.stderr
     report = only_report(out)
     text = (report / "report.md").read_text()
-    # 4 devices: time / sqrt(4) -> twice the images/s: speed-up 2.00, efficiency 50%
-    assert "| torch | scratch | 4 (sim.) | 32 | 0.2 | 1.00 | 64.0 | 2.00 | 50% | 0.6000 |" in text
-    assert "| torch | scratch | 1 (sim.) | 32 | 0.05 | 2.00 | 32.0 | 1.00 | 100% | 0.6000 |" in text
+    # 4 devices: time / sqrt(4) -> twice the images/s: speed-up 2.00, efficiency 50%; TFLOP/s: LeNet's
+    # 13.5 MFLOP a training image x images/s, no peak known for simulated devices
+    flops = "(no peak known)"
+    assert f"| torch | scratch | 4 (sim.) | 32 | 0.2 | 1.00 | 64.0 | 0.000864 {flops} | 2.00 | 50% | 0.6000 |" in text
+    assert f"| torch | scratch | 1 (sim.) | 32 | 0.05 | 2.00 | 32.0 | 0.000432 {flops} | 1.00 | 100% | 0.6000 |" in text
     assert "Synthetic data" in text
     assert "- Devices: **simulated** (--device cpu): each device is a replica on the host CPU" in text
     # the devices line is printed even with --quiet
@@ -125,7 +127,7 @@ def test_evaluation_only_run_reports_its_accuracy(tmp_path):
                          "--python", f"torch={python}", "--out", str(out))
     assert result.returncode == 0, result.stderr
     text = (only_report(out) / "report.md").read_text()
-    assert "| torch | scratch | 1 (sim.) | 32 | 0.05 | — | — | — | — | 0.6250 |" in text
+    assert "| torch | scratch | 1 (sim.) | 32 | 0.05 | — | — | — | — | — | 0.6250 |" in text
     assert "weights loaded from" in text
 
 

@@ -103,7 +103,7 @@ def suites_run(monkeypatch, portable: bool, pytest_args=()) -> dict[str, list[st
     monkeypatch.setattr(testing, "run_suite", run_suite)
     monkeypatch.setattr(testing, "print_caps", lambda pythons: None)
     monkeypatch.setattr(testing, "pin_to_one_cpu", lambda: None)
-    monkeypatch.setattr(testing.envs, "ensure", lambda name, requirements: f"python-{name}")
+    monkeypatch.setattr(testing.envs, "ensure_backend", lambda name, requirements: f"python-{name}")
     args = Namespace(backend="torch,jax", python=[], portable=portable, pytest_args=list(pytest_args))
     assert testing.main(args) == 0
     return calls
