@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -100,14 +101,28 @@ def run(pieces: list[tuple[str, list[str]]], python: str | None, smoke: bool) ->
     for name, args in pieces:
         cmd = command(args, python, smoke)
         print(f"\n== piece {name}: {' '.join(cmd[1:])}", flush=True)
-        if subprocess.run(cmd, cwd=ROOT).returncode:
+        child = subprocess.Popen(cmd, cwd=ROOT)
+        try:
+            status = child.wait()
+        except KeyboardInterrupt:   # Ctrl-C, SIGTERM, SIGHUP: the piece's harness writes what finished, then stops
+            child.send_signal(signal.SIGTERM)
+            child.wait()
+            print(f"\ninterrupted in piece {name}; its report holds the runs that finished", file=sys.stderr)
+            return 130
+        if status:
             failed.append(name)
     failures = f"; failed: {', '.join(failed)}" if failed else ""
     print(f"\n{len(pieces) - len(failed)} of {len(pieces)} pieces ok{failures}")
     return 1 if failed else 0
 
 
+def interrupt(signum, frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, interrupt)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="action", required=True)

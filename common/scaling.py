@@ -151,8 +151,11 @@ def pieces(name: str, per_device_batch: int, nbytes: int, runs: list[Measured], 
     runs = sorted(runs, key=lambda r: r.devices)
     one = next((r for r in runs if r.devices == 1), None)
     several = [r for r in runs if r.devices > 1 and r.allreduce_s]
-    base = Pieces(name, per_device_batch, nbytes, one.step_s if one else runs[0].step_s / runs[0].devices,
-                  0.0, "", tuple(runs))
+    # one device's compute without a 1-device run: a replica's share of a shared host's step, or a real
+    # device's whole step (an upper bound: its communication included)
+    first = runs[0]
+    compute = one.step_s if one else first.step_s / first.devices if shared else first.step_s
+    base = Pieces(name, per_device_batch, nbytes, compute, 0.0, "", tuple(runs))
     if shared:
         note = "not measurable: simulated devices share the cores that would overlap, so none is counted"
         if not several:

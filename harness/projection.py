@@ -18,6 +18,7 @@ from harness.arguments import Parser, UsageError
 from harness.plots import pyplot
 from harness.published import NVIDIA_RESNET50_SOURCE, RESNET50_8GPU, RESNET50_BATCH
 from harness.tables import baseline, fmt, table
+from harness.trials import group
 
 DESCRIPTION = ("Project a finished run to 1..1024 devices: its measured step time, gradient bytes and allreduce "
                "figure through a ring / hierarchical allreduce model on interconnect profiles (the one the run "
@@ -66,12 +67,14 @@ def usable(r: Result) -> bool:
 
 def run_pieces(results: list[Result]) -> list[tuple[scaling.Pieces, bool]]:
     """(pieces, shared host) per backend, strategy, model and per-device batch; runs across nodes apart (each
-    node count its own process group), trials of a configuration by their median."""
+    node count its own process group), a configuration's kept trials (harness/trials.py) by their median."""
     groups: dict[tuple, dict[tuple, list[Result]]] = {}
-    for r in filter(usable, results):
-        c = r.config
-        name = (*baseline(r), c.model, c.per_device_batch, c.image_side, c.nodes > 1)
-        groups.setdefault(name, {}).setdefault((c.devices, c.nodes), []).append(r)
+    for t in group(results):
+        runs = [r for r in t.kept if usable(r)]
+        if runs:
+            c = runs[0].config
+            name = (*baseline(runs[0]), c.model, c.per_device_batch, c.image_side, c.nodes > 1)
+            groups.setdefault(name, {}).setdefault((c.devices, c.nodes), []).extend(runs)
     out = []
     for (backend, variant, model, batch, _, across), configs in groups.items():
         measured = [scaling.Measured(devices, nodes, statistics.median(r.step_time.median_s for r in runs),
@@ -136,8 +139,7 @@ def published_rows() -> list[dict]:
     rows = []
     for s in RESNET50_8GPU:
         profile = scaling.PROFILES[s.profile]
-        slow = scaling.Profile(profile.name, "", profile.devices_per_host,
-                               scaling.Link(profile.inside.gb_per_s / 10, profile.inside.latency_s))
+        slow = replace(profile, inside=replace(profile.inside, gb_per_s=profile.inside.gb_per_s / 10))
         p = scaling.Pieces(s.system, RESNET50_BATCH, nbytes, RESNET50_BATCH / s.one_gpu, 0.0, "", ())
         at = {name: scaling.project(p, prof, [1, s.gpus])[-1] for name, prof in (("full", profile), ("tenth", slow))}
         rows.append({"scaling": s, "projected": at["full"].efficiency, "tenth": at["tenth"].efficiency,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.results import Result
-from harness.tables import fmt, table
+from harness.tables import device_name, fmt, table
 
 # d2l's published figures (10 epochs, V100-class GPUs, FP32, test accuracy of the last epoch).
 D2L_REFERENCE = [
@@ -72,11 +72,6 @@ def d2l_section() -> list[str]:
             "Published by d2l.ai (10 epochs, V100-class GPUs, FP32, test accuracy of the last epoch); "
             "compare with a GPU run of the d2l preset, not with simulated CPU devices.", ""] + \
         table(["run", "1 GPU", "2 GPUs"], [list(r) for r in D2L_REFERENCE]) + [""]
-
-
-def device_name(result: Result) -> str:
-    devices = (result.environment or {}).get("devices") or []
-    return str(devices[0]) if devices else ""
 
 
 def published_for(name: str) -> list[Throughput]:

@@ -115,6 +115,12 @@ SUMMARY_HEADER = ["backend", "strategy", "devices", "batch", "lr", "s/epoch", "i
                   "speed-up", "efficiency", "test acc", "warm-up s", "peak mem MB", "params"]
 
 
+def device_name(result: Result) -> str:
+    """The run's first device as its environment names it ("" if it names none)."""
+    devices = (result.environment or {}).get("devices") or []
+    return str(devices[0]) if devices else ""
+
+
 def model_flops(row: Row) -> tuple[float | None, float | None]:
     """(achieved TFLOP/s, its fraction of the devices' peak): the model's training FLOPs per image (common/flops.py)
     times images/s; the fraction only on a GPU whose peak at the run's precision is known (else None)."""
@@ -122,8 +128,8 @@ def model_flops(row: Row) -> tuple[float | None, float | None]:
     if not row.images_per_s:
         return None, None
     achieved = flops.training_flops(c.model, c.image_side) * row.images_per_s / 1e12
-    devices = (row.result.environment or {}).get("devices") or []
-    peak = None if c.simulated or not devices else flops.peak_tflops(str(devices[0]), c.precision)
+    name = device_name(row.result)
+    peak = None if c.simulated or not name else flops.peak_tflops(name, c.precision)
     return achieved, (achieved / (peak * c.devices) if peak else None)
 
 
