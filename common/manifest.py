@@ -53,6 +53,7 @@ class Manifest:
     options: dict[str, Option] = field(default_factory=dict)
     levers: dict[str, Lever] = field(default_factory=dict)
     kernels: tuple[str, ...] = ()       # the libraries whose CPU kernels it runs (the portable pass probes each)
+    test_minutes: float = 0.0           # its test suite's wall time on one core of a 2-core CPU: the longest starts first
 
     def options_for(self, strategy: str) -> dict[str, Option]:
         return {k: o for k, o in self.options.items() if o.strategies is None or strategy in o.strategies}
@@ -84,7 +85,8 @@ def load(name: str) -> Manifest:
                  for k, v in d.get("options", {}).items()},
         levers={k: Lever(k, v.get("summary", ""), _strings(v.get("values")), v.get("refused", ""))
                 for k, v in d.get("levers", {}).items()},
-        kernels=_strings(d.get("kernels", [d["name"]])))
+        kernels=_strings(d.get("kernels", [d["name"]])),
+        test_minutes=float(d.get("tests", {}).get("minutes", 0.0)))
 
 
 def known() -> tuple[str, ...]:

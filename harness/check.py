@@ -91,7 +91,8 @@ def measure_nodes(name: str, python: str, job: dict, nodes: int, tmp: Path, time
         outs.append(out)
     logs[0].parent.mkdir(parents=True, exist_ok=True)
     try:
-        ended = runner.launch_all(cmds, envs.worker_env(), logs, timeout, grace=runner.NODE_GRACE_S)
+        ended = runner.launch_all(cmds, envs.worker_env(), logs, timeout, grace=runner.NODE_GRACE_S,
+                                  failed_grace=runner.FAILED_NODE_GRACE_S)
     except OSError as e:
         raise CheckError(f"{name}: could not start {python}: {e}") from None
     failed = sorted((at, rank, code, output) for rank, (code, output, at) in enumerate(ended)

@@ -161,11 +161,11 @@ def launch(cmd: list[str], env: dict, log_path: Path, timeout: float,
 
 def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout: float,
                on_line: Callable[[str], bool] | None = None,
-               grace: float = 0.0) -> list[tuple[int | None, list[str], float]]:
+               grace: float = 0.0, failed_grace: float | None = None) -> list[tuple[int | None, list[str], float]]:
     """`launch` for processes that work together (the nodes of a run), started at once, one deadline for all.
 
-    Once one has exited, the others get `grace` seconds to end too, then their groups are killed: a node
-    whose peer died must not wait on it until --timeout. `on_line` sees the first process's lines only;
+    Once one has exited, the others get `grace` seconds to end too (`failed_grace`, if given, once one has
+    failed), then their groups are killed: a node whose peer died must not wait on it until --timeout. `on_line` sees the first process's lines only;
     the others' progress records are left out of their output.
     Each process's (exit status, or None if still running at the deadline or after the grace; its output;
     when it was first seen ended, on the monotonic clock: the order in which they failed)."""
@@ -193,7 +193,8 @@ def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout:
                     ended.setdefault(i, time.monotonic())
             exited = [procs[i] for i in ended]
             if exited and len(exited) < len(procs):
-                deadline = min(deadline, time.monotonic() + grace)
+                failed = failed_grace is not None and any(p.returncode != 0 for p in exited)
+                deadline = min(deadline, time.monotonic() + (failed_grace if failed else grace))
             try:
                 i, line = lines.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
             except queue.Empty:
@@ -259,11 +260,12 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
     console.started(cfg)
     try:
         ended = launch_all([n.command(python) for n in nodes], env, [n.log for n in nodes], cfg.timeout, on_line,
-                           grace=NODE_GRACE_S)
+                           grace=NODE_GRACE_S, failed_grace=FAILED_NODE_GRACE_S)
     except OSError as e:
         return not_run_result(cfg, "failed", f"could not start {python}: {e}")
-    peer_ended = any(code is not None for code, _, _ in ended)
-    results = [n.result(code, output, workdir, peer_ended) for n, (code, output, _) in zip(nodes, ended)]
+    codes = [code for code, _, _ in ended if code is not None]
+    grace = None if not codes else FAILED_NODE_GRACE_S if any(codes) else NODE_GRACE_S   # what the others had
+    results = [n.result(code, output, workdir, grace) for n, (code, output, _) in zip(nodes, ended)]
     result = results[0] if len(nodes) == 1 else merge_nodes(cfg, nodes, results, [at for *_, at in ended])
     result["log"] = f"logs/{nodes[0].log.name}"
     console.finished(cfg, result)
@@ -272,7 +274,10 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
 
 # After one node has ended, how long the others may take to end too before they are killed: a peer's
 # collective that lost its partner fails within seconds on gloo, but ps-lite waits for a dead worker forever.
+# After a clean end, the others may still be evaluating or writing; after a failure, they can only fail too,
+# and a few seconds let them say how.
 NODE_GRACE_S = 60.0
+FAILED_NODE_GRACE_S = 10.0
 
 
 class Node:
@@ -289,11 +294,12 @@ class Node:
         return [python, "-m", f"backends.{self.cfg.backend}", "--config", str(self.config_path),
                 "--result", str(self.result_path)]
 
-    def result(self, returncode: int | None, output: list[str], workdir: Path, peer_ended: bool = False) -> dict:
-        """The worker's result, or a failed / timeout one with the tail of its output."""
+    def result(self, returncode: int | None, output: list[str], workdir: Path, peer_grace: float | None = None) -> dict:
+        """The worker's result, or a failed / timeout one with the tail of its output; `peer_grace`: the seconds it
+        was given after another node had ended (None: none had)."""
         cfg = self.cfg
-        if returncode is None and peer_ended:
-            result = failed_result(cfg.to_dict(), "timeout", f"{''.join(output[-20:])}stopped {NODE_GRACE_S:g} s "
+        if returncode is None and peer_grace is not None:
+            result = failed_result(cfg.to_dict(), "timeout", f"{''.join(output[-20:])}stopped {peer_grace:g} s "
                                    "after another node had ended (waiting on it)")
         elif returncode is None:
             # The worker's last output first, the reason last: the report's headline is the error's last line.

@@ -18,8 +18,11 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +49,10 @@ PORTABLE_ENV = {
 PORTABLE_XLA_FLAGS = "--xla_cpu_max_isa=SSE4_2 --xla_cpu_multi_thread_eigen=false"
 # What the portable pass selects: the tests marked `rounding` (pyproject.toml lists the marker).
 PORTABLE_SELECTION = ["-m", "rounding"]
+# The harness suite's title, and its wall time on one core of a 2-core CPU (backend.toml's [tests] minutes says a
+# backend's): the suites start longest first.
+HARNESS_TITLE = "harness (no framework)"
+HARNESS_MINUTES = 5.0
 
 # One tiny computation per kernel library (a backend.toml's `kernels`), run in each backend's environment with the
 # portable environment and the library's own verbose switches, so that the pass starts by showing what the kernels
@@ -118,10 +125,18 @@ def suite_env(extra_env: dict, portable: bool, caller: Mapping[str, str] = os.en
     return env
 
 
-def pin_to_one_cpu() -> None:
-    """Run this process and all it starts on one CPU. The workers size their thread pools from the usable
-    CPUs, not from OMP_NUM_THREADS (torch's set_num_threads, MXNet's compat, XLA, which has no switch)."""
-    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+def start_on(cmd: list[str], cpus: set[int] | None, **popen) -> subprocess.Popen:
+    """Start `cmd` on `cpus` (None: wherever this process may run). A small shim sets them, then becomes `cmd`, so
+    that everything it starts inherits them from its first instruction: the workers size their thread pools from
+    the usable CPUs, not from OMP_NUM_THREADS (torch's set_num_threads, MXNet's compat, XLA, which has no switch)."""
+    if cpus is not None:
+        cmd = [sys.executable, "-c", PIN_SHIM, ",".join(map(str, sorted(cpus))), *cmd]
+    return subprocess.Popen(cmd, **popen)
+
+
+PIN_SHIM = ("import os, sys\n"
+            "os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')})\n"
+            "os.execvp(sys.argv[2], sys.argv[2:])\n")
 
 
 def probe_facts(output: str) -> list[str]:
@@ -139,11 +154,12 @@ def probe(library: str, python: str) -> str:
     if library not in PROBES:
         return f"{library}: no probe for this library"
     verbose, code = PROBES[library]
-    proc = subprocess.run([python, "-c", code], cwd=ROOT, env={**suite_env({}, True), **verbose},
-                          capture_output=True, text=True, timeout=600)
+    proc = start_on([python, "-c", code], {min(os.sched_getaffinity(0))}, cwd=ROOT,
+                    env={**suite_env({}, True), **verbose}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=600)
     if proc.returncode:
-        return f"{library}: the probe failed (status {proc.returncode}): {proc.stderr.strip()[-500:]}"
-    return f"{library}: " + "; ".join(probe_facts(proc.stdout + proc.stderr))
+        return f"{library}: the probe failed (status {proc.returncode}): {stderr.strip()[-500:]}"
+    return f"{library}: " + "; ".join(probe_facts(stdout + stderr))
 
 
 def print_caps(pythons: dict[str, str]) -> None:
@@ -154,22 +170,81 @@ def print_caps(pythons: dict[str, str]) -> None:
             print(f"{name}: {probe(library, python)}" if library != name else probe(library, python), flush=True)
 
 
-def run_suite(title: str, python: str, paths: list[str], env: dict, selection: list[str],
-              pytest_args: list[str]) -> Counts:
-    """One pytest run: the pass's own selection (PORTABLE_SELECTION or none), then the user's arguments."""
-    print(f"\n=== {title} ===", flush=True)
+@dataclass
+class Suite:
+    """One pytest run: its title, the interpreter, the test paths, the environment, the pass's own selection
+    (PORTABLE_SELECTION or none) and the user's arguments."""
+    title: str
+    python: str
+    paths: list[str]
+    env: dict
+    selection: list[str]
+    pytest_args: list[str]
+
+
+@dataclass
+class Outcome:
+    """What one suite's run gave: its counts, everything pytest printed, and its wall time."""
+    counts: Counts
+    output: str
+    seconds: float
+
+
+def run_suite(suite: Suite, cpus: set[int] | None = None) -> Outcome:
+    """One pytest run with a JUnit XML report, on `cpus` (None: wherever the caller runs), its output kept."""
+    start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
-        xml = Path(tmp) / "junit.xml"
-        cmd = [python, "-m", "pytest", *paths, "-q", f"--junitxml={xml}", *selection, *pytest_args]
-        rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+        xml, log = Path(tmp) / "junit.xml", Path(tmp) / "output.log"
+        cmd = [suite.python, "-m", "pytest", *suite.paths, "-q", f"--junitxml={xml}", *suite.selection,
+               *suite.pytest_args]
+        with open(log, "w") as out:
+            rc = start_on(cmd, cpus, cwd=ROOT, env=suite.env, stdout=out, stderr=subprocess.STDOUT).wait()
+        output = log.read_text(errors="replace")
         if not xml.exists():
-            print(f"{title}: pytest exited with status {rc} and no report", flush=True)
-            return Counts(failed=1)
+            output += f"\n{suite.title}: pytest exited with status {rc} and no report\n"
+            return Outcome(Counts(failed=1), output, time.monotonic() - start)
         counts = junit_counts(xml)
-    if counts.total == 0 and not pytest_args:  # (with -k and the like, selecting nothing is fine)
-        print(f"{title}: no test ran; counted as a failure", flush=True)
+    if counts.total == 0 and not suite.pytest_args:  # (with -k and the like, selecting nothing is fine)
+        output += f"\n{suite.title}: no test ran; counted as a failure\n"
         counts.failed += 1
-    return counts
+    return Outcome(counts, output, time.monotonic() - start)
+
+
+def lanes(jobs: int, cpus: set[int]) -> list[set[int]]:
+    """`jobs` disjoint sets of the usable CPUs, as even as they divide: each lane runs one suite at a time, so that
+    two suites never share a core (their thread pools are sized from the CPUs they may use)."""
+    ordered = sorted(cpus)
+    jobs = max(1, min(jobs, len(ordered)))
+    return [set(ordered[i::jobs]) for i in range(jobs)]
+
+
+def run_suites(suites: list[Suite], jobs: int, one_cpu_each: bool = False) -> dict[str, Outcome]:
+    """Every suite, at most `jobs` at once, each on its own lane of CPUs, in the order given (longest first keeps
+    the lanes even); each suite's output is printed whole when it ends, with its wall time. `one_cpu_each` (the
+    portable pass): every suite on a single CPU, whatever the lane holds."""
+    pending = list(suites)
+    outcomes: dict[str, Outcome] = {}
+    lock = threading.Lock()
+
+    def lane(cpus: set[int]) -> None:
+        while True:
+            with lock:
+                if not pending:
+                    return
+                suite = pending.pop(0)
+                print(f"started: {suite.title} (CPU {','.join(map(str, sorted(cpus)))})", flush=True)
+            outcome = run_suite(suite, {min(cpus)} if one_cpu_each else cpus if jobs > 1 else None)
+            with lock:
+                outcomes[suite.title] = outcome
+                print(f"\n=== {suite.title} ({outcome.seconds:.0f} s) ===\n{outcome.output.rstrip()}\n", flush=True)
+
+    workers = [threading.Thread(target=lane, args=(cpus,), daemon=True)
+               for cpus in lanes(jobs, os.sched_getaffinity(0))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return {suite.title: outcomes[suite.title] for suite in suites}
 
 
 DESCRIPTION = "Run the harness tests, then each backend's tests in its own environment."
@@ -184,51 +259,96 @@ def parents() -> list[Parser]:
                           "and one thread (torch: ATEN_CPU_CAPABILITY=default, oneDNN SSE41, MKL_CBWR=COMPATIBLE; "
                           "jax: XLA_FLAGS --xla_cpu_max_isa=SSE4_2; mxnet: oneDNN SSE41, OpenBLAS Nehalem), to show "
                           "the tests pass on any x86-64 CPU; it first prints what each backend's kernels run with")
+    own.add_argument("--jobs", type=int, default=None, metavar="N",
+                     help="suites run at once, each on its own share of the usable CPUs (default: one per usable "
+                          "CPU; 1 runs them one after another on every CPU)")
     own.add_argument("pytest_args", nargs="*", help="passed to pytest (after --), e.g. -- -k split -x")
     return [backends_flags("backends whose tests to run (comma list, or all, or none)"),
             python_flags("use this interpreter for BACKEND's tests instead of .venvs/BACKEND/"), own]
 
 
+def backend_pythons(names: list[str], pythons: dict[str, str]) -> tuple[dict[str, str], dict[str, Outcome]]:
+    """Each backend's interpreter: --python's, else its environment, the missing ones built at once (pip spends
+    most of a build waiting on downloads and disks); the backends whose environment failed, as failed outcomes."""
+    found, failed = {}, {}
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        builds = {name: pool.submit(envs.ensure_backend, name, manifest.load(name).requirements)
+                  for name in names if name not in pythons}
+        for name in names:
+            if name in pythons:
+                found[name] = pythons[name]
+                continue
+            try:
+                found[name] = str(builds[name].result())
+            except envs.EnvError as e:
+                failed[name] = Outcome(Counts(failed=1), f"environment setup failed\n{e}", 0.0)
+                print(f"\n=== {name}: environment setup failed ===\n{e}", flush=True)
+    return found, failed
+
+
+def backend_suite(name: str, python: str, portable: bool, pytest_args: list[str]) -> Suite:
+    """A backend's tests in its environment: the contract, then its own files (test_<name>.py, test_<name>_*.py)."""
+    own = sorted(str(p.relative_to(ROOT)) for pattern in (f"test_{name}.py", f"test_{name}_*.py")
+                 for p in (ROOT / "tests" / "backends").glob(pattern))
+    return Suite(f"{name} (inside its environment)", python, ["tests/backends/test_contract.py", *own],
+                 suite_env({"DPBENCH_BACKEND": name}, portable), PORTABLE_SELECTION if portable else [],
+                 pytest_args)
+
+
+def longest_first(suites: list[Suite], names: list[str]) -> list[Suite]:
+    """The suites ordered by their declared minutes (backend.toml's [tests]), the longest first: the lanes then
+    end together."""
+    minutes = {backend_suite_title(n): manifest.load(n).test_minutes for n in names}
+    minutes[HARNESS_TITLE] = HARNESS_MINUTES
+    return sorted(suites, key=lambda s: -minutes.get(s.title, 0.0))
+
+
+def backend_suite_title(name: str) -> str:
+    return f"{name} (inside its environment)"
+
+
+def default_jobs() -> int:
+    """As many suites at once as there are usable CPUs (a compile, and most of a small test, runs on one)."""
+    return len(os.sched_getaffinity(0))
+
+
 def main(args) -> int:
     """`python -m harness test`, its flags parsed (cli.build_parser)."""
+    started = time.monotonic()
     names = [] if args.backend == "none" else parse_backends(args.backend)
-    pythons = parse_pythons(args.python)
-
-    results: dict[str, Counts] = {}
+    jobs = args.jobs or default_jobs()
+    interpreters, outcomes = backend_pythons(names, parse_pythons(args.python))
     if args.portable:
-        pin_to_one_cpu()
-    else:
-        results["harness"] = run_suite("harness (no framework)", sys.executable, ["tests/harness"],
-                                       suite_env({}, False), [], args.pytest_args)
-    backend_pythons: dict[str, str] = {}
-    for name in names:
-        backend = manifest.load(name)
-        try:
-            backend_pythons[name] = pythons.get(name) or str(envs.ensure_backend(name, backend.requirements))
-        except envs.EnvError as e:
-            print(f"\n=== {name}: environment setup failed ===\n{e}")
-            results[name] = Counts(failed=1)
-    if args.portable:
-        print_caps(backend_pythons)
-    selection = PORTABLE_SELECTION if args.portable else []
-    for name, python in backend_pythons.items():
-        own = [f"tests/backends/test_{name}.py"] if (ROOT / "tests" / "backends" / f"test_{name}.py").exists() else []
-        results[name] = run_suite(f"{name} (inside its environment)", python, ["tests/backends/test_contract.py", *own],
-                                  suite_env({"DPBENCH_BACKEND": name}, args.portable), selection, args.pytest_args)
+        print_caps(interpreters)
+    suites = [] if args.portable else [Suite(HARNESS_TITLE, sys.executable, ["tests/harness"], suite_env({}, False),
+                                             [], args.pytest_args)]
+    suites += [backend_suite(name, python, args.portable, args.pytest_args) for name, python in interpreters.items()]
+    outcomes.update(run_suites(longest_first(suites, names), jobs, one_cpu_each=args.portable))
 
-    tested = [name for name in names if name in results and results[name].failed == 0]
+    tested = [name for name in names if backend_suite_title(name) in outcomes
+              and outcomes[backend_suite_title(name)].counts.failed == 0]
     if len(tested) >= 2 and not args.pytest_args:
-        results["cross"] = run_suite(f"cross-backend ({', '.join(tested)})", sys.executable, ["tests/cross"],
-                                     suite_env({"DPBENCH_BACKENDS": ",".join(tested),
-                                                "DPBENCH_PYTHONS": ",".join(f"{k}={v}" for k, v in pythons.items())},
-                                               args.portable), selection, [])
+        cross_env = suite_env({"DPBENCH_BACKENDS": ",".join(tested),
+                               "DPBENCH_PYTHONS": ",".join(f"{k}={v}" for k, v in interpreters.items())},
+                              args.portable)
+        cross = Suite(f"cross-backend ({', '.join(tested)})", sys.executable, ["tests/cross"], cross_env,
+                      PORTABLE_SELECTION if args.portable else [], [])
+        outcomes.update(run_suites([cross], 1, one_cpu_each=args.portable))
+    return summarise(outcomes, args.portable, time.monotonic() - started)
 
+
+def summarise(outcomes: dict[str, Outcome], portable: bool, seconds: float) -> int:
+    """One line per suite with its wall time, the pass's wall time, then the closing line `N passed, N failed,
+    N skipped`; the exit status (0 only if nothing failed and something passed)."""
     total = Counts()
-    print(f"\n=== summary{' (portable: capped CPU kernels, one CPU)' if args.portable else ''} ===")
-    for title, c in results.items():
-        print(f"{title:10} {c.passed} passed, {c.failed} failed, {c.skipped} skipped")
+    print(f"\n=== summary{' (portable: capped CPU kernels, one CPU per suite)' if portable else ''} ===")
+    for title, outcome in outcomes.items():
+        c = outcome.counts
+        print(f"{title.split(' ')[0]:10} {c.passed} passed, {c.failed} failed, {c.skipped} skipped "
+              f"in {outcome.seconds:.0f} s")
         total.passed += c.passed
         total.failed += c.failed
         total.skipped += c.skipped
+    print(f"wall time of the pass: {seconds:.0f} s ({seconds / 60:.1f} min)")
     print(f"{total.passed} passed, {total.failed} failed, {total.skipped} skipped", flush=True)
     return 1 if total.failed or total.passed == 0 else 0

@@ -63,6 +63,8 @@ DONATED = (0, 1, 2)
 # update()'s (params, opt_state) arguments, for the same reason. The kept gradients are not donated: they
 # stay readable by canonical_gradients() until the next reduce_gradients(), step() or reset().
 UPDATE_DONATED = (0, 1)
+# JaxTrainer._compile's net, optimizer and compiled programs, by what they are built for.
+_SHARED: dict[tuple, tuple] = {}
 
 
 class JaxTrainer(Trainer):
@@ -83,14 +85,27 @@ class JaxTrainer(Trainer):
         self.devs = distributed.run_devices(cfg)
         self.local_devs = [d for d in self.devs if d.process_index == jax.process_index()]   # this node's
         self.batch_sharding = device_axis_sharding(self.devs)   # batches: split along axis 0
-        self.net = models.build(cfg.model, bn_axis=AXIS if cfg.bn == "sync" else None,
-                                **module_dtypes(cfg.precision, dtype))
-        self.tx = optax.sgd(cfg.lr)
         self.state = None
         self._last = None       # the latest step's (loss sums, correct), for sync
         self._grads = None      # reduce_gradients()' reduced gradients, for update() and canonical_gradients()
         self._new_stats = None  # reduce_gradients()' new BatchNorm statistics, for update()
-        self._predict = predict_classes(self.net)
+
+    def _compile(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str) -> None:
+        """The net, the optimizer and the compiled programs (`_programs`), shared by every trainer of this
+        process built for the same model, BatchNorm mode, precision, dtype, learning rate, batch and devices: a
+        check or a test that builds many trainers compiles each program once. (jax.jit keeps the executables of
+        one function object; a new trainer's new closures would compile again.) The subclass calls it once its
+        shardings are set."""
+        key = (type(self).__name__, cfg.model, cfg.bn, cfg.precision, dtype, cfg.lr, cfg.batch_size,
+               tuple(self.devs), DONATED, UPDATE_DONATED)
+        if key not in _SHARED:
+            net = models.build(cfg.model, bn_axis=AXIS if cfg.bn == "sync" else None,
+                               **module_dtypes(cfg.precision, dtype))
+            tx = optax.sgd(cfg.lr)
+            _SHARED[key] = (net, tx, {"_predict": predict_classes(net), **self._programs(net, tx, cfg)})
+        self.net, self.tx, programs = _SHARED[key]
+        for name, program in programs.items():
+            setattr(self, name, program)
         self._initial = models.from_canonical(self.net, weights)   # numpy, flax layouts, the net's dtype
 
     def reset(self) -> None:
@@ -230,14 +245,19 @@ class PmapTrainer(JaxTrainer):
         super().__init__(cfg, weights, dtype)
         # pmap over several processes takes (and returns) each process's rows of the device axis only
         self.batch_sharding = device_axis_sharding(self.local_devs)
+        self._compile(cfg, weights, dtype)
+
+    def _programs(self, net, tx, cfg: RunConfig) -> dict:
         over_devices = functools.partial(jax.pmap, axis_name=AXIS, devices=self.devs)
-        self._step = over_devices(functools.partial(self._device_step, self.net, self.tx, cfg.batch_size),
-                                  donate_argnums=DONATED)
-        self._gradients = over_devices(functools.partial(self._device_gradients, self.net, cfg.batch_size))
-        self._update = over_devices(functools.partial(sgd, self.tx), donate_argnums=UPDATE_DONATED)
-        self._pmean = over_devices(functools.partial(lax.pmean, axis_name=AXIS))
-        # The gradients' collective alone: lax.psum over the pmap axis, row i of the input on device i.
-        self._allreduce = over_devices(functools.partial(lax.psum, axis_name=AXIS))
+        return {
+            "_step": over_devices(functools.partial(self._device_step, net, tx, cfg.batch_size),
+                                  donate_argnums=DONATED),
+            "_gradients": over_devices(functools.partial(self._device_gradients, net, cfg.batch_size)),
+            "_update": over_devices(functools.partial(sgd, tx), donate_argnums=UPDATE_DONATED),
+            "_pmean": over_devices(functools.partial(lax.pmean, axis_name=AXIS)),
+            # The gradients' collective alone: lax.psum over the pmap axis, row i of the input on device i.
+            "_allreduce": over_devices(functools.partial(lax.psum, axis_name=AXIS)),
+        }
 
     def place(self, x, y):
         check_batch(np.asarray(x), np.asarray(y), self.n_devices)
@@ -275,18 +295,23 @@ class ShardingTrainer(JaxTrainer):
         super().__init__(cfg, weights, dtype)
         self.mesh = mesh(self.devs)
         self.replicated = replicated_sharding(self.devs)
-        loss = self._sharded_loss(self.net, self.mesh, cfg.batch_size)
+        self._compile(cfg, weights, dtype)
+
+    def _programs(self, net, tx, cfg: RunConfig) -> dict:
+        loss = self._sharded_loss(net, self.mesh, cfg.batch_size)
         r, s = self.replicated, self.batch_sharding
-        self._step = jax.jit(functools.partial(self._global_step, loss, self.tx),
-                             out_shardings=(r, s, r, (s, s)), donate_argnums=DONATED)
-        self._gradients = jax.jit(functools.partial(self._global_gradients, loss), out_shardings=(r, (s, s, s)))
-        self._update = jax.jit(functools.partial(sgd, self.tx), out_shardings=(r, r), donate_argnums=UPDATE_DONATED)
-        self._pmean = jax.jit(jax.shard_map(functools.partial(lax.pmean, axis_name=AXIS), mesh=self.mesh,
-                                            in_specs=P(AXIS), out_specs=P(AXIS)))
-        # The gradients' collective alone: lax.psum in a shard_map over the mesh, each device contributing its
-        # row, the sum replicated (as the gradients of the replicated parameters are).
-        self._allreduce = jax.jit(jax.shard_map(lambda a: lax.psum(a[0], AXIS), mesh=self.mesh,
-                                                in_specs=P(AXIS), out_specs=P()))
+        return {
+            "_step": jax.jit(functools.partial(self._global_step, loss, tx),
+                             out_shardings=(r, s, r, (s, s)), donate_argnums=DONATED),
+            "_gradients": jax.jit(functools.partial(self._global_gradients, loss), out_shardings=(r, (s, s, s))),
+            "_update": jax.jit(functools.partial(sgd, tx), out_shardings=(r, r), donate_argnums=UPDATE_DONATED),
+            "_pmean": jax.jit(jax.shard_map(functools.partial(lax.pmean, axis_name=AXIS), mesh=self.mesh,
+                                            in_specs=P(AXIS), out_specs=P(AXIS))),
+            # The gradients' collective alone: lax.psum in a shard_map over the mesh, each device contributing its
+            # row, the sum replicated (as the gradients of the replicated parameters are).
+            "_allreduce": jax.jit(jax.shard_map(lambda a: lax.psum(a[0], AXIS), mesh=self.mesh,
+                                                in_specs=P(AXIS), out_specs=P())),
+        }
 
     def place(self, x, y):
         x, y = np.asarray(x), np.asarray(y)

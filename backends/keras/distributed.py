@@ -24,8 +24,8 @@ RANKS_FRAMEWORK = "torch"   # what Keras runs on in the ddp ranks
 def launch_ddp(cfg: RunConfig, job, payload=None):
     """Run job(cfg, rank, payload) in every rank of every node, Keras on torch in each; this node's first
     rank's value (torch's launch_ddp)."""
-    with keras_backend(RANKS_FRAMEWORK):   # the ranks are started with a copy of this environment
-        return torch_ranks.launch_ddp(cfg, job, payload)
+    with keras_backend(RANKS_FRAMEWORK):   # the ranks (and their forkserver, Keras on torch imported once) take it
+        return torch_ranks.launch_ddp(cfg, job, payload, preload=("keras",))
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import itertools
+import multiprocessing
 import os
 import pickle
 import sys
@@ -36,6 +37,13 @@ from backends.torch.environment import configure_precision, configure_threads, h
 # Every node runs the same launches in the same order (a run, or the probes of a check), so the n-th launch
 # has the same run id on every node: its keys in the coordinator's store are its own.
 _launches = itertools.count()
+# The ranks are forked from a forkserver that has imported torch once, instead of each rank starting a fresh
+# interpreter and importing torch again ("spawn"): a launch then costs a rendezvous rather than two imports, which
+# matters where one process launches many times (a check, the equivalence tests). The server is a clean,
+# single-threaded process started at the first launch (not a fork of this one), so the ranks inherit no thread
+# or CUDA state; it takes this process's environment at that moment, which every later launch shares.
+START_METHOD = "forkserver"
+PRELOADED = ["torch", "torch.distributed", "torch.nn.parallel"]
 # Node 0's store server, kept for the process's life: every launch's rendezvous shares it (multi-tenant), so a
 # faster node starting the next launch cannot reach the server of the last one as it shuts down.
 _coordinator_store = None
@@ -65,13 +73,15 @@ def rank_device(cfg: RunConfig) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if cfg.device_kind == "gpu" else torch.device("cpu")
 
 
-def launch_ddp(cfg: RunConfig, job, payload=None):
+def launch_ddp(cfg: RunConfig, job, payload=None, preload: tuple[str, ...] = ()):
     """Run job(cfg, rank, payload) in every rank of every node; return this node's first rank's value.
+    `preload`: modules the ranks' forkserver imports besides torch's (read at the process's first launch).
 
     A rank that raises fails the run with the first failure on this node (its message and traceback); the
     agent stops this node's other ranks, so no process is left behind."""
     host, port = rendezvous_address(cfg)
     run_id = f"dpbench-{next(_launches)}"
+    multiprocessing.get_context(START_METHOD).set_forkserver_preload([*PRELOADED, *preload])
     if cfg.nodes > 1 and cfg.node_rank == 0:
         _serve_coordinator(cfg, host, port)
     # The ranks' error files in the worker's scratch directory, which the harness removes: a run killed by a
@@ -81,7 +91,7 @@ def launch_ddp(cfg: RunConfig, job, payload=None):
             min_nodes=cfg.nodes, max_nodes=cfg.nodes, nproc_per_node=cfg.local_devices, run_id=run_id,
             rdzv_backend="static", rdzv_endpoint=f"{host}:{port}",
             rdzv_configs={"rank": cfg.node_rank, "timeout": join_timeout(cfg)}, max_restarts=0,
-            start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=log_dir))
+            start_method=START_METHOD, logs_specs=DefaultLogsSpecs(log_dir=log_dir))
         try:
             values = elastic_launch(config, _rank_main)(cfg.to_dict(), job, payload)
         except ChildFailedError as e:

@@ -111,7 +111,7 @@ def test_a_failing_node_fails_the_run_with_its_error_and_ends_the_waiting_node(t
     script.write_text(FAKE_NODE)
     python = fake_python(tmp_path, f'exec {sys.executable} {script} "$@"')
     monkeypatch.setenv("FAKE_STATE", str(tmp_path))
-    monkeypatch.setattr(runner, "NODE_GRACE_S", 2.0)
+    monkeypatch.setattr(runner, "FAILED_NODE_GRACE_S", 2.0)   # (a failed node: the shorter grace)
     cfg = RunConfig(backend="torch", strategy="ddp", devices=2, nodes=2, coordinator="127.0.0.1:1", model="lenet",
                     batch_size=32, timeout=120).validate()
     started = time.monotonic()

@@ -42,16 +42,26 @@ def test_the_normal_pass_changes_nothing_but_pythonpath():
     assert env == {**CALLER, "PYTHONPATH": f"{ROOT}{os.pathsep}vendor/lib", "DPBENCH_BACKEND": "jax"}
 
 
-def test_pinning_leaves_one_usable_cpu_to_the_process_and_what_it_starts():
-    child = "import os; print(len(os.sched_getaffinity(0)))"
-    code = ("import os, subprocess, sys\n"
-            "from harness import testing\n"
-            "testing.pin_to_one_cpu()\n"
-            f"print(len(os.sched_getaffinity(0)), subprocess.run([sys.executable, '-c', {child!r}],\n"
-            "      capture_output=True, text=True).stdout)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                         capture_output=True, text=True, timeout=60)
-    assert out.stdout.split() == ["1", "1"], out.stderr
+def test_a_suite_runs_on_its_lane_and_everything_it_starts_inherits_it(tmp_path):
+    """Each suite of a pass runs on its own CPUs: its thread pools are sized from them, and two suites never
+    share a core. A stand-in for pytest reports the CPUs it and its child may use."""
+    fake = tmp_path / "fake-python"
+    fake.write_text("#!/bin/sh\n"
+                    f"{sys.executable} -c 'import os; print(sorted(os.sched_getaffinity(0)))'\n"
+                    f"sh -c \"{sys.executable} -c 'import os; print(sorted(os.sched_getaffinity(0)))'\"\n")
+    fake.chmod(0o755)
+    cpu = min(os.sched_getaffinity(0))
+    suite = testing.Suite("fake", str(fake), [], {**os.environ}, [], ["-k", "x"])
+    outcome = testing.run_suite(suite, {cpu})
+    assert outcome.output.split("\n")[:2] == [f"[{cpu}]", f"[{cpu}]"], outcome.output
+
+
+def test_lanes_split_the_usable_cpus_evenly_and_never_share_one():
+    assert testing.lanes(2, {0, 1}) == [{0}, {1}]
+    assert testing.lanes(2, {0, 1, 2, 3, 4}) == [{0, 2, 4}, {1, 3}]
+    assert testing.lanes(4, {3, 5}) == [{3}, {5}]          # no more lanes than CPUs
+    assert testing.lanes(1, {0, 1}) == [{0, 1}]
+    assert testing.lanes(0, {0, 1}) == [{0, 1}]
 
 
 def test_probe_facts_read_what_the_libraries_report():
@@ -91,20 +101,20 @@ def test_every_kernel_library_a_backend_declares_has_a_probe():
     assert manifest.load("keras").kernels == ("torch", "jax")
 
 
-def suites_run(monkeypatch, portable: bool, pytest_args=()) -> dict[str, list[str]]:
+def suites_run(monkeypatch, portable: bool, pytest_args=(), jobs=None) -> dict[str, list[str]]:
     """`python -m harness test` for torch and jax with the suites not run: each suite's title and the pytest
-    arguments after its test paths."""
+    arguments after its test paths, in the order the lanes take them."""
     from argparse import Namespace
     calls = {}
 
-    def run_suite(title, python, paths, env, selection, user_args):
-        calls[title.split(" ")[0]] = [*selection, *user_args]
-        return testing.Counts(passed=1)
-    monkeypatch.setattr(testing, "run_suite", run_suite)
+    def run_suites(suites, jobs, one_cpu_each=False):
+        for s in suites:
+            calls[s.title.split(" ")[0]] = [*s.selection, *s.pytest_args]
+        return {s.title: testing.Outcome(testing.Counts(passed=1), "", 0.0) for s in suites}
+    monkeypatch.setattr(testing, "run_suites", run_suites)
     monkeypatch.setattr(testing, "print_caps", lambda pythons: None)
-    monkeypatch.setattr(testing, "pin_to_one_cpu", lambda: None)
     monkeypatch.setattr(testing.envs, "ensure_backend", lambda name, requirements: f"python-{name}")
-    args = Namespace(backend="torch,jax", python=[], portable=portable, pytest_args=list(pytest_args))
+    args = Namespace(backend="torch,jax", python=[], portable=portable, pytest_args=list(pytest_args), jobs=jobs)
     assert testing.main(args) == 0
     return calls
 
@@ -114,6 +124,26 @@ def test_the_portable_pass_runs_the_rounding_tests_of_each_backend_and_across_th
                                              "cross-backend": ["-m", "rounding"]}
     assert suites_run(monkeypatch, False) == {"harness": [], "torch": [], "jax": [], "cross-backend": []}
     assert suites_run(monkeypatch, True, ["-k", "split"])["torch"] == ["-m", "rounding", "-k", "split"]
+
+
+def test_the_longest_suite_starts_first():
+    """The lanes end together when the longest suites start first (backend.toml's [tests] minutes)."""
+    from common import manifest
+    suites = [testing.Suite(t, "python", [], {}, [], []) for t in
+              (testing.HARNESS_TITLE, *(testing.backend_suite_title(n) for n in manifest.known()))]
+    ordered = [s.title.split(" ")[0] for s in testing.longest_first(suites, list(manifest.known()))]
+    minutes = {n: manifest.load(n).test_minutes for n in manifest.known()} | {"harness": testing.HARNESS_MINUTES}
+    assert all(minutes[n] > 0 for n in minutes), minutes
+    assert ordered == sorted(minutes, key=lambda n: -minutes[n])
+
+
+def test_a_backends_suite_is_the_contract_and_every_file_of_its_own():
+    """test_torch_torchvision.py is torch's too: a backend's own files are test_<name>.py and test_<name>_*.py."""
+    suite = testing.backend_suite("torch", "python", False, [])
+    assert suite.paths == ["tests/backends/test_contract.py", "tests/backends/test_torch.py",
+                           "tests/backends/test_torch_torchvision.py"]
+    assert testing.backend_suite("jax", "python", False, []).paths == ["tests/backends/test_contract.py",
+                                                                       "tests/backends/test_jax.py"]
 
 
 def test_the_contract_marks_rounding_tests_so_every_backends_portable_suite_runs_some():
