@@ -53,7 +53,8 @@ class Manifest:
     options: dict[str, Option] = field(default_factory=dict)
     levers: dict[str, Lever] = field(default_factory=dict)
     kernels: tuple[str, ...] = ()       # the libraries whose CPU kernels it runs (the portable pass probes each)
-    test_minutes: float = 0.0           # its test suite's wall time on one core of a 2-core CPU: the longest starts first
+    # its test suite's wall time on one core of a 2-core CPU ([tests] minutes): `harness test` starts the longest first
+    test_minutes: float = 0.0
 
     def options_for(self, strategy: str) -> dict[str, Option]:
         return {k: o for k, o in self.options.items() if o.strategies is None or strategy in o.strategies}

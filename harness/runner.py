@@ -161,12 +161,13 @@ def launch(cmd: list[str], env: dict, log_path: Path, timeout: float,
 
 def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout: float,
                on_line: Callable[[str], bool] | None = None,
-               grace: float = 0.0, failed_grace: float | None = None) -> list[tuple[int | None, list[str], float]]:
+               grace: float = 0.0,
+               failed_grace: float | None = None) -> list[tuple[int | None, list[str], float]]:
     """`launch` for processes that work together (the nodes of a run), started at once, one deadline for all.
 
     Once one has exited, the others get `grace` seconds to end too (`failed_grace`, if given, once one has
-    failed), then their groups are killed: a node whose peer died must not wait on it until --timeout. `on_line` sees the first process's lines only;
-    the others' progress records are left out of their output.
+    failed), then their groups are killed: a node whose peer died must not wait on it until --timeout.
+    `on_line` sees the first process's lines only; the others' progress records are left out of their output.
     Each process's (exit status, or None if still running at the deadline or after the grace; its output;
     when it was first seen ended, on the monotonic clock: the order in which they failed)."""
     procs: list[subprocess.Popen] = []

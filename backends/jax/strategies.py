@@ -40,15 +40,14 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from backends.jax import distributed, models
-from backends.jax.environment import DTYPES, computing_in, configure_precision, module_dtypes
+from backends.jax import distributed, models, programs
+from backends.jax.environment import DTYPES, computing_in, configure_precision
 from backends.jax.parallel import (AXIS, check_batch, device_axis_sharding, local_sum, mesh, node_rows, on_device,
                                    per_device, replicated_sharding, stack_on_devices, stacked)
-from backends.jax.models import local_loss, predict_classes, sgd
+from backends.jax.models import local_loss, sgd
 from common import data as datalib
 from common import levers as leverlib
 from common.config import RunConfig
@@ -56,20 +55,10 @@ from common.loop import Unsupported, run_training
 from common.trainer import PROBES, Trainer, probe_config
 from common.weights import for_run as weights_for_run
 
-# The step's (params, batch_stats, opt_state) arguments are donated: XLA writes the new state into the old
-# one's buffers instead of allocating a second copy of the model every step (the state is replaced by the
-# step's outputs and never read again).
-DONATED = (0, 1, 2)
-# update()'s (params, opt_state) arguments, for the same reason. The kept gradients are not donated: they
-# stay readable by canonical_gradients() until the next reduce_gradients(), step() or reset().
-UPDATE_DONATED = (0, 1)
-# JaxTrainer._compile's net, optimizer and compiled programs, by what they are built for.
-_SHARED: dict[tuple, tuple] = {}
-
-
 class JaxTrainer(Trainer):
     """What the strategies share. `state` is (params, batch_stats, opt_state) on the devices;
-    subclasses decide how it is laid out (`_place_state`), how a batch is laid out (`place`, and
+    subclasses decide their shardings (`_lay_out`) and compiled programs (`_programs`, shared: programs.py),
+    how it is laid out (`_place_state`), how a batch is laid out (`place`, and
     `_is_placed` to recognise one), how a step runs (`_step`, fused; `_gradients` and `_update` its
     halves), how the BatchNorm statistics are averaged (`_pmean`), how gradients are summed over the
     devices (`_allreduce`), and where device 0's copy of the parameters is (`_params_on_device_0`).
@@ -89,22 +78,11 @@ class JaxTrainer(Trainer):
         self._last = None       # the latest step's (loss sums, correct), for sync
         self._grads = None      # reduce_gradients()' reduced gradients, for update() and canonical_gradients()
         self._new_stats = None  # reduce_gradients()' new BatchNorm statistics, for update()
-
-    def _compile(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str) -> None:
-        """The net, the optimizer and the compiled programs (`_programs`), shared by every trainer of this
-        process built for the same model, BatchNorm mode, precision, dtype, learning rate, batch and devices: a
-        check or a test that builds many trainers compiles each program once. (jax.jit keeps the executables of
-        one function object; a new trainer's new closures would compile again.) The subclass calls it once its
-        shardings are set."""
-        key = (type(self).__name__, cfg.model, cfg.bn, cfg.precision, dtype, cfg.lr, cfg.batch_size,
-               tuple(self.devs), DONATED, UPDATE_DONATED)
-        if key not in _SHARED:
-            net = models.build(cfg.model, bn_axis=AXIS if cfg.bn == "sync" else None,
-                               **module_dtypes(cfg.precision, dtype))
-            tx = optax.sgd(cfg.lr)
-            _SHARED[key] = (net, tx, {"_predict": predict_classes(net), **self._programs(net, tx, cfg)})
-        self.net, self.tx, programs = _SHARED[key]
-        for name, program in programs.items():
+        self._lay_out()   # the subclass's shardings, which its programs are built on
+        # The net, the optimizer and the subclass's compiled programs, made once per process for what they are
+        # built for (programs.py)
+        self.net, self.tx, compiled = programs.shared(type(self).__name__, cfg, dtype, self.devs, self._programs)
+        for name, program in compiled.items():
             setattr(self, name, program)
         self._initial = models.from_canonical(self.net, weights)   # numpy, flax layouts, the net's dtype
 
@@ -241,19 +219,17 @@ class PmapTrainer(JaxTrainer):
 
     label_ndim = 2   # a placed batch is stacked as (devices, batch / devices, ...)
 
-    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
-        super().__init__(cfg, weights, dtype)
+    def _lay_out(self) -> None:
         # pmap over several processes takes (and returns) each process's rows of the device axis only
         self.batch_sharding = device_axis_sharding(self.local_devs)
-        self._compile(cfg, weights, dtype)
 
     def _programs(self, net, tx, cfg: RunConfig) -> dict:
         over_devices = functools.partial(jax.pmap, axis_name=AXIS, devices=self.devs)
         return {
             "_step": over_devices(functools.partial(self._device_step, net, tx, cfg.batch_size),
-                                  donate_argnums=DONATED),
+                                  donate_argnums=programs.DONATED),
             "_gradients": over_devices(functools.partial(self._device_gradients, net, cfg.batch_size)),
-            "_update": over_devices(functools.partial(sgd, tx), donate_argnums=UPDATE_DONATED),
+            "_update": over_devices(functools.partial(sgd, tx), donate_argnums=programs.UPDATE_DONATED),
             "_pmean": over_devices(functools.partial(lax.pmean, axis_name=AXIS)),
             # The gradients' collective alone: lax.psum over the pmap axis, row i of the input on device i.
             "_allreduce": over_devices(functools.partial(lax.psum, axis_name=AXIS)),
@@ -291,20 +267,19 @@ class ShardingTrainer(JaxTrainer):
 
     label_ndim = 1   # a placed batch is the global one, split along its first axis
 
-    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
-        super().__init__(cfg, weights, dtype)
+    def _lay_out(self) -> None:
         self.mesh = mesh(self.devs)
         self.replicated = replicated_sharding(self.devs)
-        self._compile(cfg, weights, dtype)
 
     def _programs(self, net, tx, cfg: RunConfig) -> dict:
         loss = self._sharded_loss(net, self.mesh, cfg.batch_size)
         r, s = self.replicated, self.batch_sharding
         return {
             "_step": jax.jit(functools.partial(self._global_step, loss, tx),
-                             out_shardings=(r, s, r, (s, s)), donate_argnums=DONATED),
+                             out_shardings=(r, s, r, (s, s)), donate_argnums=programs.DONATED),
             "_gradients": jax.jit(functools.partial(self._global_gradients, loss), out_shardings=(r, (s, s, s))),
-            "_update": jax.jit(functools.partial(sgd, tx), out_shardings=(r, r), donate_argnums=UPDATE_DONATED),
+            "_update": jax.jit(functools.partial(sgd, tx), out_shardings=(r, r),
+                               donate_argnums=programs.UPDATE_DONATED),
             "_pmean": jax.jit(jax.shard_map(functools.partial(lax.pmean, axis_name=AXIS), mesh=self.mesh,
                                             in_specs=P(AXIS), out_specs=P(AXIS))),
             # The gradients' collective alone: lax.psum in a shard_map over the mesh, each device contributing its

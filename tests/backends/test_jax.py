@@ -638,11 +638,11 @@ def test_donated_state_gives_the_same_steps_bit_for_bit_and_leaves_the_weights_a
     """The step donates (params, batch_stats, opt_state): the old buffers are consumed, the steps are those
     without donation to the last bit (float64), and the caller's weights are not written into."""
     import jax
-    from backends.jax import strategies
+    from backends.jax import programs
     start, donated = traces_with(strategy)
     kept = {k: v.copy() for k, v in start.items()}
     _, again = traces_with(strategy)
-    monkeypatch.setattr(strategies, "DONATED", ())
+    monkeypatch.setattr(programs, "DONATED", ())
     _, undonated = traces_with(strategy)
     assert bitwise_equal(donated["final"], undonated["final"]) and donated["losses"] == undonated["losses"]
     assert bitwise_equal(again["final"], donated["final"])
