@@ -184,7 +184,7 @@ def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout:
     deadline = time.monotonic() + timeout
     outputs: list[list[str]] = [[] for _ in procs]
     open_streams, overdue, ended = set(range(len(procs))), set(), {}
-    logs = [open(path, "w") for path in log_paths]
+    logs = [open(path, "w", buffering=1) for path in log_paths]   # line by line: a log tailed while it runs is current
     try:
         for cmd, log in zip(cmds, logs):
             log.write("$ " + " ".join(_relative_to_root(a) for a in cmd) + "\n")

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from jax.sharding import NamedSharding, PartitionSpec as P
 from torch.nn import functional as F
 
-from backends.keras import models
+from backends.keras import models, programs
 from backends.keras.distributed import launch_ddp, probe_job, rank_device, train_job
 from backends.keras.environment import computing_in, configure_precision, refusal
 from backends.keras.parallel import devices
@@ -41,11 +41,6 @@ from common.data import check_divisible
 from common.loop import Unsupported, run_training
 from common.trainer import PROBES, Trainer, probe_config
 from common.weights import for_run as weights_for_run
-
-# The stateless step's (trainable, non-trainable, optimizer) state is donated: XLA writes the new state into the
-# old one's buffers (it is replaced by the step's outputs and never read again).
-DONATED = (0, 1, 2)
-
 
 class KerasTrainer(Trainer):
     """What the strategies share: `model` is the Keras model, built with the run's dtype policy and data format."""
@@ -181,19 +176,13 @@ class DistributionTrainer(KerasTrainer):
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
         self.devs = devices(cfg.devices, cfg.device_kind)
-        self.distribution = keras.distribution.DataParallel(devices=self.devs)
-        with self.distribution.scope():
-            self.model = models.build(cfg.model, self.policy, self.data_format,
-                                      bn_groups=1 if cfg.bn == "sync" else cfg.devices)
-            self.optimizer = keras.optimizers.SGD(learning_rate=cfg.lr)
-            self.optimizer.build(self.model.trainable_variables)
-        self.mesh = self.distribution.get_data_layout((cfg.devices,)).backend_layout.mesh
-        self.replicated = NamedSharding(self.mesh, P())
-        r = self.replicated
-        self._step = jax.jit(self._stateless_step, out_shardings=(r, r, r, (r, r)), donate_argnums=DONATED)
-        self._gradients = jax.jit(self._stateless_gradients, out_shardings=(r, (r, r, r)))
-        self._update = jax.jit(self.optimizer.stateless_apply, out_shardings=(r, r), donate_argnums=(0, 2))
-        self._predict = jax.jit(self._stateless_classes)
+        # The model, the optimizer and the compiled stateless programs, made once per process for what they are
+        # built for (programs.py)
+        shared = programs.shared(cfg, dtype, self.devs, self.policy, self.data_format)
+        self.distribution, self.model, self.optimizer = shared.distribution, shared.model, shared.optimizer
+        self.mesh, self.replicated = shared.mesh, shared.replicated
+        self._step, self._gradients, self._update = shared.step, shared.gradients, shared.update
+        self._predict = shared.predict
         self.state = None       # (trainable, non-trainable, optimizer variables): lists of jax arrays
         self._last = None       # the latest step's (loss sum, correct), for sync
         self._grads = None      # reduce_gradients()' gradients, for update() and canonical_gradients()
@@ -287,27 +276,6 @@ class DistributionTrainer(KerasTrainer):
     def _on_devices(self, x, y):
         """The batch as the step takes it: a placed one as it is, a numpy one placed now."""
         return (x, y) if isinstance(x, jax.Array) else self.put(x, y)
-
-    def _stateless_gradients(self, trainable, statistics, x, y):
-        """The gradient of the global mean loss with respect to the replicated variables;
-        (grads, (new BatchNorm statistics, loss sum, correct))."""
-        def mean_loss(trainable):
-            logits, new_statistics = self.model.stateless_call(trainable, statistics, x, training=True)
-            logits = keras.ops.cast(logits, jax.numpy.promote_types(logits.dtype, jax.numpy.float32))
-            losses = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
-            loss_sum = keras.ops.sum(losses)
-            correct = keras.ops.sum(keras.ops.cast(keras.ops.argmax(logits, axis=-1) == y, "int32"))
-            return loss_sum / self.cfg.batch_size, (new_statistics, loss_sum, correct)
-        return jax.grad(mean_loss, has_aux=True)(trainable)
-
-    def _stateless_step(self, trainable, statistics, optimizer, x, y):
-        grads, (statistics, loss_sum, correct) = self._stateless_gradients(trainable, statistics, x, y)
-        trainable, optimizer = self.optimizer.stateless_apply(optimizer, grads, trainable)
-        return trainable, statistics, optimizer, (loss_sum, correct)
-
-    def _stateless_classes(self, trainable, statistics, x):
-        logits, _ = self.model.stateless_call(trainable, statistics, x, training=False)
-        return keras.ops.argmax(logits, axis=-1)
 
     def _by_variable(self, trainable, statistics) -> dict:
         variables = self.model.trainable_variables + self.model.non_trainable_variables

@@ -17,11 +17,12 @@ import pickle
 import sys
 import tempfile
 import warnings
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from common import data as datalib
@@ -95,7 +96,7 @@ def launch_ddp(cfg: RunConfig, job, payload=None, preload: tuple[str, ...] = ())
         try:
             values = elastic_launch(config, _rank_main)(cfg.to_dict(), job, payload)
         except ChildFailedError as e:
-            raise RuntimeError(first_failure(cfg, e)) from None
+            raise RuntimeError(first_failure(cfg, e, log_dir)) from None
         except dist.DistError as e:
             raise RuntimeError(_rendezvous_failure(cfg, host, port, e)) from None
     status, value = pickle.loads(values[cfg.node_rank * cfg.local_devices])
@@ -120,15 +121,27 @@ def _rendezvous_failure(cfg: RunConfig, host: str, port: int, error: Exception) 
     return f"node {cfg.node_rank} could not reach the coordinator at {host}:{port} {waited}: {error}"
 
 
-def first_failure(cfg: RunConfig, error: ChildFailedError) -> str:
+def first_failure(cfg: RunConfig, error: ChildFailedError, log_dir: str) -> str:
     """When one rank fails, the others fail next in their collectives: the first failure, the cause, rather
-    than its echoes, as "DDP rank R (node N) failed: <message>" with its traceback."""
-    failures = sorted(error.failures.items(), key=lambda item: _failed_at(item[1]))
+    than its echoes, as "DDP rank R (node N) failed: <message>" with its traceback. The agent reports the
+    failure of whichever rank it saw end first, which may be an echo, so every error file in `log_dir` counts."""
+    failures = sorted({**_recorded_failures(cfg, log_dir), **error.failures}.items(),
+                      key=lambda item: _failed_at(item[1]))
     rank, first = failures[0]
     message, trace = _message_and_trace(first)
     others = "".join(f"\n(then DDP rank {r} failed too: {_message_and_trace(f)[0].strip().splitlines()[-1]})"
                      for r, f in failures[1:])
     return f"DDP rank {rank} (node {cfg.node_rank}) failed: {message}\n{trace}".rstrip() + others
+
+
+def _recorded_failures(cfg: RunConfig, log_dir: str) -> dict[int, ProcessFailure]:
+    """{global rank: its failure} of every rank of this node that left an error file (DefaultLogsSpecs' layout:
+    <log_dir>/<run>/attempt_<n>/<local rank>/error.json)."""
+    failures = {}
+    for path in Path(log_dir).glob("*/attempt_*/*/error.json"):
+        local_rank = int(path.parent.name)
+        failures[cfg.node_rank * cfg.local_devices + local_rank] = ProcessFailure(local_rank, -1, 1, str(path))
+    return failures
 
 
 def _message_and_trace(failure) -> tuple[str, str]:

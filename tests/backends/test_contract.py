@@ -18,6 +18,9 @@ from tests.backends.conftest import NAME, ROOT, run_backend_worker
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative, scale
 
 BATCH = 12  # divisible by 1, 2 and 3 devices
+# Every ResNet-18 step below takes batches of this size at this learning rate, so that a backend which compiles its
+# step (jax, Keras on jax) compiles each one once per session and the tests share it (backends/jax/programs.py).
+RESNET_BATCH, RESNET_LR = 8, 0.1
 
 INTERFACE = ["NAME", "resnet18", "lenet", "resnet50", "initial_weights", "param_count", "devices", "split", "allreduce",
              "predict", "run", "environment", "gradients", "train_trace", "train_steps", "float64_gradients",
@@ -189,18 +192,19 @@ def test_k_device_step_in_float32_is_within_float32_rounding(backend, strategy):
 def test_strategies_agree_in_float64(backend, meta):
     """Every strategy of the backend takes the same steps: LeNet (3 steps) and ResNet-18 (1 step, its
     BatchNorm statistics included), on 1 and 2 devices, in float64."""
-    for model, n_steps in (("lenet", 3), ("resnet18", 1)):
+    for model, n_steps, size, lr in (("lenet", 3, BATCH, 0.5), ("resnet18", 1, RESNET_BATCH, RESNET_LR)):
         for k in (1, 2):
             results = {}
             for name in meta.strategies:
                 try:
                     results[name] = backend.train_steps(name, model, k, backend.initial_weights(model, 0),
-                                                        [batch(4, seed=s) for s in range(n_steps)], 0.5,
+                                                        [batch(size, seed=s) for s in range(n_steps)], lr,
                                                         dtype="float64")
                 except Unsupported:
                     continue
             assert len(results) >= 2, results.keys()
             first, *others = results.values()
+            assert max_abs_diff(first, backend.initial_weights(model, 0)) > 1e-3, (model, k)   # the steps moved
             for other in others:
                 assert relative(other, first) <= IDENTICAL, (model, k)
 
@@ -272,10 +276,10 @@ def test_sync_batchnorm_makes_k_devices_one_device(backend, strategy, meta):
     if "sync" not in declared_bn_modes(meta, strategy):
         pytest.skip(f"{meta.name} {strategy} has no synchronised BatchNorm")
     w = backend.initial_weights("resnet18", 0)
-    batches = [batch(8, seed=0)]
-    one = call(backend.train_steps, strategy, "resnet18", 1, w, batches, 0.1, bn="sync", dtype="float64")
-    two = call(backend.train_steps, strategy, "resnet18", 2, w, batches, 0.1, bn="sync", dtype="float64")
-    local = call(backend.train_steps, strategy, "resnet18", 2, w, batches, 0.1, bn="local", dtype="float64")
+    batches = [batch(RESNET_BATCH, seed=0)]
+    one = call(backend.train_steps, strategy, "resnet18", 1, w, batches, RESNET_LR, dtype="float64")   # one device
+    two = call(backend.train_steps, strategy, "resnet18", 2, w, batches, RESNET_LR, bn="sync", dtype="float64")
+    local = call(backend.train_steps, strategy, "resnet18", 2, w, batches, RESNET_LR, bn="local", dtype="float64")
     assert relative(two, one) <= IDENTICAL
     assert relative(local, one) > 1e6 * IDENTICAL     # per-device statistics really are other math
 
@@ -313,8 +317,8 @@ def test_running_statistics_follow_torchs_convention(backend, strategy, meta, k,
     if bn not in declared_bn_modes(meta, strategy):
         pytest.skip(f"{meta.name} {strategy} has no --bn {bn}")
     w = he_scaled(backend.initial_weights("resnet18", 0), "resnet18")   # statistics of a visible size
-    x, y = batch(4)
-    got = call(backend.train_steps, strategy, "resnet18", k, w, [(x, y)], 0.1, bn=bn, dtype="float64")
+    x, y = batch(RESNET_BATCH)
+    got = call(backend.train_steps, strategy, "resnet18", k, w, [(x, y)], RESNET_LR, bn=bn, dtype="float64")
     shards = 1 if bn == "sync" else k
     mean, var = expected_running_statistics(x, w, shards, ddof=1)
     _, biased = expected_running_statistics(x, w, shards, ddof=0)

@@ -52,17 +52,6 @@ def on_each_device(t, stats, *path):
     return [np.asarray(a) for a in per_device(stats, t.devs)]
 
 
-def test_pmap_and_sharding_take_the_same_steps_on_two_devices():
-    """ResNet-18 (so per-device BatchNorm is in play), 3 steps of 8 examples on 2 devices, float64."""
-    from backends.jax import initial_weights, train_steps
-    start = initial_weights("resnet18", 0)
-    batches = [batch(8, seed=s) for s in range(3)]
-    pmap = train_steps("pmap", "resnet18", 2, start, batches, 0.1, dtype="float64")
-    sharding = train_steps("sharding", "resnet18", 2, start, batches, 0.1, dtype="float64")
-    assert max_abs_diff(pmap, start) > 1e-3
-    assert relative(sharding, pmap) <= IDENTICAL
-
-
 def test_batchnorm_uses_each_devices_own_shard_then_averages(strategy):
     """After one 2-device step, device i's running statistics are those of a 1-device step on shard i
     (not of the global batch); before evaluation they become the mean of the two. float64."""
@@ -798,9 +787,9 @@ def test_a_node_that_cannot_reach_the_coordinator_fails_with_its_address(tmp_pat
     import json
     from tests.backends.nodes import finish, refused_port, start_nodes
     coordinator = f"127.0.0.1:{refused_port()}"
-    job = node_config(tmp_path, 1, coordinator, timeout=20)
+    job = node_config(tmp_path, 1, coordinator, timeout=6)   # (the wait for the coordinator)
     # start_nodes numbers its jobs from 0: node 1's config is written as node0.json
-    (code, text), = finish(start_nodes("jax", "--config", [job], tmp_path, ".result.json"), timeout=20 + 60)
+    (code, text), = finish(start_nodes("jax", "--config", [job], tmp_path, ".result.json"), timeout=6 + 60)
     assert code != 0, text[-2000:]
     result = json.loads((tmp_path / "node0.result.json").read_text())
     assert result["status"] == "failed"

@@ -386,7 +386,7 @@ def test_saved_weights_evaluate_to_the_accuracy_they_were_saved_with(tmp_path):
     evaluated, and a run with --load-weights and 0 epochs starts from it."""
     from common.weights import fingerprint, load
     saved = str(tmp_path / "w.npz")
-    common = {"model": "resnet18", "train_size": 32, "test_size": 16, "threads": 1}
+    common = {"model": "resnet18", "train_size": 32, "test_size": 16, "threads": 1, "timed_steps": 0}
     rc, trained = run_worker(tmp_path, epochs=1, save_weights=saved, **common)
     assert rc == 0 and trained["status"] == "ok", trained["error"]
     assert trained["saved_weights"]["path"] == saved
@@ -577,9 +577,9 @@ def node_run(tmp_path, rank, coordinator, **overrides) -> dict:
 def test_a_node_without_its_coordinator_fails_naming_the_address(tmp_path):
     from tests.backends.nodes import finish, refused_port, start_nodes
     coordinator = f"127.0.0.1:{refused_port()}"
-    procs = start_nodes("mxnet", "--config", [node_run(tmp_path, 1, coordinator, timeout=20)], tmp_path, ".json")
+    procs = start_nodes("mxnet", "--config", [node_run(tmp_path, 1, coordinator, timeout=6)], tmp_path, ".json")
     # (start_nodes numbers its files from 0: this one node of rank 1 writes node0.json)
-    [(code, output)] = finish(procs, timeout=20 + 60)
+    [(code, output)] = finish(procs, timeout=6 + 60)
     result = json.loads((tmp_path / "node0.json").read_text())
     assert code != 0 and result["status"] == "failed", output[-2000:]
     assert f"could not reach the coordinator (ps-lite scheduler) at {coordinator}" in result["error"]

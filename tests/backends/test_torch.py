@@ -16,9 +16,8 @@ from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, 
 pytestmark = pytest.mark.skipif(NAME != "torch", reason="torch backend only")
 
 
-def rank_processes_of(pid: int) -> list[int]:
-    """Live children started by multiprocessing spawn (the ranks the elastic agent starts; not its resource
-    tracker)."""
+def children_of(pid: int) -> list[int]:
+    """The live (not zombie) child processes of `pid`."""
     kids = []
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -27,10 +26,22 @@ def rank_processes_of(pid: int) -> list[int]:
         except OSError:
             continue
         if int(fields[1]) == pid and fields[0] != "Z":
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if b"spawn_main" in f.read():
-                    kids.append(int(entry))
+            kids.append(int(entry))
     return kids
+
+
+def rank_processes_of(pid: int) -> list[int]:
+    """The live ranks of `pid`'s launches: the children of its multiprocessing forkserver (the server lives as
+    long as `pid` does, and the resource tracker is no rank)."""
+    servers = []
+    for kid in children_of(pid):
+        try:
+            with open(f"/proc/{kid}/cmdline", "rb") as f:
+                if b"multiprocessing.forkserver" in f.read():
+                    servers.append(kid)
+        except OSError:
+            continue
+    return [rank for server in servers for rank in children_of(server)]
 
 
 def fail_on_rank_1(cfg, rank, payload):
@@ -539,7 +550,7 @@ def test_a_node_that_cannot_reach_the_coordinator_fails_naming_it(tmp_path):
     timeout and the result says which address it could not reach."""
     import json
     from tests.backends.nodes import finish, refused_port, start_nodes
-    address, timeout = f"127.0.0.1:{refused_port()}", 20
+    address, timeout = f"127.0.0.1:{refused_port()}", 8
     (code, output), = finish(start_nodes("torch", "--config", [node_config(node_rank=1, coordinator=address,
                                                                          timeout=timeout)],
                                          tmp_path, "-result.json"), timeout + 60)
