@@ -28,7 +28,7 @@ from pathlib import Path
 
 from common import manifest
 from harness import envs
-from harness.arguments import Parser, backends_flags, python_flags
+from harness.arguments import Parser, UsageError, backends_flags, python_flags
 from harness.envs import ROOT
 from harness.plan import parse_backends, parse_pythons
 
@@ -272,7 +272,7 @@ def backend_pythons(names: list[str], pythons: dict[str, str]) -> tuple[dict[str
     most of a build waiting on downloads and disks); the backends whose environment failed, as failed outcomes."""
     found, failed = {}, {}
     with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
-        builds = {name: pool.submit(envs.ensure_backend, name, manifest.load(name).requirements)
+        builds = {name: pool.submit(envs.ensure_backend, name, manifest.load(name).requirements, say_line)
                   for name in names if name not in pythons}
         for name in names:
             if name in pythons:
@@ -284,6 +284,11 @@ def backend_pythons(names: list[str], pythons: dict[str, str]) -> tuple[dict[str
                 failed[name] = Outcome(Counts(failed=1), f"environment setup failed\n{e}", 0.0)
                 print(f"\n=== {name}: environment setup failed ===\n{e}", flush=True)
     return found, failed
+
+
+def say_line(text: str) -> None:
+    """One line in one write, so that the lines of builds running at once do not interleave."""
+    print(text + "\n", end="", flush=True)
 
 
 def backend_suite(name: str, python: str, portable: bool, pytest_args: list[str]) -> Suite:
@@ -316,6 +321,8 @@ def main(args) -> int:
     """`python -m harness test`, its flags parsed (cli.build_parser)."""
     started = time.monotonic()
     names = [] if args.backend == "none" else parse_backends(args.backend)
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(f"--jobs takes the number of suites to run at once, at least 1 (got {args.jobs})")
     jobs = args.jobs or default_jobs()
     interpreters, outcomes = backend_pythons(names, parse_pythons(args.python))
     if args.portable:

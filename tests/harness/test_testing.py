@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
+
 from harness import testing
 from harness.envs import ROOT
 from tests.harness.helpers import run_harness
@@ -88,6 +90,14 @@ def test_probe_facts_read_what_the_libraries_report():
 def test_help_names_the_portable_pass():
     out = run_harness("test", "--help")
     assert out.returncode == 0 and "--portable" in out.stdout and "SSE4" in out.stdout
+
+
+@pytest.mark.parametrize("jobs", ["0", "-2"])
+def test_jobs_below_one_is_one_line_and_exit_2(jobs):
+    out = run_harness("test", "--backend", "none", "--jobs", jobs)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    expected = f"harness: error: --jobs takes the number of suites to run at once, at least 1 (got {jobs})"
+    assert out.stderr.strip() == expected
 
 
 def test_every_kernel_library_a_backend_declares_has_a_probe():
