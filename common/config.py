@@ -6,8 +6,10 @@ file, and the backend's worker reads it back. Nothing here imports a framework.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 
 from common import architectures
@@ -55,6 +57,24 @@ def check_timeout(timeout) -> None:
     # inf or nan would switch the timeout off silently (a nan deadline never passes)
     if not is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
         raise ConfigError(f"--timeout must be positive and finite, in seconds (got {timeout})")
+
+
+def check_join_timeout(seconds) -> None:
+    if not is_number(seconds) or not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"--join-timeout must be positive and finite, in seconds (got {seconds})")
+
+
+def check_local_addr(address) -> None:
+    try:
+        address is None or ipaddress.ip_address(address)
+    except ValueError:
+        raise ConfigError(f"--local-addr takes an IP address of this host (got {address!r})") from None
+
+
+def check_interface(name) -> None:
+    # Linux's rule for interface names: 1 to 15 characters, no whitespace, "/" or ":"
+    if name is not None and (not isinstance(name, str) or not re.fullmatch(r"[^\s/:]{1,15}", name)):
+        raise ConfigError(f"--interface takes a network interface's name, like eth0 (got {name!r})")
 
 
 def check_threads(threads) -> None:
@@ -153,6 +173,11 @@ class RunConfig:
     node_rank: int = 0
     coordinator: str | None = None    # "HOST:PORT" where node 0 listens; needed when nodes > 1
     loopback_nodes: bool = True       # the nodes are process groups on this host over 127.0.0.1 (simulated)
+    join_timeout: float = 300.0       # across hosts: the longest wait for the other nodes before a run (roll call)
+    # This node's address as the other nodes reach it, and the interface that holds it, for the engines'
+    # transports (gloo, NCCL, ps-lite), which would otherwise take whatever the host's name resolves to.
+    local_addr: str | None = None
+    interface: str | None = None
     load_weights: str | None = None   # start from this canonical weights file instead of the seeded init
     save_weights: str | None = None   # write the canonical weights here after training
 
@@ -250,6 +275,9 @@ class RunConfig:
             raise ConfigError(f"--node-rank must be between 0 and {self.nodes - 1} (got {self.node_rank})")
         if self.nodes > 1 or self.coordinator is not None:
             parse_address(self.coordinator)
+        check_join_timeout(self.join_timeout)
+        check_local_addr(self.local_addr)
+        check_interface(self.interface)
 
     def to_dict(self) -> dict:
         return asdict(self)

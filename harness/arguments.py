@@ -18,6 +18,7 @@ from common import weights as weightslib
 from common.config import BN_MODES, COMPILE_MODES, DATASETS, MODELS, PRECISIONS, ConfigError
 
 DEFAULT_TIMEOUT = 3600.0
+DEFAULT_JOIN_TIMEOUT = 300.0   # across hosts: a host may be minutes late (building its environments on first use)
 
 @dataclass(frozen=True)
 class Preset:
@@ -192,6 +193,14 @@ def nodes_flags(hosts: bool = True) -> Parser:
         p.add_argument("--coordinator", type=nonempty, default=None, metavar="HOST:PORT",
                        help="with --node-rank: where node 0 listens (its engine's rendezvous), reachable from every "
                             "host; under Slurm: the first host of the job, port 29500")
+        p.add_argument("--join-timeout", type=float, default=DEFAULT_JOIN_TIMEOUT, metavar="S",
+                       help="across hosts: how long the nodes wait for each other before each run, after which "
+                            "the run fails naming the node that did not come (default: %(default)g)")
+        p.add_argument("--interface", type=nonempty, default=None, metavar="NAME",
+                       help="across hosts: the network interface this host's engines use (gloo, NCCL, ps-lite). "
+                            "Default: the one holding the address the other nodes reach this host at")
+        p.add_argument("--local-addr", type=nonempty, default=None, metavar="ADDR",
+                       help="across hosts: this host's address for the engines, instead of the one found")
     return p
 
 

@@ -13,11 +13,13 @@ rendezvous, jax.distributed's coordinator, MXNet's ps-lite scheduler), at the co
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from dataclasses import dataclass
 
-from common.config import ConfigError, parse_address
+from common import network
+from common.config import ConfigError, check_join_timeout, parse_address
 from harness.arguments import UsageError
 
 DEFAULT_PORT = 29500   # torchrun's default master port: open in most cluster firewalls for this purpose
@@ -29,6 +31,9 @@ class Topology:
     node_rank: int | None = None       # None: every node here, over loopback; else this host's node
     coordinator: str | None = None     # HOST:PORT of node 0 (None: a free loopback port per run)
     how: str = ""                      # one line for the console and the report
+    join_timeout: float = 300.0        # across hosts: the longest wait for the other nodes before a run
+    local_addr: str | None = None      # across hosts: this host's address and interface, if given (else found)
+    interface: str | None = None
 
     @property
     def loopback(self) -> bool:
@@ -74,6 +79,7 @@ def from_args(args, environ=os.environ) -> Topology:
                 raise UsageError("--coordinator goes with --node-rank (one node per host); without --node-rank "
                                  "every node runs here over 127.0.0.1 at a free port")
             how = "" if counts == (1,) else f"{max(counts)} nodes simulated on this host over 127.0.0.1"
+            refuse_host_flags_on_loopback(args)
             return Topology(counts, None, None, how)
         if not args.coordinator:
             raise UsageError("--node-rank needs --coordinator HOST:PORT (node 0's host, reachable from every node)")
@@ -85,6 +91,27 @@ def from_args(args, environ=os.environ) -> Topology:
         raise UsageError(f"--node-rank must be between 0 and {max(topology.counts) - 1} (got {topology.node_rank})")
     try:
         parse_address(topology.coordinator)
+        check_join_timeout(args.join_timeout)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    return topology
+    return dataclasses.replace(topology, join_timeout=args.join_timeout, **this_host(args))
+
+
+def this_host(args) -> dict:
+    """--local-addr and --interface, checked against this host's own (a typo fails here, not in an engine)."""
+    given = {"local_addr": args.local_addr, "interface": args.interface}
+    if args.interface is not None and network.interface_address(args.interface) is None:
+        raise UsageError(f"--interface {args.interface}: this host has no such interface with an IPv4 address "
+                         f"(it has: {network.listed_interfaces()})")
+    if args.local_addr is not None and not network.is_local_address(args.local_addr):
+        raise UsageError(f"--local-addr {args.local_addr} is not an address of this host (it has: "
+                         f"{network.listed_interfaces()})")
+    return given
+
+
+def refuse_host_flags_on_loopback(args) -> None:
+    """--interface and --local-addr name this host's place among hosts: loopback nodes all use 127.0.0.1."""
+    for flag in ("interface", "local_addr"):
+        if getattr(args, flag, None) is not None:
+            raise UsageError(f"--{flag.replace('_', '-')} goes with runs across hosts (--node-rank, or Slurm); "
+                             "loopback nodes use 127.0.0.1")

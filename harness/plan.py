@@ -243,7 +243,8 @@ def make_config(args, preset: Preset, backend: str, strategy: str, options: dict
     cfg = RunConfig(
         backend=backend, strategy=strategy, devices=n, device_kind=kind, simulated=(kind == "cpu"),
         nodes=nodes, node_rank=0 if loopback else topology.node_rank, coordinator=coordinator,
-        loopback_nodes=loopback,
+        loopback_nodes=loopback, join_timeout=topology.join_timeout, local_addr=topology.local_addr,
+        interface=topology.interface,
         model=preset.model, epochs=preset.epochs, batch_size=preset.batch(n), lr=preset.learning_rate(n),
         train_size=explicit_size(preset.train_size, preset.dataset, 0),
         test_size=explicit_size(preset.test_size, preset.dataset, 1),

@@ -25,9 +25,9 @@ from common import progress
 from common.config import RunConfig
 from common.results import failed_result, load_result, tail
 from common.worker import THREADS_ENV
-from harness import envs, interrupts
+from common.network import free_port, interface_of
+from harness import envs, interrupts, rollcall
 from harness.envs import ROOT
-from common.network import free_port
 
 KILL_GRACE_S = 5.0
 
@@ -246,7 +246,13 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
     (workdir / "runs").mkdir(parents=True, exist_ok=True)
     (workdir / "logs").mkdir(parents=True, exist_ok=True)
     if cfg.nodes > 1 and cfg.loopback_nodes:
-        cfg = dataclasses.replace(cfg, coordinator=f"127.0.0.1:{free_port()}")   # free now, on this host
+        cfg = dataclasses.replace(cfg, coordinator=f"127.0.0.1:{free_port()}",   # free now, on this host
+                                  local_addr="127.0.0.1", interface=interface_of("127.0.0.1"))
+    elif cfg.nodes > 1:
+        try:
+            cfg = rollcall.addressed(cfg, _meet(cfg, name, console))
+        except rollcall.JoinError as e:
+            return _not_met(cfg, console, str(e))
     ranks = list(range(cfg.nodes)) if cfg.loopback_nodes else [cfg.node_rank]
     nodes = [Node(dataclasses.replace(cfg, node_rank=r), workdir, name + (f".node{r}" if cfg.nodes > 1 else ""))
              for r in ranks]
@@ -269,6 +275,34 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
     results = [n.result(code, output, workdir, grace) for n, (code, output, _) in zip(nodes, ended)]
     result = results[0] if len(nodes) == 1 else merge_nodes(cfg, nodes, results, [at for *_, at in ended])
     result["log"] = f"logs/{nodes[0].log.name}"
+    console.finished(cfg, result)
+    return result
+
+
+def _meet(cfg: RunConfig, name: str, console: Console) -> rollcall.Meeting:
+    """This host's node meets the others before the run (harness/rollcall.py); the first meeting is told."""
+    console.say(f"Nodes: node {cfg.node_rank} of {cfg.nodes} meeting at {cfg.coordinator} before {name} "
+                f"(at most {min(cfg.join_timeout, cfg.timeout):g} s, --join-timeout)")
+    meeting = rollcall.meet(cfg, name)
+    placed = rollcall.addressed(cfg, meeting)
+    peers = ", ".join(f"node {r} at {address}" for r, address in sorted(meeting.peers.items()))
+    how = "given" if cfg.local_addr or cfg.interface else "as the others reach it"
+    interface = placed.interface or "no interface holds it as its first address: give --interface"
+    told = (f"Nodes: met {peers}; this host is {placed.local_addr} on {interface} ({how}; the engines' "
+            "transports bind to it)")
+    if told not in _told:   # once per harness, unless it changes
+        _told.add(told)
+        console.say(told)
+    return meeting
+
+
+_told: set[str] = set()
+
+
+def _not_met(cfg: RunConfig, console: Console, error: str) -> dict:
+    """The run's failed row when the nodes did not meet: its one line, no worker started."""
+    console.started(cfg)
+    result = not_run_result(cfg, "failed", error)
     console.finished(cfg, result)
     return result
 

@@ -2,16 +2,21 @@
 service), once per process, before jax initialises a backend; the run's devices are then the first
 cfg.local_devices devices of every process, in process order.
 
-On the CPU the cross-process collectives are gloo's (XLA's CPU default has none); on GPUs, NCCL.
+On the CPU the cross-process collectives are gloo's (XLA's CPU default has none), bound to the address the
+harness found for this node (bind_transport); on GPUs, NCCL.
 jax.distributed aborts the process (no exception) when it cannot register with the coordinator, so a node
 first waits for the coordinator's port itself, bounded by the run's timeout, and fails with the address.
 """
 
 from __future__ import annotations
 
+import os
 
 import jax
 import numpy as np
+from jax._src import distributed as jax_distributed
+from jax._src import xla_bridge
+from jax._src.lib import _jax
 from jax.experimental import multihost_utils
 
 from backends.jax.parallel import devices
@@ -65,7 +70,29 @@ def join(cfg) -> None:
     jax.distributed.initialize(cfg.coordinator, num_processes=cfg.nodes, process_id=cfg.node_rank,
                                local_device_ids=local_gpu_ids(cfg), initialization_timeout=timeout,
                                heartbeat_timeout_seconds=min(HEARTBEAT_SECONDS, timeout))
+    bind_transport(cfg)
     _joined = topology(cfg)
+
+
+def bind_transport(cfg) -> None:
+    """The cross-process collectives bind to the address and interface the harness found for this node
+    (cfg.local_addr, cfg.interface). jax builds its CPU client's gloo collectives with neither, so gloo takes
+    whatever the host's name resolves to, often 127.0.0.1, which the other hosts cannot reach: the CPU
+    backend's factory is registered again, before any backend exists, with collectives that have both.
+    NCCL (GPUs) reads its interface from NCCL_SOCKET_IFNAME, unless the user set it."""
+    if cfg.device_kind == "gpu":
+        if cfg.interface:
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", cfg.interface)
+        return
+    if not (cfg.local_addr or cfg.interface):
+        return
+
+    def cpu_client():
+        collectives = _jax.make_gloo_tcp_collectives(distributed_client=jax_distributed.global_state.client,
+                                                     hostname=cfg.local_addr, interface=cfg.interface)
+        return xla_bridge.make_cpu_client(collectives=collectives)
+
+    xla_bridge.register_backend_factory("cpu", cpu_client, priority=0, fail_quietly=False)
 
 
 def local_gpu_ids(cfg) -> list[int] | None:

@@ -107,7 +107,8 @@ def details(cfg) -> dict:
     engine = {} if cfg.nodes == 1 else {
         "engine": distributed.ENGINE, "coordinator": cfg.coordinator, "node_rank": cfg.node_rank,
         "cpu_collectives": distributed.transport(cfg) if cfg.device_kind == "cpu" else None,
-        "heartbeat_timeout_s": min(distributed.HEARTBEAT_SECONDS, max(1, int(cfg.timeout)))}
+        "heartbeat_timeout_s": min(distributed.HEARTBEAT_SECONDS, max(1, int(cfg.timeout))),
+        "interface": f"{cfg.interface} (this node's address {cfg.local_addr})"}
     return {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), **engine}
 
 

@@ -45,8 +45,11 @@ def ps_environment(cfg: RunConfig, role: str) -> dict[str, str]:
     host, port = cfg.coordinator_address
     env = {"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": host, "DMLC_PS_ROOT_PORT": str(port),
            "DMLC_NUM_SERVER": str(cfg.nodes), "DMLC_NUM_WORKER": str(cfg.nodes)}
-    if cfg.loopback_nodes:
-        env["DMLC_NODE_HOST"] = "127.0.0.1"   # every node on this host: listen and advertise on loopback
+    # The address this node's ps-lite processes advertise: the one the harness found (loopback nodes:
+    # 127.0.0.1), unless the user chose with ps-lite's own variables.
+    address = cfg.local_addr or ("127.0.0.1" if cfg.loopback_nodes else None)
+    if address and not ({"DMLC_NODE_HOST", "DMLC_INTERFACE"} & set(os.environ)):
+        env["DMLC_NODE_HOST"] = address
     return env
 
 

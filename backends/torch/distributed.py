@@ -83,6 +83,7 @@ def launch_ddp(cfg: RunConfig, job, payload=None, preload: tuple[str, ...] = ())
     host, port = rendezvous_address(cfg)
     run_id = f"dpbench-{next(_launches)}"
     multiprocessing.get_context(START_METHOD).set_forkserver_preload([*PRELOADED, *preload])
+    bind_transport(cfg)   # before the first launch starts the forkserver, whose environment every rank has
     if cfg.nodes > 1 and cfg.node_rank == 0:
         _serve_coordinator(cfg, host, port)
     # The ranks' error files in the worker's scratch directory, which the harness removes: a run killed by a
@@ -92,6 +93,7 @@ def launch_ddp(cfg: RunConfig, job, payload=None, preload: tuple[str, ...] = ())
             min_nodes=cfg.nodes, max_nodes=cfg.nodes, nproc_per_node=cfg.local_devices, run_id=run_id,
             rdzv_backend="static", rdzv_endpoint=f"{host}:{port}",
             rdzv_configs={"rank": cfg.node_rank, "timeout": join_timeout(cfg)}, max_restarts=0,
+            local_addr=cfg.local_addr if cfg.nodes > 1 else None,
             start_method=START_METHOD, logs_specs=DefaultLogsSpecs(log_dir=log_dir))
         try:
             values = elastic_launch(config, _rank_main)(cfg.to_dict(), job, payload)
@@ -103,6 +105,19 @@ def launch_ddp(cfg: RunConfig, job, payload=None, preload: tuple[str, ...] = ())
     if status == "diverged":
         raise Diverged(value)
     return value
+
+
+def bind_transport(cfg: RunConfig) -> None:
+    """Several nodes: gloo (and NCCL) bind to the interface the harness found for this node (cfg.interface),
+    unless the user set their own. Left alone, gloo takes the address the host's name resolves to, often
+    127.0.0.1, and the other hosts cannot reach it."""
+    if cfg.nodes > 1 and cfg.interface:
+        for variable in TRANSPORT_INTERFACE[cfg.device_kind]:
+            os.environ.setdefault(variable, cfg.interface)
+
+
+# The variables that choose the interface of each transport's sockets.
+TRANSPORT_INTERFACE = {"cpu": ("GLOO_SOCKET_IFNAME",), "gpu": ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
 
 
 def _serve_coordinator(cfg: RunConfig, host: str, port: int) -> None:

@@ -165,4 +165,17 @@ def engine_details(cfg) -> dict:
     rendezvous = f"static at {cfg.coordinator} (node_rank {cfg.node_rank})" if cfg.nodes > 1 else \
         "static at 127.0.0.1 (one node, a free port)"
     return {"engine": "torchrun's elastic agent (torch.distributed.launcher.api.elastic_launch, max_restarts 0)",
-            "rendezvous": rendezvous, "ranks_per_node": cfg.local_devices}
+            "rendezvous": rendezvous, "ranks_per_node": cfg.local_devices, **transport_interface(cfg)}
+
+
+# The user's choice, read before distributed.bind_transport can set it.
+USERS_GLOO_INTERFACE = os.environ.get("GLOO_SOCKET_IFNAME")
+
+
+def transport_interface(cfg) -> dict:
+    """Several nodes: the interface gloo binds to, and who chose it (distributed.bind_transport)."""
+    if cfg.nodes == 1:
+        return {}
+    own = USERS_GLOO_INTERFACE
+    return {"interface": f"{own} (GLOO_SOCKET_IFNAME, the user's)" if own else
+            f"{cfg.interface} (this node's address {cfg.local_addr})"}

@@ -22,7 +22,8 @@ BASE = ["--backend", "all", "--model", "lenet", "--dataset", "synthetic", "--tra
 
 
 def args(**given):
-    return SimpleNamespace(**{"nodes": None, "node_rank": None, "coordinator": None, **given})
+    return SimpleNamespace(**{"nodes": None, "node_rank": None, "coordinator": None, "join_timeout": 300.0,
+                              "local_addr": None, "interface": None, **given})
 
 
 def test_without_flags_or_slurm_one_node_runs():
@@ -53,6 +54,12 @@ def test_first_slurm_host(nodelist, first):
     (dict(nodes="2", node_rank=2, coordinator="h:1"), "--node-rank must be between 0 and 1"),
     (dict(nodes="2", node_rank=0, coordinator="h"), "--coordinator takes HOST:PORT"),
     (dict(nodes="1,2", node_rank=0, coordinator="h:1"), "one --nodes count"),
+    (dict(nodes="2", node_rank=1, coordinator="h:1", interface="nosuch0"),
+     r"--interface nosuch0: this host has no such interface with an IPv4 address \(it has: lo 127.0.0.1"),
+    (dict(nodes="2", node_rank=1, coordinator="h:1", local_addr="198.51.100.254"),
+     r"--local-addr 198.51.100.254 is not an address of this host \(it has: lo 127.0.0.1"),
+    (dict(nodes="2", interface="lo"), r"--interface goes with runs across hosts \(--node-rank, or Slurm\); loopback"),
+    (dict(nodes="2", node_rank=1, coordinator="h:1", join_timeout=0.0), "--join-timeout must be positive and finite"),
     (dict(nodes="0"), "--nodes must be at least 1"),
     (dict(nodes="two"), "--nodes takes a node count"),
 ])
