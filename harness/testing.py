@@ -292,10 +292,14 @@ def say_line(text: str) -> None:
 
 
 def backend_suite(name: str, python: str, portable: bool, pytest_args: list[str]) -> Suite:
-    """A backend's tests in its environment: the contract, then its own files (test_<name>.py, test_<name>_*.py)."""
-    own = sorted(str(p.relative_to(ROOT)) for pattern in (f"test_{name}.py", f"test_{name}_*.py")
-                 for p in (ROOT / "tests" / "backends").glob(pattern))
-    return Suite(f"{name} (inside its environment)", python, ["tests/backends/test_contract.py", *own],
+    """A backend's tests in its environment: the contract (test_contract.py, test_contract_*.py), then its own
+    files (test_<name>.py, test_<name>_*.py)."""
+    def files(*patterns: str) -> list[str]:
+        found = (p for pattern in patterns for p in (ROOT / "tests" / "backends").glob(pattern))
+        return sorted(str(p.relative_to(ROOT)) for p in found)
+    contract = files("test_contract.py", "test_contract_*.py")
+    own = files(f"test_{name}.py", f"test_{name}_*.py")
+    return Suite(f"{name} (inside its environment)", python, [*contract, *own],
                  suite_env({"DPBENCH_BACKEND": name}, portable), PORTABLE_SELECTION if portable else [],
                  pytest_args)
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.backends.conftest import NAME, run_backend_worker
+from tests.backends.hosts import run_row, small_run, start_harness, two_hosts, wait_all
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative
 
 pytestmark = pytest.mark.skipif(NAME != "torch", reason="torch backend only")
@@ -600,3 +601,23 @@ def test_the_model_flop_count_is_torchs_own_count_of_the_forward_pass(model, sid
     with counter, torch.no_grad():
         net(torch.zeros(1, architectures.in_channels(model), side, side))
     assert counter.get_total_flops() == flops.forward_flops(model, side)
+
+
+def test_two_hosts_under_slurm_meet_at_the_first_host_of_the_node_list(tmp_path):
+    """The README's Slurm recipe across two hosts (network namespaces that know each other by name): no
+    --node-rank or --coordinator, srun's variables give the node count, each host's rank and the coordinator
+    (the first host of SLURM_NODELIST, port 29500). Each host's own name resolves to 127.0.1.1 there."""
+    with two_hosts("slurm") as hosts:
+        outs = [tmp_path / f"host-{r}" for r in range(2)]
+        logs = [tmp_path / f"host-{r}.log" for r in range(2)]
+        slurm = {"SLURM_NTASKS": "2", "SLURM_NODELIST": ",".join(h.namespace for h in hosts)}
+        procs = [start_harness(host, small_run("torch", "ddp", out, "--gpus", "1", "--join-timeout", "120"), log,
+                               env={**slurm, "SLURM_PROCID": str(rank)})
+                 for rank, (host, out, log) in enumerate(zip(hosts, outs, logs))]
+        codes = wait_all(procs, logs, 420)
+    assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
+    for rank, (host, out) in enumerate(zip(hosts, outs)):
+        config = run_row(out)["config"]
+        assert (config["nodes"], config["node_rank"], config["coordinator"], config["local_addr"]) == \
+            (2, rank, f"{hosts[0].namespace}:29500", host.address)
+    assert (outs[0] / "weights.npz").exists() and not (outs[1] / "weights.npz").exists()   # node 0's rank 0 saves

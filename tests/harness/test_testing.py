@@ -147,12 +147,12 @@ def test_the_longest_suite_starts_first():
 
 
 def test_a_backends_suite_is_the_contract_and_every_file_of_its_own():
-    """test_torch_torchvision.py is torch's too: a backend's own files are test_<name>.py and test_<name>_*.py."""
+    """test_torch_torchvision.py is torch's too: a backend's own files are test_<name>.py and test_<name>_*.py;
+    the contract's are test_contract.py and test_contract_*.py."""
+    contract = ["tests/backends/test_contract.py", "tests/backends/test_contract_hosts.py"]
     suite = testing.backend_suite("torch", "python", False, [])
-    assert suite.paths == ["tests/backends/test_contract.py", "tests/backends/test_torch.py",
-                           "tests/backends/test_torch_torchvision.py"]
-    assert testing.backend_suite("jax", "python", False, []).paths == ["tests/backends/test_contract.py",
-                                                                       "tests/backends/test_jax.py"]
+    assert suite.paths == [*contract, "tests/backends/test_torch.py", "tests/backends/test_torch_torchvision.py"]
+    assert testing.backend_suite("jax", "python", False, []).paths == [*contract, "tests/backends/test_jax.py"]
 
 
 def test_the_contract_marks_rounding_tests_so_every_backends_portable_suite_runs_some():

@@ -1,0 +1,62 @@
+"""Across hosts for real, in every backend's environment: the README's recipe, one harness per host, each
+host with an address of its own (two network namespaces, tests/backends/hosts.py), for every strategy that
+has an engine. The machine's own name may resolve to 127.0.0.1 (as here, and on many hosts): the engines
+must bind to the address the hosts reach each other at, which the harness finds at the nodes' roll call.
+
+The trained weights must be those of the same run on loopback nodes and in one process with 2 devices:
+the same batches, initial weights and steps, with one allreduce of two shards per step. Every run has one
+thread per process, so a shard's arithmetic is the same in each; and a sum of two is the same in either
+order. So the three are compared bit for bit: any difference is a different computation, not rounding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from common import manifest
+from common import weights as weightslib
+from tests.backends.conftest import NAME
+from tests.backends.hosts import run_row, small_run, start_harness, two_hosts, wait_all
+
+ENGINE_STRATEGIES = [name for name, s in manifest.load(NAME).strategies.items() if s.engine] if NAME else []
+PORT = 29500   # each namespace has its own ports: nothing else listens there
+WAIT_S = 420
+
+
+def run_here(tmp_path: Path, name: str, strategy: str, *extra: str) -> dict:
+    """The same run on this host (loopback nodes, or one process): its trained weights."""
+    out = tmp_path / name
+    out.mkdir()
+    log = tmp_path / f"{name}.log"
+    proc = start_harness(None, small_run(NAME, strategy, out, *extra), log)
+    assert wait_all([proc], [log], WAIT_S) == [0], log.read_text()[-3000:]
+    return weightslib.load(out / "weights.npz")
+
+
+@pytest.mark.parametrize("engine_strategy", ENGINE_STRATEGIES)
+def test_two_hosts_train_the_same_weights_as_loopback_nodes_and_one_process(backend, engine_strategy, tmp_path):
+    with two_hosts(NAME) as hosts:
+        outs = [tmp_path / f"host-{r}" for r in range(2)]
+        logs = [tmp_path / f"host-{r}.log" for r in range(2)]
+        procs = []
+        for rank, (host, out, log) in enumerate(zip(hosts, outs, logs)):
+            out.mkdir()
+            procs.append(start_harness(host, small_run(
+                NAME, engine_strategy, out, "--nodes", "2", "--gpus", "1", "--node-rank", str(rank),
+                "--coordinator", f"{hosts[0].address}:{PORT}", "--join-timeout", "120"), log))
+        codes = wait_all(procs, logs, WAIT_S)
+    assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
+    for host, out, log in zip(hosts, outs, logs):
+        config = run_row(out)["config"]
+        assert (config["local_addr"], config["interface"]) == (host.address, host.interface)
+        assert f"this host is {host.address} on {host.interface}" in log.read_text()
+    across_hosts = weightslib.load(outs[0] / "weights.npz")
+    loopback = run_here(tmp_path, "loopback", engine_strategy, "--nodes", "2", "--gpus", "1")
+    one_process = run_here(tmp_path, "one-process", engine_strategy, "--gpus", "2")
+    moved = [name for name, w in backend.initial_weights("lenet", 0).items()
+             if across_hosts[name].tobytes() != w.tobytes()]
+    assert moved, "the run did not train"
+    for name in across_hosts:
+        assert across_hosts[name].tobytes() == loopback[name].tobytes(), f"{name}: hosts vs loopback nodes"
+        assert across_hosts[name].tobytes() == one_process[name].tobytes(), f"{name}: hosts vs 1 process"
