@@ -55,7 +55,7 @@ def nodes_section(rows: list, topology: str) -> list[str]:
         r, c = row.result, row.result.config
         env, ar = r.environment or {}, r.allreduce
         strategy = manifest.load(c.backend).strategies.get(c.strategy) if manifest.canonical_name(c.backend) else None
-        body.append([c.backend, c.variant, f"{c.nodes}{' (loopback)' if c.loopback_nodes else ''}",
+        body.append([c.backend, c.variant, hosts_cell(c),
                      str(env.get("processes", "—")), str(c.local_devices), str(env.get("collective") or "—"),
                      (strategy and strategy.engine or "—").split(" (")[0], milliseconds(ar and ar.median_s),
                      fmt(row.sec_per_epoch, ".2f"), fmt(row.efficiency, ".0%")])
@@ -70,6 +70,13 @@ def nodes_section(rows: list, topology: str) -> list[str]:
                "and the math across processes, but share the host's cores and memory bus, so their speed says "
                "nothing about a network between hosts." if loopback else "")]
     return lines
+
+
+def hosts_cell(c) -> str:
+    """The node count, and where this report's host (node 0) bound its engines: "2 (node 0: 10.0.0.1 on eth0)"."""
+    if c.loopback_nodes:
+        return f"{c.nodes} (loopback)"
+    return f"{c.nodes} (node 0: {c.local_addr or '?'} on {c.interface or 'no interface found'})"
 
 
 def setting(value) -> str:

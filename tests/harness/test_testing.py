@@ -122,7 +122,7 @@ def suites_run(monkeypatch, portable: bool, pytest_args=(), jobs=None) -> dict[s
         return {s.title: testing.Outcome(testing.Counts(passed=1), "", 0.0) for s in suites}
     monkeypatch.setattr(testing, "run_suites", run_suites)
     monkeypatch.setattr(testing, "print_caps", lambda pythons: None)
-    monkeypatch.setattr(testing.envs, "ensure_backend", lambda name, requirements: f"python-{name}")
+    monkeypatch.setattr(testing.envs, "ensure_backend", lambda name, requirements, say=print: f"python-{name}")
     args = Namespace(backend="torch,jax", python=[], portable=portable, pytest_args=list(pytest_args), jobs=jobs)
     assert testing.main(args) == 0
     return calls
