@@ -209,6 +209,9 @@ def test_an_interrupt_while_the_report_is_written_loses_nothing(tmp_path, monkey
         return real_write(*args, **kwargs)
 
     monkeypatch.setattr(report, "write", write_interrupted)
+    # SIGINT at its default whatever the test runner inherited (a background job ignores it, and the harness
+    # leaves an ignored signal ignored)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     out = tmp_path / "reports"
     monkeypatch.setenv("FAKE_STATE", str(tmp_path))
     try:
@@ -216,6 +219,8 @@ def test_an_interrupt_while_the_report_is_written_loses_nothing(tmp_path, monkey
                          "--out", str(out)])
     except KeyboardInterrupt:
         pytest.fail("the interrupt escaped while the report was written")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert code == 130
     report_dir = only_report(out)
     assert statuses(report_dir) == [(1, "ok")]
