@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import traceback
 
 from common.config import RunConfig
@@ -26,6 +28,34 @@ SCRATCH_ENV = "DPBENCH_SCRATCH_DIR"
 THREADS_ENV = "DPBENCH_THREADS"
 
 
+# The read end of a pipe whose write end only the harness holds: when the harness dies, even by SIGKILL, the
+# kernel closes it, the worker reads the end of file, and kills its own process group (itself, and whatever
+# it started: DDP ranks, the forkserver, ps-lite's scheduler and server), so nothing outlives the harness.
+LIFELINE_ENV = "DPBENCH_LIFELINE_FD"
+
+
+def watch_lifeline() -> None:
+    """If the harness gave this worker a lifeline, watch it from a daemon thread (see LIFELINE_ENV)."""
+    fd = os.environ.pop(LIFELINE_ENV, None)   # popped: the worker's children are not its watchers
+    if fd is None or not fd.isdigit():
+        return
+    fd = int(fd)
+    try:
+        os.set_inheritable(fd, False)
+    except OSError:
+        return   # not an open descriptor: started by hand with the variable set
+
+    def watch() -> None:
+        try:
+            while os.read(fd, 1):
+                pass
+        except OSError:
+            pass
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="lifeline", daemon=True).start()
+
+
 def scratch_dir() -> str | None:
     """The directory for a worker's temporary files (None: the system's temp directory)."""
     return os.environ.get(SCRATCH_ENV)
@@ -39,6 +69,7 @@ def main(backend, argv=None) -> int:
     mode.add_argument("--check", help="check-job JSON written by `harness check`: write measurements (.npz)")
     parser.add_argument("--result", required=True, help="where to write the result")
     args = parser.parse_args(argv)
+    watch_lifeline()
     os.environ.setdefault(SCRATCH_ENV, os.path.dirname(os.path.abspath(args.result)))
     if args.check:
         from common import measurements

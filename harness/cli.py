@@ -9,12 +9,14 @@ Without a subcommand the flags are `run`'s: `python -m harness --backend jax --g
 from __future__ import annotations
 
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
 
 from common import manifest
-from harness import arguments, check, compare, envs, interrupts, projection, report, runner, tables, testing
+from harness import (arguments, check, compare, envs, interrupts, leftovers, projection, report, runner, tables,
+                     testing)
 from harness.arguments import HelpFormatter, Parser, UsageError
 from harness.plan import Devices, Plan, build_plan, choose_devices, parse_pythons
 
@@ -135,7 +137,9 @@ def run_benchmark(args, argv: list[str]) -> int:
         "backends": sorted(plan.backends),
         "topology": plan.topology.how,
     }
-    with create_staging(args.out, sorted(plan.backends)) as staging:
+    for line in leftovers.keep_left_behind(Path(args.out), report.write):
+        console.say(line)
+    with create_staging(args.out, sorted(plan.backends), meta) as staging:
         results = run_all(plan, args, console, meta, staging.path)
         meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         interrupts.finishing()   # from here on a signal must not lose the results: it only sets the exit status
@@ -148,13 +152,19 @@ def run_benchmark(args, argv: list[str]) -> int:
     return interrupts.exit_status() or (1 if bad else 0)
 
 
-def create_staging(out: str, backends: list[str]) -> report.Staging:
-    """The report's staging directory, made before any work starts: an --out that cannot hold a report
-    (under a file, read-only, a name too long) fails now, in one line, not after hours of training."""
+def create_staging(out: str, backends: list[str], meta: dict) -> report.Staging:
+    """The report's staging directory, with its owner and the run's header, made before any work starts: an
+    --out that cannot hold a report (under a file, read-only, full, a name too long) fails now, in one line,
+    not after hours of training, and leaves nothing behind."""
+    staging = report.Staging(Path(out), backends)
     try:
-        return report.Staging(Path(out), backends).create()
+        staging.create()
+        staging.save_meta(meta)
     except OSError as e:
+        if staging.path is not None:
+            shutil.rmtree(staging.path, ignore_errors=True)
         raise UsageError(f"--out {out}: {e.strerror or e}") from None
+    return staging
 
 
 def run_all(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path) -> list[dict]:

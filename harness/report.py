@@ -21,6 +21,7 @@ from pathlib import Path
 from common import architectures, flops
 from common.config import imagenet_shaped
 from common.results import SCHEMA_VERSION, Result, load_results_json, write_json_atomic, write_text_atomic
+from harness import leftovers
 from harness.arguments import Parser, UsageError
 from harness.plots import plot_accuracy, plot_throughput
 from harness.published import d2l_section, resnet50_section
@@ -58,7 +59,12 @@ class Staging:
             except FileExistsError:
                 continue
             self.run_id, self.path = run_id, self.out / f".tmp-{run_id}"
+            leftovers.claim(self.path)   # (an OSError here: the caller removes the directory)
             return self
+
+    def save_meta(self, meta: dict) -> None:
+        """The run's header, kept from the start: a killed harness's next run reports its finished runs with it."""
+        write_json_atomic(self.path / leftovers.META, meta)
 
     def __enter__(self) -> "Staging":
         return self if self.path else self.create()

@@ -24,7 +24,7 @@ from tqdm import tqdm
 from common import progress
 from common.config import RunConfig
 from common.results import failed_result, load_result, tail
-from common.worker import THREADS_ENV
+from common.worker import LIFELINE_ENV, THREADS_ENV
 from common.network import free_port, interface_of
 from harness import envs, interrupts, rollcall
 from harness.envs import ROOT
@@ -142,8 +142,22 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 def _start(cmd: list[str], env: dict) -> subprocess.Popen:
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, text=True, errors="replace", start_new_session=True)
+    lifeline = _lifeline()
+    return subprocess.Popen(cmd, cwd=ROOT, env={**env, LIFELINE_ENV: str(lifeline)}, pass_fds=(lifeline,),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                            errors="replace", start_new_session=True)
+
+
+_lifeline_fds: tuple[int, int] | None = None
+
+
+def _lifeline() -> int:
+    """The read end of this harness's lifeline pipe (common/worker.py watch_lifeline), made once: its write end
+    stays open, unwritten, in this process alone (not inheritable), until the process ends however it ends."""
+    global _lifeline_fds
+    if _lifeline_fds is None:
+        _lifeline_fds = os.pipe()
+    return _lifeline_fds[0]
 
 
 def launch(cmd: list[str], env: dict, log_path: Path, timeout: float,

@@ -30,6 +30,8 @@ BASE = ("--backend", "torch", "--strategy", "scratch", "--model", "lenet", "--da
 # worker and its child ignore SIGTERM: only SIGKILL ends them.
 FAKE_WORKER = r'''
 import json, os, signal, subprocess, sys, time
+from common.worker import watch_lifeline   # as every real worker does first
+watch_lifeline()
 state = os.environ["FAKE_STATE"]
 hang = "--check" in sys.argv if os.environ.get("FAKE_HANG_CHECK") else "--config" in sys.argv
 if "--config" in sys.argv:
@@ -197,6 +199,35 @@ def test_ctrl_c_during_the_equivalence_check_still_writes_the_report(tmp_path):
     report_dir = only_report(out)
     assert statuses(report_dir) == [(1, "interrupted")]
     assert "Interrupted before the check finished" in (report_dir / "report.md").read_text()
+
+
+def test_a_harness_killed_with_sigkill_takes_its_workers_along_and_the_next_run_keeps_what_finished(tmp_path):
+    """SIGKILL cannot be handled: the workers watch their lifeline (common/worker.py) and end their process
+    groups; the killed run's staging folder is found by the next run and kept as a report of its finished
+    runs (harness/leftovers.py)."""
+    out, state = tmp_path / "reports", tmp_path / "state"
+    state.mkdir()
+    python = fake_worker(tmp_path)
+    proc = start_harness(*BASE, "--no-check", "--gpus", "1,2", "--python", f"torch={python}", "--out", str(out),
+                         env={"FAKE_STATE": str(state)})
+    wait_for(state / "pids", proc)          # the 1-device run is done, the 2-device one hangs with a child
+    proc.kill()
+    proc.communicate()
+    assert_none_survive([int(p) for p in (state / "pids").read_text().split()], within=5)
+    staging, = out.iterdir()
+    assert staging.name.startswith(".tmp-")
+    run_id = staging.name[len(".tmp-"):]
+
+    (state / "pids").unlink()
+    proc = start_harness(*BASE, "--no-check", "--gpus", "1", "--python", f"torch={python}", "--out", str(out),
+                         env={"FAKE_STATE": str(state)})
+    code, stderr = finish(proc)
+    assert code == 0, stderr
+    assert (f"harness: the run {run_id} was killed before it finished; kept as {out / run_id}-killed, with the "
+            "report of its 1 finished run(s)") in stderr
+    kept = out / f"{run_id}-killed"
+    assert statuses(kept) == [(1, "ok")] and (kept / "report.md").is_file() and (kept / "logs").is_dir()
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
 
 
 def test_an_interrupt_while_the_report_is_written_loses_nothing(tmp_path, monkeypatch, capfd):
