@@ -53,6 +53,8 @@ PORTABLE_SELECTION = ["-m", "rounding"]
 # backend's): the suites start longest first.
 HARNESS_TITLE = "harness (no framework)"
 HARNESS_MINUTES = 5.0
+# The cross-backend suite's, likewise (tests/cross: every backend's check and checkpoint runs).
+CROSS_MINUTES = 6.0
 
 # One tiny computation per kernel library (a backend.toml's `kernels`), run in each backend's environment with the
 # portable environment and the library's own verbose switches, so that the pass starts by showing what the kernels
@@ -309,6 +311,7 @@ def longest_first(suites: list[Suite], names: list[str]) -> list[Suite]:
     end together."""
     minutes = {backend_suite_title(n): manifest.load(n).test_minutes for n in names}
     minutes[HARNESS_TITLE] = HARNESS_MINUTES
+    minutes[cross_title(names)] = CROSS_MINUTES
     return sorted(suites, key=lambda s: -minutes.get(s.title, 0.0))
 
 
@@ -334,18 +337,24 @@ def main(args) -> int:
     suites = [] if args.portable else [Suite(HARNESS_TITLE, sys.executable, ["tests/harness"], suite_env({}, False),
                                              [], args.pytest_args)]
     suites += [backend_suite(name, python, args.portable, args.pytest_args) for name, python in interpreters.items()]
+    if len(interpreters) >= 2 and not args.pytest_args:
+        suites.append(cross_suite(interpreters, args.portable))
     outcomes.update(run_suites(longest_first(suites, names), jobs, one_cpu_each=args.portable))
-
-    tested = [name for name in names if backend_suite_title(name) in outcomes
-              and outcomes[backend_suite_title(name)].counts.failed == 0]
-    if len(tested) >= 2 and not args.pytest_args:
-        cross_env = suite_env({"DPBENCH_BACKENDS": ",".join(tested),
-                               "DPBENCH_PYTHONS": ",".join(f"{k}={v}" for k, v in interpreters.items())},
-                              args.portable)
-        cross = Suite(f"cross-backend ({', '.join(tested)})", sys.executable, ["tests/cross"], cross_env,
-                      PORTABLE_SELECTION if args.portable else [], [])
-        outcomes.update(run_suites([cross], 1, one_cpu_each=args.portable))
     return summarise(outcomes, args.portable, time.monotonic() - started)
+
+
+def cross_suite(interpreters: dict[str, str], portable: bool) -> Suite:
+    """The tests across backends (tests/cross), in a lane of its own beside the backends' suites: a broken
+    backend then fails its own suite and the cross rows it takes part in, each saying so."""
+    names = list(interpreters)
+    env = suite_env({"DPBENCH_BACKENDS": ",".join(names),
+                     "DPBENCH_PYTHONS": ",".join(f"{k}={v}" for k, v in interpreters.items())}, portable)
+    return Suite(cross_title(names), sys.executable, ["tests/cross"], env,
+                 PORTABLE_SELECTION if portable else [], [])
+
+
+def cross_title(names: list[str]) -> str:
+    return f"cross-backend ({', '.join(names)})"
 
 
 def summarise(outcomes: dict[str, Outcome], portable: bool, seconds: float) -> int:
