@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from common import manifest
-from harness import (arguments, check, compare, envs, interrupts, leftovers, projection, report, runner, tables,
+from harness import (arguments, check, compare, disk, envs, interrupts, leftovers, projection, report, runner, tables,
                      testing)
 from harness.arguments import HelpFormatter, Parser, UsageError
 from harness.plan import Devices, Plan, build_plan, choose_devices, parse_pythons
@@ -163,7 +163,7 @@ def create_staging(out: str, backends: list[str], meta: dict) -> report.Staging:
     except OSError as e:
         if staging.path is not None:
             shutil.rmtree(staging.path, ignore_errors=True)
-        raise UsageError(f"--out {out}: {e.strerror or e}") from None
+        raise UsageError(f"--out {out}: {disk.not_written(out, e)}") from None
     return staging
 
 
@@ -203,8 +203,8 @@ def save_report(staging: report.Staging, results: list[dict], meta: dict) -> Pat
         return staging.commit(results, meta)
     except OSError as e:
         kept = staging.rescue(results, meta)
-        print(f"harness: error: could not write the report in {staging.out}: {e.strerror or e}; "
-              f"the results are kept in {kept}", file=sys.stderr)
+        print(f"harness: error: could not write the report in {staging.out}: {e.strerror or e} "
+              f"({disk.free_at(staging.out)} free there); the results are kept in {kept}", file=sys.stderr)
         return None
 
 

@@ -13,6 +13,7 @@ from common import imagenet
 from common import data as datalib
 from common.config import (ConfigError, check_model_input, datasets_for, default_dataset, image_side,
                            imagenet_shaped)
+from harness import disk
 from harness.arguments import Preset, UsageError
 
 
@@ -82,6 +83,8 @@ def prepare_imagenet(args, side: int, sizes: tuple[int | None, int | None]) -> t
             imagenet.prepare(folder, side, counts[0], counts[1], target)
         except datalib.DataError as e:
             raise UsageError(str(e)) from None
+        except OSError as e:   # the user cache's disk is full, say: nothing has run yet
+            raise UsageError(f"the decoded images' cache: {disk.not_written(target, e)}") from None
     return (str(target), f"ImageNet-layout folder {folder}: {counts[0]:,} training and {counts[1]:,} validation "
             f"images, resized and centre-cropped to {side}x{side} once before the runs", available)
 

@@ -26,7 +26,7 @@ from common.config import RunConfig
 from common.results import failed_result, load_result, tail
 from common.worker import LIFELINE_ENV, THREADS_ENV
 from common.network import free_port, interface_of
-from harness import envs, interrupts, rollcall
+from harness import disk, envs, interrupts, rollcall
 from harness.envs import ROOT
 
 KILL_GRACE_S = 5.0
@@ -184,11 +184,13 @@ def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout:
     `on_line` sees the first process's lines only; the others' progress records are left out of their output.
     Each process's (exit status, or None if still running at the deadline or after the grace; its output;
     when it was first seen ended, on the monotonic clock: the order in which they failed)."""
+    logs = WorkerLogs(log_paths, cmds)   # before any process starts: a log that cannot be made fails the launch
     procs: list[subprocess.Popen] = []
     try:
         for cmd in cmds:
             procs.append(_start(cmd, env))
     except BaseException:
+        logs.close()
         for proc in procs:
             kill_group(proc)
         raise
@@ -198,10 +200,7 @@ def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout:
     deadline = time.monotonic() + timeout
     outputs: list[list[str]] = [[] for _ in procs]
     open_streams, overdue, ended = set(range(len(procs))), set(), {}
-    logs = [open(path, "w", buffering=1) for path in log_paths]   # line by line: a log tailed while it runs is current
     try:
-        for cmd, log in zip(cmds, logs):
-            log.write("$ " + " ".join(_relative_to_root(a) for a in cmd) + "\n")
         while open_streams:
             for i, p in enumerate(procs):
                 if p.poll() is not None:
@@ -222,7 +221,7 @@ def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout:
             if line is None:
                 open_streams.discard(i)
                 continue
-            logs[i].write(line)
+            logs.write(i, line)
             if i == 0 and on_line and on_line(line):
                 continue
             if i > 0 and progress.parse(line) is not None:
@@ -233,12 +232,48 @@ def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout:
             kill_group(proc)
         raise
     finally:
-        for log in logs:
-            log.close()
+        logs.close()
     for proc in procs:
         kill_group(proc)  # on a timeout: the worker; otherwise: any stray process it left
     now = time.monotonic()
+    for i, broken in logs.broken.items():
+        outputs[i].append(f"(the worker's log stopped early: {broken})\n")
     return [(None if i in overdue else p.returncode, outputs[i], ended.get(i, now)) for i, p in enumerate(procs)]
+
+
+class LogNotWritten(OSError):
+    """A worker's log could not be created: the launch did not start."""
+
+
+class WorkerLogs:
+    """Each worker's log file, written line by line (a log tailed while it runs is current), the command first.
+    A write that fails mid-run (a full disk) stops that log, not the run: the run's output is still read, and
+    its result says the log stopped early and why."""
+
+    def __init__(self, paths: list[Path], cmds: list[list[str]]):
+        self.files, self.broken = [], {}
+        try:
+            for path, cmd in zip(paths, cmds):
+                self.files.append(open(path, "w", buffering=1))
+                self.files[-1].write("$ " + " ".join(_relative_to_root(a) for a in cmd) + "\n")
+        except OSError as e:
+            self.close()
+            raise LogNotWritten(e.errno, e.strerror, e.filename or str(path)) from None
+
+    def write(self, i: int, line: str) -> None:
+        if i in self.broken:
+            return
+        try:
+            self.files[i].write(line)
+        except OSError as e:
+            self.broken[i] = disk.not_written(self.files[i].name, e)
+
+    def close(self) -> None:
+        for f in self.files:
+            try:
+                f.close()
+            except OSError:
+                pass   # its last lines could not be flushed: already said by write
 
 
 def run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: int | None = None) -> dict:
@@ -257,8 +292,6 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
         name += f"-{cfg.nodes}nodes"
     if trial is not None:
         name += f"-trial{trial}"
-    (workdir / "runs").mkdir(parents=True, exist_ok=True)
-    (workdir / "logs").mkdir(parents=True, exist_ok=True)
     if cfg.nodes > 1 and cfg.loopback_nodes:
         cfg = dataclasses.replace(cfg, coordinator=f"127.0.0.1:{free_port()}",   # free now, on this host
                                   local_addr="127.0.0.1", interface=interface_of("127.0.0.1"))
@@ -266,10 +299,15 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
         try:
             cfg = rollcall.addressed(cfg, _meet(cfg, name, console))
         except rollcall.JoinError as e:
-            return _not_met(cfg, console, str(e))
+            return _not_started(cfg, console, str(e))
     ranks = list(range(cfg.nodes)) if cfg.loopback_nodes else [cfg.node_rank]
-    nodes = [Node(dataclasses.replace(cfg, node_rank=r), workdir, name + (f".node{r}" if cfg.nodes > 1 else ""))
-             for r in ranks]
+    try:
+        (workdir / "runs").mkdir(parents=True, exist_ok=True)
+        (workdir / "logs").mkdir(parents=True, exist_ok=True)
+        nodes = [Node(dataclasses.replace(cfg, node_rank=r), workdir, name + (f".node{r}" if cfg.nodes > 1 else ""))
+                 for r in ranks]
+    except OSError as e:   # a full disk, say: this run fails in one line; the ones that finished are kept
+        return _not_started(cfg, console, disk.not_written(workdir, e))
     env = envs.worker_env(PYTHONUNBUFFERED="1", **({THREADS_ENV: str(cfg.threads)} if cfg.threads else {}))
 
     def on_line(line: str) -> bool:
@@ -283,7 +321,8 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
         ended = launch_all([n.command(python) for n in nodes], env, [n.log for n in nodes], cfg.timeout, on_line,
                            grace=NODE_GRACE_S, failed_grace=FAILED_NODE_GRACE_S)
     except OSError as e:
-        return not_run_result(cfg, "failed", f"could not start {python}: {e}")
+        what = disk.not_written(e.filename, e) if isinstance(e, LogNotWritten) else f"could not start {python}: {e}"
+        return not_run_result(cfg, "failed", what)
     codes = [code for code, _, _ in ended if code is not None]
     grace = None if not codes else FAILED_NODE_GRACE_S if any(codes) else NODE_GRACE_S   # what the others had
     results = [n.result(code, output, workdir, grace) for n, (code, output, _) in zip(nodes, ended)]
@@ -313,8 +352,9 @@ def _meet(cfg: RunConfig, name: str, console: Console) -> rollcall.Meeting:
 _told: set[str] = set()
 
 
-def _not_met(cfg: RunConfig, console: Console, error: str) -> dict:
-    """The run's failed row when the nodes did not meet: its one line, no worker started."""
+def _not_started(cfg: RunConfig, console: Console, error: str) -> dict:
+    """The run's failed row when it could not start (the nodes did not meet, a file could not be written): its
+    one line, no worker started."""
     console.started(cfg)
     result = not_run_result(cfg, "failed", error)
     console.finished(cfg, result)
@@ -337,7 +377,10 @@ class Node:
         self.config_path = workdir / "runs" / f"{name}.config.json"
         self.result_path = workdir / "runs" / f"{name}.result.json"
         self.log = workdir / "logs" / f"{name}.log"
-        cfg.save(self.config_path)
+        try:
+            cfg.save(self.config_path)
+        except OSError as e:   # (a write that fails names no file)
+            raise OSError(e.errno, e.strerror, str(self.config_path)) from None
 
     def command(self, python: str) -> list[str]:
         return [python, "-m", f"backends.{self.cfg.backend}", "--config", str(self.config_path),
