@@ -10,6 +10,8 @@ order. So the three are compared bit for bit: any difference is a different comp
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -24,14 +26,14 @@ PORT = 29500   # each namespace has its own ports: nothing else listens there
 WAIT_S = 420
 
 
-def run_here(tmp_path: Path, name: str, strategy: str, *extra: str) -> dict:
-    """The same run on this host (loopback nodes, or one process): its trained weights."""
+def run_here(tmp_path: Path, name: str, strategy: str, *extra: str) -> tuple[dict, dict]:
+    """The same run on this host (loopback nodes, or one process): its trained weights and its row."""
     out = tmp_path / name
     out.mkdir()
     log = tmp_path / f"{name}.log"
     proc = start_harness(None, small_run(NAME, strategy, out, *extra), log)
     assert wait_all([proc], [log], WAIT_S) == [0], log.read_text()[-3000:]
-    return weightslib.load(out / "weights.npz")
+    return weightslib.load(out / "weights.npz"), run_row(out)
 
 
 @pytest.mark.parametrize("engine_strategy", ENGINE_STRATEGIES)
@@ -47,13 +49,19 @@ def test_two_hosts_train_the_same_weights_as_loopback_nodes_and_one_process(back
                 "--coordinator", f"{hosts[0].address}:{PORT}", "--join-timeout", "120"), log))
         codes = wait_all(procs, logs, WAIT_S)
     assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
+    coordinator = f"{hosts[0].address}:{PORT}"
     for host, out, log in zip(hosts, outs, logs):
-        config = run_row(out)["config"]
-        assert (config["local_addr"], config["interface"]) == (host.address, host.interface)
+        row = run_row(out)
+        assert (row["config"]["local_addr"], row["config"]["interface"]) == (host.address, host.interface)
         assert f"this host is {host.address} on {host.interface}" in log.read_text()
+        assert coordinator in json.dumps(row["environment"]["details"])   # where the engine met, recorded
     across_hosts = weightslib.load(outs[0] / "weights.npz")
-    loopback = run_here(tmp_path, "loopback", engine_strategy, "--nodes", "2", "--gpus", "1")
-    one_process = run_here(tmp_path, "one-process", engine_strategy, "--gpus", "2")
+    loopback, row = run_here(tmp_path, "loopback", engine_strategy, "--nodes", "2", "--gpus", "1", "--timed-steps", "2")
+    one_process, _ = run_here(tmp_path, "one-process", engine_strategy, "--gpus", "2")
+    # The loopback run's record: its nodes, every process of the job, the timed steps across the nodes.
+    environment = row["environment"]
+    assert environment["nodes"] == 2 and environment["processes"] >= 2 and environment["loopback_nodes"]
+    assert row["step_time"]["steps"] == 2 and math.isfinite(row["epochs"][0]["train_loss"])
     moved = [name for name, w in backend.initial_weights("lenet", 0).items()
              if across_hosts[name].tobytes() != w.tobytes()]
     assert moved, "the run did not train"

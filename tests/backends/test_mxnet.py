@@ -585,20 +585,6 @@ def test_a_node_without_its_coordinator_fails_naming_the_address(tmp_path):
     assert f"could not reach the coordinator (ps-lite scheduler) at {coordinator}" in result["error"]
 
 
-def test_two_nodes_train_end_to_end(tmp_path):
-    from tests.backends.nodes import finish, free_port, start_nodes
-    coordinator = f"127.0.0.1:{free_port()}"
-    jobs = [node_run(tmp_path, rank, coordinator) for rank in range(2)]
-    finished = finish(start_nodes("mxnet", "--config", jobs, tmp_path, ".json"), timeout=240)
-    for rank, (code, output) in enumerate(finished):
-        assert code == 0, f"node {rank} failed:\n{output[-3000:]}"
-    result = json.loads((tmp_path / "node0.json").read_text())
-    assert result["status"] == "ok", result.get("error")
-    assert np.isfinite(result["epochs"][0]["train_loss"]) and result["step_time"]
-    assert result["environment"]["processes"] == 5   # 2 workers, 2 servers, the scheduler
-    assert "ps-lite" in result["environment"]["collective"]
-
-
 @pytest.mark.parametrize("overrides, reason", [
     ({"strategy": "scratch"}, "--nodes needs gluon"),
     ({"strategy": "gluon", "options": {"kvstore": "device"}}, "needs kvstore 'dist_sync'")])

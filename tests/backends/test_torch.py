@@ -560,22 +560,6 @@ def test_a_node_that_cannot_reach_the_coordinator_fails_naming_it(tmp_path):
     assert f"node 1 could not reach the coordinator at {address}" in result["error"]
 
 
-def test_two_nodes_train_end_to_end(tmp_path):
-    import json
-    from tests.backends.nodes import finish, free_port, start_nodes
-    address = f"127.0.0.1:{free_port()}"
-    jobs = [node_config(node_rank=r, coordinator=address, timeout=240) for r in range(2)]
-    finished = finish(start_nodes("torch", "--config", jobs, tmp_path, "-result.json"), 300)
-    for rank, (code, output) in enumerate(finished):
-        assert code == 0, f"node {rank} failed:\n{output[-3000:]}"
-    result = json.loads((tmp_path / "node0-result.json").read_text())
-    assert result["status"] == "ok" and np.isfinite(result["epochs"][0]["train_loss"])
-    assert result["epochs"][0]["images"] == 64 and result["step_time"]["steps"] == 2
-    env = result["environment"]
-    assert env["processes"] == 2 and env["nodes"] == 2 and env["collective"] == "gloo"
-    assert env["details"]["rendezvous"] == f"static at {address} (node_rank 0)"
-
-
 @pytest.mark.parametrize("name", ["scratch", "dp"])
 def test_a_strategy_without_an_engine_refuses_several_nodes(name):
     from backends.torch import initial_weights, train_steps
