@@ -254,25 +254,6 @@ def test_worker_runs_ddp_with_every_lever_that_runs_on_the_cpu(tmp_path):
     assert np.isfinite(r["epochs"][0]["train_loss"])
 
 
-# ------------------------------------------------------------------ synchronised BatchNorm over gloo
-
-def test_ddp_sync_batchnorm_on_two_ranks_is_batchnorm_on_one_device():
-    """--bn sync: CPUSyncBatchNorm's all-reduces over 2 gloo ranks give nn.BatchNorm2d's step on one device
-    holding the whole batch, parameters and running statistics alike (ResNet-18, batch 8, float64);
-    per-rank statistics (--bn local) give another step."""
-    from backends.torch import initial_weights, train_steps
-    from common.weights import he_scaled
-    start = he_scaled(initial_weights("resnet18", 0), "resnet18")
-    batches = image_batches(1, size=8)
-    one = train_steps("scratch", "resnet18", 1, start, batches, 0.1, dtype="float64")
-    sync = train_steps("ddp", "resnet18", 2, start, batches, 0.1, bn="sync", dtype="float64")
-    local = train_steps("ddp", "resnet18", 2, start, batches, 0.1, bn="local", dtype="float64")
-    assert sync.keys() == start.keys() and {v.dtype for v in sync.values()} == {np.dtype(np.float64)}
-    assert max_abs_diff(one, start) > 1e-3
-    assert relative(sync, one) <= IDENTICAL
-    assert relative(local, one) > 1e6 * IDENTICAL
-
-
 # ------------------------------------------------------------------ prefetch, foreach, cuDNN autotuning, compile modes
 
 def test_prefetched_batches_take_the_same_steps_bit_for_bit():
