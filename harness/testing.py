@@ -52,9 +52,9 @@ PORTABLE_SELECTION = ["-m", "rounding"]
 # The harness suite's title, and its wall time on one core of a 2-core CPU (backend.toml's [tests] minutes says a
 # backend's): the suites start longest first.
 HARNESS_TITLE = "harness (no framework)"
-HARNESS_MINUTES = 5.0
+HARNESS_MINUTES = 4.0
 # The cross-backend suite's, likewise (tests/cross: every backend's check and checkpoint runs).
-CROSS_MINUTES = 6.0
+CROSS_MINUTES = 5.5
 
 # One tiny computation per kernel library (a backend.toml's `kernels`), run in each backend's environment with the
 # portable environment and the library's own verbose switches, so that the pass starts by showing what the kernels
