@@ -15,11 +15,13 @@ def not_written(path, error: OSError) -> str:
 def free_at(path) -> str:
     """The space free to this user on the filesystem that holds `path` (or would: its nearest existing folder)."""
     place = Path(path).absolute()
-    while not place.exists() and place != place.parent:
-        place = place.parent
-    try:
-        free = shutil.disk_usage(place).free
-    except OSError:
+    while place != place.parent:
+        try:
+            free = shutil.disk_usage(place).free
+            break
+        except OSError:   # not there (yet), not a folder, a name too long: its parent's filesystem
+            place = place.parent
+    else:
         return "unknown space"
     for unit in ("bytes", "kB", "MB"):
         if free < 1000:

@@ -65,6 +65,26 @@ def meet(cfg: RunConfig, run: str) -> Meeting:
         raise
 
 
+def meet_and_tell(cfg: RunConfig, run: str, say) -> Meeting:
+    """meet(), saying so: the wait, and (once per harness, unless it changes) where this host was placed."""
+    say(f"Nodes: node {cfg.node_rank} of {cfg.nodes} meeting at {cfg.coordinator} before {run} "
+        f"(at most {min(cfg.join_timeout, cfg.timeout):g} s, --join-timeout)")
+    meeting = meet(cfg, run)
+    placed = addressed(cfg, meeting)
+    peers = ", ".join(f"node {r} at {address}" for r, address in sorted(meeting.peers.items()))
+    how = "given" if cfg.local_addr or cfg.interface else "as the others reach it"
+    interface = placed.interface or "no interface holds it as its first address: give --interface"
+    told = (f"Nodes: met {peers}; this host is {placed.local_addr} on {interface} ({how}; the engines' "
+            "transports bind to it)")
+    if told not in _told:
+        _told.add(told)
+        say(told)
+    return meeting
+
+
+_told: set[str] = set()
+
+
 def addressed(cfg: RunConfig, meeting: Meeting) -> RunConfig:
     """cfg with this node's address and interface for the engines: the user's (--local-addr, --interface),
     else the address the meeting found and the interface that holds it."""

@@ -27,6 +27,7 @@ from common.results import failed_result, load_result, tail
 from common.worker import LIFELINE_ENV, THREADS_ENV
 from common.network import free_port, interface_of
 from harness import disk, envs, interrupts, rollcall
+from harness.logs import LogNotWritten, WorkerLogs
 from harness.envs import ROOT
 
 KILL_GRACE_S = 5.0
@@ -184,7 +185,8 @@ def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout:
     `on_line` sees the first process's lines only; the others' progress records are left out of their output.
     Each process's (exit status, or None if still running at the deadline or after the grace; its output;
     when it was first seen ended, on the monotonic clock: the order in which they failed)."""
-    logs = WorkerLogs(log_paths, cmds)   # before any process starts: a log that cannot be made fails the launch
+    # Made before any process starts: a log that cannot be made fails the launch.
+    logs = WorkerLogs(log_paths, ["$ " + " ".join(_relative_to_root(a) for a in cmd) for cmd in cmds])
     procs: list[subprocess.Popen] = []
     try:
         for cmd in cmds:
@@ -241,41 +243,6 @@ def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout:
     return [(None if i in overdue else p.returncode, outputs[i], ended.get(i, now)) for i, p in enumerate(procs)]
 
 
-class LogNotWritten(OSError):
-    """A worker's log could not be created: the launch did not start."""
-
-
-class WorkerLogs:
-    """Each worker's log file, written line by line (a log tailed while it runs is current), the command first.
-    A write that fails mid-run (a full disk) stops that log, not the run: the run's output is still read, and
-    its result says the log stopped early and why."""
-
-    def __init__(self, paths: list[Path], cmds: list[list[str]]):
-        self.files, self.broken = [], {}
-        try:
-            for path, cmd in zip(paths, cmds):
-                self.files.append(open(path, "w", buffering=1))
-                self.files[-1].write("$ " + " ".join(_relative_to_root(a) for a in cmd) + "\n")
-        except OSError as e:
-            self.close()
-            raise LogNotWritten(e.errno, e.strerror, e.filename or str(path)) from None
-
-    def write(self, i: int, line: str) -> None:
-        if i in self.broken:
-            return
-        try:
-            self.files[i].write(line)
-        except OSError as e:
-            self.broken[i] = disk.not_written(self.files[i].name, e)
-
-    def close(self) -> None:
-        for f in self.files:
-            try:
-                f.close()
-            except OSError:
-                pass   # its last lines could not be flushed: already said by write
-
-
 def run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: int | None = None) -> dict:
     """One worker run (one process per node of this host): config file in, result file out, output logged to
     workdir/logs/. With several nodes, node 0's result is the run's, failed with the first failing node's error
@@ -297,7 +264,7 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
                                   local_addr="127.0.0.1", interface=interface_of("127.0.0.1"))
     elif cfg.nodes > 1:
         try:
-            cfg = rollcall.addressed(cfg, _meet(cfg, name, console))
+            cfg = rollcall.addressed(cfg, rollcall.meet_and_tell(cfg, name, console.say))
         except rollcall.JoinError as e:
             return _not_started(cfg, console, str(e))
     ranks = list(range(cfg.nodes)) if cfg.loopback_nodes else [cfg.node_rank]
@@ -330,26 +297,6 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
     result["log"] = f"logs/{nodes[0].log.name}"
     console.finished(cfg, result)
     return result
-
-
-def _meet(cfg: RunConfig, name: str, console: Console) -> rollcall.Meeting:
-    """This host's node meets the others before the run (harness/rollcall.py); the first meeting is told."""
-    console.say(f"Nodes: node {cfg.node_rank} of {cfg.nodes} meeting at {cfg.coordinator} before {name} "
-                f"(at most {min(cfg.join_timeout, cfg.timeout):g} s, --join-timeout)")
-    meeting = rollcall.meet(cfg, name)
-    placed = rollcall.addressed(cfg, meeting)
-    peers = ", ".join(f"node {r} at {address}" for r, address in sorted(meeting.peers.items()))
-    how = "given" if cfg.local_addr or cfg.interface else "as the others reach it"
-    interface = placed.interface or "no interface holds it as its first address: give --interface"
-    told = (f"Nodes: met {peers}; this host is {placed.local_addr} on {interface} ({how}; the engines' "
-            "transports bind to it)")
-    if told not in _told:   # once per harness, unless it changes
-        _told.add(told)
-        console.say(told)
-    return meeting
-
-
-_told: set[str] = set()
 
 
 def _not_started(cfg: RunConfig, console: Console, error: str) -> dict:

@@ -297,15 +297,21 @@ def refused_out(tmp_path: Path, out: Path, capfd) -> str:
     return lines[0]
 
 
+def assert_refused(line: str, out: Path, reason: str) -> None:
+    """"harness: error: --out OUT: could not write OUT...: REASON (N free there)": what, where, why, the space."""
+    assert line.startswith(f"harness: error: --out {out}: could not write {out}"), line
+    assert line.endswith(" free there)") and f": {reason} (" in line, line
+
+
 def test_out_under_a_file_is_refused_before_any_work(tmp_path, capfd):
     (tmp_path / "a-file").write_text("")
     out = tmp_path / "a-file" / "reports"
-    assert refused_out(tmp_path, out, capfd) == f"harness: error: --out {out}: Not a directory"
+    assert_refused(refused_out(tmp_path, out, capfd), out, "Not a directory")
 
 
 def test_out_with_a_name_too_long_is_refused_before_any_work(tmp_path, capfd):
     out = tmp_path / ("r" * 300)
-    assert refused_out(tmp_path, out, capfd) == f"harness: error: --out {out}: File name too long"
+    assert_refused(refused_out(tmp_path, out, capfd), out, "File name too long")
 
 
 def test_out_in_a_read_only_directory_is_refused_before_any_work(tmp_path, monkeypatch, capfd):
@@ -322,7 +328,7 @@ def test_out_in_a_read_only_directory_is_refused_before_any_work(tmp_path, monke
         monkeypatch.setattr(Path, "mkdir", mkdir)
     out = read_only / "reports"
     try:
-        assert refused_out(tmp_path, out, capfd) == f"harness: error: --out {out}: Permission denied"
+        assert_refused(refused_out(tmp_path, out, capfd), out, "Permission denied")
     finally:
         read_only.chmod(0o755)
 
@@ -349,7 +355,8 @@ def test_a_full_disk_at_the_end_keeps_the_results_and_says_where(tmp_path, monke
     assert "Traceback" not in err
     line = [l for l in err.splitlines() if l.startswith("harness: error: ")]
     assert len(line) == 1, err
-    assert f"could not write the report in {out}: No space left on device; the results are kept in " in line[0]
+    assert f"could not write the report in {out}: No space left on device (" in line[0]
+    assert " free there); the results are kept in " in line[0]
     kept = Path(line[0].rsplit(" ", 1)[1])
     if temp_dir_writable:
         assert kept.parent == temp_dir and kept.name.startswith("dpbench-")
