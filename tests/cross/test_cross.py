@@ -1,4 +1,4 @@
-"""Across backends (run by `python -m harness test` after every backend's own suite, in the harness
+"""Across backends (run by `python -m harness test` in a lane beside the backends' own suites, in the harness
 environment): the equivalence check passes, and a checkpoint from one backend evaluates the same in all."""
 
 from __future__ import annotations
