@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -72,9 +73,7 @@ def measure(name: str, python: str, job: dict, tmp: Path, timeout: float,
     if returncode or not out.exists():
         tail = "".join(output).strip().splitlines()[-1:] or ["no output"]
         raise CheckError(f"{name} worker failed: {tail[0]}")
-    with np.load(out) as f:
-        arrays = {k: f[k] for k in f.files}
-    return arrays, json.loads(Path(str(out) + ".skipped.json").read_text())
+    return measurements(out), json.loads(Path(str(out) + ".skipped.json").read_text())
 
 
 def measure_nodes(name: str, python: str, job: dict, nodes: int, tmp: Path, timeout: float,
@@ -102,8 +101,17 @@ def measure_nodes(name: str, python: str, job: dict, nodes: int, tmp: Path, time
         last = "".join(output).strip().splitlines()[-1:] or ["no output"]
         why = "no answer within the timeout" if code is None else last[0]
         raise CheckError(f"{name} on {nodes} nodes: node {rank} failed: {why}")
-    with np.load(outs[0]) as f:
-        return {k: f[k] for k in f.files}, json.loads(Path(str(outs[0]) + ".skipped.json").read_text())
+    return measurements(outs[0]), json.loads(Path(str(outs[0]) + ".skipped.json").read_text())
+
+
+def measurements(path: Path):
+    """A worker's measurements, read lazily: each array is read from the file when a comparison asks for it, and
+    dropped after (equivalence._gap), so the harness never holds every backend's arrays at once (a ResNet-50
+    check's are gigabytes). The file stays open until the comparison is done (run_checks closes it)."""
+    try:
+        return np.load(path)
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise CheckError(f"unreadable measurements in {path.name}: {e}") from None
 
 
 # ------------------------------------------------------------------------------ run
@@ -144,13 +152,18 @@ def run_checks(backends: dict[str, Manifest], pythons: dict[str, str], models: l
                 except CheckError as e:
                     failures[f"{name} on {nodes} nodes"] = str(e).splitlines()[0]
         w0 = {m: weightslib.load(p) for m, p in shared["weights"].items()}
-    if "torch" not in results:
-        failures = {**failures, "torch": failures.get("torch", "not measured: torch is the reference")}
-        return [], failures, shared["weights_hash"]
-    rows = asked_rows(compare(results, w0), counts)
-    for name, (arrays, skipped) in node_runs.items():
-        rows += compare_nodes(name, results[name][0], arrays, skipped, nodes, w0)
-    return rows, failures, shared["weights_hash"]
+        try:
+            if "torch" not in results:
+                failures = {**failures, "torch": failures.get("torch", "not measured: torch is the reference")}
+                return [], failures, shared["weights_hash"]
+            rows = asked_rows(compare(results, w0), counts)
+            for name, (arrays, skipped) in node_runs.items():
+                rows += compare_nodes(name, results[name][0], arrays, skipped, nodes, w0)
+            return rows, failures, shared["weights_hash"]
+        finally:
+            for arrays, _ in [*results.values(), *node_runs.values()]:
+                if hasattr(arrays, "close"):   # (the open files of measurements(); a plain dict has nothing to close)
+                    arrays.close()
 
 
 def asked_rows(rows: list[Row], counts: list[int]) -> list[Row]:

@@ -3,6 +3,7 @@ harness/check.py) against torch's, each with its tolerance, as table rows. Pure 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,13 +59,27 @@ def _statistics(model: str) -> list[str]:
     return [n for n, _, kind in spec(model) if kind in ("bn_mean", "bn_var")]
 
 
-def _stack(arrays: dict, key: str, names: list[str]) -> np.ndarray:
-    return np.concatenate([arrays[f"{key}|{n}"].astype(np.float64).ravel() for n in names])
+def _gap(arrays, key: str, ref_arrays, ref: str, names: list[str], start: dict | None = None):
+    """(||a - b||, ||b||, ||b - start||, max |a - b|) over the parameters `names`, a = arrays[key|name] and
+    b = ref_arrays[ref|name] in float64. One parameter at a time, each read, compared and dropped: the check
+    never holds a whole model's measurements (ResNet-50's are 100 MB each in float32)."""
+    diff2 = ref2 = moved2 = peak = 0.0
+    for n in names:
+        a = np.asarray(arrays[f"{key}|{n}"], dtype=np.float64).ravel()
+        b = np.asarray(ref_arrays[f"{ref}|{n}"], dtype=np.float64).ravel()
+        d = a - b
+        diff2, ref2 = diff2 + float(d @ d), ref2 + float(b @ b)
+        peak = max(peak, float(np.max(np.abs(d)))) if d.size else peak
+        if start is not None:
+            m = b - np.asarray(start[n], dtype=np.float64).ravel()
+            moved2 += float(m @ m)
+    return math.sqrt(diff2), math.sqrt(ref2), math.sqrt(moved2), peak
 
 
-def _relative(a: np.ndarray, b: np.ndarray, scale: np.ndarray | float | None = None) -> float:
-    denominator = np.linalg.norm(b if scale is None else scale)
-    return float(np.linalg.norm(a - b) / denominator) if denominator else float(np.linalg.norm(a - b))
+def _relative_gap(arrays, key: str, ref_arrays, ref: str, names: list[str]) -> float:
+    """||a - b|| / ||b|| over the parameters `names` (||a - b|| where b is zero): _gap's measure of a row."""
+    diff, norm, _, _ = _gap(arrays, key, ref_arrays, ref, names)
+    return diff / norm if norm else diff
 
 
 def _verdict(value: float, tolerance: float) -> str:
@@ -145,7 +160,7 @@ def compare_nodes(name: str, single: dict, multi: dict, skipped: dict, nodes: in
         if f"{f64}|loss" in multi and f"{f64}|loss" in single:
             value = distances(multi, single, f64, f64, model, w0[model])
             names = _trainable(model) + _statistics(model)
-            value["final"] = _relative(_stack(multi, f"{f64}|final", names), _stack(single, f"{f64}|final", names))
+            value["final"] = _relative_gap(multi, f"{f64}|final", single, f"{f64}|final", names)
             value.pop("k-vs-1")
             largest = max(value, key=value.get)
             rows.append(Row("nodes vs 1 process (float64)", model, name, strategy, devices, bn, value[largest],
@@ -174,14 +189,14 @@ def distances(arrays, ref_arrays, key, ref, model, w0) -> dict[str, float]:
     """How far run `key` is from run `ref`, in each comparison's own measure."""
     names = _trainable(model)
     ref_loss = float(ref_arrays[f"{ref}|loss"])
-    start = np.concatenate([w0[n].astype(np.float64).ravel() for n in names])
-    first, first_ref = _stack(arrays, f"{key}|first", names), _stack(ref_arrays, f"{ref}|first", names)
+    # The first step: its distance relative to how far the reference's step moved the weights from w0.
+    first_gap, _, moved, first_peak = _gap(arrays, f"{key}|first", ref_arrays, f"{ref}|first", names, start=w0)
     return {
         "loss": abs(float(arrays[f"{key}|loss"]) - ref_loss) / abs(ref_loss),
-        "gradients": _relative(_stack(arrays, f"{key}|grad", names), _stack(ref_arrays, f"{ref}|grad", names)),
-        "step": _relative(first, first_ref, scale=first_ref - start),
+        "gradients": _relative_gap(arrays, f"{key}|grad", ref_arrays, f"{ref}|grad", names),
+        "step": first_gap / moved if moved else first_gap,
         "trace": _trace_distance(arrays[f"{key}|losses"], ref_arrays[f"{ref}|losses"]),
-        "k-vs-1": float(np.max(np.abs(first - first_ref))),
+        "k-vs-1": first_peak,
         **state_distances(arrays, ref_arrays, key, ref, model),
     }
 
@@ -192,15 +207,14 @@ def state_distances(arrays, ref_arrays, key, ref, model) -> dict[str, float]:
     names = _statistics(model)
     if not names:
         return {}
-    return {"state": _relative(_stack(arrays, f"{key}|first", names), _stack(ref_arrays, f"{ref}|first", names)),
-            "final state": _relative(_stack(arrays, f"{key}|final", names), _stack(ref_arrays, f"{ref}|final", names))}
+    return {"state": _relative_gap(arrays, f"{key}|first", ref_arrays, f"{ref}|first", names),
+            "final state": _relative_gap(arrays, f"{key}|final", ref_arrays, f"{ref}|final", names)}
 
 
 def _float64_row(arrays, ref_arrays, model, name) -> Row:
     names = _trainable(model)
     loss = abs(float(arrays[f"{model}|float64|loss"]) - float(ref_arrays[f"{model}|float64|loss"]))
-    grads = _relative(_stack(arrays, f"{model}|float64|grad", names),
-                      _stack(ref_arrays, f"{model}|float64|grad", names))
+    grads = _relative_gap(arrays, f"{model}|float64|grad", ref_arrays, f"{model}|float64|grad", names)
     value = max(loss / abs(float(ref_arrays[f"{model}|float64|loss"])), grads)
     return Row("math (float64)", model, name, "(1 device)", "1", "-", value, TOLERANCE["float64"],
                _verdict(value, TOLERANCE["float64"]), "loss and gradients in float64 vs torch's")
@@ -212,7 +226,7 @@ def _same_math(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0) -
     In float64 rounding is ~1e-15, so anything above TOLERANCE["same math"] is a difference in the math."""
     value = distances(arrays, ref_arrays, key, ref, model, w0)
     names = _trainable(model) + _statistics(model)
-    value["final"] = _relative(_stack(arrays, f"{key}|final", names), _stack(ref_arrays, f"{ref}|final", names))
+    value["final"] = _relative_gap(arrays, f"{key}|final", ref_arrays, f"{ref}|final", names)
     value.pop("k-vs-1")
     value.pop("final state", None)   # inside "final"
     largest = max(value, key=value.get)
@@ -264,8 +278,7 @@ def own_float32_error(arrays, model, strategy) -> float | None:
     names = _trainable(model)
     for bn in ("local", "sync"):
         if f"{model}|{strategy}|1|{bn}|loss" in arrays and f"{model}|float64|loss" in arrays:
-            return _relative(_stack(arrays, f"{model}|{strategy}|1|{bn}|grad", names),
-                             _stack(arrays, f"{model}|float64|grad", names))
+            return _relative_gap(arrays, f"{model}|{strategy}|1|{bn}|grad", arrays, f"{model}|float64|grad", names)
     return None
 
 
@@ -336,7 +349,7 @@ def _larger(*floors: dict | None) -> dict | None:
 
 def _k_vs_1(arrays, key, one, model, name, strategy, k, bn, floor) -> Row:
     names = _trainable(model)
-    diff = float(np.max(np.abs(_stack(arrays, f"{key}|first", names) - _stack(arrays, f"{one}|first", names))))
+    diff = _gap(arrays, f"{key}|first", arrays, f"{one}|first", names)[3]
     if model == "lenet" or bn == "sync":
         tolerance, why = _allowed("k-vs-1", floor)
         return Row("k vs 1 device", model, name, strategy, str(k), bn, diff, tolerance,
