@@ -23,7 +23,7 @@ from common import weights as weightslib
 from common import manifest
 from common.manifest import Manifest
 from common.network import free_port
-from harness import arguments, envs, runner
+from harness import arguments, disk, envs, runner
 from common.config import MODELS, ConfigError, check_model_input, default_dataset, imagenet_shaped
 from harness.arguments import UsageError
 from harness.equivalence import Row, compare, compare_nodes, table
@@ -60,9 +60,8 @@ def measure(name: str, python: str, job: dict, tmp: Path, timeout: float,
     """Run the backend's check worker (runner.launch: its own process group, killed whole on timeout or
     interrupt, its output logged to log_dir or tmp); its arrays and what it could not run."""
     job_path, out = tmp / f"{name}.job.json", tmp / f"{name}.npz"
-    job_path.write_text(json.dumps(job))
     log_path = (log_dir or tmp) / f"check-{name}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    write_job(name, job_path, job, log_path.parent)
     cmd = [python, "-m", f"backends.{name}", "--check", str(job_path), "--result", str(out)]
     try:
         returncode, output = runner.launch(cmd, envs.worker_env(), log_path, timeout)
@@ -73,7 +72,7 @@ def measure(name: str, python: str, job: dict, tmp: Path, timeout: float,
     if returncode or not out.exists():
         tail = "".join(output).strip().splitlines()[-1:] or ["no output"]
         raise CheckError(f"{name} worker failed: {tail[0]}")
-    return measurements(out), json.loads(Path(str(out) + ".skipped.json").read_text())
+    return worker_output(out)
 
 
 def measure_nodes(name: str, python: str, job: dict, nodes: int, tmp: Path, timeout: float,
@@ -84,11 +83,11 @@ def measure_nodes(name: str, python: str, job: dict, nodes: int, tmp: Path, time
     cmds, logs, outs = [], [], []
     for rank in range(nodes):
         job_path, out = tmp / f"{name}.nodes{nodes}.{rank}.job.json", tmp / f"{name}.nodes{nodes}.{rank}.npz"
-        job_path.write_text(json.dumps({**job, "nodes": nodes, "node_rank": rank, "coordinator": coordinator}))
-        cmds.append([python, "-m", f"backends.{name}", "--check", str(job_path), "--result", str(out)])
         logs.append((log_dir or tmp) / f"check-{name}-{nodes}nodes.node{rank}.log")
+        write_job(name, job_path, {**job, "nodes": nodes, "node_rank": rank, "coordinator": coordinator},
+                  logs[0].parent)
+        cmds.append([python, "-m", f"backends.{name}", "--check", str(job_path), "--result", str(out)])
         outs.append(out)
-    logs[0].parent.mkdir(parents=True, exist_ok=True)
     try:
         ended = runner.launch_all(cmds, envs.worker_env(), logs, timeout, grace=runner.NODE_GRACE_S,
                                   failed_grace=runner.FAILED_NODE_GRACE_S)
@@ -101,7 +100,29 @@ def measure_nodes(name: str, python: str, job: dict, nodes: int, tmp: Path, time
         last = "".join(output).strip().splitlines()[-1:] or ["no output"]
         why = "no answer within the timeout" if code is None else last[0]
         raise CheckError(f"{name} on {nodes} nodes: node {rank} failed: {why}")
-    return measurements(outs[0]), json.loads(Path(str(outs[0]) + ".skipped.json").read_text())
+    return worker_output(outs[0])
+
+
+def write_job(name: str, path: Path, job: dict, log_dir: Path) -> None:
+    """A worker's job file and its log folder; a full disk or an unwritable folder is this backend's CheckError."""
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(job))
+    except OSError as e:
+        raise CheckError(f"{name}: {disk.not_written(path, e)}") from None
+
+
+def worker_output(out: Path) -> tuple:
+    """A check worker's measurements and the list of what it could not run (its `.skipped.json`), both
+    untrusted: a file that cannot be read is a CheckError."""
+    skipped = Path(str(out) + ".skipped.json")
+    try:
+        reasons = json.loads(skipped.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckError(f"unreadable {skipped.name}: {e}") from None
+    if not isinstance(reasons, dict) or not all(isinstance(v, str) for v in reasons.values()):
+        raise CheckError(f"unreadable {skipped.name}: not a JSON object of reasons")
+    return measurements(out), reasons
 
 
 def measurements(path: Path):
@@ -127,7 +148,11 @@ def run_checks(backends: dict[str, Manifest], pythons: dict[str, str], models: l
     # The 1-device runs are the references of the float32 floor, the own-float32 rows and k vs 1: always measured.
     measured_counts = sorted(set(counts) | {1})
     with tempfile.TemporaryDirectory() as tmp:
-        shared = prepare(Path(tmp), models, seed, steps, batch_size, dataset, init)
+        try:
+            shared = prepare(Path(tmp), models, seed, steps, batch_size, dataset, init)
+        except OSError as e:   # the temporary folder's disk is full, say: no backend can be measured
+            why = disk.not_written(tmp, e)
+            return [], {name: why for name in backends}, {}
         for name, backend in backends.items():
             if not strategies.get(name):
                 continue

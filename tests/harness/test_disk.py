@@ -16,8 +16,8 @@ import pytest
 from tests.harness.helpers import fake_python
 from tests.harness.test_faults import BASE, finish, start_harness
 
-# Succeeds at once in a 1-device run, then fills the disk its result is on (FAKE_FILL); a 2-device run
-# writes its result as the 1-device one does (it is not reached when the disk is full).
+# Succeeds at once, then fills the disk at FAKE_FILL if it is set; a 2-device run writes its result as the
+# 1-device one does (it is not reached when the disk is full).
 FILLING_WORKER = r'''
 import json, os, sys
 cfg = json.load(open(sys.argv[sys.argv.index("--config") + 1]))
@@ -32,7 +32,7 @@ try:
         while True:
             f.write(b"\0" * 65536)
             f.flush()
-except OSError:
+except (KeyError, OSError):
     pass
 '''
 
@@ -96,3 +96,25 @@ def test_a_disk_that_fills_between_runs_fails_the_next_run_in_one_line_and_keeps
     assert "the results are kept in " + str(kept) in stderr
     runs = json.loads(kept.read_text())["runs"]
     assert [(r["config"]["devices"], r["status"]) for r in runs] == [(1, "ok"), (2, "failed")]
+
+
+def test_a_full_temporary_folder_fails_the_check_in_one_line_and_the_runs_go_on(tmp_path):
+    """The check writes its canonical weights and batches to the temporary folder before any worker starts:
+    a full one fails the check (named in the report), not the harness; the runs still run and report."""
+    script = tmp_path / "worker.py"
+    script.write_text(FILLING_WORKER)
+    python = fake_python(tmp_path, f'exec {sys.executable} {script} "$@"')
+    # Room for Python's probe of the temporary folder (a full one, it silently replaces with /tmp), not for
+    # LeNet's weights (240 kB).
+    with small_disk(tmp_path, 64) as disk:
+        out = tmp_path / "reports"
+        proc = start_harness(*BASE, "--gpus", "1", "--python", f"torch={python}", "--out", str(out),
+                             env={"TMPDIR": str(disk)})
+        code, stderr = finish(proc, timeout=120)
+    assert "Traceback" not in stderr
+    report, = out.glob("*/report.md")
+    text = report.read_text()
+    line, = [x for x in text.splitlines() if x.startswith("- torch: could not be checked:")]
+    assert f"could not write {disk}/" in line and ": No space left on device (" in line and " free there)" in line
+    runs = json.loads((report.parent / "results.json").read_text())["runs"]
+    assert [r["status"] for r in runs] == ["ok"] and code == 0   # (the report's check section is the verdict)
