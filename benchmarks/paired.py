@@ -31,20 +31,25 @@ EXIT_CODES = {"within": 0, "slower": 1, "inconclusive": 3}
 def pair_ratios(b: list[float], a: list[float]) -> list[float]:
     """b[i] / a[i] for each pair (e.g. harness images/s over standalone images/s)."""
     if len(a) != len(b) or not a:
-        raise ValueError(f"need the same number of runs on both sides, at least one (got {len(b)} and {len(a)})")
+        raise ValueError(
+            f"need the same number of runs on both sides, at least one (got {len(b)} and {len(a)})"
+        )
     if min(a) <= 0 or min(b) <= 0:
         raise ValueError("throughputs must be positive")
     return [bi / ai for bi, ai in zip(b, a)]
 
 
-def bootstrap_medians(values: list[float], resamples: int = RESAMPLES, seed: int = 0) -> list[float]:
+def bootstrap_medians(
+    values: list[float], resamples: int = RESAMPLES, seed: int = 0
+) -> list[float]:
     """The median of each of `resamples` resamples (with replacement, same size) of `values`, sorted."""
     rng = random.Random(seed)
     return sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
 
 
-def median_interval(values: list[float], confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
-                    seed: int = 0) -> tuple[float, float]:
+def median_interval(
+    values: list[float], confidence: float = CONFIDENCE, resamples: int = RESAMPLES, seed: int = 0
+) -> tuple[float, float]:
     """Percentile bootstrap interval of the median: the (1-c)/2 and (1+c)/2 quantiles of the resampled medians."""
     medians = bootstrap_medians(values, resamples, seed)
     cut = round((1 - confidence) / 2 * resamples)  # resampled medians left out on each side
@@ -54,7 +59,7 @@ def median_interval(values: list[float], confidence: float = CONFIDENCE, resampl
 def min_pairs(confidence: float = CONFIDENCE) -> int:
     """The fewest pairs whose range covers the median with probability >= confidence: 1 - 2^(1-n) >= c."""
     n = 1
-    while 1 - 2 * 0.5 ** n < confidence:
+    while 1 - 2 * 0.5**n < confidence:
         n += 1
     return n
 
@@ -94,15 +99,25 @@ class Comparison:
         if self.verdict == "slower":
             return f"slower by more than {percent}: {b} is slower than {a}"
         if self.too_few_pairs:
-            return (f"inconclusive: {len(self.ratios)} pairs are too few for a {100 * self.confidence:g}% interval; "
-                    f"run at least {min_pairs(self.confidence)}")
+            return (
+                f"inconclusive: {len(self.ratios)} pairs are too few for a {100 * self.confidence:g}% interval; "
+                f"run at least {min_pairs(self.confidence)}"
+            )
         return f"inconclusive: too noisy, {len(self.ratios)} pairs; run more pairs"
 
 
-def compare(b: list[float], a: list[float], confidence: float = CONFIDENCE, resamples: int = RESAMPLES,
-            seed: int = 0, tolerance: float = TOLERANCE) -> Comparison:
+def compare(
+    b: list[float],
+    a: list[float],
+    confidence: float = CONFIDENCE,
+    resamples: int = RESAMPLES,
+    seed: int = 0,
+    tolerance: float = TOLERANCE,
+) -> Comparison:
     """Per-pair ratios b / a, their median, its bootstrap interval and the verdict on that interval."""
     ratios = pair_ratios(b, a)
     low, high = median_interval(ratios, confidence, resamples, seed)
-    decided = verdict(low, high, tolerance) if len(ratios) >= min_pairs(confidence) else "inconclusive"
+    decided = (
+        verdict(low, high, tolerance) if len(ratios) >= min_pairs(confidence) else "inconclusive"
+    )
     return Comparison(ratios, statistics.median(ratios), low, high, confidence, tolerance, decided)

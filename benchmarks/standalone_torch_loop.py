@@ -23,7 +23,9 @@ def main(argv: list[str]) -> None:
     train_size, batch, threads, seed = map(int, argv[2:6])
     torch.set_num_threads(threads)
     ds = load_fashion_mnist(locate(), train_size, 1)
-    order = epoch_permutation(len(ds.y_train), seed, 0)  # the harness's first epoch, shuffled outside the timer
+    order = epoch_permutation(
+        len(ds.y_train), seed, 0
+    )  # the harness's first epoch, shuffled outside the timer
     xs, ys = torch.from_numpy(ds.x_train[order]), torch.from_numpy(ds.y_train[order]).long()
     weights = initial_weights(model, seed)
     net = build(model)
@@ -42,10 +44,20 @@ def main(argv: list[str]) -> None:
     start_hash = fingerprint(to_canonical(net))
     steps = len(ys) // batch
     start = time.perf_counter()
-    losses = [step(xs[i * batch:(i + 1) * batch], ys[i * batch:(i + 1) * batch]) for i in range(steps)]
+    losses = [
+        step(xs[i * batch : (i + 1) * batch], ys[i * batch : (i + 1) * batch]) for i in range(steps)
+    ]
     seconds = time.perf_counter() - start
-    print(json.dumps({"images_per_s": steps * batch / seconds, "train_loss": float(torch.stack(losses).mean()),
-                      "weights_hash": start_hash, "data_hash": batch_sequence_hash(ds, batch, seed, 1)}))
+    print(
+        json.dumps(
+            {
+                "images_per_s": steps * batch / seconds,
+                "train_loss": float(torch.stack(losses).mean()),
+                "weights_hash": start_hash,
+                "data_hash": batch_sequence_hash(ds, batch, seed, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The profiled side of benchmarks/profile_torch_step.py, run in the torch environment:
 
-    python -m benchmarks.torch_step_profile BATCH STEPS cpu|cuda 0|1(bf16)
+python -m benchmarks.torch_step_profile BATCH STEPS cpu|cuda 0|1(bf16)
 """
 
 import sys
@@ -28,7 +28,7 @@ def main(argv: list[str]) -> None:
         opt.step()
 
     for _ in range(2):
-        step()                                     # warm-up: allocation, autotuning
+        step()  # warm-up: allocation, autotuning
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):
@@ -40,8 +40,10 @@ def main(argv: list[str]) -> None:
     total = sum(getattr(e, key) for e in events)
     conv = sum(getattr(e, key) for e in events if "conv" in e.key.lower())
     print(events.table(sort_by=key, row_limit=12))
-    print(f"convolution operators: {100 * conv / total:.0f}% of self time; "
-          f"{total / steps / 1e3:.1f} ms of operator time per step")
+    print(
+        f"convolution operators: {100 * conv / total:.0f}% of self time; "
+        f"{total / steps / 1e3:.1f} ms of operator time per step"
+    )
 
 
 if __name__ == "__main__":

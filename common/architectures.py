@@ -21,8 +21,12 @@ def _dense(name: str, out_f: int, in_f: int) -> Spec:
 
 
 def _bn(name: str, ch: int) -> Spec:
-    return [(f"{name}.weight", (ch,), "bn_gamma"), (f"{name}.bias", (ch,), "bn_beta"),
-            (f"{name}.running_mean", (ch,), "bn_mean"), (f"{name}.running_var", (ch,), "bn_var")]
+    return [
+        (f"{name}.weight", (ch,), "bn_gamma"),
+        (f"{name}.bias", (ch,), "bn_beta"),
+        (f"{name}.running_mean", (ch,), "bn_mean"),
+        (f"{name}.running_var", (ch,), "bn_var"),
+    ]
 
 
 def _residual(name: str, in_ch: int, out_ch: int, shortcut: bool) -> Spec:
@@ -44,8 +48,12 @@ def resnet18_spec(num_classes: int = 10, in_channels: int = 1) -> Spec:
 
 def lenet_spec(num_classes: int = 10, in_channels: int = 1) -> Spec:
     """d2l's from-scratch LeNet: two convolutions, two dense layers."""
-    return _conv("conv1", 20, in_channels, 3) + _conv("conv2", 50, 20, 5) + \
-        _dense("fc1", 128, 800) + _dense("fc2", num_classes, 128)
+    return (
+        _conv("conv1", 20, in_channels, 3)
+        + _conv("conv2", 50, 20, 5)
+        + _dense("fc1", 128, 800)
+        + _dense("fc2", num_classes, 128)
+    )
 
 
 def _bottleneck(name: str, in_ch: int, planes: int, downsample: bool) -> Spec:
@@ -54,14 +62,21 @@ def _bottleneck(name: str, in_ch: int, planes: int, downsample: bool) -> Spec:
     when the shape changes."""
     spec = _conv(f"{name}.conv1", planes, in_ch, 1, bias=False) + _bn(f"{name}.bn1", planes)
     spec += _conv(f"{name}.conv2", planes, planes, 3, bias=False) + _bn(f"{name}.bn2", planes)
-    spec += _conv(f"{name}.conv3", 4 * planes, planes, 1, bias=False) + _bn(f"{name}.bn3", 4 * planes)
+    spec += _conv(f"{name}.conv3", 4 * planes, planes, 1, bias=False) + _bn(
+        f"{name}.bn3", 4 * planes
+    )
     if downsample:
         spec += _conv(f"{name}.downsample.0", 4 * planes, in_ch, 1, bias=False)
         spec += _bn(f"{name}.downsample.1", 4 * planes)
     return spec
 
 
-RESNET50_LAYERS = ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2))   # (planes, blocks, stride of the first)
+RESNET50_LAYERS = (
+    (64, 3, 1),
+    (128, 4, 2),
+    (256, 6, 2),
+    (512, 3, 2),
+)  # (planes, blocks, stride of the first)
 
 
 def resnet50_spec(num_classes: int = 1000, in_channels: int = 3) -> Spec:

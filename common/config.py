@@ -16,17 +16,23 @@ from common import architectures
 
 MODELS = ("resnet18", "lenet", "resnet50")
 BN_MODES = ("local", "sync")
-INITS = ("d2l", "he")    # the initialisers of common/weights.py
+INITS = ("d2l", "he")  # the initialisers of common/weights.py
 PRECISIONS = ("fp32", "tf32", "bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 MAX_PREFETCH = 16
-MAX_SIMULATED_DEVICES = 16   # --gpus on the CPU: the simulated devices a backend provides (XLA's are made at import)
+MAX_SIMULATED_DEVICES = (
+    16  # --gpus on the CPU: the simulated devices a backend provides (XLA's are made at import)
+)
 # (channels, classes) of each dataset's images; a model takes the datasets of its own input (architectures.INPUTS).
-DATASET_INPUTS = {"fashion-mnist": (1, 10), "synthetic": (1, 10),
-                  "imagenet": (3, 1000), "imagenet-synthetic": (3, 1000)}
+DATASET_INPUTS = {
+    "fashion-mnist": (1, 10),
+    "synthetic": (1, 10),
+    "imagenet": (3, 1000),
+    "imagenet-synthetic": (3, 1000),
+}
 DATASETS = tuple(DATASET_INPUTS)
-MAX_IMAGE_SIZE = 1024    # --image-size: ImageNet-shaped images are resized to this side at most
-MAX_SEED = 2**32 - 1     # numpy's SeedSequence and every framework's seed accept 0..2**32-1
+MAX_IMAGE_SIZE = 1024  # --image-size: ImageNet-shaped images are resized to this side at most
+MAX_SEED = 2**32 - 1  # numpy's SeedSequence and every framework's seed accept 0..2**32-1
 # A fixed bound, not one derived from this host's cores: a config must mean the same on every host (the
 # worker validates it again). 1024 is above the hardware threads of any current CPU; far larger counts
 # make the frameworks' thread pools crash instead of failing cleanly.
@@ -38,6 +44,7 @@ class ConfigError(ValueError):
 
 
 # Checks shared by the run config and `harness check`, so both commands refuse the same values.
+
 
 def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -68,7 +75,9 @@ def check_local_addr(address) -> None:
     try:
         address is None or ipaddress.ip_address(address)
     except ValueError:
-        raise ConfigError(f"--local-addr takes an IP address of this host (got {address!r})") from None
+        raise ConfigError(
+            f"--local-addr takes an IP address of this host (got {address!r})"
+        ) from None
 
 
 def check_interface(name) -> None:
@@ -83,7 +92,9 @@ def check_threads(threads) -> None:
 
 
 def imagenet_shaped(dataset: str) -> bool:
-    return DATASET_INPUTS.get(dataset, (1,))[0] == 3   # (an unknown name: an old or altered results.json)
+    return (
+        DATASET_INPUTS.get(dataset, (1,))[0] == 3
+    )  # (an unknown name: an old or altered results.json)
 
 
 def image_side(model: str, dataset: str, image_size: int | None) -> int:
@@ -109,25 +120,42 @@ def datasets_for(model: str) -> list[str]:
 def check_model_input(model: str, dataset: str, image_size: int | None) -> None:
     """The model takes the dataset's images (channels and classes), at a side it accepts."""
     if dataset not in datasets_for(model):
-        raise ConfigError(f"--model {model} does not take {dataset} images; choose --dataset from "
-                          f"{', '.join(datasets_for(model))}")
+        raise ConfigError(
+            f"--model {model} does not take {dataset} images; choose --dataset from "
+            f"{', '.join(datasets_for(model))}"
+        )
     if image_size is None:
         return
     if not imagenet_shaped(dataset):
-        raise ConfigError(f"--image-size applies to ImageNet-shaped datasets; {dataset} images are 28x28")
+        raise ConfigError(
+            f"--image-size applies to ImageNet-shaped datasets; {dataset} images are 28x28"
+        )
     smallest = architectures.smallest_image_size(model)
-    if not isinstance(image_size, int) or isinstance(image_size, bool) or \
-            not smallest <= image_size <= MAX_IMAGE_SIZE:
-        raise ConfigError(f"--image-size must be between {smallest} and {MAX_IMAGE_SIZE} for {model} "
-                          f"(got {image_size})")
+    if (
+        not isinstance(image_size, int)
+        or isinstance(image_size, bool)
+        or not smallest <= image_size <= MAX_IMAGE_SIZE
+    ):
+        raise ConfigError(
+            f"--image-size must be between {smallest} and {MAX_IMAGE_SIZE} for {model} "
+            f"(got {image_size})"
+        )
 
 
 def parse_address(text) -> tuple[str, int]:
     """("host", port) from "HOST:PORT" (an IPv6 host in brackets: "[::1]:29500"); ConfigError otherwise."""
     host, sep, port = str(text or "").rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535 or any(c.isspace() for c in host):
-        raise ConfigError(f"--coordinator takes HOST:PORT with a port from 1 to 65535 (got {text!r})")
+    if (
+        not sep
+        or not host
+        or not port.isdigit()
+        or not 1 <= int(port) <= 65535
+        or any(c.isspace() for c in host)
+    ):
+        raise ConfigError(
+            f"--coordinator takes HOST:PORT with a port from 1 to 65535 (got {text!r})"
+        )
     return host, int(port)
 
 
@@ -135,59 +163,78 @@ def parse_address(text) -> tuple[str, int]:
 class RunConfig:
     backend: str
     strategy: str
-    devices: int                 # data-parallel replicas
-    device_kind: str = "cpu"     # "gpu" or "cpu"
-    simulated: bool = True       # CPU devices standing in for GPUs
+    devices: int  # data-parallel replicas
+    device_kind: str = "cpu"  # "gpu" or "cpu"
+    simulated: bool = True  # CPU devices standing in for GPUs
     model: str = "resnet18"
     epochs: int = 2
-    batch_size: int = 256        # global batch, split evenly across the devices (as d2l)
+    batch_size: int = 256  # global batch, split evenly across the devices (as d2l)
     lr: float = 0.1
-    train_size: int | None = None   # None: the whole split
+    train_size: int | None = None  # None: the whole split
     test_size: int | None = None
     eval_batch_size: int = 1000
     dataset: str = "fashion-mnist"
-    data_dir: str | None = None   # Fashion-MNIST's files, or the prepared ImageNet-layout images (common/data.py)
-    image_size: int | None = None   # the side of ImageNet-shaped images (None: the model's, 224); Fashion-MNIST is 28
+    data_dir: str | None = (
+        None  # Fashion-MNIST's files, or the prepared ImageNet-layout images (common/data/)
+    )
+    image_size: int | None = (
+        None  # the side of ImageNet-shaped images (None: the model's, 224); Fashion-MNIST is 28
+    )
     seed: int = 0
     timeout: float = 3600.0
-    threads: int | None = None   # CPU threads per process; None: the framework's default
+    threads: int | None = None  # CPU threads per process; None: the framework's default
     # Backend-specific options declared in backends/<name>/backend.toml, e.g. {"kvstore": "device"};
     # the harness fills in every declared default, so a result records exactly what ran.
     options: dict[str, str] = field(default_factory=dict)
     # BatchNorm across devices: "local" (each device its own shard's statistics, as the seeds do)
     # or "sync" (statistics over the global batch: k-device training is 1-device training).
     bn: str = "local"
-    init: str = "d2l"                 # initial weights when none are loaded: d2l's or He-scaled (common/weights.py)
+    init: str = (
+        "d2l"  # initial weights when none are loaded: d2l's or He-scaled (common/weights.py)
+    )
     # Speed levers (the same flag on every backend that has it; backend.toml says which do).
-    precision: str = "fp32"           # fp32 (TF32 off), tf32 (TF32 matmuls/convs), bf16 (bfloat16 compute)
-    compile: bool = False             # torch.compile / (jit is inherent to JAX) / Gluon hybridize
-    channels_last: bool = False       # torch: NHWC memory format for the model and batches
-    resident_data: bool = False       # each epoch's batches copied to the devices before its timer starts
-    compile_mode: str = "default"     # torch.compile's mode: default, reduce-overhead (CUDA graphs), max-autotune
-    prefetch: int = 2                 # batches put on the devices ahead of their step (0: copied inside it)
-    timed_steps: int = 20             # steady-state steps timed one by one after training (step statistics)
+    precision: str = "fp32"  # fp32 (TF32 off), tf32 (TF32 matmuls/convs), bf16 (bfloat16 compute)
+    compile: bool = False  # torch.compile / (jit is inherent to JAX) / Gluon hybridize
+    channels_last: bool = False  # torch: NHWC memory format for the model and batches
+    resident_data: bool = (
+        False  # each epoch's batches copied to the devices before its timer starts
+    )
+    compile_mode: str = (
+        "default"  # torch.compile's mode: default, reduce-overhead (CUDA graphs), max-autotune
+    )
+    prefetch: int = 2  # batches put on the devices ahead of their step (0: copied inside it)
+    timed_steps: int = 20  # steady-state steps timed one by one after training (step statistics)
     # Several processes on one or more hosts ("nodes"): `devices` is the global count, devices // nodes on
     # each node; every node runs the same config with its own node_rank, and joins the framework's engine
     # (torchrun's rendezvous, jax.distributed's coordinator, MXNet's ps-lite scheduler) at `coordinator`.
     nodes: int = 1
     node_rank: int = 0
-    coordinator: str | None = None    # "HOST:PORT" where node 0 listens; needed when nodes > 1
-    loopback_nodes: bool = True       # the nodes are process groups on this host over 127.0.0.1 (simulated)
-    join_timeout: float = 300.0       # across hosts: the longest wait for the other nodes before a run (roll call)
+    coordinator: str | None = None  # "HOST:PORT" where node 0 listens; needed when nodes > 1
+    loopback_nodes: bool = (
+        True  # the nodes are process groups on this host over 127.0.0.1 (simulated)
+    )
+    join_timeout: float = (
+        300.0  # across hosts: the longest wait for the other nodes before a run (roll call)
+    )
     # This node's address as the other nodes reach it, and the interface that holds it, for the engines'
     # transports (gloo, NCCL, ps-lite), which would otherwise take whatever the host's name resolves to.
     local_addr: str | None = None
     interface: str | None = None
-    load_weights: str | None = None   # start from this canonical weights file instead of the seeded init
-    save_weights: str | None = None   # write the canonical weights here after training
+    load_weights: str | None = (
+        None  # start from this canonical weights file instead of the seeded init
+    )
+    save_weights: str | None = None  # write the canonical weights here after training
 
     @property
     def levers(self) -> list[str]:
         """The speed levers that differ from the plain fp32 eager run, e.g. ["bf16", "compile"]."""
         mode = "compile" if self.compile_mode == "default" else f"compile={self.compile_mode}"
         compiled = [mode] if self.compile else []
-        return ([self.precision] if self.precision != "fp32" else []) + compiled + \
-               [name for name in ("channels_last", "resident_data") if getattr(self, name)]
+        return (
+            ([self.precision] if self.precision != "fp32" else [])
+            + compiled
+            + [name for name in ("channels_last", "resident_data") if getattr(self, name)]
+        )
 
     @property
     def variant(self) -> str:
@@ -227,30 +274,44 @@ class RunConfig:
         if self.model not in MODELS:
             raise ConfigError(f"unknown model {self.model!r}; choose from {', '.join(MODELS)}")
         if self.dataset not in DATASETS:
-            raise ConfigError(f"unknown dataset {self.dataset!r}; choose from {', '.join(DATASETS)}")
+            raise ConfigError(
+                f"unknown dataset {self.dataset!r}; choose from {', '.join(DATASETS)}"
+            )
         check_model_input(self.model, self.dataset, self.image_size)
         if self.epochs < (0 if self.load_weights else 1):
-            raise ConfigError(f"--epochs must be at least 1 (got {self.epochs}); "
-                              "0 evaluates the weights given with --load-weights")
+            raise ConfigError(
+                f"--epochs must be at least 1 (got {self.epochs}); "
+                "0 evaluates the weights given with --load-weights"
+            )
         if self.init not in INITS:
             raise ConfigError(f"unknown --init {self.init!r}; choose from {', '.join(INITS)}")
         if self.precision not in PRECISIONS:
-            raise ConfigError(f"unknown --precision {self.precision!r}; choose from {', '.join(PRECISIONS)}")
+            raise ConfigError(
+                f"unknown --precision {self.precision!r}; choose from {', '.join(PRECISIONS)}"
+            )
         if self.compile_mode not in COMPILE_MODES:
-            raise ConfigError(f"unknown --compile-mode {self.compile_mode!r}; choose from {', '.join(COMPILE_MODES)}")
+            raise ConfigError(
+                f"unknown --compile-mode {self.compile_mode!r}; choose from {', '.join(COMPILE_MODES)}"
+            )
         if self.compile_mode != "default" and not self.compile:
             raise ConfigError(f"--compile-mode {self.compile_mode} needs --compile")
         if not 0 <= self.prefetch <= MAX_PREFETCH:
-            raise ConfigError(f"--prefetch must be between 0 and {MAX_PREFETCH} (got {self.prefetch})")
+            raise ConfigError(
+                f"--prefetch must be between 0 and {MAX_PREFETCH} (got {self.prefetch})"
+            )
         if self.timed_steps < 0:
             raise ConfigError(f"--timed-steps must be at least 0 (got {self.timed_steps})")
         if self.bn not in BN_MODES:
             raise ConfigError(f"unknown --bn {self.bn!r}; choose from {', '.join(BN_MODES)}")
         if self.batch_size < self.devices:
-            raise ConfigError(f"--batch-size {self.batch_size} is smaller than the {self.devices} devices")
+            raise ConfigError(
+                f"--batch-size {self.batch_size} is smaller than the {self.devices} devices"
+            )
         if self.batch_size % self.devices:
-            raise ConfigError(f"--batch-size {self.batch_size} cannot be split evenly across "
-                              f"{self.devices} devices (use a multiple of {self.devices})")
+            raise ConfigError(
+                f"--batch-size {self.batch_size} cannot be split evenly across "
+                f"{self.devices} devices (use a multiple of {self.devices})"
+            )
         check_lr(self.lr)
         check_seed(self.seed)
         check_timeout(self.timeout)
@@ -260,7 +321,9 @@ class RunConfig:
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")
         if self.train_size is not None and self.train_size < self.batch_size:
-            raise ConfigError(f"--train-size {self.train_size} is smaller than one batch ({self.batch_size})")
+            raise ConfigError(
+                f"--train-size {self.train_size} is smaller than one batch ({self.batch_size})"
+            )
         if self.device_kind not in ("cpu", "gpu"):
             raise ConfigError(f"unknown device kind {self.device_kind!r}")
         self._validate_nodes()
@@ -270,9 +333,13 @@ class RunConfig:
         if not isinstance(self.nodes, int) or self.nodes < 1:
             raise ConfigError(f"--nodes must be at least 1 (got {self.nodes})")
         if self.devices % self.nodes:
-            raise ConfigError(f"{self.devices} devices cannot be split evenly across {self.nodes} nodes")
+            raise ConfigError(
+                f"{self.devices} devices cannot be split evenly across {self.nodes} nodes"
+            )
         if not isinstance(self.node_rank, int) or not 0 <= self.node_rank < self.nodes:
-            raise ConfigError(f"--node-rank must be between 0 and {self.nodes - 1} (got {self.node_rank})")
+            raise ConfigError(
+                f"--node-rank must be between 0 and {self.nodes - 1} (got {self.node_rank})"
+            )
         if self.nodes > 1 or self.coordinator is not None:
             parse_address(self.coordinator)
         check_join_timeout(self.join_timeout)

@@ -30,9 +30,9 @@ def resnet18_forward(side: int, in_ch: int, classes: int) -> int:
     channels = 64
     for stage, out_ch in enumerate((64, 128, 256, 512)):
         side = out_side(side, 3, 1 if stage == 0 else 2, 1)
-        total += conv(channels, out_ch, 3, side) + conv(out_ch, out_ch, 3, side)     # first block
-        total += conv(channels, out_ch, 1, side) if stage else 0                       # its 1x1 shortcut
-        total += 2 * conv(out_ch, out_ch, 3, side)                                     # second block
+        total += conv(channels, out_ch, 3, side) + conv(out_ch, out_ch, 3, side)  # first block
+        total += conv(channels, out_ch, 1, side) if stage else 0  # its 1x1 shortcut
+        total += 2 * conv(out_ch, out_ch, 3, side)  # second block
         channels = out_ch
     return total + dense(512, classes)
 
@@ -41,7 +41,12 @@ def lenet_forward(side: int, in_ch: int, classes: int) -> int:
     """conv3x3(20), 2x2 pool, conv5x5(50), 2x2 pool, 800-128-classes."""
     side1 = out_side(side, 3)
     side2 = out_side(side1 // 2, 5)
-    return conv(in_ch, 20, 3, side1) + conv(20, 50, 5, side2) + dense(50 * (side2 // 2) ** 2, 128) + dense(128, classes)
+    return (
+        conv(in_ch, 20, 3, side1)
+        + conv(20, 50, 5, side2)
+        + dense(50 * (side2 // 2) ** 2, 128)
+        + dense(128, classes)
+    )
 
 
 def resnet50_forward(side: int, in_ch: int, classes: int) -> int:
@@ -54,8 +59,12 @@ def resnet50_forward(side: int, in_ch: int, classes: int) -> int:
         for block in range(blocks):
             s = stride if block == 0 else 1
             out = out_side(side, 3, s, 1)
-            total += conv(channels, planes, 1, side) + conv(planes, planes, 3, out) + conv(planes, 4 * planes, 1, out)
-            total += conv(channels, 4 * planes, 1, out) if block == 0 else 0           # the downsample
+            total += (
+                conv(channels, planes, 1, side)
+                + conv(planes, planes, 3, out)
+                + conv(planes, 4 * planes, 1, out)
+            )
+            total += conv(channels, 4 * planes, 1, out) if block == 0 else 0  # the downsample
             channels, side = 4 * planes, out
     return total + dense(2048, classes)
 

@@ -25,28 +25,17 @@ A backend supplies a Trainer (common/trainer.py); this module decides what is ti
 
 from __future__ import annotations
 
-import collections
 import itertools
 import math
 import time
-from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 
 from common import data as datalib
 from common import progress, sysinfo
 from common import weights as weightslib
-
-if TYPE_CHECKING:   # (common.trainer builds on this module)
-    from common.trainer import Trainer
-
-
-class Unsupported(Exception):
-    """The request cannot run here (e.g. nn.DataParallel without CUDA). Reported as unavailable."""
-
-
-class Diverged(Exception):
-    """The training loss became NaN or infinite."""
+from common.errors import Diverged
+from common.trainer import Trainer, feed
 
 
 def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
@@ -74,7 +63,9 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
 
     epochs = []
     for epoch in range(cfg.epochs):
-        batches = datalib.train_batches(dataset, cfg.batch_size, cfg.seed, epoch)   # assembled before the timer
+        batches = datalib.train_batches(
+            dataset, cfg.batch_size, cfg.seed, epoch
+        )  # assembled before the timer
         if cfg.resident_data:
             batches = trainer.stage(batches)
         handles = []
@@ -95,7 +86,9 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
         train_loss = loss_sum / images
         if not math.isfinite(train_loss):
             raise Diverged(f"training loss became {train_loss} in epoch {epoch + 1}")
-        test_correct, test_total = trainer.evaluate(datalib.test_batches(dataset, cfg.eval_batch_size))
+        test_correct, test_total = trainer.evaluate(
+            datalib.test_batches(dataset, cfg.eval_batch_size)
+        )
         record = {
             "epoch": epoch + 1,
             "time_s": seconds,
@@ -136,12 +129,16 @@ def time_steps(trainer: Trainer, cfg, dataset: datalib.Dataset) -> list[float]:
     if not cfg.timed_steps:
         return []
     epochs = itertools.count(cfg.epochs)
-    batches = itertools.chain.from_iterable(datalib.train_batches(dataset, cfg.batch_size, cfg.seed, e) for e in epochs)
+    batches = itertools.chain.from_iterable(
+        datalib.train_batches(dataset, cfg.batch_size, cfg.seed, e) for e in epochs
+    )
     batches = list(itertools.islice(batches, cfg.timed_steps))
     if cfg.resident_data:
         batches = trainer.stage(batches)
     seconds = []
-    for x, y in feed(trainer, batches, cfg):   # a step's batch is put (ahead) before its opening barrier
+    for x, y in feed(
+        trainer, batches, cfg
+    ):  # a step's batch is put (ahead) before its opening barrier
         trainer.sync()
         start = time.perf_counter()
         trainer.step(x, y)
@@ -162,53 +159,25 @@ def input_copies(cfg, ahead: str, in_step: str) -> str:
     return f"{cfg.prefetch} batches ahead of their step: {ahead}"
 
 
-def feed(trainer: Trainer, batches: list, cfg) -> Iterable:
-    """The batches as step() takes them: staged ones (--resident-data) as they are, numpy ones put on the
-    devices cfg.prefetch batches ahead of their step (0: as they are, step() copies them itself)."""
-    if cfg.resident_data or not cfg.prefetch:
-        return iter(batches)
-    return prefetched(trainer, batches, cfg.prefetch)
-
-
-def prefetched(trainer: Trainer, batches: Iterable, depth: int) -> Iterable:
-    """Each batch trainer.put() `depth` batches before it is yielded: when the step of batch i is queued,
-    the copies of batches i+1..i+depth are queued too, so the device copies while it computes."""
-    ahead = collections.deque()
-    for x, y in batches:
-        ahead.append(trainer.put(x, y))
-        if len(ahead) > depth:
-            yield ahead.popleft()
-    while ahead:
-        yield ahead.popleft()
-
-
 def step_statistics(seconds: list[float], batch_size: int) -> dict | None:
     """Median and spread (10th and 90th percentiles) of the timed steps, and every step's seconds (the samples
     `harness compare` tests)."""
     if not seconds:
         return None
     median = float(np.median(seconds))
-    return {"steps": len(seconds), "median_s": median, "p10_s": float(np.percentile(seconds, 10)),
-            "p90_s": float(np.percentile(seconds, 90)), "min_s": min(seconds), "max_s": max(seconds),
-            "images_per_s": batch_size / median, "samples_s": [float(s) for s in seconds]}
+    return {
+        "steps": len(seconds),
+        "median_s": median,
+        "p10_s": float(np.percentile(seconds, 10)),
+        "p90_s": float(np.percentile(seconds, 90)),
+        "min_s": min(seconds),
+        "max_s": max(seconds),
+        "images_per_s": batch_size / median,
+        "samples_s": [float(s) for s in seconds],
+    }
 
 
 ALLREDUCE_REPEATS = 10
-
-
-def time_calls(trainer: Trainer, call, repeats: int) -> list[float]:
-    """`call()` once untimed (allocation, compilation), then `repeats` times, each between two device
-    barriers; the slowest rank's seconds for each. The timing rule of the allreduce figure; `call`
-    must leave its work where `trainer.sync()` waits for it (or wait for it itself)."""
-    call()
-    seconds = []
-    for _ in range(repeats):
-        trainer.sync()
-        start = time.perf_counter()
-        call()
-        trainer.sync()
-        seconds.append(trainer.slowest(time.perf_counter() - start))
-    return seconds
 
 
 def allreduce_figure(trainer: Trainer, cfg, step_time: dict | None) -> dict | None:
@@ -222,10 +191,16 @@ def allreduce_figure(trainer: Trainer, cfg, step_time: dict | None) -> dict | No
     values = trainer.param_count()
     seconds = trainer.allreduce_seconds(values, ALLREDUCE_REPEATS)
     median = float(np.median(seconds))
-    figure = {"values": values, "bytes": 4 * values, "repeats": len(seconds), "median_s": median,
-              "p10_s": float(np.percentile(seconds, 10)), "p90_s": float(np.percentile(seconds, 90)),
-              "gb_per_s": 4 * values / median / 1e9 if median > 0 else None,
-              "share_of_step": median / step_time["median_s"] if step_time else None}
+    figure = {
+        "values": values,
+        "bytes": 4 * values,
+        "repeats": len(seconds),
+        "median_s": median,
+        "p10_s": float(np.percentile(seconds, 10)),
+        "p90_s": float(np.percentile(seconds, 90)),
+        "gb_per_s": 4 * values / median / 1e9 if median > 0 else None,
+        "share_of_step": median / step_time["median_s"] if step_time else None,
+    }
     if trainer.rank == 0:
         progress.emit("allreduce", seconds=median)
     return figure
@@ -235,7 +210,10 @@ def save_weights(trainer: Trainer, cfg) -> dict | None:
     """--save-weights: the trained weights, canonical, in one file any backend can load."""
     if not cfg.save_weights or trainer.rank != 0:
         return None
-    return {"path": cfg.save_weights, "sha256": weightslib.save(cfg.save_weights, trainer.canonical())}
+    return {
+        "path": cfg.save_weights,
+        "sha256": weightslib.save(cfg.save_weights, trainer.canonical()),
+    }
 
 
 def evaluate_only(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:

@@ -19,29 +19,34 @@ BACKENDS_DIR = Path(__file__).resolve().parent.parent / "backends"
 class Strategy:
     name: str
     summary: str
-    requires: str | None = None          # "cuda": refused where no GPU is present
-    bn: tuple[str, ...] = ("local",)     # the BatchNorm modes it runs (--bn)
-    engine: str | None = None            # what runs it on several nodes (--nodes); None: one process only
+    requires: str | None = None  # "cuda": refused where no GPU is present
+    bn: tuple[str, ...] = ("local",)  # the BatchNorm modes it runs (--bn)
+    engine: str | None = None  # what runs it on several nodes (--nodes); None: one process only
+    bn_refused: str = ""  # why it has no other BatchNorm mode, where there is more to say
 
 
 @dataclass(frozen=True)
 class Option:
     """A backend-specific switch (`--option NAME=VALUE`), e.g. MXNet's kvstore type."""
+
     name: str
     values: tuple[str, ...]
     default: str
     summary: str = ""
-    strategies: tuple[str, ...] | None = None   # None: applies to every strategy
-    nodes_default: str | None = None            # the default when the sweep has several nodes (a distributed kvstore)
+    strategies: tuple[str, ...] | None = None  # None: applies to every strategy
+    nodes_default: str | None = (
+        None  # the default when the sweep has several nodes (a distributed kvstore)
+    )
 
 
 @dataclass(frozen=True)
 class Lever:
     """A speed lever (--precision, --compile, --channels-last, --resident-data) as a backend offers it."""
+
     name: str
     summary: str = ""
-    values: tuple[str, ...] | None = None   # precision, compile_mode: the values it runs
-    refused: str = ""                       # why the backend does not offer it (or the other values)
+    values: tuple[str, ...] | None = None  # precision, compile_mode: the values it runs
+    refused: str = ""  # why the backend does not offer it (or the other values)
 
 
 @dataclass(frozen=True)
@@ -52,12 +57,18 @@ class Manifest:
     strategies: dict[str, Strategy] = field(default_factory=dict)
     options: dict[str, Option] = field(default_factory=dict)
     levers: dict[str, Lever] = field(default_factory=dict)
-    kernels: tuple[str, ...] = ()       # the libraries whose CPU kernels it runs (the portable pass probes each)
+    kernels: tuple[
+        str, ...
+    ] = ()  # the libraries whose CPU kernels it runs (the portable pass probes each)
     # its test suite's wall time on one core of a 2-core CPU ([tests] minutes): `harness test` starts the longest first
     test_minutes: float = 0.0
 
     def options_for(self, strategy: str) -> dict[str, Option]:
-        return {k: o for k, o in self.options.items() if o.strategies is None or strategy in o.strategies}
+        return {
+            k: o
+            for k, o in self.options.items()
+            if o.strategies is None or strategy in o.strategies
+        }
 
     def option(self, options: dict[str, str], name: str) -> str:
         """The value of option `name` in a run's `options`: the one asked for, else the declared default."""
@@ -77,17 +88,74 @@ def load(name: str) -> Manifest:
     with open(BACKENDS_DIR / name / "backend.toml", "rb") as f:
         d = tomllib.load(f)
     return Manifest(
-        name=d["name"], display=d.get("display", d["name"]), aliases=_strings(d.get("aliases", [])),
-        strategies={k: Strategy(k, v.get("summary", ""), v.get("requires"), _strings(v.get("bn", ["local"])),
-                              v.get("engine"))
-                    for k, v in d.get("strategies", {}).items()},
-        options={k: Option(k, _strings(v["values"]), str(v["default"]), v.get("summary", ""),
-                           _strings(v.get("strategies")), v.get("nodes_default"))
-                 for k, v in d.get("options", {}).items()},
-        levers={k: Lever(k, v.get("summary", ""), _strings(v.get("values")), v.get("refused", ""))
-                for k, v in d.get("levers", {}).items()},
+        name=d["name"],
+        display=d.get("display", d["name"]),
+        aliases=_strings(d.get("aliases", [])),
+        strategies={
+            k: Strategy(
+                k,
+                v.get("summary", ""),
+                v.get("requires"),
+                _strings(v.get("bn", ["local"])),
+                v.get("engine"),
+                v.get("bn_refused", ""),
+            )
+            for k, v in d.get("strategies", {}).items()
+        },
+        options={
+            k: Option(
+                k,
+                _strings(v["values"]),
+                str(v["default"]),
+                v.get("summary", ""),
+                _strings(v.get("strategies")),
+                v.get("nodes_default"),
+            )
+            for k, v in d.get("options", {}).items()
+        },
+        levers={
+            k: Lever(k, v.get("summary", ""), _strings(v.get("values")), v.get("refused", ""))
+            for k, v in d.get("levers", {}).items()
+        },
         kernels=_strings(d.get("kernels", [d["name"]])),
-        test_minutes=float(d.get("tests", {}).get("minutes", 0.0)))
+        test_minutes=float(d.get("tests", {}).get("minutes", 0.0)),
+    )
+
+
+def strategy_refusal(
+    backend: Manifest, strategy: str, device_kind: str, bn: str, nodes: int
+) -> str | None:
+    """Why `strategy` of `backend` cannot run on `device_kind` devices with `bn` BatchNorm on `nodes` nodes, from
+    what backend.toml declares (None: nothing declared stops it). The harness plans with it and every backend's
+    worker refuses with it (common/backend.py)."""
+    if strategy not in backend.strategies:
+        return (
+            f"{backend.name} has no strategy {strategy!r}; it has {', '.join(backend.strategies)}"
+        )
+    if reason := engine_refusal(backend, strategy, nodes):
+        return reason
+    declared = backend.strategies[strategy]
+    if declared.requires == "cuda" and device_kind != "gpu":
+        return f"{backend.name} {strategy} needs CUDA GPUs; none is present ({declared.summary})"
+    if bn not in declared.bn:
+        others = [s.name for s in backend.strategies.values() if bn in s.bn]
+        because = f": {declared.bn_refused}" if declared.bn_refused else ""
+        return (
+            f"{backend.name} {strategy} has no {bn} BatchNorm{because} (it runs: {', '.join(declared.bn)}; "
+            f"--bn {bn} runs with: {', '.join(others) or 'no strategy of ' + backend.name})"
+        )
+    return None
+
+
+def engine_refusal(backend: Manifest, strategy: str, nodes: int) -> str | None:
+    """Why `strategy` cannot run on `nodes` nodes (None: it can)."""
+    if nodes == 1 or backend.strategies[strategy].engine:
+        return None
+    engines = [s.name for s in backend.strategies.values() if s.engine]
+    return (
+        f"{backend.name} {strategy} runs in one process; --nodes {nodes} needs a strategy with a distributed "
+        f"engine ({backend.name}: {', '.join(engines) or 'none'})"
+    )
 
 
 def known() -> tuple[str, ...]:

@@ -8,7 +8,7 @@ import socket
 import struct
 import time
 
-RETRY_S = 0.25   # between connection attempts to a coordinator that is not listening yet
+RETRY_S = 0.25  # between connection attempts to a coordinator that is not listening yet
 
 
 def free_port() -> int:
@@ -29,8 +29,9 @@ def wait_for_coordinator(host: str, port: int, timeout: float, what: str) -> Non
                 return
         except OSError as e:
             if time.monotonic() >= deadline:
-                raise ConnectionError(f"could not reach the {what} at {host}:{port} within {timeout:g} s: {e}") \
-                    from None
+                raise ConnectionError(
+                    f"could not reach the {what} at {host}:{port} within {timeout:g} s: {e}"
+                ) from None
         time.sleep(RETRY_S)
 
 
@@ -71,4 +72,6 @@ def is_local_address(address: str) -> bool:
 
 def listed_interfaces() -> str:
     """This host's interfaces for an error message: "lo 127.0.0.1, eth0 10.0.0.2"."""
-    return ", ".join(f"{name} {address or '(no IPv4 address)'}" for name, address in interfaces().items())
+    return ", ".join(
+        f"{name} {address or '(no IPv4 address)'}" for name, address in interfaces().items()
+    )

@@ -30,8 +30,8 @@ def parse(line: str) -> dict | None:
     if not line.startswith(MARKER):
         return None
     try:
-        record = json.loads(line[len(MARKER):])
-    except (ValueError, RecursionError):   # not JSON, or absurdly nested
+        record = json.loads(line[len(MARKER) :])
+    except (ValueError, RecursionError):  # not JSON, or absurdly nested
         return None
     if not isinstance(record, dict) or not isinstance(record.get("event"), str):
         return None

@@ -27,7 +27,7 @@ from pathlib import Path
 from common.config import RunConfig
 
 SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)    # what load_result and load_results_json accept
+READABLE_VERSIONS = (1, 2)  # what load_result and load_results_json accept
 STATUSES = ("ok", "failed", "diverged", "timeout", "unavailable", "interrupted")
 ERROR_TAIL_CHARS = 2000
 
@@ -83,24 +83,33 @@ def _unfinite(value):
 
 # ------------------------------------------------------------------------ the typed result
 
+
 class _Record:
     """A dataclass read from / written to a JSON object; keys it does not know are kept in `extra`."""
 
-    numeric = True    # its fields are numbers: "nan", "inf" (as _finite writes them) read back as floats
+    numeric = (
+        True  # its fields are numbers: "nan", "inf" (as _finite writes them) read back as floats
+    )
 
     @classmethod
     def from_dict(cls, d: dict):
         names = {f.name for f in fields(cls)} - {"extra"}
-        return cls(**{k: _unfinite(v) if cls.numeric else v for k, v in d.items() if k in names},
-                   extra={k: v for k, v in d.items() if k not in names})
+        return cls(
+            **{k: _unfinite(v) if cls.numeric else v for k, v in d.items() if k in names},
+            extra={k: v for k, v in d.items() if k not in names},
+        )
 
     def to_dict(self) -> dict:
-        return {**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}, **self.extra}
+        return {
+            **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"},
+            **self.extra,
+        }
 
 
 @dataclass(frozen=True)
 class Epoch(_Record):
     """One timed epoch (common/loop.py run_training)."""
+
     epoch: int | None = None
     time_s: float | None = None
     steps: int | None = None
@@ -115,6 +124,7 @@ class Epoch(_Record):
 @dataclass(frozen=True)
 class StepTime(_Record):
     """Steady-state step statistics (common/loop.py step_statistics)."""
+
     steps: int | None = None
     median_s: float | None = None
     p10_s: float | None = None
@@ -122,13 +132,16 @@ class StepTime(_Record):
     min_s: float | None = None
     max_s: float | None = None
     images_per_s: float | None = None
-    samples_s: list[float] | None = None     # every timed step's seconds (absent from results written before)
+    samples_s: list[float] | None = (
+        None  # every timed step's seconds (absent from results written before)
+    )
     extra: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Allreduce(_Record):
     """The strategy's allreduce of a gradient-sized buffer (common/loop.py allreduce_figure)."""
+
     values: int | None = None
     bytes: int | None = None
     repeats: int | None = None
@@ -142,7 +155,7 @@ class Allreduce(_Record):
 
 @dataclass(frozen=True)
 class Memory(_Record):
-    peak_device_mb: float | None = None     # where the framework exposes it
+    peak_device_mb: float | None = None  # where the framework exposes it
     peak_host_rss_mb: float | None = None
     extra: dict = field(default_factory=dict)
 
@@ -158,14 +171,17 @@ class SavedWeights(_Record):
 @dataclass(frozen=True)
 class Result:
     """One worker run as the report reads it. Build with Result.from_dict (schema v1 or v2)."""
+
     status: str
     config: RunConfig
-    environment: dict = field(default_factory=dict)   # free-form, per backend (common/sysinfo.py, backends)
+    environment: dict = field(
+        default_factory=dict
+    )  # free-form, per backend (common/sysinfo.py, backends)
     epochs: tuple[Epoch, ...] = ()
-    compile_s: float | None = None                     # the warm-up step (compilation included)
+    compile_s: float | None = None  # the warm-up step (compilation included)
     params: int | None = None
-    weights_hash: str | None = None                    # the initial weights' canonical fingerprint
-    data_hash: str | None = None                       # the training batch sequence
+    weights_hash: str | None = None  # the initial weights' canonical fingerprint
+    data_hash: str | None = None  # the training batch sequence
     error: str | None = None
     final_test_acc: float | None = None
     saved_weights: SavedWeights | None = None
@@ -174,11 +190,16 @@ class Result:
     memory: Memory | None = None
     test_examples: int | None = None
     train_examples: int | None = None
-    log: str | None = None                             # set by the harness: logs/<run>.log
-    trial: int | None = None                           # set by the harness with --repeat: 1, 2, ... (else None)
-    extra: dict = field(default_factory=dict)          # top-level fields this version does not know
+    log: str | None = None  # set by the harness: logs/<run>.log
+    trial: int | None = None  # set by the harness with --repeat: 1, 2, ... (else None)
+    extra: dict = field(default_factory=dict)  # top-level fields this version does not know
 
-    PARTS = {"step_time": StepTime, "allreduce": Allreduce, "memory": Memory, "saved_weights": SavedWeights}
+    PARTS = {
+        "step_time": StepTime,
+        "allreduce": Allreduce,
+        "memory": Memory,
+        "saved_weights": SavedWeights,
+    }
 
     @classmethod
     def from_dict(cls, d: dict) -> "Result":
@@ -186,14 +207,20 @@ class Result:
         if not isinstance(d, dict) or not isinstance(d.get("config"), dict) or "status" not in d:
             raise ValueError("not a result: it needs a status and a config")
         names = {f.name for f in fields(cls)} - {"extra"}
-        kw = {k: _unfinite(v) if k in ("compile_s", "final_test_acc") else v for k, v in d.items() if k in names}
+        kw = {
+            k: _unfinite(v) if k in ("compile_s", "final_test_acc") else v
+            for k, v in d.items()
+            if k in names
+        }
         # A config without prefetch predates the lever: each step copied its own batch (--prefetch 0).
         kw["config"] = RunConfig.from_dict({"prefetch": 0, **d["config"]})
         kw["environment"] = dict(d.get("environment") or {})
         kw["epochs"] = tuple(Epoch.from_dict(e) for e in d.get("epochs") or [])
         for name, part in cls.PARTS.items():
             value = d.get(name)
-            kw[name] = part.from_dict(value) if value or (name == "memory" and value is not None) else None
+            kw[name] = (
+                part.from_dict(value) if value or (name == "memory" and value is not None) else None
+            )
         extra = {k: v for k, v in d.items() if k not in names and k != "schema_version"}
         return cls(**kw, extra=extra)
 
@@ -234,6 +261,7 @@ class Result:
 
 # ------------------------------------------------------------------------ results on the wire (dicts)
 
+
 def new_result(config: dict, status: str = "failed") -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
@@ -264,7 +292,7 @@ def _read_json(path):
     try:
         with open(path) as f:
             return json.load(f)
-    except (ValueError, RecursionError) as e:   # not JSON (or not UTF-8), or absurdly nested
+    except (ValueError, RecursionError) as e:  # not JSON (or not UTF-8), or absurdly nested
         raise ValueError(f"{path}: not a JSON file ({type(e).__name__})") from None
 
 
@@ -293,7 +321,9 @@ def load_results_json(path) -> tuple[list[Result], dict]:
     except OSError as e:
         raise ValueError(f"{path}: cannot be read ({e.strerror or type(e).__name__})") from None
     if not isinstance(doc, dict) or doc.get("schema_version") not in READABLE_VERSIONS:
-        raise ValueError(f"{path}: not a results.json of schema {' or '.join(f'v{v}' for v in READABLE_VERSIONS)}")
+        raise ValueError(
+            f"{path}: not a results.json of schema {' or '.join(f'v{v}' for v in READABLE_VERSIONS)}"
+        )
     if not isinstance(doc.get("runs"), list):
         raise ValueError(f"{path}: it has no list of runs")
     for name in META_FIELDS:
@@ -309,10 +339,18 @@ def load_results_json(path) -> tuple[list[Result], dict]:
 
 
 # Optional top-level fields and the types the report can use.
-FIELD_TYPES = {"environment": dict, "error": (str, type(None)), "epochs": list, "memory": (dict, type(None)),
-               "step_time": (dict, type(None)), "allreduce": (dict, type(None)),
-               "weights_hash": (str, type(None)), "data_hash": (str, type(None)), "log": (str, type(None)),
-               "saved_weights": (dict, type(None))}
+FIELD_TYPES = {
+    "environment": dict,
+    "error": (str, type(None)),
+    "epochs": list,
+    "memory": (dict, type(None)),
+    "step_time": (dict, type(None)),
+    "allreduce": (dict, type(None)),
+    "weights_hash": (str, type(None)),
+    "data_hash": (str, type(None)),
+    "log": (str, type(None)),
+    "saved_weights": (dict, type(None)),
+}
 EPOCH_FIELDS = tuple(f.name for f in fields(Epoch) if f.name != "extra")
 
 
@@ -336,10 +374,13 @@ def result_problem(result, config: dict | None = None) -> str | None:
         if result.get(name) is not None and not _number(result[name]):
             return f"{name} is not a number"
     environment = result.get("environment") or {}
-    if not isinstance(environment.get("devices") or [], list) or \
-            not isinstance(environment.get("precision") or {}, dict):
+    if not isinstance(environment.get("devices") or [], list) or not isinstance(
+        environment.get("precision") or {}, dict
+    ):
         return "environment.devices or environment.precision has the wrong type"
-    if result.get("trial") is not None and not (type(result["trial"]) is int and result["trial"] >= 1):
+    if result.get("trial") is not None and not (
+        type(result["trial"]) is int and result["trial"] >= 1
+    ):
         return "trial is not a positive whole number"
     return _metrics_problem(result) if result["status"] == "ok" else None
 
@@ -347,8 +388,14 @@ def result_problem(result, config: dict | None = None) -> str | None:
 def _config_types() -> dict:
     kinds = {}
     for name, hint in typing.get_type_hints(RunConfig).items():
-        args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, type(int | None)) else (hint,)
-        kinds[name] = tuple({float: (int, float)}.get(a, (typing.get_origin(a) or a,)) for a in args)
+        args = (
+            typing.get_args(hint)
+            if typing.get_origin(hint) in (typing.Union, type(int | None))
+            else (hint,)
+        )
+        kinds[name] = tuple(
+            {float: (int, float)}.get(a, (typing.get_origin(a) or a,)) for a in args
+        )
     return {name: tuple(t for group in groups for t in group) for name, groups in kinds.items()}
 
 
@@ -365,7 +412,9 @@ def config_problem(config) -> str | None:
             return f"its config lacks {name}"
     for name, kinds in CONFIG_TYPES.items():
         value = config.get(name)
-        if name in config and (not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds):
+        if name in config and (
+            not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds
+        ):
             return f"config.{name} is a {type(value).__name__}"
     if config["devices"] < 1:
         return "config.devices is not positive"
@@ -374,27 +423,37 @@ def config_problem(config) -> str | None:
 
 def _metrics_problem(result: dict) -> str | None:
     for epoch in result.get("epochs") or []:
-        if not isinstance(epoch, dict) or not all(_number(epoch.get(name)) for name in EPOCH_FIELDS):
+        if not isinstance(epoch, dict) or not all(
+            _number(epoch.get(name)) for name in EPOCH_FIELDS
+        ):
             return f"an epoch record lacks one of {', '.join(EPOCH_FIELDS)} (finite numbers)"
         if epoch["time_s"] <= 0:
             return "an epoch took no time"
-    required = {"step_time": ("median_s", "p10_s", "p90_s", "steps"), "allreduce": ("median_s", "bytes"),
-                "memory": ()}
-    optional = {"step_time": ("images_per_s",), "allreduce": ("gb_per_s", "share_of_step"),
-                "memory": ("peak_device_mb", "peak_host_rss_mb")}
+    required = {
+        "step_time": ("median_s", "p10_s", "p90_s", "steps"),
+        "allreduce": ("median_s", "bytes"),
+        "memory": (),
+    }
+    optional = {
+        "step_time": ("images_per_s",),
+        "allreduce": ("gb_per_s", "share_of_step"),
+        "memory": ("peak_device_mb", "peak_host_rss_mb"),
+    }
     for name in required:
         part = result.get(name)
         if part is None:
             continue
-        if not all(_number(part.get(k)) for k in required[name]) or \
-                not all(part.get(k) is None or _number(part[k]) for k in optional[name]):
+        if not all(_number(part.get(k)) for k in required[name]) or not all(
+            part.get(k) is None or _number(part[k]) for k in optional[name]
+        ):
             return f"{name} lacks a field or has one that is not a number"
     samples = (result.get("step_time") or {}).get("samples_s")
-    if samples is not None and not (isinstance(samples, list) and all(_number(s) and s > 0 for s in samples)):
+    if samples is not None and not (
+        isinstance(samples, list) and all(_number(s) and s > 0 for s in samples)
+    ):
         return "step_time.samples_s is not a list of positive numbers"
     return None
 
 
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-

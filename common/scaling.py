@@ -28,52 +28,91 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class Link:
-    gb_per_s: float     # one direction, per device (or per NIC), in 1e9 bytes/s
-    latency_s: float    # per ring step
+    gb_per_s: float  # one direction, per device (or per NIC), in 1e9 bytes/s
+    latency_s: float  # per ring step
 
 
 @dataclass(frozen=True)
 class Profile:
     """An interconnect: devices per host, the link between them, and the NICs between hosts."""
+
     name: str
     summary: str
     devices_per_host: int
     inside: Link
-    between: Link | None = None      # one NIC; None: a single host
+    between: Link | None = None  # one NIC; None: a single host
     nics_per_host: int = 1
-    shared: bool = False             # the devices share the host's cores and memory bus (simulated devices)
+    shared: bool = False  # the devices share the host's cores and memory bus (simulated devices)
     source: str = ""
 
 
-NCCL_LATENCY = ("per-step latencies: NCCL's tuning model (src/graph/tuning.cc: ring, Simple protocol, "
-                "NVLink and PCIe 5.7 us, network 6.6 us)")
+NCCL_LATENCY = (
+    "per-step latencies: NCCL's tuning model (src/graph/tuning.cc: ring, Simple protocol, "
+    "NVLink and PCIe 5.7 us, network 6.6 us)"
+)
 NVLINK_US, PCIE_US, NET_US = 5.7e-6, 5.7e-6, 6.6e-6
 
 # Declared interconnects. NVLink bandwidth: the datasheet's total per GPU, halved for one direction.
-PROFILES = {p.name: p for p in [
-    Profile("nvlink8-100g", "8 H100 per host on NVLink 4, one 100 Gbit/s NIC per host", 8,
-            Link(450, NVLINK_US), Link(12.5, NET_US), 1,
-            source="NVIDIA H100 SXM datasheet (NVLink 900 GB/s); a 100 Gbit/s Ethernet NIC; " + NCCL_LATENCY),
-    Profile("nvlink8-400g", "8 H100 per host on NVLink 4, eight 400 Gbit/s NICs per host (one per GPU)", 8,
-            Link(450, NVLINK_US), Link(50, NET_US), 8,
+PROFILES = {
+    p.name: p
+    for p in [
+        Profile(
+            "nvlink8-100g",
+            "8 H100 per host on NVLink 4, one 100 Gbit/s NIC per host",
+            8,
+            Link(450, NVLINK_US),
+            Link(12.5, NET_US),
+            1,
+            source="NVIDIA H100 SXM datasheet (NVLink 900 GB/s); a 100 Gbit/s Ethernet NIC; "
+            + NCCL_LATENCY,
+        ),
+        Profile(
+            "nvlink8-400g",
+            "8 H100 per host on NVLink 4, eight 400 Gbit/s NICs per host (one per GPU)",
+            8,
+            Link(450, NVLINK_US),
+            Link(50, NET_US),
+            8,
             source="NVIDIA H100 SXM datasheet (NVLink 900 GB/s); DGX H100 (8x ConnectX-7 400 Gbit/s); "
-                   + NCCL_LATENCY),
-    Profile("dgx-a100", "DGX A100: 8 A100 on NVLink 3, eight 200 Gbit/s HDR InfiniBand NICs", 8,
-            Link(300, NVLINK_US), Link(25, NET_US), 8,
+            + NCCL_LATENCY,
+        ),
+        Profile(
+            "dgx-a100",
+            "DGX A100: 8 A100 on NVLink 3, eight 200 Gbit/s HDR InfiniBand NICs",
+            8,
+            Link(300, NVLINK_US),
+            Link(25, NET_US),
+            8,
             source="NVIDIA A100 datasheet (NVLink 600 GB/s); DGX A100 (8x ConnectX-6 HDR 200 Gbit/s); "
-                   + NCCL_LATENCY),
-    Profile("dgx1-v100", "DGX-1: 8 V100 on NVLink 2, four 100 Gbit/s EDR InfiniBand NICs", 8,
-            Link(150, NVLINK_US), Link(12.5, NET_US), 4,
-            source="NVIDIA V100 SXM2 datasheet (NVLink 300 GB/s); DGX-1 (4x EDR 100 Gbit/s); " + NCCL_LATENCY),
-    Profile("pcie4-25g", "4 GPUs per host on PCIe 3.0 x16, one 25 Gbit/s RoCE NIC per host", 4,
-            Link(15.75, PCIE_US), Link(3.125, NET_US), 1,
+            + NCCL_LATENCY,
+        ),
+        Profile(
+            "dgx1-v100",
+            "DGX-1: 8 V100 on NVLink 2, four 100 Gbit/s EDR InfiniBand NICs",
+            8,
+            Link(150, NVLINK_US),
+            Link(12.5, NET_US),
+            4,
+            source="NVIDIA V100 SXM2 datasheet (NVLink 300 GB/s); DGX-1 (4x EDR 100 Gbit/s); "
+            + NCCL_LATENCY,
+        ),
+        Profile(
+            "pcie4-25g",
+            "4 GPUs per host on PCIe 3.0 x16, one 25 Gbit/s RoCE NIC per host",
+            4,
+            Link(15.75, PCIE_US),
+            Link(3.125, NET_US),
+            1,
             source="PCIe 3.0 x16 (15.75 GB/s one way); the 25 Gbit/s network of Horovod's 512-GPU benchmark; "
-                   + NCCL_LATENCY),
-]}
+            + NCCL_LATENCY,
+        ),
+    ]
+}
 DEFAULT_PROFILES = ("nvlink8-100g", "nvlink8-400g")
 
 
 # ------------------------------------------------------------------------------ allreduce time
+
 
 def ring_seconds(nbytes: float, n: int, link: Link) -> float:
     """Ring allreduce of `nbytes` over n devices, each on its own link."""
@@ -85,10 +124,14 @@ def shared_ring_seconds(nbytes: float, n: int, link: Link) -> float:
     return n * ring_seconds(nbytes, n, link)
 
 
-def hierarchical_seconds(nbytes: float, hosts: int, per_host: int, inside: Link, nic: Link, nics: int) -> float:
+def hierarchical_seconds(
+    nbytes: float, hosts: int, per_host: int, inside: Link, nic: Link, nics: int
+) -> float:
     """Reduce-scatter and all-gather inside each host, a ring of each device's shard across the hosts."""
     shard = nbytes / per_host
-    nic_share = Link(nic.gb_per_s * nics / per_host, nic.latency_s)   # one device's share of the host's NICs
+    nic_share = Link(
+        nic.gb_per_s * nics / per_host, nic.latency_s
+    )  # one device's share of the host's NICs
     return ring_seconds(nbytes, per_host, inside) + ring_seconds(shard, hosts, nic_share)
 
 
@@ -102,14 +145,18 @@ def allreduce_seconds(nbytes: float, n: int, profile: Profile) -> float:
         return ring_seconds(nbytes, n, profile.inside)
     if profile.between is None or n % g:
         raise ValueError(f"{profile.name}: {n} devices are not whole hosts of {g}")
-    return hierarchical_seconds(nbytes, n // g, g, profile.inside, profile.between, profile.nics_per_host)
+    return hierarchical_seconds(
+        nbytes, n // g, g, profile.inside, profile.between, profile.nics_per_host
+    )
 
 
 # ------------------------------------------------------------------------------ the pieces and the projection
 
+
 @dataclass(frozen=True)
 class Measured:
     """One run's figures: its devices (nodes among them), median step and allreduce seconds."""
+
     devices: int
     nodes: int
     step_s: float
@@ -119,16 +166,19 @@ class Measured:
 @dataclass(frozen=True)
 class Pieces:
     """What the projection needs of one backend and strategy, and where each piece came from."""
-    name: str                    # "torch ddp", "torch ddp on nodes", ...
+
+    name: str  # "torch ddp", "torch ddp on nodes", ...
     per_device_batch: int
     nbytes: int
-    compute_s: float             # one device's step without communication (each device its own compute)
+    compute_s: float  # one device's step without communication (each device its own compute)
     overlap: float
     overlap_note: str
     measured: tuple[Measured, ...]
-    shared_compute_s: float | None = None   # on a shared host: one replica's share of the host's step
-    host_link: Link | None = None           # the link measured on this host (latency folded into bandwidth)
-    fitted_at: int | None = None            # the device count the host figures were fitted at
+    shared_compute_s: float | None = (
+        None  # on a shared host: one replica's share of the host's step
+    )
+    host_link: Link | None = None  # the link measured on this host (latency folded into bandwidth)
+    fitted_at: int | None = None  # the device count the host figures were fitted at
 
 
 def fit_shared_host(run: Measured, nbytes: int) -> tuple[float, Link]:
@@ -145,7 +195,9 @@ def measured_overlap(one: Measured, run: Measured) -> float:
     return min(1.0, max(0.0, 1 - exposed / run.allreduce_s))
 
 
-def pieces(name: str, per_device_batch: int, nbytes: int, runs: list[Measured], shared: bool) -> Pieces:
+def pieces(
+    name: str, per_device_batch: int, nbytes: int, runs: list[Measured], shared: bool
+) -> Pieces:
     """The pieces of one backend and strategy from its runs (at least one). On a shared host the host's figures
     are fitted at the smallest count above 1 and the rest of the runs are left to check the model."""
     runs = sorted(runs, key=lambda r: r.devices)
@@ -161,17 +213,31 @@ def pieces(name: str, per_device_batch: int, nbytes: int, runs: list[Measured], 
         if not several:
             return replace(base, overlap_note=note)
         c, link = fit_shared_host(several[0], nbytes)
-        if c <= 0:   # an allreduce figure longer than the step: nothing to fit
+        if c <= 0:  # an allreduce figure longer than the step: nothing to fit
             return replace(base, overlap_note=note)
-        return replace(base, compute_s=one.step_s if one else c, overlap_note=note, shared_compute_s=c,
-                       host_link=link, fitted_at=several[0].devices)
+        return replace(
+            base,
+            compute_s=one.step_s if one else c,
+            overlap_note=note,
+            shared_compute_s=c,
+            host_link=link,
+            fitted_at=several[0].devices,
+        )
     if one is None or not several:
-        return replace(base, overlap_note="not measured (needs a 1-device run and a run on several); none counted")
+        return replace(
+            base,
+            overlap_note="not measured (needs a 1-device run and a run on several); none counted",
+        )
     last = several[-1]
     k = last.devices
     link = Link(2 * (k - 1) / k * nbytes / last.allreduce_s / GB, 0.0)
-    return replace(base, overlap=measured_overlap(one, last), host_link=link, fitted_at=k,
-                   overlap_note=f"measured at {k} devices")
+    return replace(
+        base,
+        overlap=measured_overlap(one, last),
+        host_link=link,
+        fitted_at=k,
+        overlap_note=f"measured at {k} devices",
+    )
 
 
 def host_profile(p: Pieces, shared: bool) -> Profile | None:
@@ -179,8 +245,14 @@ def host_profile(p: Pieces, shared: bool) -> Profile | None:
     if p.host_link is None:
         return None
     devices = max(r.devices for r in p.measured)
-    return Profile("measured", f"this host, as measured ({p.host_link.gb_per_s:.3g} GB/s at {p.fitted_at} devices)",
-                   devices, p.host_link, shared=shared, source="the run's own allreduce figure")
+    return Profile(
+        "measured",
+        f"this host, as measured ({p.host_link.gb_per_s:.3g} GB/s at {p.fitted_at} devices)",
+        devices,
+        p.host_link,
+        shared=shared,
+        source="the run's own allreduce figure",
+    )
 
 
 @dataclass(frozen=True)
@@ -201,7 +273,11 @@ def project(p: Pieces, profile: Profile, counts: list[int]) -> list[Point]:
         reduce = allreduce_seconds(p.nbytes, n, profile)
         step = compute + (1 - (0.0 if profile.shared else p.overlap)) * reduce
         points.append(Point(n, compute, reduce, step, n * p.per_device_batch / step, 0.0))
-    single = points[0].images_per_s if points and points[0].devices == 1 else p.per_device_batch / p.compute_s
+    single = (
+        points[0].images_per_s
+        if points and points[0].devices == 1
+        else p.per_device_batch / p.compute_s
+    )
     return [replace(q, efficiency=q.images_per_s / (q.devices * single)) for q in points]
 
 

@@ -27,6 +27,7 @@ def usable_cpus() -> int:
 
 def host() -> dict:
     import numpy
+
     return {
         "python": platform.python_version(),
         "numpy": numpy.__version__,
@@ -45,16 +46,32 @@ def peak_rss_mb() -> float:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0   # kB
+                    return int(line.split()[1]) / 1024.0  # kB
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def environment(cfg, *, framework: str, version: str, libraries: dict[str, str], cuda: str | None,
-                cudnn: str | None, devices: list[str], framework_gpus: int, processes: int, threads: int,
-                precision: dict, compile: str | None, input_copies: str, sgd_update: str, collective: str | None,
-                batchnorm: str, details: dict) -> dict:
+def environment(
+    cfg,
+    *,
+    framework: str,
+    version: str,
+    libraries: dict[str, str],
+    cuda: str | None,
+    cudnn: str | None,
+    devices: list[str],
+    framework_gpus: int,
+    processes: int,
+    threads: int,
+    precision: dict,
+    compile: str | None,
+    input_copies: str,
+    sgd_update: str,
+    collective: str | None,
+    batchnorm: str,
+    details: dict,
+) -> dict:
     """A run's environment record, one shape for every backend (docs/ARCHITECTURE.md, Glossary):
     the host, the framework and the libraries it trains with, what it sees, how it runs, and
     `details`, the backend's own settings (a kvstore type, a memory format) under their own names.
@@ -68,14 +85,19 @@ def environment(cfg, *, framework: str, version: str, libraries: dict[str, str],
         "cuda": cuda,
         "cudnn": cudnn,
         "devices": devices,
-        "framework_gpus": framework_gpus,   # what the framework itself sees, whatever the harness found
-        "nodes": cfg.nodes,                 # process groups / hosts (loopback_nodes: on this one host)
+        "framework_gpus": framework_gpus,  # what the framework itself sees, whatever the harness found
+        "nodes": cfg.nodes,  # process groups / hosts (loopback_nodes: on this one host)
         "loopback_nodes": cfg.nodes > 1 and cfg.loopback_nodes,
-        "processes": processes,             # every node's processes, every role (a kvstore's servers too)
+        "processes": processes,  # every node's processes, every role (a kvstore's servers too)
         "threads_per_process": threads,
         "precision": {"mode": cfg.precision, **precision},
-        "levers": {"precision": cfg.precision, "compile": bool(cfg.compile), "channels_last": bool(cfg.channels_last),
-                   "resident_data": bool(cfg.resident_data), "prefetch": cfg.prefetch},
+        "levers": {
+            "precision": cfg.precision,
+            "compile": bool(cfg.compile),
+            "channels_last": bool(cfg.channels_last),
+            "resident_data": bool(cfg.resident_data),
+            "prefetch": cfg.prefetch,
+        },
         "compile": compile,
         "input_copies": input_copies,
         "sgd_update": sgd_update,

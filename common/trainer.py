@@ -38,24 +38,43 @@ Below the class: the two probes of the equivalence API, the same for every backe
 
 from __future__ import annotations
 
+import collections
+import time
 from typing import Any, Iterable
 
 import numpy as np
 
-from common.config import RunConfig, datasets_for
-from common.loop import feed, time_calls
+from common.config import RunConfig
 
 # The public methods of a trainer, in the order every strategies.py defines them.
-METHODS = ("__init__", "reset", "place", "put", "stage", "step", "reduce_gradients", "update", "collect",
-           "sync", "slowest", "allreduce_seconds", "allreduce_op", "average_bn_statistics", "canonical",
-           "canonical_gradients", "evaluate", "param_count", "memory")
+METHODS = (
+    "__init__",
+    "reset",
+    "place",
+    "put",
+    "stage",
+    "step",
+    "reduce_gradients",
+    "update",
+    "collect",
+    "sync",
+    "slowest",
+    "allreduce_seconds",
+    "allreduce_op",
+    "average_bn_statistics",
+    "canonical",
+    "canonical_gradients",
+    "evaluate",
+    "param_count",
+    "memory",
+)
 
 
 class Trainer:
     """The base every strategy subclasses: the shared state and the methods that are the same everywhere.
     A subclass supplies what its framework does differently and nothing else."""
 
-    rank = 0   # the process's rank; only multi-process strategies change it, and only rank 0 reports
+    rank = 0  # the process's rank; only multi-process strategies change it, and only rank 0 reports
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         self.cfg, self.weights, self.dtype = cfg, weights, dtype
@@ -122,7 +141,46 @@ class Trainer:
         return {}
 
 
+# ----------------------------------------------------------------------- driving a trainer
+
+
+def feed(trainer: Trainer, batches: list, cfg) -> Iterable:
+    """The batches as step() takes them: staged ones (--resident-data) as they are, numpy ones put on the
+    devices cfg.prefetch batches ahead of their step (0: as they are, step() copies them itself)."""
+    if cfg.resident_data or not cfg.prefetch:
+        return iter(batches)
+    return prefetched(trainer, batches, cfg.prefetch)
+
+
+def prefetched(trainer: Trainer, batches: Iterable, depth: int) -> Iterable:
+    """Each batch trainer.put() `depth` batches before it is yielded: when the step of batch i is queued,
+    the copies of batches i+1..i+depth are queued too, so the device copies while it computes."""
+    ahead = collections.deque()
+    for x, y in batches:
+        ahead.append(trainer.put(x, y))
+        if len(ahead) > depth:
+            yield ahead.popleft()
+    while ahead:
+        yield ahead.popleft()
+
+
+def time_calls(trainer: Trainer, call, repeats: int) -> list[float]:
+    """`call()` once untimed (allocation, compilation), then `repeats` times, each between two device
+    barriers; the slowest rank's seconds for each. The timing rule of the allreduce figure; `call`
+    must leave its work where `trainer.sync()` waits for it (or wait for it itself)."""
+    call()
+    seconds = []
+    for _ in range(repeats):
+        trainer.sync()
+        start = time.perf_counter()
+        call()
+        trainer.sync()
+        seconds.append(trainer.slowest(time.perf_counter() - start))
+    return seconds
+
+
 # ----------------------------------------------------------------------- the equivalence probes
+
 
 def fed(trainer: Trainer, batches: list) -> Iterable:
     """The batches as training feeds them to step(): staged (--resident-data), else put --prefetch ahead."""
@@ -151,14 +209,3 @@ def trace(trainer: Trainer, batches: list) -> dict:
 
 
 PROBES = {"gradients": first_gradients, "trace": trace}
-
-
-def probe_config(backend: str, strategy: str, model: str, n_devices: int, batch_size: int, lr: float,
-                 bn: str, device_kind: str, options: dict | None, levers: dict) -> RunConfig:
-    """The run config of an equivalence call (gradients, train_trace, train_steps), validated.
-    `options`: backend options (backend.toml's [options]); `levers`: RunConfig's precision, compile,
-    channels_last, resident_data, prefetch."""
-    dataset = datasets_for(model)[0]   # the batches are the caller's: a dataset of the images the model takes
-    return RunConfig(backend=backend, strategy=strategy, devices=n_devices, device_kind=device_kind, model=model,
-                     dataset=dataset, batch_size=batch_size, lr=lr, bn=bn, options=dict(options or {}),
-                     **levers).validate()

@@ -12,16 +12,13 @@ Canonical layout: NCHW activations, conv kernels (out, in, kh, kw), dense (out, 
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 import zlib
-from pathlib import Path
 
 import numpy as np
 
 from common import architectures
 from common.config import INITS
-from common.results import publish
+from common.results import write_atomic
 
 INIT_STD = 0.01
 # "d2l": kernels ~ N(0, 0.01^2), the seeds' recipe and every run's default.
@@ -31,7 +28,9 @@ INIT_STD = 0.01
 # comparisons at 1e-4 measure the math rather than float32 rounding (see `harness check`).
 
 
-def init_canonical(spec: list[tuple[str, tuple[int, ...], str]], seed: int) -> dict[str, np.ndarray]:
+def init_canonical(
+    spec: list[tuple[str, tuple[int, ...], str]], seed: int
+) -> dict[str, np.ndarray]:
     weights = {}
     for name, shape, kind in spec:
         if kind in ("conv", "dense"):
@@ -95,19 +94,10 @@ HASH_KEY = "__sha256__"
 
 def save(path, weights: dict[str, np.ndarray]) -> str:
     """Write canonical weights as .npz with their fingerprint inside, atomically; return the fingerprint."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     digest = fingerprint(weights)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **{k: np.asarray(v, dtype=np.float32) for k, v in weights.items()},
-                     **{HASH_KEY: np.frombuffer(digest.encode(), dtype=np.uint8)})
-        publish(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    arrays = {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()}
+    arrays[HASH_KEY] = np.frombuffer(digest.encode(), dtype=np.uint8)
+    write_atomic(path, lambda f: np.savez(f, **arrays), mode="wb")
     return digest
 
 
@@ -115,8 +105,10 @@ def _read_npz(path) -> tuple[str | None, dict[str, np.ndarray]]:
     """(the recorded fingerprint, the arrays) of an .npz file; every array is read now, so a damaged member
     fails here."""
     with open(path, "rb") as raw:
-        if raw.read(4) != b"PK\x03\x04":   # np.load would also accept .npy and pickles
-            raise WeightsError(f"cannot read weights file {path}: not an .npz archive (as --save-weights writes)")
+        if raw.read(4) != b"PK\x03\x04":  # np.load would also accept .npy and pickles
+            raise WeightsError(
+                f"cannot read weights file {path}: not an .npz archive (as --save-weights writes)"
+            )
     with np.load(path, allow_pickle=False) as f:
         stored = bytes(f[HASH_KEY]).decode() if HASH_KEY in f.files else None
         return stored, {k: f[k] for k in f.files if k != HASH_KEY}
@@ -129,7 +121,7 @@ def load(path, model: str | None = None) -> dict[str, np.ndarray]:
         matches = stored is not None and stored == fingerprint(weights)
     except WeightsError:
         raise
-    except Exception as e:   # noqa: BLE001 - a damaged archive fails in many ways (zip, CRC, zlib, EOF, dtype)
+    except Exception as e:  # noqa: BLE001 - a damaged archive fails in many ways (zip, CRC, zlib, EOF, dtype)
         detail = (str(e).strip().splitlines() or [""])[0]
         reason = type(e).__name__ + (f": {detail}" if detail else "")
         raise WeightsError(f"cannot read weights file {path}: {reason}") from None
@@ -139,6 +131,8 @@ def load(path, model: str | None = None) -> dict[str, np.ndarray]:
         expected = {name: shape for name, shape, _ in architectures.spec(model)}
         actual = {name: tuple(a.shape) for name, a in weights.items()}
         if expected != actual:
-            raise WeightsError(f"weights file {path} does not hold {model} weights "
-                               f"(e.g. {sorted(set(expected.items()) ^ set(actual.items()))[:2]})")
+            raise WeightsError(
+                f"weights file {path} does not hold {model} weights "
+                f"(e.g. {sorted(set(expected.items()) ^ set(actual.items()))[:2]})"
+            )
     return weights

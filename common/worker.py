@@ -16,7 +16,7 @@ import threading
 import traceback
 
 from common.config import RunConfig
-from common.loop import Diverged, Unsupported
+from common.errors import Diverged, Unsupported
 from common.results import new_result, tail, write_json_atomic
 
 # Where a worker keeps its scratch files (torch's elastic error files of the DDP ranks): beside its result, inside the
@@ -36,14 +36,14 @@ LIFELINE_ENV = "DPBENCH_LIFELINE_FD"
 
 def watch_lifeline() -> None:
     """If the harness gave this worker a lifeline, watch it from a daemon thread (see LIFELINE_ENV)."""
-    fd = os.environ.pop(LIFELINE_ENV, None)   # popped: the worker's children are not its watchers
+    fd = os.environ.pop(LIFELINE_ENV, None)  # popped: the worker's children are not its watchers
     if fd is None or not fd.isdigit():
         return
     fd = int(fd)
     try:
         os.set_inheritable(fd, False)
     except OSError:
-        return   # not an open descriptor: started by hand with the variable set
+        return  # not an open descriptor: started by hand with the variable set
 
     def watch() -> None:
         try:
@@ -62,35 +62,56 @@ def scratch_dir() -> str | None:
 
 
 def main(backend, argv=None) -> int:
-    """`backend` is a backend package: it provides environment(cfg) -> dict and run(cfg) -> dict."""
+    """`backend` is a backend package: it provides check_supported(cfg), session(cfg), environment(cfg) -> dict
+    and run(cfg) -> dict."""
     parser = argparse.ArgumentParser(prog=f"python -m {backend.__name__}")
     mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--config", help="run-config JSON written by the harness: train and write a result JSON")
-    mode.add_argument("--check", help="check-job JSON written by `harness check`: write measurements (.npz)")
+    mode.add_argument(
+        "--config", help="run-config JSON written by the harness: train and write a result JSON"
+    )
+    mode.add_argument(
+        "--check", help="check-job JSON written by `harness check`: write measurements (.npz)"
+    )
     parser.add_argument("--result", required=True, help="where to write the result")
     args = parser.parse_args(argv)
     watch_lifeline()
     os.environ.setdefault(SCRATCH_ENV, os.path.dirname(os.path.abspath(args.result)))
     if args.check:
         from common import measurements
+
         measurements.run(backend, args.check, args.result)
         return 0
 
     cfg = RunConfig.load(args.config)
     result = new_result(cfg.to_dict())
     try:
-        result["environment"] = backend.environment(cfg)
-        result.update(backend.run(cfg))
+        backend.check_supported(cfg)  # a run refused here joins no engine
+        with backend.session(cfg):  # (jax lists its devices, for the record, only once joined)
+            result["environment"] = backend.environment(cfg)
+            result.update(backend.run(cfg))
         result["status"] = "ok"
     except Unsupported as e:
+        # What it would have run on, unless the refusal came from inside the session, after the record.
+        result["environment"] = result["environment"] or described(backend, cfg)
         result["status"], result["error"] = "unavailable", str(e)
     except Diverged as e:
         result["status"], result["error"] = "diverged", str(e)
     except Exception as e:  # the harness needs the reason, not a dead process
         traceback.print_exc()
-        result["status"], result["error"] = "failed", tail(f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}")
+        result["status"], result["error"] = (
+            "failed",
+            tail(f"{type(e).__name__}: {e}\n\n{traceback.format_exc()}"),
+        )
     write_json_atomic(args.result, result)
     return 0 if result["status"] == "ok" else 1
+
+
+def described(backend, cfg: RunConfig) -> dict:
+    """The environment record of a refused run; {} where even that cannot be made (the refusal is the news)."""
+    try:
+        return backend.environment(cfg)
+    except Exception:
+        return {}
 
 
 def run_module(backend) -> None:

@@ -2,7 +2,9 @@ import sys
 
 from harness.envs import bootstrap
 
-bootstrap(sys.argv[1:])  # re-runs inside .venvs/harness/ if this Python lacks the harness's packages
+bootstrap(
+    sys.argv[1:]
+)  # re-runs inside .venvs/harness/ if this Python lacks the harness's packages
 
 from harness.cli import main  # noqa: E402
 

@@ -8,67 +8,18 @@ Each group is made by a function, a fresh parser per call: a subcommand that nee
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
-from dataclasses import dataclass
 
 from common import config as configlib
 from common import manifest
 from common import weights as weightslib
 from common.config import BN_MODES, COMPILE_MODES, DATASETS, MODELS, PRECISIONS, ConfigError
+from harness.presets import PRESETS
 
 DEFAULT_TIMEOUT = 3600.0
-DEFAULT_JOIN_TIMEOUT = 300.0   # across hosts: a host may be minutes late (building its environments on first use)
-
-@dataclass(frozen=True)
-class Preset:
-    """A run's defaults. Batch and learning rate are per device and scale with the device count, as d2l does
-    (bs 256 / lr 0.1 on one GPU, bs 512 / lr 0.2 on two); --batch-size / --lr fix them instead."""
-    title: str
-    model: str
-    epochs: int
-    batch_per_device: int
-    lr_per_device: float
-    train_size: int | None
-    test_size: int | None
-    timed_steps: int
-    batch_size: int | None = None   # --batch-size: the global batch, whatever the device count
-    lr: float | None = None         # --lr: the learning rate, whatever the device count
-    dataset: str = "fashion-mnist"
-    image_size: int | None = None   # the side of ImageNet-shaped images (None: the model's, 224)
-    precision: str = "fp32"
-
-    def with_flags(self, args) -> "Preset":
-        """The preset with the value of every flag the command line gives in place of its own."""
-        given = {name: getattr(args, name) for name in PRESET_FLAGS if getattr(args, name) is not None}
-        return dataclasses.replace(self, **given)
-
-    def batch(self, devices: int) -> int:
-        return self.batch_size if self.batch_size is not None else self.batch_per_device * devices
-
-    def learning_rate(self, devices: int) -> float:
-        return self.lr if self.lr is not None else self.lr_per_device * devices
-
-
-# The flags that override a preset's value (their default, None, leaves it).
-PRESET_FLAGS = ("model", "epochs", "train_size", "test_size", "timed_steps", "batch_size", "lr", "dataset",
-                "image_size", "precision")
-
-# d2l's recipe (GPU) and a quick CPU preset that finishes in a few minutes on 2 cores; ResNet-50 on
-# ImageNet-shaped synthetic images, for the GPU (torchvision's recipe: batch 256 and lr 0.1 per device, in bf16,
-# the throughput NVIDIA publishes) and a few steps on small images for the CPU.
-PRESETS = {
-    "d2l": Preset("d2l recipe", model="resnet18", epochs=10, batch_per_device=256, lr_per_device=0.1,
-                  train_size=None, test_size=None, timed_steps=50),
-    "quick": Preset("CPU quick preset (data subset)", model="resnet18", epochs=2, batch_per_device=32,
-                    lr_per_device=0.05, train_size=2048, test_size=1000, timed_steps=10),
-    "resnet50": Preset("ResNet-50 throughput preset (224x224 synthetic images, bf16)", model="resnet50", epochs=1,
-                       batch_per_device=256, lr_per_device=0.1, train_size=5120, test_size=1000, timed_steps=50,
-                       dataset="imagenet-synthetic", image_size=224, precision="bf16"),
-    "resnet50-quick": Preset("ResNet-50 CPU quick preset (a few steps on 32x32 synthetic images)", model="resnet50",
-                             epochs=1, batch_per_device=4, lr_per_device=0.1 * 4 / 256, train_size=32, test_size=16,
-                             timed_steps=3, dataset="imagenet-synthetic", image_size=32),
-}
+DEFAULT_JOIN_TIMEOUT = (
+    300.0  # across hosts: a host may be minutes late (building its environments on first use)
+)
 
 
 class UsageError(Exception):
@@ -122,21 +73,30 @@ def check_shared(seed=0, lr=None, timeout=DEFAULT_TIMEOUT, threads=None) -> None
 
 # ------------------------------------------------------------------ shared flag groups (parent parsers)
 
+
 def _group() -> Parser:
     return Parser(add_help=False)
 
 
 def backends_flags(help: str = "") -> Parser:
     p = _group()
-    p.add_argument("--backend", type=name_list, default="all",
-                   help=help or f"{manifest.choices()}, or a comma list (default: all)")
+    p.add_argument(
+        "--backend",
+        type=name_list,
+        default="all",
+        help=help or f"{manifest.choices()}, or a comma list (default: all)",
+    )
     return p
 
 
-def python_flags(help: str = "run BACKEND with this interpreter (it must have the framework) "
-                             "instead of .venvs/BACKEND/") -> Parser:
+def python_flags(
+    help: str = "run BACKEND with this interpreter (it must have the framework) "
+    "instead of .venvs/BACKEND/",
+) -> Parser:
     p = _group()
-    p.add_argument("--python", action="append", type=nonempty, default=[], metavar="BACKEND=PATH", help=help)
+    p.add_argument(
+        "--python", action="append", type=nonempty, default=[], metavar="BACKEND=PATH", help=help
+    )
     return p
 
 
@@ -144,38 +104,66 @@ def devices_flags(gpus_default: str | None, gpus_help: str) -> Parser:
     """--gpus, --device, --strategy: which devices and strategies run."""
     p = _group()
     p.add_argument("--gpus", type=name_list, default=gpus_default, help=gpus_help)
-    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
-                   help="auto: the GPUs if any are found (nvidia-smi, else the driver's /proc files), else "
-                        "simulated CPU devices; cpu: simulated even where GPUs exist; gpu: refuse to run without one")
-    p.add_argument("--strategy", type=name_list, default=None,
-                   help="comma list (torch: scratch, dp, ddp). Default: every strategy that runs on this hardware")
+    p.add_argument(
+        "--device",
+        choices=("auto", "gpu", "cpu"),
+        default="auto",
+        help="auto: the GPUs if any are found (nvidia-smi, else the driver's /proc files), else "
+        "simulated CPU devices; cpu: simulated even where GPUs exist; gpu: refuse to run without one",
+    )
+    p.add_argument(
+        "--strategy",
+        type=name_list,
+        default=None,
+        help="comma list (torch: scratch, dp, ddp). Default: every strategy that runs on this hardware",
+    )
     return p
 
 
 def data_flags() -> Parser:
     p = _group()
-    p.add_argument("--dataset", choices=DATASETS, default=None,
-                   help="fashion-mnist (lenet, resnet18); imagenet: an ImageNet-layout folder (--data-dir) "
-                        "(resnet50); synthetic and imagenet-synthetic: random images of either shape for speed "
-                        "runs, labelled as such in the report. Default: the preset's, else the model's "
-                        "(imagenet-synthetic for resnet50 without --data-dir)")
-    p.add_argument("--data-dir", type=absolute_path, default=None,
-                   help="directory with the four Fashion-MNIST IDX files (.gz or not; or torchvision's download "
-                        "root, ROOT/FashionMNIST/raw/), or with --dataset imagenet a folder DIR/train/<class>/*.JPEG "
-                        "and DIR/val/<class>/*.JPEG")
-    p.add_argument("--image-size", type=int, default=None, metavar="PX",
-                   help="side of ImageNet-shaped images, resized and centre-cropped once before the runs "
-                        "(default: the preset's, else 224; resnet50 takes 32 and more)")
+    p.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        default=None,
+        help="fashion-mnist (lenet, resnet18); imagenet: an ImageNet-layout folder (--data-dir) "
+        "(resnet50); synthetic and imagenet-synthetic: random images of either shape for speed "
+        "runs, labelled as such in the report. Default: the preset's, else the model's "
+        "(imagenet-synthetic for resnet50 without --data-dir)",
+    )
+    p.add_argument(
+        "--data-dir",
+        type=absolute_path,
+        default=None,
+        help="directory with the four Fashion-MNIST IDX files (.gz or not; or torchvision's download "
+        "root, ROOT/FashionMNIST/raw/), or with --dataset imagenet a folder DIR/train/<class>/*.JPEG "
+        "and DIR/val/<class>/*.JPEG",
+    )
+    p.add_argument(
+        "--image-size",
+        type=int,
+        default=None,
+        metavar="PX",
+        help="side of ImageNet-shaped images, resized and centre-cropped once before the runs "
+        "(default: the preset's, else 224; resnet50 takes 32 and more)",
+    )
     return p
 
 
-def training_flags(lr_default: float | None, lr_help: str, batch_default: int | None, batch_help: str,
-                   init_help: str) -> Parser:
+def training_flags(
+    lr_default: float | None,
+    lr_help: str,
+    batch_default: int | None,
+    batch_help: str,
+    init_help: str,
+) -> Parser:
     """--batch-size, --lr, --seed, --init: what one SGD step starts from and does."""
     p = _group()
     p.add_argument("--batch-size", type=int, default=batch_default, help=batch_help)
     p.add_argument("--lr", type=float, default=lr_default, help=lr_help)
-    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and of the batch order")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the initial weights and of the batch order"
+    )
     p.add_argument("--init", choices=weightslib.INITS, default="d2l", help=init_help)
     return p
 
@@ -183,24 +171,54 @@ def training_flags(lr_default: float | None, lr_help: str, batch_default: int | 
 def nodes_flags(hosts: bool = True) -> Parser:
     """--nodes (and, for runs across hosts, --node-rank and --coordinator): harness/nodes.py."""
     p = _group()
-    p.add_argument("--nodes", type=name_list, default=None, metavar="M",
-                   help="nodes (hosts) x --gpus devices each: a count (2) or a sweep (1,2). Without --node-rank "
-                        "all nodes run on this host as process groups over 127.0.0.1 (simulated). Default: 1, "
-                        "or Slurm's task count under srun")
+    p.add_argument(
+        "--nodes",
+        type=name_list,
+        default=None,
+        metavar="M",
+        help="nodes (hosts) x --gpus devices each: a count (2) or a sweep (1,2). Without --node-rank "
+        "all nodes run on this host as process groups over 127.0.0.1 (simulated). Default: 1, "
+        "or Slurm's task count under srun",
+    )
     if hosts:
-        p.add_argument("--node-rank", type=int, default=None, metavar="R",
-                       help="this host's node (0..M-1) of a run across hosts: run the same command on every host")
-        p.add_argument("--coordinator", type=nonempty, default=None, metavar="HOST:PORT",
-                       help="with --node-rank: where node 0 listens (its engine's rendezvous), reachable from every "
-                            "host; under Slurm: the first host of the job, port 29500")
-        p.add_argument("--join-timeout", type=float, default=DEFAULT_JOIN_TIMEOUT, metavar="S",
-                       help="across hosts: how long the nodes wait for each other before each run, after which "
-                            "the run fails naming the node that did not come (default: %(default)g)")
-        p.add_argument("--interface", type=nonempty, default=None, metavar="NAME",
-                       help="across hosts: the network interface this host's engines use (gloo, NCCL, ps-lite). "
-                            "Default: the one holding the address the other nodes reach this host at")
-        p.add_argument("--local-addr", type=nonempty, default=None, metavar="ADDR",
-                       help="across hosts: this host's address for the engines, instead of the one found")
+        p.add_argument(
+            "--node-rank",
+            type=int,
+            default=None,
+            metavar="R",
+            help="this host's node (0..M-1) of a run across hosts: run the same command on every host",
+        )
+        p.add_argument(
+            "--coordinator",
+            type=nonempty,
+            default=None,
+            metavar="HOST:PORT",
+            help="with --node-rank: where node 0 listens (its engine's rendezvous), reachable from every "
+            "host; under Slurm: the first host of the job, port 29500",
+        )
+        p.add_argument(
+            "--join-timeout",
+            type=float,
+            default=DEFAULT_JOIN_TIMEOUT,
+            metavar="S",
+            help="across hosts: how long the nodes wait for each other before each run, after which "
+            "the run fails naming the node that did not come (default: %(default)g)",
+        )
+        p.add_argument(
+            "--interface",
+            type=nonempty,
+            default=None,
+            metavar="NAME",
+            help="across hosts: the network interface this host's engines use (gloo, NCCL, ps-lite). "
+            "Default: the one holding the address the other nodes reach this host at",
+        )
+        p.add_argument(
+            "--local-addr",
+            type=nonempty,
+            default=None,
+            metavar="ADDR",
+            help="across hosts: this host's address for the engines, instead of the one found",
+        )
     return p
 
 
@@ -212,34 +230,51 @@ def timeout_flags(default: float, help: str) -> Parser:
 
 def threads_flags() -> Parser:
     p = _group()
-    p.add_argument("--threads", type=int, default=None,
-                   help=f"CPU threads per worker process, 1 to {configlib.MAX_THREADS} "
-                        "(default: the cores shared among the processes)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help=f"CPU threads per worker process, 1 to {configlib.MAX_THREADS} "
+        "(default: the cores shared among the processes)",
+    )
     return p
 
 
 # ------------------------------------------------------------------------------ the run's flags
 
-RUN_DESCRIPTION = ("Train the same ResNet-18 (or LeNet) on the same Fashion-MNIST batches with synchronous "
-                   "data parallelism in PyTorch, JAX, MXNet/Gluon and Keras 3, time every run with one rule, and "
-                   "write a Markdown report under reports/.")
+RUN_DESCRIPTION = (
+    "Train the same ResNet-18 (or LeNet) on the same Fashion-MNIST batches, or torchvision's "
+    "ResNet-50 on the same ImageNet-shaped images, with synchronous data parallelism in PyTorch, JAX, "
+    "MXNet/Gluon and Keras 3, time every run with one rule, and write a Markdown report under "
+    "reports/."
+)
 
 
 def run_parents() -> list[Parser]:
     """The flag groups of `run` (and of the bare `python -m harness`, which is `run`)."""
     return [
         backends_flags(),
-        devices_flags(None, "data-parallel devices: a count (2) or a sweep (1,2,4). Default: 1,2 "
-                            "(1 with a single GPU). Without GPUs these are simulated CPU devices"),
-        training_flags(None, "SGD learning rate (default: the preset's per-device lr x devices)", None,
-                       "global batch, split evenly across the devices "
-                       "(default: the preset's per-device batch x devices)",
-                       "initial weights: d2l (kernels ~ N(0, 0.01), the seeds' recipe) or he (the same draws "
-                       "rescaled to He's std sqrt(2 / fan_in))"),
+        devices_flags(
+            None,
+            "data-parallel devices: a count (2) or a sweep (1,2,4). Default: 1,2 "
+            "(1 with a single GPU). Without GPUs these are simulated CPU devices",
+        ),
+        training_flags(
+            None,
+            "SGD learning rate (default: the preset's per-device lr x devices)",
+            None,
+            "global batch, split evenly across the devices "
+            "(default: the preset's per-device batch x devices)",
+            "initial weights: d2l (kernels ~ N(0, 0.01), the seeds' recipe) or he (the same draws "
+            "rescaled to He's std sqrt(2 / fan_in))",
+        ),
         data_flags(),
         nodes_flags(),
         python_flags(),
-        timeout_flags(DEFAULT_TIMEOUT, "seconds before a run is killed (and the longest wait for a node to join)"),
+        timeout_flags(
+            DEFAULT_TIMEOUT,
+            "seconds before a run is killed (and the longest wait for a node to join)",
+        ),
         threads_flags(),
         run_flags(),
     ]
@@ -248,69 +283,149 @@ def run_parents() -> list[Parser]:
 def run_flags() -> Parser:
     """The flags only `run` has: the preset and what it overrides, the levers, weights, output."""
     p = _group()
-    p.add_argument("--preset", choices=("auto", *PRESETS), default="auto",
-                   help="d2l: 10 epochs, full data, batch 256 and lr 0.1 per device; quick: 2 epochs on "
-                        "2,048/1,000 images, batch 32 and lr 0.05 per device. auto: d2l on GPUs, quick on CPU. "
-                        "resnet50: ResNet-50 on 5,120/1,000 synthetic 224x224 images, 1 epoch, batch 256 and lr 0.1 "
-                        "per device, bf16 (a GPU's throughput); resnet50-quick: a few steps of ResNet-50 on 32x32 "
-                        "synthetic images, batch 4 per device (CPU)")
-    p.add_argument("--model", choices=MODELS, default=None, help="network (default: the preset's, resnet18)")
+    p.add_argument(
+        "--preset",
+        choices=("auto", *PRESETS),
+        default="auto",
+        help="d2l: 10 epochs, full data, batch 256 and lr 0.1 per device; quick: 2 epochs on "
+        "2,048/1,000 images, batch 32 and lr 0.05 per device. auto: d2l on GPUs, quick on CPU. "
+        "resnet50: ResNet-50 on 5,120/1,000 synthetic 224x224 images, 1 epoch, batch 256 and lr 0.1 "
+        "per device, bf16 (a GPU's throughput); resnet50-quick: a few steps of ResNet-50 on 32x32 "
+        "synthetic images, batch 4 per device (CPU)",
+    )
+    p.add_argument(
+        "--model", choices=MODELS, default=None, help="network (default: the preset's, resnet18)"
+    )
     p.add_argument("--epochs", type=int, default=None, help="epochs (default: the preset's)")
-    p.add_argument("--train-size", type=int, default=None,
-                   help="train on the first N training images (default: the preset's)")
-    p.add_argument("--test-size", type=int, default=None,
-                   help="evaluate on the first N test images (default: the preset's)")
-    p.add_argument("--out", type=absolute_path, default="reports", help="reports are written to OUT/<run-id>/")
-    p.add_argument("--bn", choices=BN_MODES, default="local",
-                   help="BatchNorm across devices: local (each device its shard's statistics, as d2l) or sync "
-                        "(statistics over the global batch: k-device training is 1-device training)")
-    p.add_argument("--load-weights", type=absolute_path, default=None, metavar="PATH",
-                   help="start from these canonical weights (a file written by --save-weights, any backend); "
-                        "with --epochs 0 they are only evaluated")
-    p.add_argument("--save-weights", type=absolute_path, default=None, metavar="PATH",
-                   help="write the trained weights, canonical, to PATH "
-                        "(a run of one backend, strategy and device count)")
-    p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
-                   help="run a small equivalence check (`python -m harness check`: 5 steps on a few images) over "
-                        "this report's backends, strategies and devices first, and put its table in the report")
-    p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="fp32 (TF32 off, set explicitly), tf32 (TF32 matmuls and convolutions; NVIDIA GPUs) or bf16 "
-                        "(bfloat16 compute, float32 weights and SGD); backends without it are reported as refused. "
-                        "Default: the preset's (bf16 for resnet50, else fp32)")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile for torch (and Keras's ddp), hybridize for MXNet; JAX steps (and Keras's "
-                        "distribution) are always jit-compiled")
-    p.add_argument("--compile-mode", choices=COMPILE_MODES, default="default",
-                   help="with --compile, torch only: torch.compile's mode (reduce-overhead: CUDA graphs, GPU only; "
-                        "max-autotune: autotuned kernels, long compiles)")
-    p.add_argument("--channels-last", action="store_true",
-                   help="NHWC: torch's memory format for model and batches, Keras's channels_last layers and batches")
-    p.add_argument("--resident-data", action="store_true",
-                   help="copy each epoch's batches to the devices before its timer starts (no host-to-device "
-                        "copy inside the timed steps)")
-    p.add_argument("--prefetch", type=int, default=2, metavar="N",
-                   help="put each batch on the devices N batches ahead of its step (pinned host memory and a copy "
-                        "stream on CUDA), so copies overlap compute; 0: each step copies its own batch")
-    p.add_argument("--timed-steps", type=int, default=None,
-                   help="steps timed one by one after training, for the step-time median and spread "
-                        "(default: the preset's; 0 skips them and the allreduce figure)")
-    p.add_argument("--repeat", type=int, default=1, metavar="K",
-                   help="train each configuration K times, each in a fresh process, trials interleaved; the report "
-                        "gives the median and range over the trials kept (default 1). `compare` tests the "
-                        "step-time samples of every trial")
-    p.add_argument("--option", action="append", type=nonempty, default=[], metavar="NAME=VALUE[,VALUE]",
-                   help="a backend-specific option declared in its backend.toml (see `list`), e.g. kvstore=local; "
-                        "several values run one variant each, e.g. hybridize=on,off")
-    p.add_argument("--list", action="store_true",
-                   help="show the backends, strategies and devices, then exit (the same as the `list` subcommand)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar, only a line per finished run")
+    p.add_argument(
+        "--train-size",
+        type=int,
+        default=None,
+        help="train on the first N training images (default: the preset's)",
+    )
+    p.add_argument(
+        "--test-size",
+        type=int,
+        default=None,
+        help="evaluate on the first N test images (default: the preset's)",
+    )
+    p.add_argument(
+        "--out", type=absolute_path, default="reports", help="reports are written to OUT/<run-id>/"
+    )
+    p.add_argument(
+        "--bn",
+        choices=BN_MODES,
+        default="local",
+        help="BatchNorm across devices: local (each device its shard's statistics, as d2l) or sync "
+        "(statistics over the global batch: k-device training is 1-device training)",
+    )
+    p.add_argument(
+        "--load-weights",
+        type=absolute_path,
+        default=None,
+        metavar="PATH",
+        help="start from these canonical weights (a file written by --save-weights, any backend); "
+        "with --epochs 0 they are only evaluated",
+    )
+    p.add_argument(
+        "--save-weights",
+        type=absolute_path,
+        default=None,
+        metavar="PATH",
+        help="write the trained weights, canonical, to PATH "
+        "(a run of one backend, strategy and device count)",
+    )
+    p.add_argument(
+        "--check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run a small equivalence check (`python -m harness check`: 5 steps on a few images) over "
+        "this report's backends, strategies and devices first, and put its table in the report",
+    )
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=None,
+        help="fp32 (TF32 off, set explicitly), tf32 (TF32 matmuls and convolutions; NVIDIA GPUs) or bf16 "
+        "(bfloat16 compute, float32 weights and SGD); backends without it are reported as refused. "
+        "Default: the preset's (bf16 for resnet50, else fp32)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile for torch (and Keras's ddp), hybridize for MXNet; JAX steps (and Keras's "
+        "distribution) are always jit-compiled",
+    )
+    p.add_argument(
+        "--compile-mode",
+        choices=COMPILE_MODES,
+        default="default",
+        help="with --compile, torch only: torch.compile's mode (reduce-overhead: CUDA graphs, GPU only; "
+        "max-autotune: autotuned kernels, long compiles)",
+    )
+    p.add_argument(
+        "--channels-last",
+        action="store_true",
+        help="NHWC: torch's memory format for model and batches, Keras's channels_last layers and batches",
+    )
+    p.add_argument(
+        "--resident-data",
+        action="store_true",
+        help="copy each epoch's batches to the devices before its timer starts (no host-to-device "
+        "copy inside the timed steps)",
+    )
+    p.add_argument(
+        "--prefetch",
+        type=int,
+        default=2,
+        metavar="N",
+        help="put each batch on the devices N batches ahead of its step (pinned host memory and a copy "
+        "stream on CUDA), so copies overlap compute; 0: each step copies its own batch",
+    )
+    p.add_argument(
+        "--timed-steps",
+        type=int,
+        default=None,
+        help="steps timed one by one after training, for the step-time median and spread "
+        "(default: the preset's; 0 skips them and the allreduce figure)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="K",
+        help="train each configuration K times, each in a fresh process, trials interleaved; the report "
+        "gives the median and range over the trials kept (default 1). `compare` tests the "
+        "step-time samples of every trial",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        type=nonempty,
+        default=[],
+        metavar="NAME=VALUE[,VALUE]",
+        help="a backend-specific option declared in its backend.toml (see `list`), e.g. kvstore=local; "
+        "several values run one variant each, e.g. hybridize=on,off",
+    )
+    p.add_argument(
+        "--list",
+        action="store_true",
+        help="show the backends, strategies and devices, then exit (the same as the `list` subcommand)",
+    )
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress bar, only a line per finished run"
+    )
     return p
 
 
 def list_parents() -> list[Parser]:
     """`list`: which devices would run (--device), and what every backend declares."""
     p = _group()
-    p.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
-                   help="auto: the GPUs if any are found, else simulated CPU devices; cpu: simulated; "
-                        "gpu: refuse to list without one")
+    p.add_argument(
+        "--device",
+        choices=("auto", "gpu", "cpu"),
+        default="auto",
+        help="auto: the GPUs if any are found, else simulated CPU devices; cpu: simulated; "
+        "gpu: refuse to list without one",
+    )
     return [p]

@@ -13,24 +13,32 @@ import json
 import math
 import tempfile
 import zipfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from common import architectures, imagenet
+from common import architectures, manifest
 from common import data as datalib
 from common import weights as weightslib
-from common import manifest
+from common.config import MODELS, ConfigError, check_model_input, default_dataset, imagenet_shaped
+from common.data import imagenet
 from common.manifest import Manifest
 from common.network import free_port
 from harness import arguments, disk, envs, runner
-from common.config import MODELS, ConfigError, check_model_input, default_dataset, imagenet_shaped
 from harness.arguments import UsageError
+from harness.datasets import resolve_data
 from harness.equivalence import Row, compare, compare_nodes, table
 from harness.nodes import parse_counts as parse_node_counts
-from harness.plan import (Plan, check_device_counts, choose_devices, parse_backends, parse_gpus, parse_pythons,
-                          select_strategies)
-from harness.datasets import resolve_data
+from harness.plan import (
+    Plan,
+    check_device_counts,
+    choose_devices,
+    parse_backends,
+    parse_gpus,
+    parse_pythons,
+    select_strategies,
+)
 
 
 class CheckError(Exception):
@@ -39,7 +47,10 @@ class CheckError(Exception):
 
 # ------------------------------------------------------------------------ inputs
 
-def prepare(tmp: Path, models: list[str], seed: int, steps: int, batch_size: int, dataset, init: str = "d2l") -> dict:
+
+def prepare(
+    tmp: Path, models: list[str], seed: int, steps: int, batch_size: int, dataset, init: str = "d2l"
+) -> dict:
     """Write the canonical weights of each model and `steps` batches; the part of the job all backends share."""
     weights = {}
     for model in models:
@@ -48,15 +59,24 @@ def prepare(tmp: Path, models: list[str], seed: int, steps: int, batch_size: int
         weights[model] = str(path)
     batches = list(datalib.train_batches(dataset, batch_size, seed, 0))[:steps]
     if len(batches) < steps:
-        raise CheckError(f"{steps} batches of {batch_size} need more than the {len(dataset.y_train)} training images")
-    np.savez(tmp / "batches.npz", x=np.stack([b[0] for b in batches]), y=np.stack([b[1] for b in batches]))
-    return {"weights": weights, "batches": str(tmp / "batches.npz"),
-            "weights_hash": {m: weightslib.fingerprint(weightslib.load(p)) for m, p in weights.items()}}
+        raise CheckError(
+            f"{steps} batches of {batch_size} need more than the {len(dataset.y_train)} training images"
+        )
+    np.savez(
+        tmp / "batches.npz",
+        x=np.stack([b[0] for b in batches]),
+        y=np.stack([b[1] for b in batches]),
+    )
+    return {
+        "weights": weights,
+        "batches": str(tmp / "batches.npz"),
+        "weights_hash": {m: weightslib.fingerprint(weightslib.load(p)) for m, p in weights.items()},
+    }
 
 
-
-def measure(name: str, python: str, job: dict, tmp: Path, timeout: float,
-            log_dir: Path | None = None) -> tuple[dict, dict]:
+def measure(
+    name: str, python: str, job: dict, tmp: Path, timeout: float, log_dir: Path | None = None
+) -> tuple[dict, dict]:
     """Run the backend's check worker (runner.launch: its own process group, killed whole on timeout or
     interrupt, its output logged to log_dir or tmp); its arrays and what it could not run."""
     job_path, out = tmp / f"{name}.job.json", tmp / f"{name}.npz"
@@ -75,26 +95,51 @@ def measure(name: str, python: str, job: dict, tmp: Path, timeout: float,
     return worker_output(out)
 
 
-def measure_nodes(name: str, python: str, job: dict, nodes: int, tmp: Path, timeout: float,
-                  log_dir: Path | None = None) -> tuple[dict, dict]:
+def measure_nodes(
+    name: str,
+    python: str,
+    job: dict,
+    nodes: int,
+    tmp: Path,
+    timeout: float,
+    log_dir: Path | None = None,
+) -> tuple[dict, dict]:
     """The job on `nodes` loopback nodes (check workers started together, joined at a free 127.0.0.1 port):
     node 0's arrays and what it could not run, or CheckError with the first failing node's last line."""
     coordinator = f"127.0.0.1:{free_port()}"
     cmds, logs, outs = [], [], []
     for rank in range(nodes):
-        job_path, out = tmp / f"{name}.nodes{nodes}.{rank}.job.json", tmp / f"{name}.nodes{nodes}.{rank}.npz"
+        job_path, out = (
+            tmp / f"{name}.nodes{nodes}.{rank}.job.json",
+            tmp / f"{name}.nodes{nodes}.{rank}.npz",
+        )
         logs.append((log_dir or tmp) / f"check-{name}-{nodes}nodes.node{rank}.log")
-        write_job(name, job_path, {**job, "nodes": nodes, "node_rank": rank, "coordinator": coordinator},
-                  logs[0].parent)
-        cmds.append([python, "-m", f"backends.{name}", "--check", str(job_path), "--result", str(out)])
+        write_job(
+            name,
+            job_path,
+            {**job, "nodes": nodes, "node_rank": rank, "coordinator": coordinator},
+            logs[0].parent,
+        )
+        cmds.append(
+            [python, "-m", f"backends.{name}", "--check", str(job_path), "--result", str(out)]
+        )
         outs.append(out)
     try:
-        ended = runner.launch_all(cmds, envs.worker_env(), logs, timeout, grace=runner.NODE_GRACE_S,
-                                  failed_grace=runner.FAILED_NODE_GRACE_S)
+        ended = runner.launch_all(
+            cmds,
+            envs.worker_env(),
+            logs,
+            timeout,
+            grace=runner.NODE_GRACE_S,
+            failed_grace=runner.FAILED_NODE_GRACE_S,
+        )
     except OSError as e:
         raise CheckError(f"{name}: could not start {python}: {e}") from None
-    failed = sorted((at, rank, code, output) for rank, (code, output, at) in enumerate(ended)
-                    if code != 0 or not outs[rank].exists())
+    failed = sorted(
+        (at, rank, code, output)
+        for rank, (code, output, at) in enumerate(ended)
+        if code != 0 or not outs[rank].exists()
+    )
     if failed:
         _, rank, code, output = failed[0]
         last = "".join(output).strip().splitlines()[-1:] or ["no output"]
@@ -137,49 +182,107 @@ def measurements(path: Path):
 
 # ------------------------------------------------------------------------------ run
 
-def run_checks(backends: dict[str, Manifest], pythons: dict[str, str], models: list[str],
-               strategies: dict[str, list[str]], counts: list[int], bn_modes: list[str], steps: int,
-               batch_size: int, lr: float, seed: int, dataset, device_kind: str, timeout: float, say=print,
-               init: str = "d2l", log_dir: Path | None = None, nodes: int = 1):
+
+@dataclass(frozen=True)
+class CheckRequest:
+    """What the check measures, the same for every backend: the models, each backend's strategies, the device
+    counts and BatchNorm modes, and the steps every one takes from the same weights and batches."""
+
+    models: list[str]
+    strategies: dict[
+        str, list[str]
+    ]  # {backend: its strategies}; a backend without any is not measured
+    counts: list[int]  # global device counts
+    bn_modes: list[str]
+    steps: int
+    batch_size: int
+    lr: float
+    seed: int
+    dataset: datalib.Dataset
+    device_kind: str
+    timeout: float  # seconds per backend
+    init: str = "d2l"
+    nodes: int = 1
+    pythons: dict[str, str] = field(
+        default_factory=dict
+    )  # {backend: interpreter} in place of its environment's
+
+
+def run_checks(
+    backends: dict[str, Manifest], request: CheckRequest, say=print, log_dir: Path | None = None
+):
     """Measure every backend and compare; (rows, {backend: reason it could not be measured}, weights hashes).
-    With `nodes` > 1, each backend's strategies that have an engine are measured again on that many nodes
-    (`counts` global devices) and compared with their 1-process runs."""
+    With `request.nodes` > 1, each backend's strategies that have an engine are measured again on that many nodes
+    (`request.counts` global devices) and compared with their 1-process runs."""
     failures, results, node_runs = {}, {}, {}
+    counts, nodes, timeout = request.counts, request.nodes, request.timeout
     # The 1-device runs are the references of the float32 floor, the own-float32 rows and k vs 1: always measured.
     measured_counts = sorted(set(counts) | {1})
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            shared = prepare(Path(tmp), models, seed, steps, batch_size, dataset, init)
-        except OSError as e:   # the temporary folder's disk is full, say: no backend can be measured
+            shared = prepare(
+                Path(tmp),
+                request.models,
+                request.seed,
+                request.steps,
+                request.batch_size,
+                request.dataset,
+                request.init,
+            )
+        except OSError as e:  # the temporary folder's disk is full, say: no backend can be measured
             why = disk.not_written(tmp, e)
             return [], {name: why for name in backends}, {}
         for name, backend in backends.items():
-            if not strategies.get(name):
+            strategies = request.strategies.get(name)
+            if not strategies:
                 continue
-            job = {"models": models, "strategies": strategies[name], "devices": measured_counts, "bn": bn_modes,
-                   "lr": lr, "device_kind": device_kind, "float64": name == "torch", **shared}
-            say(f"[check] {name}: {', '.join(strategies[name])} x {','.join(map(str, counts))}, "
-                f"{'/'.join(models)}, bn {'/'.join(bn_modes)}")
+            job = {
+                "models": request.models,
+                "strategies": strategies,
+                "devices": measured_counts,
+                "bn": request.bn_modes,
+                "lr": request.lr,
+                "device_kind": request.device_kind,
+                "float64": name == "torch",
+                **shared,
+            }
+            say(
+                f"[check] {name}: {', '.join(strategies)} x {','.join(map(str, counts))}, "
+                f"{'/'.join(request.models)}, bn {'/'.join(request.bn_modes)}"
+            )
             try:
-                python = pythons.get(name) or str(envs.ensure_backend(name, backend.requirements, say=say))
+                python = request.pythons.get(name) or str(
+                    envs.ensure_backend(name, backend.requirements, say=say)
+                )
                 results[name] = measure(name, python, job, Path(tmp), timeout, log_dir)
             except (CheckError, envs.EnvError) as e:
                 failures[name] = str(e).splitlines()[0]
                 continue
-            engines = [s for s in strategies[name] if backend.strategies[s].engine]
+            engines = [s for s in strategies if backend.strategies[s].engine]
             multi = [k for k in counts if k % nodes == 0]
             if nodes > 1 and engines and multi:
-                say(f"[check] {name}: {', '.join(engines)} on {nodes} nodes x {','.join(map(str, multi))} devices")
+                say(
+                    f"[check] {name}: {', '.join(engines)} on {nodes} nodes x {','.join(map(str, multi))} devices"
+                )
                 try:
-                    node_runs[name] = measure_nodes(name, python, {**job, "strategies": engines, "devices": multi,
-                                                                   "float64": False}, nodes, Path(tmp), timeout,
-                                                    log_dir)
+                    node_runs[name] = measure_nodes(
+                        name,
+                        python,
+                        {**job, "strategies": engines, "devices": multi, "float64": False},
+                        nodes,
+                        Path(tmp),
+                        timeout,
+                        log_dir,
+                    )
                 except CheckError as e:
                     failures[f"{name} on {nodes} nodes"] = str(e).splitlines()[0]
         w0 = {m: weightslib.load(p) for m, p in shared["weights"].items()}
         try:
             if "torch" not in results:
-                failures = {**failures, "torch": failures.get("torch", "not measured: torch is the reference")}
+                failures = {
+                    **failures,
+                    "torch": failures.get("torch", "not measured: torch is the reference"),
+                }
                 return [], failures, shared["weights_hash"]
             rows = asked_rows(compare(results, w0), counts)
             for name, (arrays, skipped) in node_runs.items():
@@ -187,7 +290,9 @@ def run_checks(backends: dict[str, Manifest], pythons: dict[str, str], models: l
             return rows, failures, shared["weights_hash"]
         finally:
             for arrays, _ in [*results.values(), *node_runs.values()]:
-                if hasattr(arrays, "close"):   # (the open files of measurements(); a plain dict has nothing to close)
+                if hasattr(
+                    arrays, "close"
+                ):  # (the open files of measurements(); a plain dict has nothing to close)
                     arrays.close()
 
 
@@ -212,15 +317,18 @@ def described(dataset: datalib.Dataset) -> str:
     return dataset.name if dataset.name == "fashion-mnist" else dataset.source
 
 
-def probe_dataset(dataset: str, data_dir: str | None, n: int, model: str, side: int | None, seed: int
-                  ) -> datalib.Dataset:
+def probe_dataset(
+    dataset: str, data_dir: str | None, n: int, model: str, side: int | None, seed: int
+) -> datalib.Dataset:
     """`n` training images for the check's batches (and 10 test images). ImageNet-shaped ones are synthetic, at
     `side` px (default CHECK_SIDE): the check proves the math, which is that of any image side, and keeps its
     float64 references (on the CPU) small."""
     if dataset == "synthetic":
         return datalib.synthetic(n, 10, seed)
     if imagenet_shaped(dataset):
-        return imagenet.synthetic(n, 10, side or max(CHECK_SIDE, architectures.smallest_image_size(model)), seed)
+        return imagenet.synthetic(
+            n, 10, side or max(CHECK_SIDE, architectures.smallest_image_size(model)), seed
+        )
     return datalib.load_fashion_mnist(Path(data_dir), n, 10)
 
 
@@ -233,7 +341,9 @@ def equivalence(plan: Plan, say, log_dir: Path | None = None) -> dict:
         if c.strategy not in strategies[c.backend]:
             strategies[c.backend].append(c.strategy)
     backends = dict(plan.backends)
-    if "torch" not in strategies:   # the reference every backend is compared with, as `check` adds it
+    if (
+        "torch" not in strategies
+    ):  # the reference every backend is compared with, as `check` adds it
         backends["torch"] = manifest.load("torch")
         strategies = {"torch": [REFERENCE_STRATEGY], **strategies}
     steps, batch = 5, 8 * math.lcm(*counts)
@@ -243,38 +353,72 @@ def equivalence(plan: Plan, say, log_dir: Path | None = None) -> dict:
     dataset = probe_dataset(cfg.dataset, cfg.data_dir, steps * batch, cfg.model, None, cfg.seed)
     # Nodes on other hosts are busy with their own check: the check across nodes runs on loopback nodes only.
     nodes = max(c.nodes for c in plan.configs) if plan.topology.loopback else 1
-    rows, failures, hashes = run_checks(backends, plan.pythons, [cfg.model], strategies, counts, [cfg.bn],
-                                        steps, batch, 0.1, cfg.seed, dataset, plan.device_kind,
-                                        cfg.timeout, say=say, init=cfg.init, log_dir=log_dir, nodes=nodes)
-    return {"rows": [r.__dict__ for r in rows], "failures": failures, "weights_hash": hashes,
-            "setup": f"{cfg.model} ({cfg.init} init), {steps} steps of batch {batch} ({described(dataset)}), lr 0.1, "
-                     f"float32, bn {cfg.bn}",
-            "table": table(rows)}
+    request = CheckRequest(
+        models=[cfg.model],
+        strategies=strategies,
+        counts=counts,
+        bn_modes=[cfg.bn],
+        steps=steps,
+        batch_size=batch,
+        lr=0.1,
+        seed=cfg.seed,
+        dataset=dataset,
+        device_kind=plan.device_kind,
+        timeout=cfg.timeout,
+        init=cfg.init,
+        nodes=nodes,
+        pythons=plan.pythons,
+    )
+    rows, failures, hashes = run_checks(backends, request, say=say, log_dir=log_dir)
+    return {
+        "rows": [r.__dict__ for r in rows],
+        "failures": failures,
+        "weights_hash": hashes,
+        "setup": f"{cfg.model} ({cfg.init} init), {steps} steps of batch {batch} ({described(dataset)}), lr 0.1, "
+        f"float32, bn {cfg.bn}",
+        "table": table(rows),
+    }
 
 
 # ------------------------------------------------------------------------- command
 
-DESCRIPTION = ("Compare forward passes, gradients, SGD steps and k-vs-1-device training across backends and "
-               "strategies on one set of canonical weights; exit 1 on any failure.")
+DESCRIPTION = (
+    "Compare forward passes, gradients, SGD steps and k-vs-1-device training across backends and "
+    "strategies on one set of canonical weights; exit 1 on any failure."
+)
 
 
 def parents() -> list[arguments.Parser]:
     """The flag groups of `python -m harness check` (shared with `run` where they mean the same)."""
     own = arguments.Parser(add_help=False)
-    own.add_argument("--model", type=arguments.name_list, default="lenet,resnet18",
-                     help="comma list of models (resnet50, which takes ImageNet-shaped images, is checked apart, on "
-                          "synthetic 64x64 images unless --image-size says otherwise)")
-    own.add_argument("--bn", type=arguments.name_list, default="local,sync", help="BatchNorm modes: local, sync")
-    own.add_argument("--steps", type=int, default=20,
-                     help="SGD steps in the loss trace; steps x batch size may not exceed the training images")
+    own.add_argument(
+        "--model",
+        type=arguments.name_list,
+        default="lenet,resnet18",
+        help="comma list of models (resnet50, which takes ImageNet-shaped images, is checked apart, on "
+        "synthetic 64x64 images unless --image-size says otherwise)",
+    )
+    own.add_argument(
+        "--bn", type=arguments.name_list, default="local,sync", help="BatchNorm modes: local, sync"
+    )
+    own.add_argument(
+        "--steps",
+        type=int,
+        default=20,
+        help="SGD steps in the loss trace; steps x batch size may not exceed the training images",
+    )
     return [
         arguments.backends_flags("backends to check (torch is always the reference)"),
         arguments.devices_flags("1,2", "device counts to compare"),
         arguments.nodes_flags(hosts=False),
         own,
-        arguments.training_flags(0.1, "SGD learning rate", 16, "global batch of each step",
-                                 "canonical weights to compare on: d2l (what runs start from) or he "
-                                 "(He-scaled kernels)"),
+        arguments.training_flags(
+            0.1,
+            "SGD learning rate",
+            16,
+            "global batch of each step",
+            "canonical weights to compare on: d2l (what runs start from) or he (He-scaled kernels)",
+        ),
         arguments.data_flags(),
         arguments.python_flags(),
         arguments.timeout_flags(1800.0, "seconds per backend"),
@@ -287,13 +431,13 @@ def main(args) -> int:
 
     names = parse_backends(args.backend)
     if "torch" not in names:
-        names.insert(0, "torch")   # the reference every other backend is compared with
+        names.insert(0, "torch")  # the reference every other backend is compared with
     devices = choose_devices(args)
     kind = devices.kind
     counts = parse_gpus(args.gpus)
     nodes = max(parse_node_counts(args.nodes)) if args.nodes else 1
     check_device_counts(counts, kind, devices.gpus, devices.why, nodes)
-    counts = [k * nodes for k in counts]   # --gpus is per node
+    counts = [k * nodes for k in counts]  # --gpus is per node
     models = [m.strip() for m in args.model.split(",") if m.strip()]
     bn_modes = [b.strip() for b in args.bn.split(",") if b.strip()]
     if not set(models) <= set(MODELS) or not models:
@@ -309,31 +453,60 @@ def main(args) -> int:
     if args.steps < 1:
         raise UsageError(f"--steps must be at least 1 (got {args.steps})")
     if args.batch_size < 1 or any(args.batch_size % n for n in counts):
-        raise UsageError(f"--batch-size {args.batch_size} must split evenly across {counts} devices")
+        raise UsageError(
+            f"--batch-size {args.batch_size} must split evenly across {counts} devices"
+        )
     backends = {n: manifest.load(n) for n in names}
-    chosen = {n: [s for s, reason in picks if reason is None]
-              for n, picks in select_strategies(args, backends, kind).items()}
+    chosen = {
+        n: [s for s, reason in picks if reason is None]
+        for n, picks in select_strategies(args, backends, kind).items()
+    }
     # (ImageNet-shaped images are synthetic in the check: probe_dataset)
-    data_dir, _, (train_images, _) = (None, "", imagenet.SIZES) if imagenet_shaped(args.dataset) \
-        else resolve_data(args)
-    if args.steps * args.batch_size > train_images:   # each step takes its own batch of the first epoch
-        raise UsageError(f"--steps {args.steps} x --batch-size {args.batch_size} needs more than the "
-                         f"{train_images} training images of {args.dataset}")
-    dataset = probe_dataset(args.dataset, data_dir, args.steps * args.batch_size, models[0], args.image_size,
-                            args.seed)
+    data_dir, _, (train_images, _) = (
+        (None, "", imagenet.SIZES) if imagenet_shaped(args.dataset) else resolve_data(args)
+    )
+    if (
+        args.steps * args.batch_size > train_images
+    ):  # each step takes its own batch of the first epoch
+        raise UsageError(
+            f"--steps {args.steps} x --batch-size {args.batch_size} needs more than the "
+            f"{train_images} training images of {args.dataset}"
+        )
+    dataset = probe_dataset(
+        args.dataset, data_dir, args.steps * args.batch_size, models[0], args.image_size, args.seed
+    )
 
     print(devices.line)
-    rows, failures, hashes = run_checks(backends, parse_pythons(args.python), models, chosen, counts, bn_modes,
-                                        args.steps, args.batch_size, args.lr, args.seed, dataset, kind, args.timeout,
-                                        init=args.init, nodes=nodes)
+    request = CheckRequest(
+        models=models,
+        strategies=chosen,
+        counts=counts,
+        bn_modes=bn_modes,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        dataset=dataset,
+        device_kind=kind,
+        timeout=args.timeout,
+        init=args.init,
+        nodes=nodes,
+        pythons=parse_pythons(args.python),
+    )
+    rows, failures, hashes = run_checks(backends, request)
     print()
-    print("Canonical weights: " + ", ".join(f"{m} {h[:16]}" for m, h in hashes.items()) +
-          f" ({args.init} init); {args.steps} batches of {args.batch_size} ({described(dataset)}), "
-          f"lr {args.lr:g}, fp32")
+    print(
+        "Canonical weights: "
+        + ", ".join(f"{m} {h[:16]}" for m, h in hashes.items())
+        + f" ({args.init} init); {args.steps} batches of {args.batch_size} ({described(dataset)}), "
+        f"lr {args.lr:g}, fp32"
+    )
     print("\n".join(table(rows)))
     for name, reason in failures.items():
         print(f"{name}: could not be checked: {reason}")
     failed = [r for r in rows if r.status == "FAIL"]
-    print(f"\n{len(rows)} rows: {sum(r.status == 'ok' for r in rows)} ok, {len(failed)} failed, "
-          f"{sum(r.status == 'measured' for r in rows)} measured, {sum(r.status == 'not run' for r in rows)} not run")
+    print(
+        f"\n{len(rows)} rows: {sum(r.status == 'ok' for r in rows)} ok, {len(failed)} failed, "
+        f"{sum(r.status == 'measured' for r in rows)} measured, {sum(r.status == 'not run' for r in rows)} not run"
+    )
     return 1 if failed or failures else 0

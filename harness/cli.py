@@ -1,6 +1,6 @@
-"""`python -m harness`: the command line (subcommands run, check, test, list, compare, report,
-project) and the benchmark run:
-every planned (backend, strategy, devices) run in turn, then the report.
+"""`python -m harness`: the command line. Each subcommand (run, check, test, list, compare, report, project) is its
+module's function (`main`), chosen by the parser (`set_defaults(func=...)`): harness/run.py, check.py, testing.py,
+compare.py, report.py, projection.py.
 
 Without a subcommand the flags are `run`'s: `python -m harness --backend jax --gpus 2` is
 `python -m harness run --backend jax --gpus 2`. Parsing and planning are harness/plan.py's.
@@ -8,229 +8,152 @@ Without a subcommand the flags are `run`'s: `python -m harness --backend jax --g
 
 from __future__ import annotations
 
-import shlex
-import shutil
 import sys
-import time
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from common import manifest
-from harness import (arguments, check, compare, disk, envs, interrupts, leftovers, projection, report, runner, tables,
-                     testing)
+from harness import arguments, check, compare, interrupts, projection, report, run, testing
 from harness.arguments import HelpFormatter, Parser, UsageError
-from harness.plan import Devices, Plan, build_plan, choose_devices, parse_pythons
+from harness.plan import build_plan, choose_devices, parse_pythons
 
-# The names tests and tools reach through this module (the benchmark's entry points).
-__all__ = ["COMMANDS", "UsageError", "build_parser", "build_plan", "choose_devices", "main", "parse_pythons"]
+# The names tests and tools reach through this module (the benchmark's entry points; the plan's are harness/plan.py's).
+__all__ = [
+    "COMMANDS",
+    "UsageError",
+    "build_parser",
+    "build_plan",
+    "choose_devices",
+    "main",
+    "parse_pythons",
+]
 
 COMMANDS = ("run", "check", "test", "list", "compare", "report", "project")
 
-EPILOG = ("`python -m harness COMMAND --help` shows a subcommand's flags. Examples: "
-          "`python -m harness --backend torch --gpus 2`, `python -m harness --backend all --gpus 1,2 --strategy "
-          "ddp,pmap`, `python -m harness check --gpus 2`, `python -m harness test --backend none -- -k cli`.")
-DEFAULT_RULE = ("the first argument, if any. With no subcommand the command is run, and the flags above are "
-                "run's: `python -m harness --backend jax --gpus 2` is `python -m harness run --backend jax --gpus 2`")
+EPILOG = (
+    "`python -m harness COMMAND --help` shows a subcommand's flags. Examples: "
+    "`python -m harness --backend torch --gpus 2`, `python -m harness --backend all --gpus 1,2 --strategy "
+    "ddp,pmap`, `python -m harness check --gpus 2`, `python -m harness test --backend none -- -k cli`."
+)
+DEFAULT_RULE = (
+    "the first argument, if any. With no subcommand the command is run, and the flags above are "
+    "run's: `python -m harness --backend jax --gpus 2` is `python -m harness run --backend jax --gpus 2`"
+)
+
+
+@dataclass(frozen=True)
+class Stoppable:
+    """A command that starts workers, run with SIGTERM and SIGHUP stopping it the way Ctrl-C does
+    (harness/interrupts.py). An interrupt that reaches here came while planning, before anything ran: nothing to
+    report. (A dataclass, so that the same command wrapped twice is equal: `run`'s parsed flags equal the bare ones.)"""
+
+    command: Callable[..., int]
+
+    def __call__(self, args) -> int:
+        with interrupts.handled():
+            try:
+                return self.command(args)
+            except KeyboardInterrupt:
+                print("harness: interrupted", file=sys.stderr)
+                return interrupts.exit_status() or 130
 
 
 def build_parser() -> Parser:
-    """The command line: run's flags at the top (no subcommand means run), and the subcommands."""
-    p = Parser(prog="python -m harness", description=arguments.RUN_DESCRIPTION, epilog=EPILOG,
-               formatter_class=HelpFormatter, parents=arguments.run_parents())
-    sub = p.add_subparsers(dest="command", title="subcommands", metavar="{" + ",".join(COMMANDS) + "}",
-                           description=DEFAULT_RULE)
-    sub.add_parser("run", parents=arguments.run_parents(), formatter_class=HelpFormatter,
-                   help="train, time and report (the default)", description=arguments.RUN_DESCRIPTION)
-    sub.add_parser("check", parents=check.parents(), formatter_class=HelpFormatter,
-                   help="the equivalence table: the backends compute the same thing", description=check.DESCRIPTION)
-    sub.add_parser("test", parents=testing.parents(), formatter_class=HelpFormatter,
-                   help="the test suite, each backend's inside its environment", description=testing.DESCRIPTION)
-    sub.add_parser("list", parents=arguments.list_parents(), formatter_class=HelpFormatter,
-                   help="show the backends, strategies and devices (as --list)",
-                   description="Show the devices that would run, and every backend's strategies, options and levers.")
-    sub.add_parser("compare", parents=compare.parents(), formatter_class=HelpFormatter,
-                   help="compare runs: the change per configuration, significance, exit 1 on a regression",
-                   description=compare.DESCRIPTION)
-    sub.add_parser("report", parents=report.parents(), formatter_class=HelpFormatter,
-                   help="re-render a report from its results.json, or export its summary table",
-                   description=report.DESCRIPTION)
-    sub.add_parser("project", parents=projection.parents(), formatter_class=HelpFormatter,
-                   help="project a finished run to 1..1024 devices with a stated communication model",
-                   description=projection.DESCRIPTION)
+    """The command line: run's flags at the top (no subcommand means run), and the subcommands, each with the
+    function that carries it out as `func`."""
+    p = Parser(
+        prog="python -m harness",
+        description=arguments.RUN_DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=HelpFormatter,
+        parents=arguments.run_parents(),
+    )
+    p.set_defaults(func=Stoppable(run.main))
+    sub = p.add_subparsers(
+        dest="command",
+        title="subcommands",
+        metavar="{" + ",".join(COMMANDS) + "}",
+        description=DEFAULT_RULE,
+    )
+
+    def add(name: str, func, parents: list[Parser], help: str, description: str) -> None:
+        command = sub.add_parser(
+            name, parents=parents, formatter_class=HelpFormatter, help=help, description=description
+        )
+        command.set_defaults(func=func)
+
+    add(
+        "run",
+        Stoppable(run.main),
+        arguments.run_parents(),
+        "train, time and report (the default)",
+        arguments.RUN_DESCRIPTION,
+    )
+    add(
+        "check",
+        Stoppable(check.main),
+        check.parents(),
+        "the equivalence table: the backends compute the same thing",
+        check.DESCRIPTION,
+    )
+    add(
+        "test",
+        testing.main,
+        testing.parents(),
+        "the test suite, each backend's inside its environment",
+        testing.DESCRIPTION,
+    )
+    add(
+        "list",
+        Stoppable(run.list_main),
+        arguments.list_parents(),
+        "show the backends, strategies and devices (as --list)",
+        "Show the devices that would run, and every backend's strategies, options and levers.",
+    )
+    add(
+        "compare",
+        compare.main,
+        compare.parents(),
+        "compare runs: the change per configuration, significance, exit 1 on a regression",
+        compare.DESCRIPTION,
+    )
+    add(
+        "report",
+        report.main,
+        report.parents(),
+        "re-render a report from its results.json, or export its summary table",
+        report.DESCRIPTION,
+    )
+    add(
+        "project",
+        projection.main,
+        projection.parents(),
+        "project a finished run to 1..1024 devices with a stated communication model",
+        projection.DESCRIPTION,
+    )
     return p
 
 
 def parse(argv: list[str]):
     """The parsed command line; a subcommand is the first argument or none (`--backend torch test` is refused,
-    not read as `test` with run's flags dropped)."""
+    not read as `test` with run's flags dropped). `args.argv` keeps the words parsed: run's report quotes them."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command is not None and argv[:1] != [args.command]:
-        raise UsageError(f"the subcommand {args.command} must come first: python -m harness {args.command} ... "
-                         "(see --help)")
+        raise UsageError(
+            f"the subcommand {args.command} must come first: python -m harness {args.command} ... "
+            "(see --help)"
+        )
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.argv = argv
     return args
-
-
-# ---------------------------------------------------------------------------- run
-
-def print_listing(devices: Devices) -> None:
-    print(devices.line)
-    for b in map(manifest.load, manifest.known()):
-        for s in b.strategies.values():
-            needs = f" [needs {s.requires}]" if s.requires else ""
-            nodes = f" [--nodes: {s.engine}]" if s.engine else " [one process]"
-            print(f"  {b.name:6} {s.name:8} {s.summary}{needs}{nodes}")
-        for o in b.options.values():
-            where = f" ({', '.join(o.strategies)})" if o.strategies else ""
-            print(f"  {b.name:6} --option {o.name}={'|'.join(o.values)} (default {o.default}){where}: {o.summary}")
-        for lever in b.levers.values():
-            flag = "--" + lever.name.replace("_", "-") + (f" {'|'.join(lever.values)}" if lever.values else "")
-            what = lever.summary or ""
-            if lever.refused:
-                what += ("; " if what else "") + f"refused{' otherwise' if lever.values else ''}: {lever.refused}"
-            print(f"  {b.name:6} {flag}: {what}")
-
-
-def backend_python(name: str, plan: Plan, say) -> str:
-    if name in plan.pythons:
-        return plan.pythons[name]
-    return str(envs.ensure_backend(name, plan.backends[name].requirements, say=say))
-
-
-def execute(plan: Plan, workdir: Path, console: runner.Console, results: list[dict]) -> None:
-    """Run the planned runs (plan.runs: each config, and each trial with --repeat) in order, appending each one's
-    result to `results` as it ends; never lets one failure stop the others. An interrupt propagates: `results`
-    then holds the runs that finished, and plan.runs[len(results):] are the ones that did not."""
-    pythons: dict[str, str | Exception] = {}
-    for cfg, trial in plan.runs:
-        if cfg.backend not in pythons:
-            try:
-                pythons[cfg.backend] = backend_python(cfg.backend, plan, console.say)
-            except envs.EnvError as e:
-                pythons[cfg.backend] = e
-        python = pythons[cfg.backend]
-        if isinstance(python, Exception):
-            result = not_run(cfg, trial, "failed", f"environment setup failed: {python}")
-            console.finished(cfg, result)
-        else:
-            result = runner.run(cfg, python, workdir, console, trial)
-        results.append(result)
-
-
-def not_run(cfg, trial: int | None, status: str, reason: str) -> dict:
-    result = runner.not_run_result(cfg, status, reason)
-    return result if trial is None else {**result, "trial": trial}
-
-
-def run_benchmark(args, argv: list[str]) -> int:
-    plan = build_plan(args)
-    console = runner.Console(quiet=args.quiet)
-    meta = {
-        "command": "python -m harness " + " ".join(shlex.quote(a) for a in argv),
-        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "preset": plan.preset,
-        "device_kind": plan.device_kind,
-        "gpus": plan.gpus,
-        "detection": plan.detection,
-        "data_source": plan.data_source,
-        "backends": sorted(plan.backends),
-        "topology": plan.topology.how,
-    }
-    for line in leftovers.keep_left_behind(Path(args.out), report.write):
-        console.say(line)
-    with create_staging(args.out, sorted(plan.backends), meta) as staging:
-        results = run_all(plan, args, console, meta, staging.path)
-        meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
-        interrupts.finishing()   # from here on a signal must not lose the results: it only sets the exit status
-        final = save_report(staging, results, meta)
-    console.say("\n" + "\n".join(tables.summary_table(tables.with_scaling(tables.as_results(results)))))
-    if final is None:
-        return interrupts.exit_status() or 1
-    console.say(f"\nReport: {final / 'report.md'}")
-    bad = [r for r in results if r["status"] not in ("ok", "unavailable")]
-    return interrupts.exit_status() or (1 if bad else 0)
-
-
-def create_staging(out: str, backends: list[str], meta: dict) -> report.Staging:
-    """The report's staging directory, with its owner and the run's header, made before any work starts: an
-    --out that cannot hold a report (under a file, read-only, full, a name too long) fails now, in one line,
-    not after hours of training, and leaves nothing behind."""
-    staging = report.Staging(Path(out), backends)
-    try:
-        staging.create()
-        staging.save_meta(meta)
-    except OSError as e:
-        if staging.path is not None:
-            shutil.rmtree(staging.path, ignore_errors=True)
-        raise UsageError(f"--out {out}: {disk.not_written(out, e)}") from None
-    return staging
-
-
-def run_all(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path) -> list[dict]:
-    """The equivalence check, then every run. An interrupt (Ctrl-C, SIGTERM, SIGHUP) at any point ends
-    them: the runs that finished keep their results, the others are reported as interrupted."""
-    results = [runner.not_run_result(cfg, "unavailable", reason) for cfg, reason in plan.not_run]
-    finished: list[dict] = []
-    try:
-        # Printed even with --quiet: which devices ran is what a result means, and it is one line.
-        console.say(Devices(plan.device_kind, plan.gpus, plan.detection).line)
-        if plan.topology.how:
-            console.say(f"Nodes: {plan.topology.how}")
-        if not plan.topology.loopback and plan.topology.node_rank:
-            console.say(f"This host is node {plan.topology.node_rank}: node 0's host writes the run's report; this "
-                        "one keeps its own logs and per-node results")
-        cfg0 = (plan.configs or [c for c, _ in plan.not_run])[0]
-        console.say(f"Preset: {plan.preset}: {cfg0.model}, {cfg0.epochs} epoch(s), "
-                    f"train {cfg0.train_size or 'all'} / test {cfg0.test_size or 'all'} images; "
-                    f"{len(plan.runs)} run(s)" + (f" ({plan.repeat} trials each)" if plan.repeat > 1 else ""))
-        if args.check:
-            meta["equivalence"] = {"interrupted": True}   # replaced by the table if the check finishes
-            meta["equivalence"] = check.equivalence(plan, console.say, workdir / "logs")
-        execute(plan, workdir, console, finished)
-    except KeyboardInterrupt as e:
-        why = f"interrupted by {e}" if str(e) else "interrupted by the user"
-        console.say(f"Interrupted ({str(e) or 'SIGINT'}): writing the report with the runs finished so far")
-        # execute() appends one result per config, in order: the rest never finished
-        finished += [not_run(cfg, trial, "interrupted", why) for cfg, trial in plan.runs[len(finished):]]
-    return results + finished
-
-
-def save_report(staging: report.Staging, results: list[dict], meta: dict) -> Path | None:
-    """The report's directory; None if it could not be written (a full disk, say), after one line
-    saying where the results were kept instead."""
-    try:
-        return staging.commit(results, meta)
-    except OSError as e:
-        kept = staging.rescue(results, meta)
-        print(f"harness: error: could not write the report in {staging.out}: {e.strerror or e} "
-              f"({disk.free_at(staging.out)} free there); the results are kept in {kept}", file=sys.stderr)
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parse(argv)
-        if args.command == "test":
-            return testing.main(args)
-        if args.command == "compare":
-            return compare.main(args)
-        if args.command == "report":
-            return report.main(args)
-        if args.command == "project":
-            return projection.main(args)
-        with interrupts.handled():   # SIGTERM and SIGHUP stop the harness the way Ctrl-C does
-            try:
-                if args.command == "check":
-                    return check.main(args)
-                if args.command == "list" or args.list:
-                    print_listing(choose_devices(args))
-                    return 0
-                return run_benchmark(args, argv)
-            except KeyboardInterrupt:   # while planning, before anything ran: nothing to report
-                print("harness: interrupted", file=sys.stderr)
-                return interrupts.exit_status() or 130
+        return args.func(args)
     except UsageError as e:
         print(f"harness: error: {e}", file=sys.stderr)
         return 2

@@ -27,37 +27,75 @@ from harness.arguments import Parser, UsageError
 from harness.tables import table
 from harness.trials import Trials, group
 
-DESCRIPTION = ("Compare benchmark runs: per configuration, the change in images/s and step time, with a bootstrap "
-               "interval of the step-time ratio over the trials and their steps; exit status 1 if a row got slower "
-               "than --factor, significantly.")
+DESCRIPTION = (
+    "Compare benchmark runs: per configuration, the change in images/s and step time, with a bootstrap "
+    "interval of the step-time ratio over the trials and their steps; exit status 1 if a row got slower "
+    "than --factor, significantly."
+)
 # The config fields a run's figures depend on besides the row's own key: a difference makes rows incomparable.
-COMPARABLE = ("model", "batch_size", "lr", "epochs", "train_size", "test_size", "eval_batch_size", "dataset",
-              "image_size", "bn", "init", "seed", "timed_steps", "simulated")
+COMPARABLE = (
+    "model",
+    "batch_size",
+    "lr",
+    "epochs",
+    "train_size",
+    "test_size",
+    "eval_batch_size",
+    "dataset",
+    "image_size",
+    "bn",
+    "init",
+    "seed",
+    "timed_steps",
+    "simulated",
+)
 ACCEPTABLE = ("versions", "devices")
-MIN_SAMPLES = 3     # step samples per side: below this no interval means anything
-RESAMPLES = 2000    # bootstrap resamples of each side
+MIN_SAMPLES = 3  # step samples per side: below this no interval means anything
+RESAMPLES = 2000  # bootstrap resamples of each side
 
 
 def parents() -> list[Parser]:
     p = Parser(add_help=False)
-    p.add_argument("runs", nargs="+", metavar="RUN",
-                   help="report directories or results.json files: the first is OLD, each other one is compared "
-                        "with it")
-    p.add_argument("--factor", type=float, default=1.1,
-                   help="a row is slower (faster) when its median step time is more than FACTOR times OLD's "
-                        "(less than 1/FACTOR) and the test is significant (default 1.1)")
-    p.add_argument("--alpha", type=float, default=0.05, help="significance level of the test (default 0.05)")
-    p.add_argument("--accuracy-tolerance", type=float, default=0.01, metavar="ABS",
-                   help="flag a row whose final test accuracy moved by more than ABS (default 0.01)")
-    p.add_argument("--accept", default="", metavar="WHAT",
-                   help="compare rows that differ in this anyway (comma list): versions (framework versions: "
-                        "an upgrade), devices (device kind and names: another machine); default: none")
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="report directories or results.json files: the first is OLD, each other one is compared "
+        "with it",
+    )
+    p.add_argument(
+        "--factor",
+        type=float,
+        default=1.1,
+        help="a row is slower (faster) when its median step time is more than FACTOR times OLD's "
+        "(less than 1/FACTOR) and the test is significant (default 1.1)",
+    )
+    p.add_argument(
+        "--alpha", type=float, default=0.05, help="significance level of the test (default 0.05)"
+    )
+    p.add_argument(
+        "--accuracy-tolerance",
+        type=float,
+        default=0.01,
+        metavar="ABS",
+        help="flag a row whose final test accuracy moved by more than ABS (default 0.01)",
+    )
+    p.add_argument(
+        "--accept",
+        default="",
+        metavar="WHAT",
+        help="compare rows that differ in this anyway (comma list): versions (framework versions: "
+        "an upgrade), devices (device kind and names: another machine); default: none",
+    )
     return [p]
 
 
 # ------------------------------------------------------------------------ the test
 
-def resampled_medians(trials: list[list[float]], rng: np.random.Generator, resamples: int = RESAMPLES) -> np.ndarray:
+
+def resampled_medians(
+    trials: list[list[float]], rng: np.random.Generator, resamples: int = RESAMPLES
+) -> np.ndarray:
     """The median step time of `resamples` bootstrap copies of one run: its trials drawn with replacement, then
     each drawn trial's steps drawn with replacement."""
     out = np.empty(resamples)
@@ -67,7 +105,9 @@ def resampled_medians(trials: list[list[float]], rng: np.random.Generator, resam
     return out
 
 
-def ratio_interval(old: list[list[float]], new: list[list[float]], alpha: float, seed: int = 0) -> tuple[float, float]:
+def ratio_interval(
+    old: list[list[float]], new: list[list[float]], alpha: float, seed: int = 0
+) -> tuple[float, float]:
     """The central (1 - alpha) bootstrap interval of median(NEW steps) / median(OLD steps), each side a list of
     trials, each trial a list of step seconds. Seeded: the same runs give the same verdict."""
     rng = np.random.default_rng(seed)
@@ -78,6 +118,7 @@ def ratio_interval(old: list[list[float]], new: list[list[float]], alpha: float,
 
 # ------------------------------------------------------------------------ rows
 
+
 def row_key(t: Trials) -> tuple:
     c = t.config
     return c.backend, c.variant, c.devices, c.nodes
@@ -86,32 +127,43 @@ def row_key(t: Trials) -> tuple:
 def incomparable(old: Trials, new: Trials, accept: set[str]) -> list[str]:
     """Why the two rows' figures do not measure the same thing ([] if they do)."""
     a, b = old.representative(), new.representative()
-    why = [f"{name} {getattr(a.config, name)} vs {getattr(b.config, name)}" for name in COMPARABLE
-           if getattr(a.config, name) != getattr(b.config, name)]
+    why = [
+        f"{name} {getattr(a.config, name)} vs {getattr(b.config, name)}"
+        for name in COMPARABLE
+        if getattr(a.config, name) != getattr(b.config, name)
+    ]
     for name, label in (("weights_hash", "initial weights"), ("data_hash", "batch sequence")):
         if getattr(a, name) and getattr(b, name) and getattr(a, name) != getattr(b, name):
             why.append(f"{label} hash {getattr(a, name)[:12]} vs {getattr(b, name)[:12]}")
     ea, eb = a.environment, b.environment
     if "versions" not in accept and ea.get("framework_version") != eb.get("framework_version"):
-        why.append(f"{ea.get('framework', 'framework')} {ea.get('framework_version')} vs "
-                   f"{eb.get('framework_version')}")
-    if "devices" not in accept and (a.config.device_kind, ea.get("devices")) != (b.config.device_kind,
-                                                                                  eb.get("devices")):
-        why.append(f"devices {a.config.device_kind} {ea.get('devices')} vs {b.config.device_kind} {eb.get('devices')}")
+        why.append(
+            f"{ea.get('framework', 'framework')} {ea.get('framework_version')} vs "
+            f"{eb.get('framework_version')}"
+        )
+    if "devices" not in accept and (a.config.device_kind, ea.get("devices")) != (
+        b.config.device_kind,
+        eb.get("devices"),
+    ):
+        why.append(
+            f"devices {a.config.device_kind} {ea.get('devices')} vs {b.config.device_kind} {eb.get('devices')}"
+        )
     if (ea.get("precision") or {}).get("mode") != (eb.get("precision") or {}).get("mode"):
-        why.append(f"precision {(ea.get('precision') or {}).get('mode')} vs {(eb.get('precision') or {}).get('mode')}")
+        why.append(
+            f"precision {(ea.get('precision') or {}).get('mode')} vs {(eb.get('precision') or {}).get('mode')}"
+        )
     return why
 
 
 @dataclass
 class Verdict:
     key: tuple
-    mark: str                   # "-" slower, "+" faster, "~" no significant change, "!" not compared, "?" one side
+    mark: str  # "-" slower, "+" faster, "~" no significant change, "!" not compared, "?" one side
     old_step: float | None = None
     new_step: float | None = None
     old_images: float | None = None
     new_images: float | None = None
-    interval: tuple[float, float] | None = None     # of the step-time ratio NEW / OLD
+    interval: tuple[float, float] | None = None  # of the step-time ratio NEW / OLD
     samples: tuple[int, int] = (0, 0)
     note: str = ""
 
@@ -127,12 +179,20 @@ def judge(old: Trials, new: Trials, args, accept: set[str]) -> Verdict:
         return Verdict(key, "!", note="not comparable: " + "; ".join(why))
     a, b = old.step_samples(by_trial=True), new.step_samples(by_trial=True)
     na, nb = sum(map(len, a)), sum(map(len, b))
-    v = Verdict(key, "~", old_images=old.median("images_per_s"), new_images=new.median("images_per_s"),
-                samples=(na, nb))
+    v = Verdict(
+        key,
+        "~",
+        old_images=old.median("images_per_s"),
+        new_images=new.median("images_per_s"),
+        samples=(na, nb),
+    )
     if not na or not nb:
         v.note = "no step times to compare"
         return v
-    v.old_step, v.new_step = statistics.median(old.step_samples()), statistics.median(new.step_samples())
+    v.old_step, v.new_step = (
+        statistics.median(old.step_samples()),
+        statistics.median(new.step_samples()),
+    )
     notes = []
     if min(na, nb) < MIN_SAMPLES:
         notes.append(f"too few samples for the test ({na} and {nb})")
@@ -146,8 +206,14 @@ def judge(old: Trials, new: Trials, args, accept: set[str]) -> Verdict:
         elif low > 1 or high < 1:
             notes.append(f"significant but within the factor {args.factor:g}")
     acc_old, acc_new = old.median("test_acc"), new.median("test_acc")
-    if acc_old is not None and acc_new is not None and abs(acc_new - acc_old) > args.accuracy_tolerance:
-        notes.append(f"accuracy drift {acc_old:.4f} -> {acc_new:.4f} (beyond {args.accuracy_tolerance:g})")
+    if (
+        acc_old is not None
+        and acc_new is not None
+        and abs(acc_new - acc_old) > args.accuracy_tolerance
+    ):
+        notes.append(
+            f"accuracy drift {acc_old:.4f} -> {acc_new:.4f} (beyond {args.accuracy_tolerance:g})"
+        )
     v.note = "; ".join(notes)
     return v
 
@@ -156,12 +222,15 @@ def compare(old: list[Result], new: list[Result], args) -> list[Verdict]:
     accept = {w for w in args.accept.split(",") if w}
     olds = {row_key(t): t for t in group(old)}
     news = {row_key(t): t for t in group(new)}
-    verdicts = [judge(olds[k], news[k], args, accept) if k in news else Verdict(k, "?", note="only in OLD")
-                for k in olds]
+    verdicts = [
+        judge(olds[k], news[k], args, accept) if k in news else Verdict(k, "?", note="only in OLD")
+        for k in olds
+    ]
     return verdicts + [Verdict(k, "?", note="only in NEW") for k in news if k not in olds]
 
 
 # ------------------------------------------------------------------------ output
+
 
 def change(old: float | None, new: float | None) -> str:
     return "—" if not old or new is None else f"{100 * (new / old - 1):+.1f}%"
@@ -169,15 +238,42 @@ def change(old: float | None, new: float | None) -> str:
 
 def verdict_table(verdicts: list[Verdict]) -> list[str]:
     ms = lambda s: "—" if s is None else f"{1e3 * s:.3g}"
-    body = [[v.mark, v.key[0], v.key[1], f"{v.key[2]}" + (f" on {v.key[3]} nodes" if v.key[3] > 1 else ""),
-             ms(v.old_step), ms(v.new_step), change(v.old_step, v.new_step),
-             "—" if v.old_images is None else f"{v.old_images:.1f}",
-             "—" if v.new_images is None else f"{v.new_images:.1f}", change(v.old_images, v.new_images),
-             "—" if v.interval is None else f"{v.interval[0]:.3f}–{v.interval[1]:.3f}",
-             f"{v.samples[0]} / {v.samples[1]}", v.note]
-            for v in verdicts]
-    return table(["", "backend", "strategy", "devices", "step ms OLD", "step ms NEW", "step", "images/s OLD",
-                  "images/s NEW", "images/s", "step ratio interval", "samples", "note"], body)
+    body = [
+        [
+            v.mark,
+            v.key[0],
+            v.key[1],
+            f"{v.key[2]}" + (f" on {v.key[3]} nodes" if v.key[3] > 1 else ""),
+            ms(v.old_step),
+            ms(v.new_step),
+            change(v.old_step, v.new_step),
+            "—" if v.old_images is None else f"{v.old_images:.1f}",
+            "—" if v.new_images is None else f"{v.new_images:.1f}",
+            change(v.old_images, v.new_images),
+            "—" if v.interval is None else f"{v.interval[0]:.3f}–{v.interval[1]:.3f}",
+            f"{v.samples[0]} / {v.samples[1]}",
+            v.note,
+        ]
+        for v in verdicts
+    ]
+    return table(
+        [
+            "",
+            "backend",
+            "strategy",
+            "devices",
+            "step ms OLD",
+            "step ms NEW",
+            "step",
+            "images/s OLD",
+            "images/s NEW",
+            "images/s",
+            "step ratio interval",
+            "samples",
+            "note",
+        ],
+        body,
+    )
 
 
 def check_args(args) -> None:
@@ -186,10 +282,14 @@ def check_args(args) -> None:
     if not 0 < args.alpha < 1:
         raise UsageError(f"--alpha must be between 0 and 1 (got {args.alpha})")
     if not (math.isfinite(args.accuracy_tolerance) and args.accuracy_tolerance >= 0):
-        raise UsageError(f"--accuracy-tolerance must be a non-negative number (got {args.accuracy_tolerance})")
+        raise UsageError(
+            f"--accuracy-tolerance must be a non-negative number (got {args.accuracy_tolerance})"
+        )
     unknown = {w for w in args.accept.split(",") if w} - set(ACCEPTABLE)
     if unknown:
-        raise UsageError(f"--accept takes {' and/or '.join(ACCEPTABLE)} (got {','.join(sorted(unknown))})")
+        raise UsageError(
+            f"--accept takes {' and/or '.join(ACCEPTABLE)} (got {','.join(sorted(unknown))})"
+        )
     if len(args.runs) < 2:
         raise UsageError("compare needs at least two runs: OLD NEW")
 
@@ -211,12 +311,16 @@ def main(args) -> int:
         print(f"\n## {args.runs[0]} (OLD) -> {path} (NEW)\n")
         print("\n".join(verdict_table(verdicts)))
         slower += [(path, v) for v in verdicts if v.mark == "-"]
-    print(f"\nMarks: - slower, + faster (median step time beyond x{args.factor:g}, and the bootstrap's "
-          f"{100 * (1 - args.alpha):g}% interval of the step-time ratio, over trials and their steps, excludes 1), "
-          "~ no significant change, ! not compared, ? in one run only.")
+    print(
+        f"\nMarks: - slower, + faster (median step time beyond x{args.factor:g}, and the bootstrap's "
+        f"{100 * (1 - args.alpha):g}% interval of the step-time ratio, over trials and their steps, excludes 1), "
+        "~ no significant change, ! not compared, ? in one run only."
+    )
     for path, v in slower:
-        print(f"REGRESSION: {v.key[0]} {v.key[1]} on {devices_cell_key(v.key)}: step time "
-              f"{change(v.old_step, v.new_step)} (interval {v.interval[0]:.3f}–{v.interval[1]:.3f}) in {path}")
+        print(
+            f"REGRESSION: {v.key[0]} {v.key[1]} on {devices_cell_key(v.key)}: step time "
+            f"{change(v.old_step, v.new_step)} (interval {v.interval[0]:.3f}–{v.interval[1]:.3f}) in {path}"
+        )
     return 1 if slower else 0
 
 

@@ -9,12 +9,19 @@ import hashlib
 import os
 from pathlib import Path
 
-from common import imagenet
 from common import data as datalib
-from common.config import (ConfigError, check_model_input, datasets_for, default_dataset, image_side,
-                           imagenet_shaped)
+from common.config import (
+    ConfigError,
+    check_model_input,
+    datasets_for,
+    default_dataset,
+    image_side,
+    imagenet_shaped,
+)
+from common.data import imagenet
 from harness import disk
-from harness.arguments import Preset, UsageError
+from harness.arguments import UsageError
+from harness.presets import Preset
 
 
 def settle_data(args, preset: Preset) -> Preset:
@@ -34,29 +41,43 @@ def settle_data(args, preset: Preset) -> Preset:
     return dataclasses.replace(preset, dataset=dataset, image_size=image_size)
 
 
-def resolve_data(args, model: str = "resnet18", sizes: tuple[int | None, int | None] = (None, None)
-                 ) -> tuple[str | None, str, tuple[int, int]]:
+def resolve_data(
+    args, model: str = "resnet18", sizes: tuple[int | None, int | None] = (None, None)
+) -> tuple[str | None, str, tuple[int, int]]:
     """(data directory or prepared file, where the data comes from, (training images, test images)).
 
     The files are read and verified here, once, so that bad data is one error before anything runs; an
     ImageNet-layout folder is decoded here, `sizes` images of each split, into the one file every worker reads."""
     if args.dataset == "synthetic":
-        return None, "synthetic (random images; not Fashion-MNIST)", datalib.SYNTHETIC_SIZES
+        return (
+            None,
+            "synthetic (random images; not Fashion-MNIST)",
+            datalib.fashion_mnist.SYNTHETIC_SIZES,
+        )
     if args.dataset == "imagenet-synthetic":
         side = image_side(model, args.dataset, args.image_size)
-        return (None, f"synthetic ImageNet-shaped images ({side}x{side}, 1,000 classes; random, not ImageNet)",
-                imagenet.SIZES)
+        return (
+            None,
+            f"synthetic ImageNet-shaped images ({side}x{side}, 1,000 classes; random, not ImageNet)",
+            imagenet.SIZES,
+        )
     if args.dataset == "imagenet":
         return prepare_imagenet(args, image_side(model, args.dataset, args.image_size), sizes)
     try:
-        path = datalib.locate_or_download(args.data_dir)
+        path = datalib.fashion_mnist.locate_or_download(args.data_dir)
         sizes = datalib.verify(path)
     except datalib.DataError as e:
         raise UsageError(str(e)) from None
-    return str(path), f"Fashion-MNIST IDX files in {path} (SHA-256 verified before the runs and by each worker)", sizes
+    return (
+        str(path),
+        f"Fashion-MNIST IDX files in {path} (SHA-256 verified before the runs and by each worker)",
+        sizes,
+    )
 
 
-def prepare_imagenet(args, side: int, sizes: tuple[int | None, int | None]) -> tuple[str, str, tuple[int, int]]:
+def prepare_imagenet(
+    args, side: int, sizes: tuple[int | None, int | None]
+) -> tuple[str, str, tuple[int, int]]:
     """Decode an ImageNet-layout folder's images at `side` px once (kept in the user cache, keyed by what was
     asked), after checking that the float32 copy each worker holds fits in a quarter of this host's memory."""
     if not args.data_dir:
@@ -72,30 +93,47 @@ def prepare_imagenet(args, side: int, sizes: tuple[int | None, int | None]) -> t
     needed = sum(counts) * 3 * side * side * 4
     memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if needed > memory / 4:
-        raise UsageError(f"{counts[0]:,} + {counts[1]:,} images of {side}x{side} need {needed / 1e9:.1f} GB as float32 "
-                         f"in each worker, more than a quarter of this host's {memory / 1e9:.0f} GB: "
-                         "pass a smaller --train-size / --test-size or --image-size")
-    key = hashlib.sha256(f"{folder.resolve()}|{side}|{counts}|{available}".encode()).hexdigest()[:16]
-    target = datalib.cache_dir().parent / "imagenet" / f"{folder.name}-{side}px-{key}.npz"
+        raise UsageError(
+            f"{counts[0]:,} + {counts[1]:,} images of {side}x{side} need {needed / 1e9:.1f} GB as float32 "
+            f"in each worker, more than a quarter of this host's {memory / 1e9:.0f} GB: "
+            "pass a smaller --train-size / --test-size or --image-size"
+        )
+    key = hashlib.sha256(f"{folder.resolve()}|{side}|{counts}|{available}".encode()).hexdigest()[
+        :16
+    ]
+    target = (
+        datalib.fashion_mnist.cache_dir().parent / "imagenet" / f"{folder.name}-{side}px-{key}.npz"
+    )
     if not target.is_file():
-        print(f"preparing {counts[0]:,} + {counts[1]:,} images of {folder} at {side}x{side} (once) ...", flush=True)
+        print(
+            f"preparing {counts[0]:,} + {counts[1]:,} images of {folder} at {side}x{side} (once) ...",
+            flush=True,
+        )
         try:
             imagenet.prepare(folder, side, counts[0], counts[1], target)
         except datalib.DataError as e:
             raise UsageError(str(e)) from None
-        except OSError as e:   # the user cache's disk is full, say: nothing has run yet
+        except OSError as e:  # the user cache's disk is full, say: nothing has run yet
             raise UsageError(f"the decoded images' cache: {disk.not_written(target, e)}") from None
-    return (str(target), f"ImageNet-layout folder {folder}: {counts[0]:,} training and {counts[1]:,} validation "
-            f"images, resized and centre-cropped to {side}x{side} once before the runs", available)
+    return (
+        str(target),
+        f"ImageNet-layout folder {folder}: {counts[0]:,} training and {counts[1]:,} validation "
+        f"images, resized and centre-cropped to {side}x{side} once before the runs",
+        available,
+    )
 
 
 def check_subset_sizes(args, sizes: tuple[int, int]) -> None:
     """--train-size / --test-size may not ask for more images than the dataset has (they would be clipped
     while the report claimed the number asked for)."""
-    for flag, asked, available, split in (("--train-size", args.train_size, sizes[0], "training"),
-                                          ("--test-size", args.test_size, sizes[1], "test")):
+    for flag, asked, available, split in (
+        ("--train-size", args.train_size, sizes[0], "training"),
+        ("--test-size", args.test_size, sizes[1], "test"),
+    ):
         if asked is not None and asked > available:
-            raise UsageError(f"{flag} {asked} is more than the {available} {split} images of {args.dataset}")
+            raise UsageError(
+                f"{flag} {asked} is more than the {available} {split} images of {args.dataset}"
+            )
 
 
 def explicit_size(size: int | None, dataset: str, split: int) -> int | None:

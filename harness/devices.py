@@ -16,16 +16,20 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-NVIDIA_SMI_TIMEOUT_S = 20               # a wedged driver can hang nvidia-smi; the harness must not hang with it
-PROC_GPUS = Path("/proc/driver/nvidia/gpus")   # one directory per GPU (its PCI bus id), with an `information` file
-DEV_NVIDIA0 = Path("/dev/nvidia0")      # the first GPU's device node
-PROC_VERSION = Path("/proc/driver/nvidia/version")   # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15 ..."
+NVIDIA_SMI_TIMEOUT_S = 20  # a wedged driver can hang nvidia-smi; the harness must not hang with it
+PROC_GPUS = Path(
+    "/proc/driver/nvidia/gpus"
+)  # one directory per GPU (its PCI bus id), with an `information` file
+DEV_NVIDIA0 = Path("/dev/nvidia0")  # the first GPU's device node
+PROC_VERSION = Path(
+    "/proc/driver/nvidia/version"
+)  # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15 ..."
 
 
 @dataclass
 class Detection:
-    gpus: list[str]     # names of the visible GPUs, in CUDA's order
-    how: str            # one line: how they were found, or why none were
+    gpus: list[str]  # names of the visible GPUs, in CUDA's order
+    how: str  # one line: how they were found, or why none were
 
 
 @dataclass
@@ -36,34 +40,47 @@ class Gpu:
 
 def detect() -> Detection:
     tried = []
-    for source, ask in (("by nvidia-smi", from_nvidia_smi), (f"in the driver's files under {PROC_GPUS}", from_proc)):
+    for source, ask in (
+        ("by nvidia-smi", from_nvidia_smi),
+        (f"in the driver's files under {PROC_GPUS}", from_proc),
+    ):
         gpus, why_none = ask()
         if gpus:
-            return apply_visible_devices(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"), source, tried)
+            return apply_visible_devices(
+                gpus, os.environ.get("CUDA_VISIBLE_DEVICES"), source, tried
+            )
         tried.append(why_none)
     if DEV_NVIDIA0.exists():
         # A device node without a listed GPU: a broken or partial driver install. The frameworks
         # are asked in the worker; the harness only says what it saw.
-        return Detection([], f"no GPU found: {DEV_NVIDIA0} exists but neither nvidia-smi nor the driver's "
-                             f"/proc files list a GPU ({'; '.join(tried)})")
+        return Detection(
+            [],
+            f"no GPU found: {DEV_NVIDIA0} exists but neither nvidia-smi nor the driver's "
+            f"/proc files list a GPU ({'; '.join(tried)})",
+        )
     return Detection([], "no GPU found: " + "; ".join(tried))
 
 
 # ------------------------------------------------------------------ the two sources
+
 
 def run_nvidia_smi(*args: str) -> tuple[str | None, str]:
     """(stdout, "") when nvidia-smi ran and succeeded, else (None, why not)."""
     if not shutil.which("nvidia-smi"):
         return None, "nvidia-smi is not on PATH"
     try:
-        out = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S)
+        out = subprocess.run(
+            ["nvidia-smi", *args], capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired:
         return None, f"nvidia-smi did not answer within {NVIDIA_SMI_TIMEOUT_S} s"
     except OSError as e:
         return None, f"nvidia-smi could not start ({e})"
     if out.returncode:
         message = (out.stderr.strip() or out.stdout.strip()).splitlines()
-        return None, f"nvidia-smi failed with exit status {out.returncode}" + (f": {message[0]}" if message else "")
+        return None, f"nvidia-smi failed with exit status {out.returncode}" + (
+            f": {message[0]}" if message else ""
+        )
     return out.stdout, ""
 
 
@@ -92,7 +109,9 @@ def from_proc() -> tuple[list[Gpu], str]:
             fields = read_fields(bus / "information")
         except OSError:
             continue
-        gpus.append(Gpu(fields.get("GPU UUID", ""), fields.get("Model") or f"NVIDIA GPU at {bus.name}"))
+        gpus.append(
+            Gpu(fields.get("GPU UUID", ""), fields.get("Model") or f"NVIDIA GPU at {bus.name}")
+        )
     return gpus, ("" if gpus else f"{PROC_GPUS} lists no GPU")
 
 
@@ -127,7 +146,10 @@ def driver_version() -> tuple[int, ...] | None:
     found = re.search(r"^\s*(\d+)\.(\d+)(?:\.(\d+))?\s*$", text or "", re.M)
     if not found:
         try:
-            found = re.search(r"NVRM version:.*?\s(\d+)\.(\d+)(?:\.(\d+))?\s", PROC_VERSION.read_text(errors="replace"))
+            found = re.search(
+                r"NVRM version:.*?\s(\d+)\.(\d+)(?:\.(\d+))?\s",
+                PROC_VERSION.read_text(errors="replace"),
+            )
         except OSError:
             found = None
     return tuple(int(g) for g in found.groups() if g is not None) if found else None
@@ -135,7 +157,10 @@ def driver_version() -> tuple[int, ...] | None:
 
 # ---------------------------------------------------------------- CUDA_VISIBLE_DEVICES
 
-def apply_visible_devices(gpus: list[Gpu], visible: str | None, source: str, tried: list[str]) -> Detection:
+
+def apply_visible_devices(
+    gpus: list[Gpu], visible: str | None, source: str, tried: list[str]
+) -> Detection:
     """The GPUs CUDA would show under CUDA_VISIBLE_DEVICES, with a line saying where they came from."""
     if visible is None:
         chosen, notes = gpus, list(tried)
@@ -143,8 +168,12 @@ def apply_visible_devices(gpus: list[Gpu], visible: str | None, source: str, tri
         chosen, problem = select_visible(gpus, visible)
         notes = [visible_note(visible, problem), *tried]
     if not chosen:
-        return Detection([], f"no GPU visible: {'; '.join(notes)}; {count(len(gpus), 'GPU')} found {source}")
-    return Detection([g.name for g in chosen], f"found {source}" + (f" ({'; '.join(notes)})" if notes else ""))
+        return Detection(
+            [], f"no GPU visible: {'; '.join(notes)}; {count(len(gpus), 'GPU')} found {source}"
+        )
+    return Detection(
+        [g.name for g in chosen], f"found {source}" + (f" ({'; '.join(notes)})" if notes else "")
+    )
 
 
 def select_visible(gpus: list[Gpu], visible: str) -> tuple[list[Gpu], str | None]:
@@ -168,7 +197,7 @@ def select_visible(gpus: list[Gpu], visible: str) -> tuple[list[Gpu], str | None
 
 def unmatched(entry: str) -> str:
     if entry == "-1":
-        return ""                            # the usual way to hide every GPU: nothing to explain
+        return ""  # the usual way to hide every GPU: nothing to explain
     if entry.startswith("MIG-"):
         # MIG instances are listed only by `nvidia-smi -L`: without it, say where we looked
         return ", which names no MIG instance `nvidia-smi -L` lists"
@@ -181,7 +210,7 @@ def find_gpu(entry: str, gpus: list[Gpu], mig: list[Gpu]) -> Gpu | None:
     if not entry.startswith(("GPU-", "MIG-")):
         return None
     matches = [g for g in gpus + mig if g.uuid.startswith(entry)]
-    return matches[0] if len(matches) == 1 else None   # an ambiguous prefix names no GPU
+    return matches[0] if len(matches) == 1 else None  # an ambiguous prefix names no GPU
 
 
 def visible_note(visible: str, problem: str | None) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def not_written(path, error: OSError) -> str:
-    """"could not write PATH: No space left on device (12 kB free there)"."""
+    """ "could not write PATH: No space left on device (12 kB free there)"."""
     return f"could not write {error.filename or path}: {error.strerror or error} ({free_at(path)} free there)"
 
 
@@ -19,7 +19,7 @@ def free_at(path) -> str:
         try:
             free = shutil.disk_usage(place).free
             break
-        except OSError:   # not there (yet), not a folder, a name too long: its parent's filesystem
+        except OSError:  # not there (yet), not a folder, a name too long: its parent's filesystem
             place = place.parent
     else:
         return "unknown space"

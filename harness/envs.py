@@ -30,7 +30,9 @@ class EnvError(Exception):
     """The environment could not be built; the message holds the reason and pip's tail."""
 
 
-BOOTSTRAPPED = "DPBENCH_BOOTSTRAPPED"   # set by bootstrap() in the harness it re-runs: no second re-run
+BOOTSTRAPPED = (
+    "DPBENCH_BOOTSTRAPPED"  # set by bootstrap() in the harness it re-runs: no second re-run
+)
 
 
 def worker_env(caller=None, **extra: str) -> dict:
@@ -58,8 +60,11 @@ def stamp_for(requirements: Path, base_python: str) -> str:
 
 def is_current(name: str, requirements: Path, base_python: str = BASE_PYTHON) -> bool:
     stamp = VENVS / name / STAMP
-    return venv_python(name).exists() and stamp.is_file() and \
-        stamp.read_text().strip() == stamp_for(requirements, base_python)
+    return (
+        venv_python(name).exists()
+        and stamp.is_file()
+        and stamp.read_text().strip() == stamp_for(requirements, base_python)
+    )
 
 
 def ensure(name: str, requirements: Path, say=print, base_python: str = BASE_PYTHON) -> Path:
@@ -74,17 +79,30 @@ def ensure(name: str, requirements: Path, say=print, base_python: str = BASE_PYT
             say(f"Rebuilding .venvs/{name}/ ({requirements.relative_to(ROOT)} changed)")
             shutil.rmtree(target)
         else:
-            say(f"Creating .venvs/{name}/ from {requirements.relative_to(ROOT)} (first use; takes a few minutes)")
+            say(
+                f"Creating .venvs/{name}/ from {requirements.relative_to(ROOT)} (first use; takes a few minutes)"
+            )
         log = VENVS / f"{name}.pip.log"
         with open(log, "w") as out:
-            steps = ([base_python, "-m", "venv", str(target)],
-                     [str(venv_python(name)), "-m", "pip", "install", "--disable-pip-version-check",
-                      "-r", str(requirements)])
+            steps = (
+                [base_python, "-m", "venv", str(target)],
+                [
+                    str(venv_python(name)),
+                    "-m",
+                    "pip",
+                    "install",
+                    "--disable-pip-version-check",
+                    "-r",
+                    str(requirements),
+                ],
+            )
             for cmd in steps:
                 if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode:
                     tail = log.read_text()[-1500:]
-                    raise EnvError(f"building .venvs/{name}/ failed at `{' '.join(cmd[-3:])}` "
-                                   f"(full log: {log.relative_to(ROOT)}):\n{tail}")
+                    raise EnvError(
+                        f"building .venvs/{name}/ failed at `{' '.join(cmd[-3:])}` "
+                        f"(full log: {log.relative_to(ROOT)}):\n{tail}"
+                    )
         (target / STAMP).write_text(stamp_for(requirements, base_python) + "\n")
         return venv_python(name)
 
@@ -110,8 +128,13 @@ def requirements_for(requirements: Path, driver: tuple[int, ...] | None) -> Path
     major = cuda_major(driver)
     if major is None:
         return requirements
-    names = [f"requirements-cuda{m}.txt" for m, _ in CUDA_DRIVERS if m <= major] + ["requirements-cuda.txt"]
-    return next((requirements.with_name(n) for n in names if requirements.with_name(n).is_file()), requirements)
+    names = [f"requirements-cuda{m}.txt" for m, _ in CUDA_DRIVERS if m <= major] + [
+        "requirements-cuda.txt"
+    ]
+    return next(
+        (requirements.with_name(n) for n in names if requirements.with_name(n).is_file()),
+        requirements,
+    )
 
 
 def ensure_backend(name: str, requirements: Path, say=print) -> Path:
@@ -126,6 +149,7 @@ HARNESS_REQUIREMENTS = ROOT / "harness" / "requirements.txt"
 
 def _missing(modules: list[str]) -> list[str]:
     import importlib.util
+
     return [m for m in modules if importlib.util.find_spec(m) is None]
 
 

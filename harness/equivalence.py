@@ -14,15 +14,15 @@ from harness.tables import fmt
 
 # What "the same" means, per comparison (stated in the table and the report).
 TOLERANCE = {
-    "forward": 1e-4,     # max |logits - torch logits|
-    "loss": 1e-4,        # |loss - torch loss| / |torch loss|
-    "gradients": 1e-4,   # ||g - g_torch|| / ||g_torch||, over all trainable parameters
-    "step": 1e-3,        # ||w1 - w1_torch|| / ||w1_torch - w0||: the first SGD updates agree
-    "trace": 1e-3,       # max over the steps of |loss - torch loss|
-    "k-vs-1": 1e-5,      # max |w1(k devices) - w1(1 device)| (LeNet; ResNet-18 with --bn sync)
-    "float64": 1e-10,    # loss and gradients (relative) computed in float64 on 1 device, vs torch's
-    "float32": 1e-1,     # a backend's own float32 gradient vs its float64 one: beyond this it is not rounding
-    "state": 1e-4,       # ||s - s_torch|| / ||s_torch||: BatchNorm running mean and variance after the step(s)
+    "forward": 1e-4,  # max |logits - torch logits|
+    "loss": 1e-4,  # |loss - torch loss| / |torch loss|
+    "gradients": 1e-4,  # ||g - g_torch|| / ||g_torch||, over all trainable parameters
+    "step": 1e-3,  # ||w1 - w1_torch|| / ||w1_torch - w0||: the first SGD updates agree
+    "trace": 1e-3,  # max over the steps of |loss - torch loss|
+    "k-vs-1": 1e-5,  # max |w1(k devices) - w1(1 device)| (LeNet; ResNet-18 with --bn sync)
+    "float64": 1e-10,  # loss and gradients (relative) computed in float64 on 1 device, vs torch's
+    "float32": 1e-1,  # a backend's own float32 gradient vs its float64 one: beyond this it is not rounding
+    "state": 1e-4,  # ||s - s_torch|| / ||s_torch||: BatchNorm running mean and variance after the step(s)
     "same math": 1e-10,  # float64 run of a strategy vs torch's: loss, gradients, weights, BatchNorm state, losses
 }
 # Where float32 itself cannot reach those (ResNet-18's gradients on small batches: each framework's own
@@ -33,7 +33,9 @@ TOLERANCE = {
 FLOOR_FACTOR = 3
 
 
-FLOAT64 = ":float64"   # a strategy's float64 run is stored as <strategy>:float64 (common/measurements.py)
+FLOAT64 = (
+    ":float64"  # a strategy's float64 run is stored as <strategy>:float64 (common/measurements.py)
+)
 
 
 @dataclass
@@ -46,7 +48,7 @@ class Row:
     bn: str
     value: float | None
     tolerance: float | None
-    status: str          # ok, FAIL, measured (a documented difference), not run
+    status: str  # ok, FAIL, measured (a documented difference), not run
     note: str = ""
 
 
@@ -91,18 +93,27 @@ def runs_of(arrays: dict) -> list[tuple[str, str, int, str]]:
     found = set()
     for key in arrays:
         parts = key.split("|")
-        if len(parts) == 5 and parts[4] == "loss" and parts[1] != "float64" and not parts[1].endswith(FLOAT64):
+        if (
+            len(parts) == 5
+            and parts[4] == "loss"
+            and parts[1] != "float64"
+            and not parts[1].endswith(FLOAT64)
+        ):
             found.add((parts[0], parts[1], int(parts[2]), parts[3]))
     return sorted(found)
 
 
-def compare(results: dict[str, tuple[dict, dict]], w0: dict[str, dict], reference: str = "torch") -> list[Row]:
+def compare(
+    results: dict[str, tuple[dict, dict]], w0: dict[str, dict], reference: str = "torch"
+) -> list[Row]:
     rows: list[Row] = []
     ref_arrays = results[reference][0]
     ref_runs = runs_of(ref_arrays)
 
     def reference_key(model, k, bn):
-        return next((f"{m}|{s}|{n}|{b}" for m, s, n, b in ref_runs if (m, n, b) == (model, k, bn)), None)
+        return next(
+            (f"{m}|{s}|{n}|{b}" for m, s, n, b in ref_runs if (m, n, b) == (model, k, bn)), None
+        )
 
     for name, (arrays, skipped) in results.items():
         own_rows = set()
@@ -115,36 +126,75 @@ def compare(results: dict[str, tuple[dict, dict]], w0: dict[str, dict], referenc
         for model, strategy, k, bn in runs_of(arrays):
             key = f"{model}|{strategy}|{k}|{bn}"
             ref = reference_key(model, k, bn)
-            floor = float32_floor(ref_arrays, ref, f"{model}|float64|{k}|{bn}", model, w0[model]) if ref else None
+            floor = (
+                float32_floor(ref_arrays, ref, f"{model}|float64|{k}|{bn}", model, w0[model])
+                if ref
+                else None
+            )
             own = own_float32_error(arrays, model, strategy)
             if own is not None and (model, strategy) not in own_rows:
                 own_rows.add((model, strategy))
-                rows.append(Row("float32 vs float64", model, name, strategy, "1", "-", own, TOLERANCE["float32"],
-                                _verdict(own, TOLERANCE["float32"]),
-                                "this backend's float32 gradient vs its float64 one"))
+                rows.append(
+                    Row(
+                        "float32 vs float64",
+                        model,
+                        name,
+                        strategy,
+                        "1",
+                        "-",
+                        own,
+                        TOLERANCE["float32"],
+                        _verdict(own, TOLERANCE["float32"]),
+                        "this backend's float32 gradient vs its float64 one",
+                    )
+                )
             if floor is not None:
                 floor = widened_floor(floor, arrays, key, model, w0[model], own)
             if ref and (name != reference or ref != key):
-                rows += _against_reference(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0[model], floor)
+                rows += _against_reference(
+                    arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0[model], floor
+                )
             if ref:
-                rows += _state_rows(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, floor)
+                rows += _state_rows(
+                    arrays, ref_arrays, key, ref, model, name, strategy, k, bn, floor
+                )
             f64, ref64 = float64_key(key), float64_key(ref) if ref else None
             both_in_float64 = ref64 and f"{f64}|loss" in arrays and f"{ref64}|loss" in ref_arrays
             if both_in_float64 and (name != reference or ref != key):
-                rows.append(_same_math(arrays, ref_arrays, f64, ref64, model, name, strategy, k, bn, w0[model]))
+                rows.append(
+                    _same_math(
+                        arrays, ref_arrays, f64, ref64, model, name, strategy, k, bn, w0[model]
+                    )
+                )
             if k > 1 and f"{model}|{strategy}|1|{bn}|loss" in arrays:
                 one_ref = reference_key(model, 1, bn)
-                one_floor = float32_floor(ref_arrays, one_ref, f"{model}|float64|1|{bn}", model, w0[model]) \
-                    if one_ref else None
-                rows.append(_k_vs_1(arrays, key, f"{model}|{strategy}|1|{bn}", model, name, strategy, k, bn,
-                                    _larger(one_floor, floor)))
+                one_floor = (
+                    float32_floor(ref_arrays, one_ref, f"{model}|float64|1|{bn}", model, w0[model])
+                    if one_ref
+                    else None
+                )
+                rows.append(
+                    _k_vs_1(
+                        arrays,
+                        key,
+                        f"{model}|{strategy}|1|{bn}",
+                        model,
+                        name,
+                        strategy,
+                        k,
+                        bn,
+                        _larger(one_floor, floor),
+                    )
+                )
         for key, reason in skipped.items():
             model, strategy, k, bn = key.split("|")
             rows.append(Row("all", model, name, strategy, k, bn, None, None, "not run", reason))
     return rows
 
 
-def compare_nodes(name: str, single: dict, multi: dict, skipped: dict, nodes: int, w0: dict[str, dict]) -> list[Row]:
+def compare_nodes(
+    name: str, single: dict, multi: dict, skipped: dict, nodes: int, w0: dict[str, dict]
+) -> list[Row]:
     """A backend's runs on `nodes` nodes against its own 1-process runs of the same devices: the same math
     in float64 (to the same-math tolerance), and the float32 gradients within FLOOR_FACTOR x the larger of
     the two runs' own float32-vs-float64 distances (a fixed tolerance where the engine has no float64: then
@@ -153,8 +203,20 @@ def compare_nodes(name: str, single: dict, multi: dict, skipped: dict, nodes: in
     for model, strategy, k, bn in runs_of(multi):
         key, devices = f"{model}|{strategy}|{k}|{bn}", f"{k} = {nodes}x{k // nodes}"
         if f"{key}|loss" not in single:
-            rows.append(Row("nodes vs 1 process", model, name, strategy, devices, bn, None, None, "not run",
-                            "no 1-process run to compare with"))
+            rows.append(
+                Row(
+                    "nodes vs 1 process",
+                    model,
+                    name,
+                    strategy,
+                    devices,
+                    bn,
+                    None,
+                    None,
+                    "not run",
+                    "no 1-process run to compare with",
+                )
+            )
             continue
         f64 = float64_key(key)
         if f"{f64}|loss" in multi and f"{f64}|loss" in single:
@@ -163,19 +225,56 @@ def compare_nodes(name: str, single: dict, multi: dict, skipped: dict, nodes: in
             value["final"] = _relative_gap(multi, f"{f64}|final", single, f"{f64}|final", names)
             value.pop("k-vs-1")
             largest = max(value, key=value.get)
-            rows.append(Row("nodes vs 1 process (float64)", model, name, strategy, devices, bn, value[largest],
-                            TOLERANCE["same math"], _verdict(value[largest], TOLERANCE["same math"]),
-                            f"{nodes} processes vs 1 process of {k} devices, float64: loss, gradients, "
-                            f"{len(multi[f'{f64}|losses'])} steps of weights; largest: {largest}"))
-            floor = max(distances(a, a, key, f64, model, w0[model])["gradients"] for a in (single, multi))
+            rows.append(
+                Row(
+                    "nodes vs 1 process (float64)",
+                    model,
+                    name,
+                    strategy,
+                    devices,
+                    bn,
+                    value[largest],
+                    TOLERANCE["same math"],
+                    _verdict(value[largest], TOLERANCE["same math"]),
+                    f"{nodes} processes vs 1 process of {k} devices, float64: loss, gradients, "
+                    f"{len(multi[f'{f64}|losses'])} steps of weights; largest: {largest}",
+                )
+            )
+            floor = max(
+                distances(a, a, key, f64, model, w0[model])["gradients"] for a in (single, multi)
+            )
         else:
             floor = 0.0
-            rows.append(Row("nodes vs 1 process (float64)", model, name, strategy, devices, bn, None, None, "not run",
-                            skipped.get(key, "no float64 run on nodes")))
+            rows.append(
+                Row(
+                    "nodes vs 1 process (float64)",
+                    model,
+                    name,
+                    strategy,
+                    devices,
+                    bn,
+                    None,
+                    None,
+                    "not run",
+                    skipped.get(key, "no float64 run on nodes"),
+                )
+            )
         value = distances(multi, single, key, key, model, w0[model])["gradients"]
         tolerance, why = _allowed("gradients", {"gradients": floor})
-        rows.append(Row("nodes vs 1 process", model, name, strategy, devices, bn, value, tolerance,
-                        _verdict(value, tolerance), "float32 gradients" + (f"; tolerance {why}" if why else "")))
+        rows.append(
+            Row(
+                "nodes vs 1 process",
+                model,
+                name,
+                strategy,
+                devices,
+                bn,
+                value,
+                tolerance,
+                _verdict(value, tolerance),
+                "float32 gradients" + (f"; tolerance {why}" if why else ""),
+            )
+        )
     return rows
 
 
@@ -190,7 +289,9 @@ def distances(arrays, ref_arrays, key, ref, model, w0) -> dict[str, float]:
     names = _trainable(model)
     ref_loss = float(ref_arrays[f"{ref}|loss"])
     # The first step: its distance relative to how far the reference's step moved the weights from w0.
-    first_gap, _, moved, first_peak = _gap(arrays, f"{key}|first", ref_arrays, f"{ref}|first", names, start=w0)
+    first_gap, _, moved, first_peak = _gap(
+        arrays, f"{key}|first", ref_arrays, f"{ref}|first", names, start=w0
+    )
     return {
         "loss": abs(float(arrays[f"{key}|loss"]) - ref_loss) / abs(ref_loss),
         "gradients": _relative_gap(arrays, f"{key}|grad", ref_arrays, f"{ref}|grad", names),
@@ -207,17 +308,31 @@ def state_distances(arrays, ref_arrays, key, ref, model) -> dict[str, float]:
     names = _statistics(model)
     if not names:
         return {}
-    return {"state": _relative_gap(arrays, f"{key}|first", ref_arrays, f"{ref}|first", names),
-            "final state": _relative_gap(arrays, f"{key}|final", ref_arrays, f"{ref}|final", names)}
+    return {
+        "state": _relative_gap(arrays, f"{key}|first", ref_arrays, f"{ref}|first", names),
+        "final state": _relative_gap(arrays, f"{key}|final", ref_arrays, f"{ref}|final", names),
+    }
 
 
 def _float64_row(arrays, ref_arrays, model, name) -> Row:
     names = _trainable(model)
     loss = abs(float(arrays[f"{model}|float64|loss"]) - float(ref_arrays[f"{model}|float64|loss"]))
-    grads = _relative_gap(arrays, f"{model}|float64|grad", ref_arrays, f"{model}|float64|grad", names)
+    grads = _relative_gap(
+        arrays, f"{model}|float64|grad", ref_arrays, f"{model}|float64|grad", names
+    )
     value = max(loss / abs(float(ref_arrays[f"{model}|float64|loss"])), grads)
-    return Row("math (float64)", model, name, "(1 device)", "1", "-", value, TOLERANCE["float64"],
-               _verdict(value, TOLERANCE["float64"]), "loss and gradients in float64 vs torch's")
+    return Row(
+        "math (float64)",
+        model,
+        name,
+        "(1 device)",
+        "1",
+        "-",
+        value,
+        TOLERANCE["float64"],
+        _verdict(value, TOLERANCE["float64"]),
+        "loss and gradients in float64 vs torch's",
+    )
 
 
 def _same_math(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0) -> Row:
@@ -228,14 +343,23 @@ def _same_math(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0) -
     names = _trainable(model) + _statistics(model)
     value["final"] = _relative_gap(arrays, f"{key}|final", ref_arrays, f"{ref}|final", names)
     value.pop("k-vs-1")
-    value.pop("final state", None)   # inside "final"
+    value.pop("final state", None)  # inside "final"
     largest = max(value, key=value.get)
     steps = len(arrays[f"{key}|losses"])
     tolerance = TOLERANCE["same math"]
-    return Row("same math (float64)", model, name, strategy, str(k), bn, value[largest], tolerance,
-               _verdict(value[largest], tolerance),
-               f"vs torch {ref.split('|')[1].removesuffix(FLOAT64)}: loss, gradients, {steps} steps of weights"
-               f"{' and BatchNorm state' if _statistics(model) else ''}; largest: {largest}")
+    return Row(
+        "same math (float64)",
+        model,
+        name,
+        strategy,
+        str(k),
+        bn,
+        value[largest],
+        tolerance,
+        _verdict(value[largest], tolerance),
+        f"vs torch {ref.split('|')[1].removesuffix(FLOAT64)}: loss, gradients, {steps} steps of weights"
+        f"{' and BatchNorm state' if _statistics(model) else ''}; largest: {largest}",
+    )
 
 
 def _state_rows(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, floor) -> list[Row]:
@@ -245,15 +369,42 @@ def _state_rows(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, floo
         return []
     steps = len(arrays[f"{key}|losses"])
     rows = []
-    for check, label in (("state", "BatchNorm state, one step"), ("final state", f"BatchNorm state, {steps} steps")):
+    for check, label in (
+        ("state", "BatchNorm state, one step"),
+        ("final state", f"BatchNorm state, {steps} steps"),
+    ):
         if check == "final state" and floor is not None and floor["trace"] > TOLERANCE["trace"]:
-            rows.append(Row(label, model, name, strategy, str(k), bn, value[check], None, "measured",
-                            f"vs torch {ref.split('|')[1]}; chaotic in float32 (see the loss trace)"))
+            rows.append(
+                Row(
+                    label,
+                    model,
+                    name,
+                    strategy,
+                    str(k),
+                    bn,
+                    value[check],
+                    None,
+                    "measured",
+                    f"vs torch {ref.split('|')[1]}; chaotic in float32 (see the loss trace)",
+                )
+            )
             continue
         tolerance, why = _allowed(check, floor, fixed=TOLERANCE["state"])
         note = f"vs torch {ref.split('|')[1]}" + (f"; tolerance {why}" if why else "")
-        rows.append(Row(label, model, name, strategy, str(k), bn, value[check], tolerance,
-                        _verdict(value[check], tolerance), note))
+        rows.append(
+            Row(
+                label,
+                model,
+                name,
+                strategy,
+                str(k),
+                bn,
+                value[check],
+                tolerance,
+                _verdict(value[check], tolerance),
+                note,
+            )
+        )
     return rows
 
 
@@ -266,8 +417,14 @@ def widened_floor(floor: dict, arrays, key, model, w0, own: float | None) -> dic
     f64 = float64_key(key)
     if f"{f64}|loss" in arrays:
         mine = distances(arrays, arrays, key, f64, model, w0)
-        return {**floor, **{c: max(floor[c], mine[c]) for c in ("gradients", "step", "state")
-                            if c in floor and c in mine and mine[c] <= TOLERANCE["float32"]}}
+        return {
+            **floor,
+            **{
+                c: max(floor[c], mine[c])
+                for c in ("gradients", "step", "state")
+                if c in floor and c in mine and mine[c] <= TOLERANCE["float32"]
+            },
+        }
     if own is not None and own <= TOLERANCE["float32"]:
         return {**floor, "gradients": max(floor["gradients"], own), "step": max(floor["step"], own)}
     return floor
@@ -278,7 +435,9 @@ def own_float32_error(arrays, model, strategy) -> float | None:
     names = _trainable(model)
     for bn in ("local", "sync"):
         if f"{model}|{strategy}|1|{bn}|loss" in arrays and f"{model}|float64|loss" in arrays:
-            return _relative_gap(arrays, f"{model}|{strategy}|1|{bn}|grad", arrays, f"{model}|float64|grad", names)
+            return _relative_gap(
+                arrays, f"{model}|{strategy}|1|{bn}|grad", arrays, f"{model}|float64|grad", names
+            )
     return None
 
 
@@ -307,8 +466,17 @@ def _forward_row(arrays, ref_arrays, model: str, mode: str, name: str) -> Row:
     exact = ref_arrays.get(f"{model}|float64|forward|{mode}")
     floor = None if exact is None else {"forward": float(np.max(np.abs(ref_arrays[key] - exact)))}
     tolerance, note = _allowed("forward", floor)
-    return Row("forward", model, name, f"({mode} mode)", "1", "-", diff, tolerance,
-               _verdict(diff, tolerance) + (f" ({note})" if note else ""))
+    return Row(
+        "forward",
+        model,
+        name,
+        f"({mode} mode)",
+        "1",
+        "-",
+        diff,
+        tolerance,
+        _verdict(diff, tolerance) + (f" ({note})" if note else ""),
+    )
 
 
 def _allowed(check: str, floor: dict | None, fixed: float | None = None) -> tuple[float, str]:
@@ -319,21 +487,51 @@ def _allowed(check: str, floor: dict | None, fixed: float | None = None) -> tupl
     return FLOOR_FACTOR * floor[check], f"{FLOOR_FACTOR}x float32-vs-float64 {floor[check]:.1e}"
 
 
-def _against_reference(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0, floor) -> list[Row]:
+def _against_reference(
+    arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0, floor
+) -> list[Row]:
     value = distances(arrays, ref_arrays, key, ref, model, w0)
     steps = len(arrays[f"{key}|losses"])
     rows = []
-    for check, label in (("loss", "loss"), ("gradients", "gradients"), ("step", "one step"),
-                         ("trace", f"{steps}-step loss")):
+    for check, label in (
+        ("loss", "loss"),
+        ("gradients", "gradients"),
+        ("step", "one step"),
+        ("trace", f"{steps}-step loss"),
+    ):
         if check == "trace" and floor is not None and floor["trace"] > TOLERANCE["trace"]:
-            rows.append(Row(label, model, name, strategy, str(k), bn, value[check], None, "measured",
-                            f"vs torch {ref.split('|')[1]}; chaotic in float32: torch's own float32 trace is "
-                            f"{floor['trace']:.1e} from float64"))
+            rows.append(
+                Row(
+                    label,
+                    model,
+                    name,
+                    strategy,
+                    str(k),
+                    bn,
+                    value[check],
+                    None,
+                    "measured",
+                    f"vs torch {ref.split('|')[1]}; chaotic in float32: torch's own float32 trace is "
+                    f"{floor['trace']:.1e} from float64",
+                )
+            )
             continue
         tolerance, why = _allowed(check, floor)
         note = f"vs torch {ref.split('|')[1]}" + (f"; tolerance {why}" if why else "")
-        rows.append(Row(label, model, name, strategy, str(k), bn, value[check], tolerance,
-                        _verdict(value[check], tolerance), note))
+        rows.append(
+            Row(
+                label,
+                model,
+                name,
+                strategy,
+                str(k),
+                bn,
+                value[check],
+                tolerance,
+                _verdict(value[check], tolerance),
+                note,
+            )
+        )
     return rows
 
 
@@ -352,16 +550,60 @@ def _k_vs_1(arrays, key, one, model, name, strategy, k, bn, floor) -> Row:
     diff = _gap(arrays, f"{key}|first", arrays, f"{one}|first", names)[3]
     if model == "lenet" or bn == "sync":
         tolerance, why = _allowed("k-vs-1", floor)
-        return Row("k vs 1 device", model, name, strategy, str(k), bn, diff, tolerance,
-                   _verdict(diff, tolerance), f"tolerance {why}" if why else "")
-    return Row("k vs 1 device", model, name, strategy, str(k), bn, diff, None, "measured",
-               "per-device BatchNorm statistics: k devices normalise over B/k examples each, by design")
+        return Row(
+            "k vs 1 device",
+            model,
+            name,
+            strategy,
+            str(k),
+            bn,
+            diff,
+            tolerance,
+            _verdict(diff, tolerance),
+            f"tolerance {why}" if why else "",
+        )
+    return Row(
+        "k vs 1 device",
+        model,
+        name,
+        strategy,
+        str(k),
+        bn,
+        diff,
+        None,
+        "measured",
+        "per-device BatchNorm statistics: k devices normalise over B/k examples each, by design",
+    )
 
 
 # --------------------------------------------------------------------------- output
 
+
 def table(rows: list[Row]) -> list[str]:
     return tables.table(
-        ["check", "model", "backend", "strategy", "devices", "bn", "max difference", "tolerance", "result"],
-        [[r.check, r.model, r.backend, r.strategy, str(r.devices), r.bn, fmt(r.value, ".2e"), fmt(r.tolerance, ".0e"),
-          r.status + (f" ({r.note})" if r.note else "")] for r in rows])
+        [
+            "check",
+            "model",
+            "backend",
+            "strategy",
+            "devices",
+            "bn",
+            "max difference",
+            "tolerance",
+            "result",
+        ],
+        [
+            [
+                r.check,
+                r.model,
+                r.backend,
+                r.strategy,
+                str(r.devices),
+                r.bn,
+                fmt(r.value, ".2e"),
+                fmt(r.tolerance, ".0e"),
+                r.status + (f" ({r.note})" if r.note else ""),
+            ]
+            for r in rows
+        ],
+    )

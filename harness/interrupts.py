@@ -18,8 +18,10 @@ from contextlib import contextmanager
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-received: list[int] = []     # the stop signals received while handled() is active, in the order they came
-_state = {"stopping": False, "holding": 0}   # stopping: signals are only recorded from now on
+received: list[
+    int
+] = []  # the stop signals received while handled() is active, in the order they came
+_state = {"stopping": False, "holding": 0}  # stopping: signals are only recorded from now on
 
 
 class Interrupted(KeyboardInterrupt):
@@ -67,7 +69,7 @@ def handled():
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        received.clear()   # what they meant is in the exit status by now
+        received.clear()  # what they meant is in the exit status by now
 
 
 @contextmanager

@@ -40,7 +40,9 @@ def process_start(pid: int) -> str | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return stat.rpartition(")")[2].split()[19]   # (the command name, in parentheses, may hold spaces)
+    return stat.rpartition(")")[2].split()[
+        19
+    ]  # (the command name, in parentheses, may hold spaces)
 
 
 def abandoned(staging: Path) -> bool:
@@ -62,12 +64,12 @@ def keep_left_behind(out: Path, write_report) -> list[str]:
     try:
         found = sorted(p for p in out.glob(".tmp-*") if p.is_dir()) if out.is_dir() else []
     except OSError:
-        return []   # an --out that cannot be read: creating the report's folder there says why, in one line
+        return []  # an --out that cannot be read: creating the report's folder there says why, in one line
     return [_keep(out, staging, write_report) for staging in found if abandoned(staging)]
 
 
 def _keep(out: Path, staging: Path, write_report) -> str:
-    run_id = staging.name[len(".tmp-"):]
+    run_id = staging.name[len(".tmp-") :]
     results = finished_results(staging)
     reported = ""
     if results:
@@ -77,8 +79,12 @@ def _keep(out: Path, staging: Path, write_report) -> str:
                 raise ValueError("not an object")
             write_report(staging, results, {**meta, "run_id": run_id})
             reported = f", with the report of its {len(results)} finished run(s)"
-        except Exception as e:   # meta.json is untrusted: whatever it breaks, the finished results stay in runs/
-            reported = f" ({len(results)} finished run(s) in runs/; no report: {type(e).__name__}: {e})"
+        except (
+            Exception
+        ) as e:  # meta.json is untrusted: whatever it breaks, the finished results stay in runs/
+            reported = (
+                f" ({len(results)} finished run(s) in runs/; no report: {type(e).__name__}: {e})"
+            )
     final = out / f"{run_id}-killed"
     n = 2
     while final.exists():
@@ -87,8 +93,10 @@ def _keep(out: Path, staging: Path, write_report) -> str:
         staging.rename(final)
     except OSError as e:
         return f"harness: found {staging}, left by a killed harness, and could not keep it: {e.strerror or e}"
-    return (f"harness: the run {run_id} was killed before it finished; kept as {final}"
-            f"{reported or ' (its logs; no run had finished)'}")
+    return (
+        f"harness: the run {run_id} was killed before it finished; kept as {final}"
+        f"{reported or ' (its logs; no run had finished)'}"
+    )
 
 
 def finished_results(staging: Path) -> list[dict]:
@@ -100,7 +108,9 @@ def finished_results(staging: Path) -> list[dict]:
         if re.search(r"\.node[1-9]\d*\.result\.json$", path.name):
             continue
         try:
-            config = json.loads(path.with_name(path.name.replace(".result.json", ".config.json")).read_text())
+            config = json.loads(
+                path.with_name(path.name.replace(".result.json", ".config.json")).read_text()
+            )
             results.append(load_result(path, config))
         except (OSError, ValueError, TypeError):
             continue

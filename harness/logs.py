@@ -39,4 +39,4 @@ class WorkerLogs:
             try:
                 f.close()
             except OSError:
-                pass   # its last lines could not be flushed: already said by write
+                pass  # its last lines could not be flushed: already said by write

@@ -22,17 +22,21 @@ from common import network
 from common.config import ConfigError, check_join_timeout, parse_address
 from harness.arguments import UsageError
 
-DEFAULT_PORT = 29500   # torchrun's default master port: open in most cluster firewalls for this purpose
+DEFAULT_PORT = (
+    29500  # torchrun's default master port: open in most cluster firewalls for this purpose
+)
 
 
 @dataclass(frozen=True)
 class Topology:
-    counts: tuple[int, ...] = (1,)     # node counts to run (a sweep, like --gpus)
-    node_rank: int | None = None       # None: every node here, over loopback; else this host's node
-    coordinator: str | None = None     # HOST:PORT of node 0 (None: a free loopback port per run)
-    how: str = ""                      # one line for the console and the report
-    join_timeout: float = 300.0        # across hosts: the longest wait for the other nodes before a run
-    local_addr: str | None = None      # across hosts: this host's address and interface, if given (else found)
+    counts: tuple[int, ...] = (1,)  # node counts to run (a sweep, like --gpus)
+    node_rank: int | None = None  # None: every node here, over loopback; else this host's node
+    coordinator: str | None = None  # HOST:PORT of node 0 (None: a free loopback port per run)
+    how: str = ""  # one line for the console and the report
+    join_timeout: float = 300.0  # across hosts: the longest wait for the other nodes before a run
+    local_addr: str | None = (
+        None  # across hosts: this host's address and interface, if given (else found)
+    )
     interface: str | None = None
 
     @property
@@ -48,7 +52,9 @@ def first_slurm_host(nodelist: str) -> str:
     """The first host of a Slurm node list: "gpu[07-09,12],cpu01" -> "gpu07"."""
     m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
     if not m or not m.group(1):
-        raise UsageError(f"cannot read the first host of SLURM_NODELIST={nodelist!r}; give --coordinator HOST:PORT")
+        raise UsageError(
+            f"cannot read the first host of SLURM_NODELIST={nodelist!r}; give --coordinator HOST:PORT"
+        )
     prefix, ranges = m.group(1), m.group(2)
     return prefix + (ranges.split(",")[0].split("-")[0] if ranges else "")
 
@@ -67,28 +73,48 @@ def from_args(args, environ=os.environ) -> Topology:
     """The nodes asked for: the flags, else Slurm's variables (srun with one task per node), else one node."""
     slurm = "SLURM_PROCID" in environ and int(environ.get("SLURM_NTASKS", "1") or 1) > 1
     if args.nodes is None and slurm and args.node_rank is None:
-        host = first_slurm_host(environ.get("SLURM_NODELIST", environ.get("SLURM_JOB_NODELIST", "")))
+        host = first_slurm_host(
+            environ.get("SLURM_NODELIST", environ.get("SLURM_JOB_NODELIST", ""))
+        )
         coordinator = args.coordinator or f"{host}:{DEFAULT_PORT}"
-        topology = Topology((int(environ["SLURM_NTASKS"]),), int(environ["SLURM_PROCID"]), coordinator,
-                            f"Slurm: task {environ['SLURM_PROCID']} of {environ['SLURM_NTASKS']}, coordinator "
-                            f"{coordinator}")
+        topology = Topology(
+            (int(environ["SLURM_NTASKS"]),),
+            int(environ["SLURM_PROCID"]),
+            coordinator,
+            f"Slurm: task {environ['SLURM_PROCID']} of {environ['SLURM_NTASKS']}, coordinator "
+            f"{coordinator}",
+        )
     else:
         counts = parse_counts(args.nodes) if args.nodes is not None else (1,)
         if args.node_rank is None:
             if args.coordinator:
-                raise UsageError("--coordinator goes with --node-rank (one node per host); without --node-rank "
-                                 "every node runs here over 127.0.0.1 at a free port")
-            how = "" if counts == (1,) else f"{max(counts)} nodes simulated on this host over 127.0.0.1"
+                raise UsageError(
+                    "--coordinator goes with --node-rank (one node per host); without --node-rank "
+                    "every node runs here over 127.0.0.1 at a free port"
+                )
+            how = (
+                ""
+                if counts == (1,)
+                else f"{max(counts)} nodes simulated on this host over 127.0.0.1"
+            )
             refuse_host_flags_on_loopback(args)
             return Topology(counts, None, None, how)
         if not args.coordinator:
-            raise UsageError("--node-rank needs --coordinator HOST:PORT (node 0's host, reachable from every node)")
+            raise UsageError(
+                "--node-rank needs --coordinator HOST:PORT (node 0's host, reachable from every node)"
+            )
         if len(counts) != 1:
             raise UsageError("--node-rank takes one --nodes count (every host runs the same runs)")
-        topology = Topology(counts, args.node_rank, args.coordinator,
-                            f"node {args.node_rank} of {counts[0]}, coordinator {args.coordinator}")
+        topology = Topology(
+            counts,
+            args.node_rank,
+            args.coordinator,
+            f"node {args.node_rank} of {counts[0]}, coordinator {args.coordinator}",
+        )
     if not 0 <= topology.node_rank < max(topology.counts):
-        raise UsageError(f"--node-rank must be between 0 and {max(topology.counts) - 1} (got {topology.node_rank})")
+        raise UsageError(
+            f"--node-rank must be between 0 and {max(topology.counts) - 1} (got {topology.node_rank})"
+        )
     try:
         parse_address(topology.coordinator)
         check_join_timeout(args.join_timeout)
@@ -101,11 +127,15 @@ def this_host(args) -> dict:
     """--local-addr and --interface, checked against this host's own (a typo fails here, not in an engine)."""
     given = {"local_addr": args.local_addr, "interface": args.interface}
     if args.interface is not None and network.interface_address(args.interface) is None:
-        raise UsageError(f"--interface {args.interface}: this host has no such interface with an IPv4 address "
-                         f"(it has: {network.listed_interfaces()})")
+        raise UsageError(
+            f"--interface {args.interface}: this host has no such interface with an IPv4 address "
+            f"(it has: {network.listed_interfaces()})"
+        )
     if args.local_addr is not None and not network.is_local_address(args.local_addr):
-        raise UsageError(f"--local-addr {args.local_addr} is not an address of this host (it has: "
-                         f"{network.listed_interfaces()})")
+        raise UsageError(
+            f"--local-addr {args.local_addr} is not an address of this host (it has: "
+            f"{network.listed_interfaces()})"
+        )
     return given
 
 
@@ -113,5 +143,7 @@ def refuse_host_flags_on_loopback(args) -> None:
     """--interface and --local-addr name this host's place among hosts: loopback nodes all use 127.0.0.1."""
     for flag in ("interface", "local_addr"):
         if getattr(args, flag, None) is not None:
-            raise UsageError(f"--{flag.replace('_', '-')} goes with runs across hosts (--node-rank, or Slurm); "
-                             "loopback nodes use 127.0.0.1")
+            raise UsageError(
+                f"--{flag.replace('_', '-')} goes with runs across hosts (--node-rank, or Slurm); "
+                "loopback nodes use 127.0.0.1"
+            )

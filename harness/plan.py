@@ -13,18 +13,20 @@ from dataclasses import dataclass, field
 from common import levers as leverlib
 from common import manifest
 from common import weights as weightslib
-from common.config import (MAX_SIMULATED_DEVICES, ConfigError, RunConfig)
-from common.manifest import Manifest
+from common.config import MAX_SIMULATED_DEVICES, ConfigError, RunConfig
+from common.manifest import Manifest, engine_refusal, strategy_refusal
 from harness import devices as devicelib
 from harness import nodes as nodelib
-from harness.arguments import PRESETS, Preset, UsageError, check_shared
+from harness.arguments import UsageError, check_shared
 from harness.datasets import check_subset_sizes, explicit_size, resolve_data, settle_data
 from harness.nodes import Topology
+from harness.presets import PRESETS, Preset
 
-MAX_REPEAT = 100     # --repeat: trials of each configuration
+MAX_REPEAT = 100  # --repeat: trials of each configuration
 
 
 # ------------------------------------------------------------------------- parsing
+
 
 def parse_backends(text: str) -> list[str]:
     names = []
@@ -43,7 +45,9 @@ def parse_gpus(text: str) -> list[int]:
     try:
         counts = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise UsageError(f"--gpus takes a device count or a list like 1,2,4 (got {text!r})") from None
+        raise UsageError(
+            f"--gpus takes a device count or a list like 1,2,4 (got {text!r})"
+        ) from None
     if not counts:
         raise UsageError("--gpus needs at least one device count")
     for n in counts:
@@ -58,10 +62,12 @@ def parse_pythons(items: list[str]) -> dict[str, str]:
         name, sep, path = item.partition("=")
         backend = manifest.canonical_name(name) if sep else None
         if backend is None or not path:
-            raise UsageError(f"--python takes BACKEND=PATH, e.g. torch=/usr/bin/python3 (got {item!r})")
+            raise UsageError(
+                f"--python takes BACKEND=PATH, e.g. torch=/usr/bin/python3 (got {item!r})"
+            )
         if not (os.path.isfile(path) and os.access(path, os.X_OK)):
             raise UsageError(f"--python {name}: {path} is not an executable file")
-        out[backend] = os.path.abspath(path)   # workers run from the project root, not from here
+        out[backend] = os.path.abspath(path)  # workers run from the project root, not from here
     return out
 
 
@@ -76,28 +82,45 @@ def parse_options(items: list[str], backends: dict[str, Manifest]) -> dict[str, 
             raise UsageError(f"--option takes NAME=VALUE (got {item!r})")
         if name not in declared:
             known = ", ".join(sorted(declared)) or "none"
-            raise UsageError(f"unknown option {name!r} for the selected backends (they declare: {known})")
+            raise UsageError(
+                f"unknown option {name!r} for the selected backends (they declare: {known})"
+            )
         chosen = [v.strip() for v in values.split(",") if v.strip()]
         for v in chosen:
             if v not in declared[name].values:
-                raise UsageError(f"--option {name}={v}: choose from {', '.join(declared[name].values)}")
+                raise UsageError(
+                    f"--option {name}={v}: choose from {', '.join(declared[name].values)}"
+                )
         out[name] = list(dict.fromkeys(chosen))
     return out
 
 
-def check_options_apply(options: dict[str, list[str]], backends: dict[str, Manifest], strategies) -> None:
+def check_options_apply(
+    options: dict[str, list[str]], backends: dict[str, Manifest], strategies
+) -> None:
     """An option no selected strategy has would be dropped without a word (kvstore with MXNet scratch): refuse it."""
     for name in options:
-        users = [f"{b} {s}" for b, picks in strategies.items() for s, _ in picks if name in backends[b].options_for(s)]
+        users = [
+            f"{b} {s}"
+            for b, picks in strategies.items()
+            for s, _ in picks
+            if name in backends[b].options_for(s)
+        ]
         if not users:
-            owners = [f"{b.name} {', '.join(b.options[name].strategies or b.strategies)}"
-                      for b in backends.values() if name in b.options]
-            raise UsageError(f"--option {name} does not apply to the selected strategies "
-                             f"(it applies to: {'; '.join(owners)})")
+            owners = [
+                f"{b.name} {', '.join(b.options[name].strategies or b.strategies)}"
+                for b in backends.values()
+                if name in b.options
+            ]
+            raise UsageError(
+                f"--option {name} does not apply to the selected strategies "
+                f"(it applies to: {'; '.join(owners)})"
+            )
 
 
-def option_variants(backend: Manifest, strategy: str, asked: dict[str, list[str]],
-                    several_nodes: bool = False) -> list[dict[str, str]]:
+def option_variants(
+    backend: Manifest, strategy: str, asked: dict[str, list[str]], several_nodes: bool = False
+) -> list[dict[str, str]]:
     """Every combination of the asked values of the options this strategy has, defaults for the rest (on
     several nodes, an option's default across nodes where it has one: MXNet's dist_sync kvstore)."""
     variants = [{}]
@@ -109,19 +132,20 @@ def option_variants(backend: Manifest, strategy: str, asked: dict[str, list[str]
 
 # --------------------------------------------------------------------------- plan
 
+
 @dataclass
 class Plan:
     configs: list[RunConfig] = field(default_factory=list)
-    not_run: list[tuple[RunConfig, str]] = field(default_factory=list)   # with the reason
+    not_run: list[tuple[RunConfig, str]] = field(default_factory=list)  # with the reason
     backends: dict[str, Manifest] = field(default_factory=dict)
     pythons: dict[str, str] = field(default_factory=dict)
     preset: str = ""
     topology: Topology = field(default_factory=Topology)
     device_kind: str = "cpu"
     gpus: list[str] = field(default_factory=list)
-    detection: str = ""          # how the GPUs were found, or why the devices are simulated
+    detection: str = ""  # how the GPUs were found, or why the devices are simulated
     data_source: str = ""
-    repeat: int = 1              # trials of each config (--repeat)
+    repeat: int = 1  # trials of each config (--repeat)
 
     @property
     def runs(self) -> list[tuple[RunConfig, int | None]]:
@@ -135,9 +159,9 @@ class Plan:
 
 @dataclass
 class Devices:
-    kind: str                    # "gpu" or "cpu" (simulated)
+    kind: str  # "gpu" or "cpu" (simulated)
     gpus: list[str]
-    why: str                     # devices.Detection.how, or "--device cpu"
+    why: str  # devices.Detection.how, or "--device cpu"
 
     @property
     def line(self) -> str:
@@ -149,63 +173,61 @@ class Devices:
 
 def choose_devices(args) -> Devices:
     if args.device == "cpu":
-        return Devices("cpu", [], "--device cpu")   # asked for: no need to look for GPUs
+        return Devices("cpu", [], "--device cpu")  # asked for: no need to look for GPUs
     found = devicelib.detect()
     if args.device == "gpu" and not found.gpus:
         raise UsageError(f"--device gpu: no GPU is visible ({found.how})")
     return Devices("gpu" if found.gpus else "cpu", found.gpus, found.how)
 
 
-def check_device_counts(counts: list[int], kind: str, gpus: list[str], how: str = "", nodes_here: int = 1) -> None:
+def check_device_counts(
+    counts: list[int], kind: str, gpus: list[str], how: str = "", nodes_here: int = 1
+) -> None:
     """`counts` devices per node, `nodes_here` nodes on this host (loopback nodes share its devices)."""
     if nodes_here > 1:
         needed = max(counts) * nodes_here
         if kind == "gpu" and needed > len(gpus):
-            raise UsageError(f"{nodes_here} nodes x --gpus {max(counts)} on this host need {needed} GPUs; "
-                             f"{len(gpus)} are visible" + (f" ({how})" if how else ""))
+            raise UsageError(
+                f"{nodes_here} nodes x --gpus {max(counts)} on this host need {needed} GPUs; "
+                f"{len(gpus)} are visible" + (f" ({how})" if how else "")
+            )
         if kind == "cpu" and needed > MAX_SIMULATED_DEVICES:
-            raise UsageError(f"{nodes_here} nodes x --gpus {max(counts)}: at most {MAX_SIMULATED_DEVICES} simulated "
-                             "CPU devices on one host")
+            raise UsageError(
+                f"{nodes_here} nodes x --gpus {max(counts)}: at most {MAX_SIMULATED_DEVICES} simulated "
+                "CPU devices on one host"
+            )
     if kind == "gpu" and max(counts) > len(gpus):
         listed = "; ".join(f"{i}: {g}" for i, g in enumerate(gpus))
-        raise UsageError(f"--gpus {max(counts)} asks for more devices than the {len(gpus)} visible GPU(s) ({listed})"
-                         + (f", {how}" if how else ""))
+        raise UsageError(
+            f"--gpus {max(counts)} asks for more devices than the {len(gpus)} visible GPU(s) ({listed})"
+            + (f", {how}" if how else "")
+        )
     if kind == "cpu" and max(counts) > MAX_SIMULATED_DEVICES:
-        raise UsageError(f"--gpus {max(counts)}: at most {MAX_SIMULATED_DEVICES} simulated CPU devices")
+        raise UsageError(
+            f"--gpus {max(counts)}: at most {MAX_SIMULATED_DEVICES} simulated CPU devices"
+        )
 
 
-def engine_refusal(backend: Manifest, strategy: str, nodes: int) -> str | None:
-    """Why `strategy` cannot run on `nodes` nodes (None: it can)."""
-    if nodes == 1 or backend.strategies[strategy].engine:
-        return None
-    engines = [s.name for s in backend.strategies.values() if s.engine]
-    return (f"{backend.name} {strategy} runs in one process; --nodes {nodes} needs a strategy with a distributed "
-            f"engine ({backend.name}: {', '.join(engines) or 'none'})")
-
-
-def select_strategies(args, backends: dict[str, Manifest], kind: str, bn: str = "local", nodes: int = 1):
+def select_strategies(
+    args, backends: dict[str, Manifest], kind: str, bn: str = "local", nodes: int = 1
+):
     """{backend: [(strategy, reason-not-run or None)]}, refusing what cannot run if it was asked for
     (on any node count of the sweep, `nodes` the smallest)."""
     asked = [s.strip() for s in args.strategy.split(",") if s.strip()] if args.strategy else None
     if asked:
         for s in asked:
             if backends and not any(s in b.strategies for b in backends.values()):
-                offered = "; ".join(f"{b.name}: {', '.join(b.strategies)}" for b in backends.values())
+                offered = "; ".join(
+                    f"{b.name}: {', '.join(b.strategies)}" for b in backends.values()
+                )
                 raise UsageError(f"unknown strategy {s!r} for the selected backends ({offered})")
     chosen = {}
     for b in backends.values():
         picks = []
-        for s in (asked or list(b.strategies)):
+        for s in asked or list(b.strategies):
             if s not in b.strategies:
                 continue
-            needs = b.strategies[s].requires
-            reason = None
-            if needs == "cuda" and kind != "gpu":
-                reason = f"{b.name} {s} needs CUDA GPUs; none is present ({b.strategies[s].summary})"
-            elif bn not in b.strategies[s].bn:
-                reason = f"{b.name} {s} has no {bn} BatchNorm (it runs: {', '.join(b.strategies[s].bn)})"
-            else:
-                reason = engine_refusal(b, s, nodes)
+            reason = strategy_refusal(b, s, kind, bn, nodes)
             if reason and asked:
                 raise UsageError(f"strategy {s!r} cannot run here: {reason}")
             picks.append((s, reason))
@@ -215,15 +237,24 @@ def select_strategies(args, backends: dict[str, Manifest], kind: str, bn: str = 
 
 def refused_levers(args, backends: dict[str, Manifest], kind: str) -> dict[str, str]:
     """{backend: why it cannot run the asked levers}; an error if no selected backend can."""
-    asked = leverlib.asked(precision=args.precision, compile=args.compile, compile_mode=args.compile_mode,
-                           channels_last=args.channels_last, resident_data=args.resident_data)
+    asked = leverlib.asked(
+        precision=args.precision,
+        compile=args.compile,
+        compile_mode=args.compile_mode,
+        channels_last=args.channels_last,
+        resident_data=args.resident_data,
+    )
     if args.compile_mode != "default" and not args.compile:
         raise UsageError(f"--compile-mode {args.compile_mode} needs --compile")
     if args.compile_mode == "reduce-overhead" and kind != "gpu":
-        raise UsageError("--compile-mode reduce-overhead captures CUDA graphs; there are none on the CPU")
+        raise UsageError(
+            "--compile-mode reduce-overhead captures CUDA graphs; there are none on the CPU"
+        )
     if asked.get("precision") == "tf32" and kind != "gpu":
-        raise UsageError("--precision tf32: TF32 is a mode of NVIDIA tensor cores (Ampere and later); "
-                         "there is none on the CPU")
+        raise UsageError(
+            "--precision tf32: TF32 is a mode of NVIDIA tensor cores (Ampere and later); "
+            "there is none on the CPU"
+        )
     refused = {}
     for b in backends.values():
         reasons = leverlib.refusals(b.levers, asked)
@@ -235,26 +266,63 @@ def refused_levers(args, backends: dict[str, Manifest], kind: str) -> dict[str, 
     return refused
 
 
-def make_config(args, preset: Preset, backend: str, strategy: str, options: dict, n: int, kind: str,
-                data_dir: str | None, topology: Topology = Topology(), nodes: int = 1) -> RunConfig:
+def make_config(
+    args,
+    preset: Preset,
+    backend: str,
+    strategy: str,
+    options: dict,
+    n: int,
+    kind: str,
+    data_dir: str | None,
+    topology: Topology = Topology(),
+    nodes: int = 1,
+) -> RunConfig:
     """One run of `preset` (the flags already in it) on n devices (in all, over `nodes` nodes)."""
     loopback = topology.loopback
-    coordinator = None if nodes == 1 else (f"127.0.0.1:{nodelib.DEFAULT_PORT}" if loopback else topology.coordinator)
+    coordinator = (
+        None
+        if nodes == 1
+        else (f"127.0.0.1:{nodelib.DEFAULT_PORT}" if loopback else topology.coordinator)
+    )
     cfg = RunConfig(
-        backend=backend, strategy=strategy, devices=n, device_kind=kind, simulated=(kind == "cpu"),
-        nodes=nodes, node_rank=0 if loopback else topology.node_rank, coordinator=coordinator,
-        loopback_nodes=loopback, join_timeout=topology.join_timeout, local_addr=topology.local_addr,
+        backend=backend,
+        strategy=strategy,
+        devices=n,
+        device_kind=kind,
+        simulated=(kind == "cpu"),
+        nodes=nodes,
+        node_rank=0 if loopback else topology.node_rank,
+        coordinator=coordinator,
+        loopback_nodes=loopback,
+        join_timeout=topology.join_timeout,
+        local_addr=topology.local_addr,
         interface=topology.interface,
-        model=preset.model, epochs=preset.epochs, batch_size=preset.batch(n), lr=preset.learning_rate(n),
+        model=preset.model,
+        epochs=preset.epochs,
+        batch_size=preset.batch(n),
+        lr=preset.learning_rate(n),
         train_size=explicit_size(preset.train_size, preset.dataset, 0),
         test_size=explicit_size(preset.test_size, preset.dataset, 1),
-        dataset=args.dataset, data_dir=data_dir, image_size=args.image_size, seed=args.seed, timeout=args.timeout,
-        threads=args.threads, options=options, bn=args.bn, init=args.init,
-        precision=args.precision, compile=args.compile, channels_last=args.channels_last,
-        resident_data=args.resident_data, compile_mode=args.compile_mode, prefetch=args.prefetch,
+        dataset=args.dataset,
+        data_dir=data_dir,
+        image_size=args.image_size,
+        seed=args.seed,
+        timeout=args.timeout,
+        threads=args.threads,
+        options=options,
+        bn=args.bn,
+        init=args.init,
+        precision=args.precision,
+        compile=args.compile,
+        channels_last=args.channels_last,
+        resident_data=args.resident_data,
+        compile_mode=args.compile_mode,
+        prefetch=args.prefetch,
         timed_steps=preset.timed_steps,
         load_weights=os.path.abspath(args.load_weights) if args.load_weights else None,
-        save_weights=os.path.abspath(args.save_weights) if args.save_weights else None)
+        save_weights=os.path.abspath(args.save_weights) if args.save_weights else None,
+    )
     try:
         return cfg.validate()
     except ConfigError as e:
@@ -267,9 +335,16 @@ def build_plan(args) -> Plan:
     devices = choose_devices(args)
     kind, gpus = devices.kind, devices.gpus
     topology = nodelib.from_args(args)
-    counts = parse_gpus(args.gpus) if args.gpus is not None else (
-        [1] if max(topology.counts) > 1 else [1, 2] if kind == "cpu" or len(gpus) >= 2 else [1])
-    check_device_counts(counts, kind, gpus, devices.why, max(topology.counts) if topology.loopback else 1)
+    counts = (
+        parse_gpus(args.gpus)
+        if args.gpus is not None
+        else (
+            [1] if max(topology.counts) > 1 else [1, 2] if kind == "cpu" or len(gpus) >= 2 else [1]
+        )
+    )
+    check_device_counts(
+        counts, kind, gpus, devices.why, max(topology.counts) if topology.loopback else 1
+    )
     check_shared(seed=args.seed, lr=args.lr, timeout=args.timeout, threads=args.threads)
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out {args.out} exists and is not a directory")
@@ -281,20 +356,42 @@ def build_plan(args) -> Plan:
     strategies = select_strategies(args, backends, kind, args.bn, min(topology.counts))
     check_options_apply(options, backends, strategies)
     refused = refused_levers(args, backends, kind)
-    data_dir, data_source, sizes = resolve_data(args, preset.model, (preset.train_size, preset.test_size))
+    data_dir, data_source, sizes = resolve_data(
+        args, preset.model, (preset.train_size, preset.test_size)
+    )
     check_subset_sizes(args, sizes)
 
     if not 1 <= args.repeat <= MAX_REPEAT:
         raise UsageError(f"--repeat must be between 1 and {MAX_REPEAT} (got {args.repeat})")
-    plan = Plan(backends=backends, pythons=pythons, device_kind=kind, gpus=gpus, detection=devices.why,
-                data_source=data_source, preset=preset.title, topology=topology, repeat=args.repeat)
+    plan = Plan(
+        backends=backends,
+        pythons=pythons,
+        device_kind=kind,
+        gpus=gpus,
+        detection=devices.why,
+        data_source=data_source,
+        preset=preset.title,
+        topology=topology,
+        repeat=args.repeat,
+    )
     for name in names:
-        for strategy, reason in strategies[name]:   # (none: no asked strategy is this backend's)
+        for strategy, reason in strategies[name]:  # (none: no asked strategy is this backend's)
             reason = reason or refused.get(name)
             for m in filter(topology.runs_here, topology.counts):
                 for variant in option_variants(backends[name], strategy, options, m > 1):
                     for n in counts:
-                        cfg = make_config(args, preset, name, strategy, variant, n * m, kind, data_dir, topology, m)
+                        cfg = make_config(
+                            args,
+                            preset,
+                            name,
+                            strategy,
+                            variant,
+                            n * m,
+                            kind,
+                            data_dir,
+                            topology,
+                            m,
+                        )
                         why = reason or engine_refusal(backends[name], strategy, m)
                         if why:
                             plan.not_run.append((cfg, why))
@@ -313,11 +410,15 @@ def check_weights_flags(args, plan: Plan) -> None:
     if args.save_weights is None:
         return
     if len(plan.runs) != 1:
-        raise UsageError(f"--save-weights needs exactly one run (this request has {len(plan.runs)}): "
-                         "choose one --backend, --strategy and --gpus count, without --repeat")
+        raise UsageError(
+            f"--save-weights needs exactly one run (this request has {len(plan.runs)}): "
+            "choose one --backend, --strategy and --gpus count, without --repeat"
+        )
     if plan.configs[0].epochs == 0:
-        raise UsageError("--save-weights with --epochs 0: nothing is trained to save "
-                         "(the loaded weights are already in the --load-weights file)")
+        raise UsageError(
+            "--save-weights with --epochs 0: nothing is trained to save "
+            "(the loaded weights are already in the --load-weights file)"
+        )
     check_writable_file(args.save_weights, "--save-weights")
 
 

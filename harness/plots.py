@@ -9,8 +9,10 @@ from harness.tables import Row, key
 
 def pyplot():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -27,9 +29,16 @@ def plot_accuracy(rows: list[Row], path: Path) -> bool:
     for r in ok:
         epochs = [e.epoch for e in r.epochs]
         # line style per backend/strategy, marker per device count: runs that agree exactly stay visible
-        ax.plot(epochs, [e.test_acc for e in r.epochs], linestyle=styles[strategies.index(key(r)[:2]) % 4],
-                marker=markers[counts.index(r.config.devices) % len(markers)], markerfacecolor="none",
-                label=" ".join(map(str, key(r)[:3])) + " dev" + (f" on {r.config.nodes} nodes" * (r.config.nodes > 1)))
+        ax.plot(
+            epochs,
+            [e.test_acc for e in r.epochs],
+            linestyle=styles[strategies.index(key(r)[:2]) % 4],
+            marker=markers[counts.index(r.config.devices) % len(markers)],
+            markerfacecolor="none",
+            label=" ".join(map(str, key(r)[:3]))
+            + " dev"
+            + (f" on {r.config.nodes} nodes" * (r.config.nodes > 1)),
+        )
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy")
     ax.set_title("Test accuracy per epoch")
@@ -45,7 +54,7 @@ def plot_accuracy(rows: list[Row], path: Path) -> bool:
 def plot_throughput(rows: list[Row], path: Path) -> bool:
     series: dict[tuple, list] = {}
     for row in rows:
-        if row.result.ok and row.images_per_s:   # (evaluation-only runs have none)
+        if row.result.ok and row.images_per_s:  # (evaluation-only runs have none)
             # one line per backend/strategy and node count (processes across nodes scale differently)
             c = row.result.config
             name = key(row.result)[:2] + ((f"{c.nodes} nodes",) if c.nodes > 1 else ())
@@ -57,9 +66,17 @@ def plot_throughput(rows: list[Row], path: Path) -> bool:
     counts = sorted({p[0] for points in series.values() for p in points})
     for name, points in sorted(series.items()):
         points.sort()
-        line, = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=" ".join(name))
+        (line,) = ax.plot(
+            [p[0] for p in points], [p[1] for p in points], marker="o", label=" ".join(name)
+        )
         if points[0][0] == 1:  # linear scaling from the 1-device run, for reference
-            ax.plot(counts, [points[0][1] * n for n in counts], linestyle=":", color=line.get_color(), alpha=0.5)
+            ax.plot(
+                counts,
+                [points[0][1] * n for n in counts],
+                linestyle=":",
+                color=line.get_color(),
+                alpha=0.5,
+            )
     ax.set_ylim(bottom=0)
     ax.set_xticks(counts)
     ax.set_xlabel("devices")

@@ -20,15 +20,36 @@ from pathlib import Path
 
 from common import architectures, flops
 from common.config import imagenet_shaped
-from common.results import SCHEMA_VERSION, Result, load_results_json, write_json_atomic, write_text_atomic
+from common.results import (
+    SCHEMA_VERSION,
+    Result,
+    load_results_json,
+    write_json_atomic,
+    write_text_atomic,
+)
 from harness import leftovers
 from harness.arguments import Parser, UsageError
 from harness.plots import plot_accuracy, plot_throughput
 from harness.published import d2l_section, resnet50_section
-from harness.sections import (devices_line, environment_section, equivalence_section, hashes_section,
-                              input_line, nodes_section, precision_line)
-from harness.tables import (accuracy_table, as_results, failures, steps_table, summary_records, summary_table,
-                            trials_table, with_scaling)
+from harness.sections import (
+    devices_line,
+    environment_section,
+    equivalence_section,
+    hashes_section,
+    input_line,
+    nodes_section,
+    precision_line,
+)
+from harness.tables import (
+    accuracy_table,
+    as_results,
+    failures,
+    steps_table,
+    summary_records,
+    summary_table,
+    trials_table,
+    with_scaling,
+)
 
 
 class Staging:
@@ -40,7 +61,11 @@ class Staging:
 
     def __init__(self, out: Path, backends: list[str]):
         self.out = out
-        self.run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + ("all" if len(backends) > 2 else "-".join(backends))
+        self.run_id = (
+            time.strftime("%Y%m%d-%H%M%S")
+            + "-"
+            + ("all" if len(backends) > 2 else "-".join(backends))
+        )
         self.path: Path | None = None
         self.keep = False
 
@@ -59,7 +84,7 @@ class Staging:
             except FileExistsError:
                 continue
             self.run_id, self.path = run_id, self.out / f".tmp-{run_id}"
-            leftovers.claim(self.path)   # (an OSError here: the caller removes the directory)
+            leftovers.claim(self.path)  # (an OSError here: the caller removes the directory)
             return self
 
     def save_meta(self, meta: dict) -> None:
@@ -98,15 +123,19 @@ class Staging:
 
 def model_line(cfg) -> str:
     """The model, its size and what one step sends: why ResNet-50 scales unlike ResNet-18."""
-    if cfg is None or cfg.model not in architectures.SPECS:   # (an old or altered results.json)
+    if cfg is None or cfg.model not in architectures.SPECS:  # (an old or altered results.json)
         return cfg.model if cfg else "—"
     params = architectures.trainable_count(cfg.model)
-    return (f"{cfg.model} ({params / 1e6:.1f} M parameters: {params * 4 / 1e6:.0f} MB of float32 gradients "
-            f"per step) on {cfg.image_side}x{cfg.image_side} images")
+    return (
+        f"{cfg.model} ({params / 1e6:.1f} M parameters: {params * 4 / 1e6:.0f} MB of float32 gradients "
+        f"per step) on {cfg.image_side}x{cfg.image_side} images"
+    )
 
 
 def all_images(cfg, split: int) -> str:
-    return ("all 60,000", "all 10,000")[split] if cfg and not imagenet_shaped(cfg.dataset) else "all"
+    return (
+        ("all 60,000", "all 10,000")[split] if cfg and not imagenet_shaped(cfg.dataset) else "all"
+    )
 
 
 def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> str:
@@ -117,45 +146,68 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
     cfg = (ok or results)[0].config if results else None
     get = lambda name, default=None: getattr(cfg, name) if cfg else default
     L = [f"# Data-parallel training report `{meta['run_id']}`", ""]
-    L += [f"- Command: `{meta['command']}`",
-          f"- Started {meta['started']}, finished {meta.get('finished', '—')}",
-          f"- Preset: {meta['preset']}; model {model_line(cfg)}, {get('epochs')} epoch(s), "
-          f"train {get('train_size') or all_images(cfg, 0)} / test {get('test_size') or all_images(cfg, 1)} images, "
-          f"seed {get('seed')}",
-          f"- Data: {meta['data_source']}",
-          "- Start: " + (f"weights loaded from `{get('load_weights')}`" if get("load_weights")
-                          else "the canonical seeded initial weights") + f"; BatchNorm: {get('bn', 'local')}"
-          + (" (statistics over the global batch)" if get("bn") == "sync" else " (per-device statistics)"),
-          devices_line(meta),
-          ""]
+    L += [
+        f"- Command: `{meta['command']}`",
+        f"- Started {meta['started']}, finished {meta.get('finished', '—')}",
+        f"- Preset: {meta['preset']}; model {model_line(cfg)}, {get('epochs')} epoch(s), "
+        f"train {get('train_size') or all_images(cfg, 0)} / test {get('test_size') or all_images(cfg, 1)} images, "
+        f"seed {get('seed')}",
+        f"- Data: {meta['data_source']}",
+        "- Start: "
+        + (
+            f"weights loaded from `{get('load_weights')}`"
+            if get("load_weights")
+            else "the canonical seeded initial weights"
+        )
+        + f"; BatchNorm: {get('bn', 'local')}"
+        + (
+            " (statistics over the global batch)"
+            if get("bn") == "sync"
+            else " (per-device statistics)"
+        ),
+        devices_line(meta),
+        "",
+    ]
     if get("dataset") in ("synthetic", "imagenet-synthetic"):
         real = "Fashion-MNIST" if get("dataset") == "synthetic" else "ImageNet"
-        L += [f"> **Synthetic data**: random images, not {real}. Accuracy figures mean nothing here.", ""]
+        L += [
+            f"> **Synthetic data**: random images, not {real}. Accuracy figures mean nothing here.",
+            "",
+        ]
     L += ["## Summary", ""] + summary_table(rows) + [""]
-    L += ["s/epoch and images/s: mean over all epochs of the timed training loop only (warm-up / compile, "
-          "evaluation and data shuffling excluded). TFLOP/s: the model's training FLOPs per image (3 x the forward "
-          "pass's convolution and dense multiply-adds, counted from the architecture) x images/s; in brackets its "
-          f"share of the devices' peak at the run's precision ({flops.PEAKS_SOURCE}; MFU), on a GPU whose peak "
-          "is known. Speed-up and efficiency: images/s against the 1-device run "
-          "of the same backend and strategy in this report (efficiency = speed-up / devices). "
-          "Test acc: after the last epoch.", ""]
+    L += [
+        "s/epoch and images/s: mean over all epochs of the timed training loop only (warm-up / compile, "
+        "evaluation and data shuffling excluded). TFLOP/s: the model's training FLOPs per image (3 x the forward "
+        "pass's convolution and dense multiply-adds, counted from the architecture) x images/s; in brackets its "
+        f"share of the devices' peak at the run's precision ({flops.PEAKS_SOURCE}; MFU), on a GPU whose peak "
+        "is known. Speed-up and efficiency: images/s against the 1-device run "
+        "of the same backend and strategy in this report (efficiency = speed-up / devices). "
+        "Test acc: after the last epoch.",
+        "",
+    ]
     trials = trials_table(rows)
     if trials:
         L += ["## Trials", ""] + trials + [""]
-        L += ["Each configuration ran in several fresh processes (--repeat). The summary gives the median over the "
-              "trials kept and, beside images/s, their range; a trial that did not finish is dropped, and of five "
-              "or more finished trials the fastest and the slowest are dropped too (MLPerf's rule). The step "
-              "statistics pool every timed step of the kept trials.", ""]
+        L += [
+            "Each configuration ran in several fresh processes (--repeat). The summary gives the median over the "
+            "trials kept and, beside images/s, their range; a trial that did not finish is dropped, and of five "
+            "or more finished trials the fastest and the slowest are dropped too (MLPerf's rule). The step "
+            "statistics pool every timed step of the kept trials.",
+            "",
+        ]
     L += nodes_section(rows, meta.get("topology", ""))
     steps = steps_table(rows)
     if steps:
         L += ["## Step time and communication", ""] + steps + [""]
-        L += ["Step time: steady-state steps after training, each between two device barriers (so each step's "
-              "time is known; the barriers remove overlap between steps, so images/s at the median can be a "
-              "little below the epoch figure). Allreduce: the strategy's own reduction of a float32 buffer as "
-              "large as the gradients, timed alone (median of 10); GB/s = bytes / time (algorithm bandwidth). "
-              "Allreduce / step is an upper bound on what communication costs a step: DDP overlaps its bucketed "
-              "allreduces with the backward pass, and simulated CPU devices share one memory.", ""]
+        L += [
+            "Step time: steady-state steps after training, each between two device barriers (so each step's "
+            "time is known; the barriers remove overlap between steps, so images/s at the median can be a "
+            "little below the epoch figure). Allreduce: the strategy's own reduction of a float32 buffer as "
+            "large as the gradients, timed alone (median of 10); GB/s = bytes / time (algorithm bandwidth). "
+            "Allreduce / step is an upper bound on what communication costs a step: DDP overlaps its bucketed "
+            "allreduces with the backward pass, and simulated CPU devices share one memory.",
+            "",
+        ]
     if plots.get("accuracy"):
         L += ["![Test accuracy per epoch](accuracy.png)", ""]
     if plots.get("throughput"):
@@ -167,25 +219,32 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
     if fails:
         L += ["## Failed or not run", ""] + fails + [""]
     L += resnet50_section(results) if get("model") == "resnet50" else d2l_section()
-    L += ["## Method", "",
-          "- Same start: every run loads the same canonical initial weights (numpy, seeded; d2l's N(0, 0.01) "
-          "for conv and dense weights, zero biases).",
-          "- Same data: one seeded permutation per epoch in numpy; global batches are split evenly across the "
-          "devices; the last partial batch is dropped.",
-          "- Same math: one SGD step on the mean cross-entropy of the global batch (plain SGD, no momentum, "
-          "no weight decay).",
-          "- Timing: one warm-up step (timed and reported as warm-up / compile) then a reset to the initial "
-          "weights; each epoch is timed between device barriers; multi-process runs report the slowest rank.",
-          "- " + input_line(cfg),
-          "- BatchNorm: in training each device normalises with its own shard's statistics (as d2l); before "
-          "each evaluation the running statistics are averaged across replicas (nn.DataParallel keeps "
-          "device 0's, as it does by design).",
-          "- " + precision_line(cfg), ""]
+    L += [
+        "## Method",
+        "",
+        "- Same start: every run loads the same canonical initial weights (numpy, seeded; d2l's N(0, 0.01) "
+        "for conv and dense weights, zero biases).",
+        "- Same data: one seeded permutation per epoch in numpy; global batches are split evenly across the "
+        "devices; the last partial batch is dropped.",
+        "- Same math: one SGD step on the mean cross-entropy of the global batch (plain SGD, no momentum, "
+        "no weight decay).",
+        "- Timing: one warm-up step (timed and reported as warm-up / compile) then a reset to the initial "
+        "weights; each epoch is timed between device barriers; multi-process runs report the slowest rank.",
+        "- " + input_line(cfg),
+        "- BatchNorm: in training each device normalises with its own shard's statistics (as d2l); before "
+        "each evaluation the running statistics are averaged across replicas (nn.DataParallel keeps "
+        "device 0's, as it does by design).",
+        "- " + precision_line(cfg),
+        "",
+    ]
     L += hashes_section(results) + [""]
     L += equivalence_section(meta.get("equivalence")) + [""]
     L += ["## Environment", ""] + environment_section(results) + [""]
     version = meta.get("schema_version", SCHEMA_VERSION)
-    L += [f"Raw numbers: [`results.json`](results.json) (schema v{version}); worker logs in `logs/`.", ""]
+    L += [
+        f"Raw numbers: [`results.json`](results.json) (schema v{version}); worker logs in `logs/`.",
+        "",
+    ]
     return "\n".join(L)
 
 
@@ -193,18 +252,27 @@ def results_document(results: list[dict | Result], meta: dict) -> dict:
     """What results.json holds: every number of the report, written in the current schema
     (common.results.load_results_json reads it back)."""
     meta = {k: v for k, v in meta.items() if k not in ("schema_version", "runs")}
-    return {"schema_version": SCHEMA_VERSION, **meta, "runs": [r.to_dict() for r in as_results(results)]}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        **meta,
+        "runs": [r.to_dict() for r in as_results(results)],
+    }
 
 
 def draw_plots(rows, directory: Path) -> dict[str, bool]:
     """accuracy.png and throughput.png in `directory`; which of them there was anything to draw for."""
-    return {"accuracy": plot_accuracy(rows, directory / "accuracy.png"),
-            "throughput": plot_throughput(rows, directory / "throughput.png")}
+    return {
+        "accuracy": plot_accuracy(rows, directory / "accuracy.png"),
+        "throughput": plot_throughput(rows, directory / "throughput.png"),
+    }
 
 
 def write(directory: Path, results: list[dict | Result], meta: dict) -> None:
     results = as_results(results)
-    meta = {**meta, "schema_version": SCHEMA_VERSION}     # that of the results.json written beside report.md
+    meta = {
+        **meta,
+        "schema_version": SCHEMA_VERSION,
+    }  # that of the results.json written beside report.md
     rows = with_scaling(results)
     plots = draw_plots(rows, directory)
     write_json_atomic(directory / "results.json", results_document(results, meta))
@@ -216,16 +284,22 @@ def write(directory: Path, results: list[dict | Result], meta: dict) -> None:
 
 # ------------------------------------------------------------------------ `python -m harness report DIR`
 
-DESCRIPTION = ("Re-render a report's report.md and plots from its results.json (after the report format changed), "
-               "or, with --format, print its summary table as CSV, JSON or Markdown.")
+DESCRIPTION = (
+    "Re-render a report's report.md and plots from its results.json (after the report format changed), "
+    "or, with --format, print its summary table as CSV, JSON or Markdown."
+)
 FORMATS = ("md", "csv", "json")
 
 
 def parents() -> list[Parser]:
     p = Parser(add_help=False)
     p.add_argument("directory", metavar="DIR", help="a report directory (holding results.json)")
-    p.add_argument("--format", choices=FORMATS, default=None,
-                   help="print the summary table in this format instead of re-rendering the report")
+    p.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=None,
+        help="print the summary table in this format instead of re-rendering the report",
+    )
     return [p]
 
 
@@ -238,7 +312,9 @@ def export(results: list[Result], form: str) -> str:
     if form == "json":
         return json.dumps(records, indent=2) + "\n"
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(records[0]) if records else ["backend"], lineterminator="\n")
+    writer = csv.DictWriter(
+        out, fieldnames=list(records[0]) if records else ["backend"], lineterminator="\n"
+    )
     writer.writeheader()
     writer.writerows(records)
     return out.getvalue()
@@ -246,7 +322,9 @@ def export(results: list[Result], form: str) -> str:
 
 def rerender(directory: Path, results: list[Result], meta: dict) -> None:
     """report.md and the plots written anew beside results.json, which is left as it is (the raw numbers)."""
-    write_text_atomic(directory / "report.md", render(results, meta, draw_plots(with_scaling(results), directory)))
+    write_text_atomic(
+        directory / "report.md", render(results, meta, draw_plots(with_scaling(results), directory))
+    )
 
 
 def main(args) -> int:
@@ -260,7 +338,9 @@ def main(args) -> int:
         print(export(results, args.format), end="")
         return 0
     if not directory.is_dir():
-        raise UsageError(f"{directory} is a file: re-rendering needs the report directory (or use --format)")
+        raise UsageError(
+            f"{directory} is a file: re-rendering needs the report directory (or use --format)"
+        )
     try:
         rerender(directory, results, meta)
     except OSError as e:

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from common.config import RunConfig
 from common.network import RETRY_S, interface_address, interface_of
 
-ACK_S = 5.0             # how long a node waits for node 0's acknowledgement before it tries again
-LINE_BYTES = 4096       # the longest message read (a stray connection sends anything)
-GOODBYE_S = 5.0         # how long node 0 waits for a node to close its end after the answer
+ACK_S = 5.0  # how long a node waits for node 0's acknowledgement before it tries again
+LINE_BYTES = 4096  # the longest message read (a stray connection sends anything)
+GOODBYE_S = 5.0  # how long node 0 waits for a node to close its end after the answer
 
 
 class JoinError(Exception):
@@ -40,8 +40,8 @@ class JoinError(Exception):
 
 @dataclass(frozen=True)
 class Meeting:
-    address: str                   # this node's address as the other nodes reach it
-    peers: dict[int, str]          # node 0: every other node's address; other nodes: {0: node 0's}
+    address: str  # this node's address as the other nodes reach it
+    peers: dict[int, str]  # node 0: every other node's address; other nodes: {0: node 0's}
 
 
 # Once the nodes failed to meet, the hosts are out of step (a host absent, or at another run): this harness's
@@ -67,15 +67,19 @@ def meet(cfg: RunConfig, run: str) -> Meeting:
 
 def meet_and_tell(cfg: RunConfig, run: str, say) -> Meeting:
     """meet(), saying so: the wait, and (once per harness, unless it changes) where this host was placed."""
-    say(f"Nodes: node {cfg.node_rank} of {cfg.nodes} meeting at {cfg.coordinator} before {run} "
-        f"(at most {min(cfg.join_timeout, cfg.timeout):g} s, --join-timeout)")
+    say(
+        f"Nodes: node {cfg.node_rank} of {cfg.nodes} meeting at {cfg.coordinator} before {run} "
+        f"(at most {min(cfg.join_timeout, cfg.timeout):g} s, --join-timeout)"
+    )
     meeting = meet(cfg, run)
     placed = addressed(cfg, meeting)
     peers = ", ".join(f"node {r} at {address}" for r, address in sorted(meeting.peers.items()))
     how = "given" if cfg.local_addr or cfg.interface else "as the others reach it"
     interface = placed.interface or "no interface holds it as its first address: give --interface"
-    told = (f"Nodes: met {peers}; this host is {placed.local_addr} on {interface} ({how}; the engines' "
-            "transports bind to it)")
+    told = (
+        f"Nodes: met {peers}; this host is {placed.local_addr} on {interface} ({how}; the engines' "
+        "transports bind to it)"
+    )
     if told not in _told:
         _told.add(told)
         say(told)
@@ -88,19 +92,26 @@ _told: set[str] = set()
 def addressed(cfg: RunConfig, meeting: Meeting) -> RunConfig:
     """cfg with this node's address and interface for the engines: the user's (--local-addr, --interface),
     else the address the meeting found and the interface that holds it."""
-    address = cfg.local_addr or (interface_address(cfg.interface) if cfg.interface else meeting.address)
-    return dataclasses.replace(cfg, local_addr=address, interface=cfg.interface or interface_of(address))
+    address = cfg.local_addr or (
+        interface_address(cfg.interface) if cfg.interface else meeting.address
+    )
+    return dataclasses.replace(
+        cfg, local_addr=address, interface=cfg.interface or interface_of(address)
+    )
 
 
 # Node 0
 
+
 def _call_roll(port: int, nodes: int, run: str, wait: float) -> Meeting:
     deadline = time.monotonic() + wait
     try:
-        server = socket.create_server(("", port))   # every address, as the engines listen
+        server = socket.create_server(("", port))  # every address, as the engines listen
     except OSError as e:
-        raise JoinError(f"node 0 cannot listen at port {port} for the other nodes: {e} "
-                        "(pick another --coordinator port)") from None
+        raise JoinError(
+            f"node 0 cannot listen at port {port} for the other nodes: {e} "
+            "(pick another --coordinator port)"
+        ) from None
     joined: dict[int, socket.socket] = {}
     try:
         with server:
@@ -113,7 +124,9 @@ def _call_roll(port: int, nodes: int, run: str, wait: float) -> Meeting:
                 except TimeoutError:
                     continue
                 _admit(conn, nodes, run, joined, deadline)
-        meeting = Meeting(joined[1].getsockname()[0], {r: c.getpeername()[0] for r, c in joined.items()})
+        meeting = Meeting(
+            joined[1].getsockname()[0], {r: c.getpeername()[0] for r, c in joined.items()}
+        )
         for conn in joined.values():
             _send(conn, {"run": run, "met": True})
         _await_goodbyes(joined.values())
@@ -127,7 +140,9 @@ def _call_roll(port: int, nodes: int, run: str, wait: float) -> Meeting:
             conn.close()
 
 
-def _admit(conn: socket.socket, nodes: int, run: str, joined: dict[int, socket.socket], deadline: float) -> None:
+def _admit(
+    conn: socket.socket, nodes: int, run: str, joined: dict[int, socket.socket], deadline: float
+) -> None:
     """Read a node's hello and acknowledge it, or refuse it: a stray connection (not one of ours) is closed
     and forgotten; a node of another run or node count fails the roll call (the hosts are out of step)."""
     hello = _read_message(conn, min(ACK_S, max(0.01, deadline - time.monotonic())))
@@ -136,20 +151,24 @@ def _admit(conn: socket.socket, nodes: int, run: str, joined: dict[int, socket.s
         conn.close()
         return
     if hello["run"] != run or hello.get("nodes") != nodes or not 1 <= rank < nodes:
-        error = (f"node {rank} came to run {hello['run']!r} of {hello.get('nodes')} nodes, node 0 is at run "
-                 f"{run!r} of {nodes}: every host must run the same command, with its own --node-rank")
+        error = (
+            f"node {rank} came to run {hello['run']!r} of {hello.get('nodes')} nodes, node 0 is at run "
+            f"{run!r} of {nodes}: every host must run the same command, with its own --node-rank"
+        )
         _send(conn, {"run": hello["run"], "error": error})
         conn.close()
         raise JoinError(error)
     earlier = joined.get(rank)
     if earlier is not None and not _closed(earlier):
-        error = (f"two hosts came as node {rank} ({earlier.getpeername()[0]} and {conn.getpeername()[0]}): "
-                 "give each host its own --node-rank")
+        error = (
+            f"two hosts came as node {rank} ({earlier.getpeername()[0]} and {conn.getpeername()[0]}): "
+            "give each host its own --node-rank"
+        )
         _send(conn, {"run": run, "error": error})
         conn.close()
         raise JoinError(error)
     if earlier is not None:
-        earlier.close()    # the same node again, after it gave up on an acknowledgement
+        earlier.close()  # the same node again, after it gave up on an acknowledgement
     joined[rank] = conn
     _send(conn, {"run": run, "joined": sorted(joined)})
 
@@ -157,9 +176,11 @@ def _admit(conn: socket.socket, nodes: int, run: str, joined: dict[int, socket.s
 def _absent(nodes: int, joined: dict[int, socket.socket], port: int, wait: float) -> str:
     missing = [r for r in range(1, nodes) if r not in joined]
     which = f"node {missing[0]}" if len(missing) == 1 else f"nodes {', '.join(map(str, missing))}"
-    return (f"node 0: {which} of {nodes} did not join at port {port} within {wait:g} s (--join-timeout): start "
-            f"the same command on {'its host' if len(missing) == 1 else 'their hosts'} with --node-rank "
-            f"{', '.join(map(str, missing))} and this host's address as --coordinator")
+    return (
+        f"node 0: {which} of {nodes} did not join at port {port} within {wait:g} s (--join-timeout): start "
+        f"the same command on {'its host' if len(missing) == 1 else 'their hosts'} with --node-rank "
+        f"{', '.join(map(str, missing))} and this host's address as --coordinator"
+    )
 
 
 def _await_goodbyes(conns) -> None:
@@ -188,12 +209,15 @@ def _closed(conn: socket.socket) -> bool:
 
 # The other nodes
 
+
 def _answer_roll(host: str, port: int, rank: int, nodes: int, run: str, wait: float) -> Meeting:
     deadline = time.monotonic() + wait
     last = "no answer"
     while time.monotonic() < deadline:
         try:
-            conn = socket.create_connection((host, port), timeout=max(0.01, min(ACK_S, deadline - time.monotonic())))
+            conn = socket.create_connection(
+                (host, port), timeout=max(0.01, min(ACK_S, deadline - time.monotonic()))
+            )
         except OSError as e:
             last = str(e)
             time.sleep(RETRY_S)
@@ -204,10 +228,14 @@ def _answer_roll(host: str, port: int, rank: int, nodes: int, run: str, wait: fl
             return meeting
         last = "an answer that was not node 0's roll call (the port is still another program's?)"
         time.sleep(RETRY_S)
-    raise JoinError(f"node {rank} could not meet node 0 at {host}:{port} within {wait:g} s (--join-timeout): {last}")
+    raise JoinError(
+        f"node {rank} could not meet node 0 at {host}:{port} within {wait:g} s (--join-timeout): {last}"
+    )
 
 
-def _attend(conn: socket.socket, rank: int, nodes: int, run: str, deadline: float) -> Meeting | None:
+def _attend(
+    conn: socket.socket, rank: int, nodes: int, run: str, deadline: float
+) -> Meeting | None:
     """Say who this node is and wait for node 0's answer; None if whoever listens is not node 0's roll call."""
     try:
         conn.sendall(json.dumps({"node": rank, "nodes": nodes, "run": run}).encode() + b"\n")
@@ -221,8 +249,10 @@ def _attend(conn: socket.socket, rank: int, nodes: int, run: str, deadline: floa
         remaining = deadline - time.monotonic()
         answer = _read_message(conn, remaining, reader) if remaining > 0 else None
         if answer is None:
-            raise JoinError(f"node {rank}: node 0 did not call the roll of run {run!r} within the wait "
-                            "(--join-timeout): another node did not join")
+            raise JoinError(
+                f"node {rank}: node 0 did not call the roll of run {run!r} within the wait "
+                "(--join-timeout): another node did not join"
+            )
         ack = answer
     if "error" in ack:
         raise JoinError(str(ack["error"]))
@@ -231,11 +261,12 @@ def _attend(conn: socket.socket, rank: int, nodes: int, run: str, deadline: floa
 
 # One JSON line each way
 
+
 def _send(conn: socket.socket, message: dict) -> None:
     try:
         conn.sendall(json.dumps(message).encode() + b"\n")
     except OSError:
-        pass   # that node has gone: its own wait ends with its own line
+        pass  # that node has gone: its own wait ends with its own line
 
 
 def _read_message(conn: socket.socket, timeout: float, reader=None) -> dict | None:

@@ -23,18 +23,20 @@ from tqdm import tqdm
 
 from common import progress
 from common.config import RunConfig
+from common.network import free_port, interface_of
 from common.results import failed_result, load_result, tail
 from common.worker import LIFELINE_ENV, THREADS_ENV
-from common.network import free_port, interface_of
 from harness import disk, envs, interrupts, rollcall
-from harness.logs import LogNotWritten, WorkerLogs
 from harness.envs import ROOT
+from harness.logs import LogNotWritten, WorkerLogs
 
 KILL_GRACE_S = 5.0
 
 
 def label(cfg: RunConfig) -> str:
-    return f"{cfg.backend} {cfg.variant} x{cfg.devices}" + (f" on {cfg.nodes} nodes" if cfg.nodes > 1 else "")
+    return f"{cfg.backend} {cfg.variant} x{cfg.devices}" + (
+        f" on {cfg.nodes} nodes" if cfg.nodes > 1 else ""
+    )
 
 
 def not_run_result(cfg: RunConfig, status: str, reason: str) -> dict:
@@ -62,7 +64,7 @@ class Console:
         bar, self._bar, self._bar_key = self._bar, None, None
         if bar is not None:
             try:
-                bar.close()   # leave=False: the bar's line is cleared
+                bar.close()  # leave=False: the bar's line is cleared
             except OSError:
                 self.live = False
 
@@ -72,9 +74,14 @@ class Console:
         try:
             if self._bar_key != key:
                 self._close_bar()
-                self._bar = tqdm(total=record["steps"], desc=f"[{label(cfg)}] epoch {record['epoch']}/"
-                                 f"{record['epochs']}", unit="step", file=self.stream, leave=False,
-                                 dynamic_ncols=True)
+                self._bar = tqdm(
+                    total=record["steps"],
+                    desc=f"[{label(cfg)}] epoch {record['epoch']}/{record['epochs']}",
+                    unit="step",
+                    file=self.stream,
+                    leave=False,
+                    dynamic_ncols=True,
+                )
                 self._bar_key = key
             self._bar.update(record["step"] - self._bar.n)
         except OSError:
@@ -83,7 +90,9 @@ class Console:
     def started(self, cfg: RunConfig) -> None:
         if not self.quiet:
             sim = " (simulated)" if cfg.simulated else ""
-            self.say(f"[{label(cfg)}{sim}] {cfg.model}, batch {cfg.batch_size}, lr {cfg.lr:g}, {cfg.epochs} epoch(s)")
+            self.say(
+                f"[{label(cfg)}{sim}] {cfg.model}, batch {cfg.batch_size}, lr {cfg.lr:g}, {cfg.epochs} epoch(s)"
+            )
 
     def event(self, cfg: RunConfig, record: dict) -> None:
         kind = record.get("event")
@@ -92,9 +101,11 @@ class Console:
         elif kind == "step" and self.live:
             self._progress(cfg, record)
         elif kind == "epoch" and not self.quiet:
-            self.say(f"[{label(cfg)}] epoch {record['epoch']}/{record['epochs']}: {record['time_s']:.2f} s, "
-                     f"{record['images_per_s']:.1f} img/s, loss {record['train_loss']:.4f}, "
-                     f"test acc {record['test_acc']:.4f}")
+            self.say(
+                f"[{label(cfg)}] epoch {record['epoch']}/{record['epochs']}: {record['time_s']:.2f} s, "
+                f"{record['images_per_s']:.1f} img/s, loss {record['train_loss']:.4f}, "
+                f"test acc {record['test_acc']:.4f}"
+            )
 
     def finished(self, cfg: RunConfig, result: dict) -> None:
         status = result["status"]
@@ -144,9 +155,18 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 def _start(cmd: list[str], env: dict) -> subprocess.Popen:
     lifeline = _lifeline()
-    return subprocess.Popen(cmd, cwd=ROOT, env={**env, LIFELINE_ENV: str(lifeline)}, pass_fds=(lifeline,),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                            errors="replace", start_new_session=True)
+    return subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**env, LIFELINE_ENV: str(lifeline)},
+        pass_fds=(lifeline,),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
 
 
 _lifeline_fds: tuple[int, int] | None = None
@@ -161,8 +181,13 @@ def _lifeline() -> int:
     return _lifeline_fds[0]
 
 
-def launch(cmd: list[str], env: dict, log_path: Path, timeout: float,
-           on_line: Callable[[str], bool] | None = None) -> tuple[int | None, list[str]]:
+def launch(
+    cmd: list[str],
+    env: dict,
+    log_path: Path,
+    timeout: float,
+    on_line: Callable[[str], bool] | None = None,
+) -> tuple[int | None, list[str]]:
     """Run one worker process: (its exit status, or None if it was killed at `timeout`; its output lines).
 
     The worker runs from the project root in a new session (its own process group), stdout and stderr
@@ -170,14 +195,19 @@ def launch(cmd: list[str], env: dict, log_path: Path, timeout: float,
     consumed it (a progress record), which is then left out of the returned output. On a timeout, an
     interrupt (Ctrl-C, SIGTERM, SIGHUP: raised here) or the worker's exit, its whole group is killed, so
     nothing it started (DDP ranks) outlives it. OSError if the process cannot be started."""
-    (code, output, _), = launch_all([cmd], env, [log_path], timeout, on_line)
+    ((code, output, _),) = launch_all([cmd], env, [log_path], timeout, on_line)
     return code, output
 
 
-def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout: float,
-               on_line: Callable[[str], bool] | None = None,
-               grace: float = 0.0,
-               failed_grace: float | None = None) -> list[tuple[int | None, list[str], float]]:
+def launch_all(
+    cmds: list[list[str]],
+    env: dict,
+    log_paths: list[Path],
+    timeout: float,
+    on_line: Callable[[str], bool] | None = None,
+    grace: float = 0.0,
+    failed_grace: float | None = None,
+) -> list[tuple[int | None, list[str], float]]:
     """`launch` for processes that work together (the nodes of a run), started at once, one deadline for all.
 
     Once one has exited, the others get `grace` seconds to end too (`failed_grace`, if given, once one has
@@ -186,7 +216,9 @@ def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout:
     Each process's (exit status, or None if still running at the deadline or after the grace; its output;
     when it was first seen ended, on the monotonic clock: the order in which they failed)."""
     # Made before any process starts: a log that cannot be made fails the launch.
-    logs = WorkerLogs(log_paths, ["$ " + " ".join(_relative_to_root(a) for a in cmd) for cmd in cmds])
+    logs = WorkerLogs(
+        log_paths, ["$ " + " ".join(_relative_to_root(a) for a in cmd) for cmd in cmds]
+    )
     procs: list[subprocess.Popen] = []
     try:
         for cmd in cmds:
@@ -227,7 +259,7 @@ def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout:
             if i == 0 and on_line and on_line(line):
                 continue
             if i > 0 and progress.parse(line) is not None:
-                continue   # the other nodes' progress: node 0 reports the run's
+                continue  # the other nodes' progress: node 0 reports the run's
             outputs[i].append(line)
     except BaseException:
         for proc in procs:
@@ -240,10 +272,15 @@ def launch_all(cmds: list[list[str]], env: dict, log_paths: list[Path], timeout:
     now = time.monotonic()
     for i, broken in logs.broken.items():
         outputs[i].append(f"(the worker's log stopped early: {broken})\n")
-    return [(None if i in overdue else p.returncode, outputs[i], ended.get(i, now)) for i, p in enumerate(procs)]
+    return [
+        (None if i in overdue else p.returncode, outputs[i], ended.get(i, now))
+        for i, p in enumerate(procs)
+    ]
 
 
-def run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: int | None = None) -> dict:
+def run(
+    cfg: RunConfig, python: str, workdir: Path, console: Console, trial: int | None = None
+) -> dict:
     """One worker run (one process per node of this host): config file in, result file out, output logged to
     workdir/logs/. With several nodes, node 0's result is the run's, failed with the first failing node's error
     if any failed. `trial` (--repeat) names the log and is recorded in the result."""
@@ -254,14 +291,20 @@ def run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: int
 
 
 def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: int | None) -> dict:
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{cfg.backend}-{cfg.variant}-x{cfg.devices}").strip("-")
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{cfg.backend}-{cfg.variant}-x{cfg.devices}").strip(
+        "-"
+    )
     if cfg.nodes > 1:
         name += f"-{cfg.nodes}nodes"
     if trial is not None:
         name += f"-trial{trial}"
     if cfg.nodes > 1 and cfg.loopback_nodes:
-        cfg = dataclasses.replace(cfg, coordinator=f"127.0.0.1:{free_port()}",   # free now, on this host
-                                  local_addr="127.0.0.1", interface=interface_of("127.0.0.1"))
+        cfg = dataclasses.replace(
+            cfg,
+            coordinator=f"127.0.0.1:{free_port()}",  # free now, on this host
+            local_addr="127.0.0.1",
+            interface=interface_of("127.0.0.1"),
+        )
     elif cfg.nodes > 1:
         try:
             cfg = rollcall.addressed(cfg, rollcall.meet_and_tell(cfg, name, console.say))
@@ -271,11 +314,21 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
     try:
         (workdir / "runs").mkdir(parents=True, exist_ok=True)
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
-        nodes = [Node(dataclasses.replace(cfg, node_rank=r), workdir, name + (f".node{r}" if cfg.nodes > 1 else ""))
-                 for r in ranks]
-    except OSError as e:   # a full disk, say: this run fails in one line; the ones that finished are kept
+        nodes = [
+            Node(
+                dataclasses.replace(cfg, node_rank=r),
+                workdir,
+                name + (f".node{r}" if cfg.nodes > 1 else ""),
+            )
+            for r in ranks
+        ]
+    except (
+        OSError
+    ) as e:  # a full disk, say: this run fails in one line; the ones that finished are kept
         return _not_started(cfg, console, disk.not_written(workdir, e))
-    env = envs.worker_env(PYTHONUNBUFFERED="1", **({THREADS_ENV: str(cfg.threads)} if cfg.threads else {}))
+    env = envs.worker_env(
+        PYTHONUNBUFFERED="1", **({THREADS_ENV: str(cfg.threads)} if cfg.threads else {})
+    )
 
     def on_line(line: str) -> bool:
         record = progress.parse(line)
@@ -285,15 +338,32 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
 
     console.started(cfg)
     try:
-        ended = launch_all([n.command(python) for n in nodes], env, [n.log for n in nodes], cfg.timeout, on_line,
-                           grace=NODE_GRACE_S, failed_grace=FAILED_NODE_GRACE_S)
+        ended = launch_all(
+            [n.command(python) for n in nodes],
+            env,
+            [n.log for n in nodes],
+            cfg.timeout,
+            on_line,
+            grace=NODE_GRACE_S,
+            failed_grace=FAILED_NODE_GRACE_S,
+        )
     except OSError as e:
-        what = disk.not_written(e.filename, e) if isinstance(e, LogNotWritten) else f"could not start {python}: {e}"
+        what = (
+            disk.not_written(e.filename, e)
+            if isinstance(e, LogNotWritten)
+            else f"could not start {python}: {e}"
+        )
         return not_run_result(cfg, "failed", what)
     codes = [code for code, _, _ in ended if code is not None]
-    grace = None if not codes else FAILED_NODE_GRACE_S if any(codes) else NODE_GRACE_S   # what the others had
+    grace = (
+        None if not codes else FAILED_NODE_GRACE_S if any(codes) else NODE_GRACE_S
+    )  # what the others had
     results = [n.result(code, output, workdir, grace) for n, (code, output, _) in zip(nodes, ended)]
-    result = results[0] if len(nodes) == 1 else merge_nodes(cfg, nodes, results, [at for *_, at in ended])
+    result = (
+        results[0]
+        if len(nodes) == 1
+        else merge_nodes(cfg, nodes, results, [at for *_, at in ended])
+    )
     result["log"] = f"logs/{nodes[0].log.name}"
     console.finished(cfg, result)
     return result
@@ -326,24 +396,44 @@ class Node:
         self.log = workdir / "logs" / f"{name}.log"
         try:
             cfg.save(self.config_path)
-        except OSError as e:   # (a write that fails names no file)
+        except OSError as e:  # (a write that fails names no file)
             raise OSError(e.errno, e.strerror, str(self.config_path)) from None
 
     def command(self, python: str) -> list[str]:
-        return [python, "-m", f"backends.{self.cfg.backend}", "--config", str(self.config_path),
-                "--result", str(self.result_path)]
+        return [
+            python,
+            "-m",
+            f"backends.{self.cfg.backend}",
+            "--config",
+            str(self.config_path),
+            "--result",
+            str(self.result_path),
+        ]
 
-    def result(self, returncode: int | None, output: list[str], workdir: Path, peer_grace: float | None = None) -> dict:
+    def result(
+        self,
+        returncode: int | None,
+        output: list[str],
+        workdir: Path,
+        peer_grace: float | None = None,
+    ) -> dict:
         """The worker's result, or a failed / timeout one with the tail of its output; `peer_grace`: the seconds it
         was given after another node had ended (None: none had)."""
         cfg = self.cfg
         if returncode is None and peer_grace is not None:
-            result = failed_result(cfg.to_dict(), "timeout", f"{''.join(output[-20:])}stopped {peer_grace:g} s "
-                                   "after another node had ended (waiting on it)")
+            result = failed_result(
+                cfg.to_dict(),
+                "timeout",
+                f"{''.join(output[-20:])}stopped {peer_grace:g} s "
+                "after another node had ended (waiting on it)",
+            )
         elif returncode is None:
             # The worker's last output first, the reason last: the report's headline is the error's last line.
-            result = failed_result(cfg.to_dict(), "timeout",
-                                   f"{''.join(output[-20:])}killed after --timeout {cfg.timeout:g} s")
+            result = failed_result(
+                cfg.to_dict(),
+                "timeout",
+                f"{''.join(output[-20:])}killed after --timeout {cfg.timeout:g} s",
+            )
         else:
             try:
                 result = load_result(self.result_path, cfg.to_dict())
@@ -351,8 +441,11 @@ class Node:
                 reason = f"worker exited with status {returncode} and no valid result ({e})"
                 # The report's headline is the error's last line: the worker's own last words if it failed,
                 # but the reason itself if it exited 0 (its output then says nothing about what went wrong).
-                error = (tail("".join(output)) + "\n" + reason if returncode == 0
-                         else reason + "\n" + tail("".join(output)))
+                error = (
+                    tail("".join(output)) + "\n" + reason
+                    if returncode == 0
+                    else reason + "\n" + tail("".join(output))
+                )
                 result = failed_result(cfg.to_dict(), "failed", error)
         if result.get("error"):
             # Paths in the staging directory as they will be once it is renamed to the report's (runs/..., logs/...)
@@ -360,21 +453,30 @@ class Node:
         return result
 
 
-def merge_nodes(cfg: RunConfig, nodes: list[Node], results: list[dict], ended_at: list[float]) -> dict:
+def merge_nodes(
+    cfg: RunConfig, nodes: list[Node], results: list[dict], ended_at: list[float]
+) -> dict:
     """Node 0's result if every node's is ok; else a failed row with the first failing node's error (the
     cause; the others' failures, its echoes, follow in one line each). A node killed after the grace counts
     last: it did not fail, it waited on the one that did."""
-    bad = sorted((i for i, r in enumerate(results) if r["status"] != "ok"),
-                 key=lambda i: (results[i]["status"] == "timeout", ended_at[i]))
+    bad = sorted(
+        (i for i, r in enumerate(results) if r["status"] != "ok"),
+        key=lambda i: (results[i]["status"] == "timeout", ended_at[i]),
+    )
     if not bad:
         return results[0]
     first = results[bad[0]]
     rank = nodes[bad[0]].cfg.node_rank
-    echoes = "".join(f"\n(then node {nodes[i].cfg.node_rank}: {_last_line(results[i])})" for i in bad[1:])
+    echoes = "".join(
+        f"\n(then node {nodes[i].cfg.node_rank}: {_last_line(results[i])})" for i in bad[1:]
+    )
     # The headline (the last line, which survives the error's tail) names the node that failed first.
     error = f"{first.get('error') or ''}{echoes}\nnode {rank} of {cfg.nodes} failed first: {_last_line(first)}"
     status = first["status"] if first["status"] in ("unavailable", "diverged") else "failed"
-    return {**failed_result(cfg.to_dict(), status, error), "environment": results[0].get("environment") or {}}
+    return {
+        **failed_result(cfg.to_dict(), status, error),
+        "environment": results[0].get("environment") or {},
+    }
 
 
 def _last_line(result: dict) -> str:

@@ -8,38 +8,60 @@ from common.results import Result
 from harness.tables import fmt, key, milliseconds, table
 
 # What a GPU run's speed depends on beyond the framework (recorded by the workers that have them).
-GPU_SETTINGS = (("input_copies", "input copies"), ("sgd_update", "SGD update"), ("compile", "compile"))
+GPU_SETTINGS = (
+    ("input_copies", "input copies"),
+    ("sgd_update", "SGD update"),
+    ("compile", "compile"),
+)
 
 
 def input_line(cfg: RunConfig | None) -> str:
     """How batches reach the devices: assembled before each epoch's timer, copied inside it."""
-    line = ("Input: each epoch's batches are assembled (one gather of its permutation) before its timer "
-            "starts; ")
+    line = (
+        "Input: each epoch's batches are assembled (one gather of its permutation) before its timer "
+        "starts; "
+    )
     if cfg and cfg.resident_data:
-        return line + "with --resident-data they are also copied to the devices before it (no copy is timed)."
+        return (
+            line
+            + "with --resident-data they are also copied to the devices before it (no copy is timed)."
+        )
     prefetch = cfg.prefetch if cfg else 0
     if not prefetch:
-        return line + "each step copies its own batch to the devices (--prefetch 0), inside the epoch time."
-    return line + (f"each batch is put on the devices {prefetch} batches ahead of its step (pinned host memory "
-                   "and asynchronous copies on GPUs), so the copies, inside the epoch time, overlap compute.")
+        return (
+            line
+            + "each step copies its own batch to the devices (--prefetch 0), inside the epoch time."
+        )
+    return line + (
+        f"each batch is put on the devices {prefetch} batches ahead of its step (pinned host memory "
+        "and asynchronous copies on GPUs), so the copies, inside the epoch time, overlap compute."
+    )
 
 
 def precision_line(cfg: RunConfig | None) -> str:
     levers = cfg.levers if cfg else []
-    text = {"fp32": "fp32 everywhere, TF32 disabled explicitly", "tf32": "TF32 matmuls and convolutions",
-            "bf16": "bfloat16 compute (autocast / flax dtype), float32 weights, gradients and SGD"}
+    text = {
+        "fp32": "fp32 everywhere, TF32 disabled explicitly",
+        "tf32": "TF32 matmuls and convolutions",
+        "bf16": "bfloat16 compute (autocast / flax dtype), float32 weights, gradients and SGD",
+    }
     line = f"Precision: {text[cfg.precision if cfg else 'fp32']}."
     others = [lever for lever in levers if lever not in text]
-    return line + (f" Speed levers: {', '.join(others)} (see each backend's backend.toml for what they do)."
-                   if others else " No other speed lever (--compile, --channels-last, --resident-data).")
+    return line + (
+        f" Speed levers: {', '.join(others)} (see each backend's backend.toml for what they do)."
+        if others
+        else " No other speed lever (--compile, --channels-last, --resident-data)."
+    )
 
 
 def devices_line(meta: dict) -> str:
     """What ran and how the devices were found (results saved before `detection` existed lack it)."""
     how = meta.get("detection")
     if meta.get("device_kind") == "cpu":
-        return (f"- Devices: **simulated** ({how or 'no GPU was present'}): each device is a replica on the host "
-                "CPU, so the figures measure the software path, not GPU scaling")
+        return (
+            f"- Devices: **simulated** ({how or 'no GPU was present'}): each device is a replica on the host "
+            "CPU, so the figures measure the software path, not GPU scaling"
+        )
     gpus = meta.get("gpus", [])
     return f"- Devices: {len(gpus)} GPU(s): {', '.join(gpus)}" + (f", {how}" if how else "")
 
@@ -54,21 +76,54 @@ def nodes_section(rows: list, topology: str) -> list[str]:
     for row in several:
         r, c = row.result, row.result.config
         env, ar = r.environment or {}, r.allreduce
-        strategy = manifest.load(c.backend).strategies.get(c.strategy) if manifest.canonical_name(c.backend) else None
-        body.append([c.backend, c.variant, hosts_cell(c),
-                     str(env.get("processes", "—")), str(c.local_devices), str(env.get("collective") or "—"),
-                     (strategy and strategy.engine or "—").split(" (")[0], milliseconds(ar and ar.median_s),
-                     fmt(row.sec_per_epoch, ".2f"), fmt(row.efficiency, ".0%")])
-    lines += table(["backend", "strategy", "hosts", "processes (all roles)", "devices per host", "transport",
-                    "engine", "cross-process allreduce ms", "s/epoch (slowest rank)", "efficiency vs 1 device"],
-                   body)
+        strategy = (
+            manifest.load(c.backend).strategies.get(c.strategy)
+            if manifest.canonical_name(c.backend)
+            else None
+        )
+        body.append(
+            [
+                c.backend,
+                c.variant,
+                hosts_cell(c),
+                str(env.get("processes", "—")),
+                str(c.local_devices),
+                str(env.get("collective") or "—"),
+                (strategy and strategy.engine or "—").split(" (")[0],
+                milliseconds(ar and ar.median_s),
+                fmt(row.sec_per_epoch, ".2f"),
+                fmt(row.efficiency, ".0%"),
+            ]
+        )
+    lines += table(
+        [
+            "backend",
+            "strategy",
+            "hosts",
+            "processes (all roles)",
+            "devices per host",
+            "transport",
+            "engine",
+            "cross-process allreduce ms",
+            "s/epoch (slowest rank)",
+            "efficiency vs 1 device",
+        ],
+        body,
+    )
     loopback = any(row.result.config.loopback_nodes for row in several)
-    lines += ["", "Every node runs the same config with its own rank and feeds its own shard of each global batch "
-              "(the same batches as one process: see the hashes); epoch and step times are the slowest rank's, "
-              "losses and accuracy are summed over every rank." +
-              (" **Loopback nodes** are process groups on one host joined over 127.0.0.1: they prove the engines "
-               "and the math across processes, but share the host's cores and memory bus, so their speed says "
-               "nothing about a network between hosts." if loopback else "")]
+    lines += [
+        "",
+        "Every node runs the same config with its own rank and feeds its own shard of each global batch "
+        "(the same batches as one process: see the hashes); epoch and step times are the slowest rank's, "
+        "losses and accuracy are summed over every rank."
+        + (
+            " **Loopback nodes** are process groups on one host joined over 127.0.0.1: they prove the engines "
+            "and the math across processes, but share the host's cores and memory bus, so their speed says "
+            "nothing about a network between hosts."
+            if loopback
+            else ""
+        ),
+    ]
     return lines
 
 
@@ -80,7 +135,9 @@ def hosts_cell(c) -> str:
 
 
 def setting(value) -> str:
-    return ", ".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else str(value)
+    return (
+        ", ".join(f"{k}={v}" for k, v in value.items()) if isinstance(value, dict) else str(value)
+    )
 
 
 def environment_section(results: list[Result]) -> list[str]:
@@ -93,63 +150,99 @@ def environment_section(results: list[Result]) -> list[str]:
     if not largest:
         return ["No run reported its environment."]
     first = next(iter(largest.values())).environment
-    lines = [f"- **Host**: {first.get('cpu')} ({first.get('cpus')} usable cores), {first.get('platform')}"]
+    lines = [
+        f"- **Host**: {first.get('cpu')} ({first.get('cpus')} usable cores), {first.get('platform')}"
+    ]
     for (backend, strategy), r in sorted(largest.items()):
         env = r.environment
         precision = ", ".join(f"{k}={v}" for k, v in (env.get("precision") or {}).items())
         devices = ", ".join(env.get("devices") or []) or "none the framework sees"
-        lines.append(f"- **{backend} {strategy}** ({r.config.devices} devices: {devices}): "
-                     f"{env.get('framework')} {env.get('framework_version')} (CUDA {env.get('cuda') or '—'}, "
-                     f"cuDNN {env.get('cudnn') or '—'}), Python {env.get('python')}, numpy {env.get('numpy')}; "
-                     f"{env.get('processes')} process(es) x {env.get('threads_per_process')} CPU thread(s); "
-                     f"precision: {precision}; collective: {env.get('collective')}"
-                     + "".join(f"; {label}: {setting(env[name])}" for name, label in GPU_SETTINGS if env.get(name)))
+        lines.append(
+            f"- **{backend} {strategy}** ({r.config.devices} devices: {devices}): "
+            f"{env.get('framework')} {env.get('framework_version')} (CUDA {env.get('cuda') or '—'}, "
+            f"cuDNN {env.get('cudnn') or '—'}), Python {env.get('python')}, numpy {env.get('numpy')}; "
+            f"{env.get('processes')} process(es) x {env.get('threads_per_process')} CPU thread(s); "
+            f"precision: {precision}; collective: {env.get('collective')}"
+            + "".join(
+                f"; {label}: {setting(env[name])}" for name, label in GPU_SETTINGS if env.get(name)
+            )
+        )
         if r.config.device_kind == "cpu" and env.get("framework_gpus"):
-            lines.append(f"  - **{env.get('framework')} itself sees {env['framework_gpus']} GPU(s), yet this run used "
-                         f"simulated CPU devices**: the harness found no GPU (see Devices above, or pass --device gpu)")
+            lines.append(
+                f"  - **{env.get('framework')} itself sees {env['framework_gpus']} GPU(s), yet this run used "
+                f"simulated CPU devices**: the harness found no GPU (see Devices above, or pass --device gpu)"
+            )
     return lines
 
 
 def hashes_section(results: list[Result]) -> list[str]:
     ok = [r for r in results if r.ok]
     weights = {r.weights_hash for r in ok if r.weights_hash}
-    data = {r.data_hash for r in ok if r.data_hash}   # (evaluation-only runs train on nothing)
+    data = {r.data_hash for r in ok if r.data_hash}  # (evaluation-only runs train on nothing)
     lines = []
     if weights:
-        lines.append("- Initial weights (canonical): "
-                     + (f"`{next(iter(weights))[:16]}` for every run" if len(weights) == 1
-                        else "**differ between runs**: " + ", ".join(f"`{str(w)[:16]}`" for w in weights)))
+        lines.append(
+            "- Initial weights (canonical): "
+            + (
+                f"`{next(iter(weights))[:16]}` for every run"
+                if len(weights) == 1
+                else "**differ between runs**: " + ", ".join(f"`{str(w)[:16]}`" for w in weights)
+            )
+        )
     if data:
-        lines.append("- Training batch sequence: "
-                     + (f"`{next(iter(data))[:16]}` for every run" if len(data) == 1
-                        else "differs between runs (different device counts drop a different partial batch "
-                             "or use a different global batch): "
-                             + ", ".join(sorted(f"`{str(d)[:16]}`" for d in data))))
+        lines.append(
+            "- Training batch sequence: "
+            + (
+                f"`{next(iter(data))[:16]}` for every run"
+                if len(data) == 1
+                else "differs between runs (different device counts drop a different partial batch "
+                "or use a different global batch): "
+                + ", ".join(sorted(f"`{str(d)[:16]}`" for d in data))
+            )
+        )
     return lines
 
 
 def equivalence_section(eq: dict | None) -> list[str]:
     """The check's table: the same weights and batches through every backend, compared with torch."""
     if not eq:
-        return ["## Equivalence", "", "Not checked in this run (`--no-check`; run `python -m harness check`)."]
+        return [
+            "## Equivalence",
+            "",
+            "Not checked in this run (`--no-check`; run `python -m harness check`).",
+        ]
     if eq.get("interrupted"):
-        return ["## Equivalence", "", "Interrupted before the check finished (run `python -m harness check`)."]
-    lines = ["## Equivalence", "",
-             f"Every backend and strategy of this report, from the same canonical weights and batches "
-             f"({eq['setup']}), compared with torch (`python -m harness check` runs the full version). "
-             "Tolerances: forward max |Δlogits|; loss relative; gradients and the first SGD update relative "
-             "(L2 over all parameters); the loss trace max |Δ|; k vs 1 device max |Δw| after one step. "
-             "`math (float64)`: the loss and gradients computed in float64, where rounding cannot hide a "
-             "difference in the math; `same math (float64)`: each strategy's own code path run in float64 "
-             "(loss, gradients, a few steps of weights and BatchNorm running statistics) vs torch's, to 1e-10; "
-             "`BatchNorm state`: the running mean and variance vs torch's (relative L2). "
-             "Where float32 itself cannot meet a tolerance (ResNet-18 on a few images), "
-             f"the row's tolerance is 3x the measured float32-vs-float64 distance, and a loss trace that float32 "
-             "cannot follow (chaotic: torch's own float32 run leaves the float64 one) is reported as measured.", ""]
+        return [
+            "## Equivalence",
+            "",
+            "Interrupted before the check finished (run `python -m harness check`).",
+        ]
+    lines = [
+        "## Equivalence",
+        "",
+        f"Every backend and strategy of this report, from the same canonical weights and batches "
+        f"({eq['setup']}), compared with torch (`python -m harness check` runs the full version). "
+        "Tolerances: forward max |Δlogits|; loss relative; gradients and the first SGD update relative "
+        "(L2 over all parameters); the loss trace max |Δ|; k vs 1 device max |Δw| after one step. "
+        "`math (float64)`: the loss and gradients computed in float64, where rounding cannot hide a "
+        "difference in the math; `same math (float64)`: each strategy's own code path run in float64 "
+        "(loss, gradients, a few steps of weights and BatchNorm running statistics) vs torch's, to 1e-10; "
+        "`BatchNorm state`: the running mean and variance vs torch's (relative L2). "
+        "Where float32 itself cannot meet a tolerance (ResNet-18 on a few images), "
+        f"the row's tolerance is 3x the measured float32-vs-float64 distance, and a loss trace that float32 "
+        "cannot follow (chaotic: torch's own float32 run leaves the float64 one) is reported as measured.",
+        "",
+    ]
     rows = eq.get("rows") or []
-    counts = {status: sum(r["status"] == status for r in rows) for status in ("ok", "FAIL", "measured", "not run")}
-    lines += [f"**{len(rows)} rows: {counts['ok']} ok, {counts['FAIL']} failed, {counts['measured']} measured, "
-              f"{counts['not run']} not run.**", ""]
+    counts = {
+        status: sum(r["status"] == status for r in rows)
+        for status in ("ok", "FAIL", "measured", "not run")
+    }
+    lines += [
+        f"**{len(rows)} rows: {counts['ok']} ok, {counts['FAIL']} failed, {counts['measured']} measured, "
+        f"{counts['not run']} not run.**",
+        "",
+    ]
     lines += eq.get("table", [])
     for name, reason in (eq.get("failures") or {}).items():
         lines.append(f"\n- {name}: could not be checked: {reason}")

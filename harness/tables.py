@@ -11,8 +11,11 @@ from common.results import Result
 from harness.trials import Trials, group
 
 STATUS_NOTE = {
-    "failed": "failed", "timeout": "timed out", "diverged": "diverged",
-    "unavailable": "not run", "interrupted": "interrupted",
+    "failed": "failed",
+    "timeout": "timed out",
+    "diverged": "diverged",
+    "unavailable": "not run",
+    "interrupted": "interrupted",
 }
 
 
@@ -27,7 +30,7 @@ def key(r: Result) -> tuple:
 
 
 def devices_cell(c, simulated: bool = True) -> str:
-    """"2 (sim.)", or with several nodes "4 = 2 nodes x 2 (sim.)": how the devices were spread."""
+    """ "2 (sim.)", or with several nodes "4 = 2 nodes x 2 (sim.)": how the devices were spread."""
     spread = f" = {c.nodes} nodes x {c.local_devices}" if c.nodes > 1 else ""
     return f"{c.devices}{spread}{' (sim.)' if c.simulated and simulated else ''}"
 
@@ -36,6 +39,7 @@ def devices_cell(c, simulated: bool = True) -> str:
 class Row:
     """One configuration with its summary numbers (the medians over its kept trials; with one trial, that run's)
     and speed-up and efficiency against the 1-device row of its variant. `result` is the representative trial."""
+
     result: Result
     sec_per_epoch: float | None = None
     images_per_s: float | None = None
@@ -57,7 +61,9 @@ def baseline(r: Result) -> tuple:
     options = c.options
     if c.nodes > 1 and manifest.canonical_name(c.backend):
         declared = manifest.load(c.backend).options
-        options = {k: v for k, v in options.items() if k not in declared or v != declared[k].nodes_default}
+        options = {
+            k: v for k, v in options.items() if k not in declared or v != declared[k].nodes_default
+        }
     return c.backend, dataclasses.replace(c, options=options).variant
 
 
@@ -66,10 +72,18 @@ def with_scaling(results: list[Result]) -> list[Row]:
     efficiency against the 1-device row of the same backend/strategy."""
     rows = []
     for t in group(results):
-        figures = {name: t.median(name) for name in ("sec_per_epoch", "images_per_s", "test_acc", "train_loss")}
-        rows.append(Row(t.representative(), **{k: v for k, v in figures.items() if v is not None}, trials=t))
-    base = {baseline(row.result): row.images_per_s for row in rows
-            if row.images_per_s and row.result.config.devices == 1 and row.result.config.nodes == 1}
+        figures = {
+            name: t.median(name)
+            for name in ("sec_per_epoch", "images_per_s", "test_acc", "train_loss")
+        }
+        rows.append(
+            Row(t.representative(), **{k: v for k, v in figures.items() if v is not None}, trials=t)
+        )
+    base = {
+        baseline(row.result): row.images_per_s
+        for row in rows
+        if row.images_per_s and row.result.config.devices == 1 and row.result.config.nodes == 1
+    }
     for row in rows:
         b = base.get(baseline(row.result))
         if row.images_per_s and b:
@@ -103,7 +117,9 @@ def images_cell(row: Row) -> str:
     """images/s; with several trials the median and the kept trials' range."""
     cell = fmt(row.images_per_s, ".1f")
     spread = row.trials.spread("images_per_s") if row.repeated else None
-    return f"{cell} ({spread[0]:.1f}–{spread[1]:.1f})" if spread and len(row.trials.kept) > 1 else cell
+    return (
+        f"{cell} ({spread[0]:.1f}–{spread[1]:.1f})" if spread and len(row.trials.kept) > 1 else cell
+    )
 
 
 def trials_cell(row: Row) -> str:
@@ -111,8 +127,22 @@ def trials_cell(row: Row) -> str:
     return f"{len(t.kept)} of {len(t.runs)}" if t else "1 of 1"
 
 
-SUMMARY_HEADER = ["backend", "strategy", "devices", "batch", "lr", "s/epoch", "images/s", "TFLOP/s (of peak)",
-                  "speed-up", "efficiency", "test acc", "warm-up s", "peak mem MB", "params"]
+SUMMARY_HEADER = [
+    "backend",
+    "strategy",
+    "devices",
+    "batch",
+    "lr",
+    "s/epoch",
+    "images/s",
+    "TFLOP/s (of peak)",
+    "speed-up",
+    "efficiency",
+    "test acc",
+    "warm-up s",
+    "peak mem MB",
+    "params",
+]
 
 
 def device_name(result: Result) -> str:
@@ -142,10 +172,22 @@ def flops_cell(row: Row) -> str:
 
 def summary_cells(row: Row, repeated: bool) -> list[str]:
     r, c = row.result, row.result.config
-    cells = [c.backend, c.variant, devices_cell(c), str(c.batch_size), f"{c.lr:g}",
-             fmt(row.sec_per_epoch, ".2f"), images_cell(row), flops_cell(row), fmt(row.speedup, ".2f"),
-             fmt(row.efficiency, ".0%"),
-             fmt(row.test_acc, ".4f"), fmt(r.compile_s, ".2f"), peak_memory(r), fmt(r.params, ",")]
+    cells = [
+        c.backend,
+        c.variant,
+        devices_cell(c),
+        str(c.batch_size),
+        f"{c.lr:g}",
+        fmt(row.sec_per_epoch, ".2f"),
+        images_cell(row),
+        flops_cell(row),
+        fmt(row.speedup, ".2f"),
+        fmt(row.efficiency, ".0%"),
+        fmt(row.test_acc, ".4f"),
+        fmt(r.compile_s, ".2f"),
+        peak_memory(r),
+        fmt(r.params, ","),
+    ]
     return cells + ([trials_cell(row)] if repeated else [])
 
 
@@ -165,15 +207,32 @@ def summary_records(rows: list[Row]) -> list[dict]:
         spread = row.trials.spread("images_per_s") if row.trials else None
         samples = row.trials.step_samples() if row.trials else []
         step = statistics.median(samples) if samples else r.step_time and r.step_time.median_s
-        records.append({"backend": c.backend, "strategy": c.variant, "devices": c.devices, "nodes": c.nodes,
-                        "simulated": c.simulated, "status": r.status, "batch": c.batch_size, "lr": c.lr,
-                        "sec_per_epoch": row.sec_per_epoch, "images_per_s": row.images_per_s,
-                        "images_per_s_min": spread and spread[0], "images_per_s_max": spread and spread[1],
-                        "tflops": model_flops(row)[0], "mfu": model_flops(row)[1],
-                        "speedup": row.speedup, "efficiency": row.efficiency, "test_acc": row.test_acc,
-                        "warmup_s": r.compile_s, "step_median_s": step,
-                        "params": r.params, "trials": len(row.trials.runs) if row.trials else 1,
-                        "trials_kept": len(row.trials.kept) if row.trials else int(r.ok)})
+        records.append(
+            {
+                "backend": c.backend,
+                "strategy": c.variant,
+                "devices": c.devices,
+                "nodes": c.nodes,
+                "simulated": c.simulated,
+                "status": r.status,
+                "batch": c.batch_size,
+                "lr": c.lr,
+                "sec_per_epoch": row.sec_per_epoch,
+                "images_per_s": row.images_per_s,
+                "images_per_s_min": spread and spread[0],
+                "images_per_s_max": spread and spread[1],
+                "tflops": model_flops(row)[0],
+                "mfu": model_flops(row)[1],
+                "speedup": row.speedup,
+                "efficiency": row.efficiency,
+                "test_acc": row.test_acc,
+                "warmup_s": r.compile_s,
+                "step_median_s": step,
+                "params": r.params,
+                "trials": len(row.trials.runs) if row.trials else 1,
+                "trials_kept": len(row.trials.kept) if row.trials else int(r.ok),
+            }
+        )
     return records
 
 
@@ -197,21 +256,50 @@ def steps_table(rows: list[Row]) -> list[str]:
             continue
         c = r.config
         ms = milliseconds
-        several = c.devices > 1     # on one device there is nothing to send: no bandwidth to speak of
+        several = c.devices > 1  # on one device there is nothing to send: no bandwidth to speak of
         median, p10, p90, steps = step.median_s, step.p10_s, step.p90_s, step.steps
         samples = row.trials.step_samples() if row.repeated else []
-        if len(samples) >= 2:       # several trials: the statistics of every kept trial's steps together
+        if len(samples) >= 2:  # several trials: the statistics of every kept trial's steps together
             deciles = statistics.quantiles(samples, n=10, method="inclusive")
-            median, p10, p90, steps = statistics.median(samples), deciles[0], deciles[-1], len(samples)
-        body.append([c.backend, c.variant, devices_cell(c, simulated=False), f"{ms(median)}",
-                     f"{ms(p10)}–{ms(p90)}", str(steps),
-                     fmt(c.batch_size / median if median else None, ".1f"),
-                     fmt(ar and ar.bytes / 1e6, ".1f"), ms(ar and ar.median_s),
-                     fmt(ar.gb_per_s if ar and several else None, ".2f"), fmt(ar and ar.share_of_step, ".0%")])
+            median, p10, p90, steps = (
+                statistics.median(samples),
+                deciles[0],
+                deciles[-1],
+                len(samples),
+            )
+        body.append(
+            [
+                c.backend,
+                c.variant,
+                devices_cell(c, simulated=False),
+                f"{ms(median)}",
+                f"{ms(p10)}–{ms(p90)}",
+                str(steps),
+                fmt(c.batch_size / median if median else None, ".1f"),
+                fmt(ar and ar.bytes / 1e6, ".1f"),
+                ms(ar and ar.median_s),
+                fmt(ar.gb_per_s if ar and several else None, ".2f"),
+                fmt(ar and ar.share_of_step, ".0%"),
+            ]
+        )
     if not body:
         return []
-    return table(["backend", "strategy", "devices", "step ms (median)", "p10–p90 ms", "steps", "images/s at median",
-                  "gradients MB / step", "allreduce ms", "allreduce GB/s", "allreduce / step"], body)
+    return table(
+        [
+            "backend",
+            "strategy",
+            "devices",
+            "step ms (median)",
+            "p10–p90 ms",
+            "steps",
+            "images/s at median",
+            "gradients MB / step",
+            "allreduce ms",
+            "allreduce GB/s",
+            "allreduce / step",
+        ],
+        body,
+    )
 
 
 def accuracy_table(rows: list[Row]) -> list[str]:
@@ -219,9 +307,15 @@ def accuracy_table(rows: list[Row]) -> list[str]:
     if not ok:
         return []
     n = max(len(r.epochs) for r in ok)
-    body = [[" ".join(map(str, key(r)[:3])) + (f" on {r.config.nodes} nodes" if r.config.nodes > 1 else "")]
-            + [fmt(e.test_acc, ".4f") for e in r.epochs]
-            + [""] * (n - len(r.epochs)) for r in ok]
+    body = [
+        [
+            " ".join(map(str, key(r)[:3]))
+            + (f" on {r.config.nodes} nodes" if r.config.nodes > 1 else "")
+        ]
+        + [fmt(e.test_acc, ".4f") for e in r.epochs]
+        + [""] * (n - len(r.epochs))
+        for r in ok
+    ]
     return table(["run"] + [f"epoch {i + 1}" for i in range(n)], body)
 
 
@@ -239,8 +333,10 @@ def failures(rows: list[Row]) -> list[str]:
         if any(r.trial for r in runs):
             counts += ", trial " + ", ".join(str(r.trial) for r in runs)
         logs = ", ".join(f"`{r.log}`" for r in runs if r.log)
-        lines.append(f"- **{backend} {strategy}**, {counts}: {STATUS_NOTE.get(status, status)} — "
-                     f"{reason.splitlines()[-1]}" + (f" (log: {logs})" if logs else ""))
+        lines.append(
+            f"- **{backend} {strategy}**, {counts}: {STATUS_NOTE.get(status, status)} — "
+            f"{reason.splitlines()[-1]}" + (f" (log: {logs})" if logs else "")
+        )
         if status in ("failed", "timeout", "diverged") and len(reason.splitlines()) > 1:
             lines += ["", "  ```", *["  " + l for l in reason.splitlines()[-12:]], "  ```"]
     return lines
@@ -255,8 +351,28 @@ def trials_table(rows: list[Row]) -> list[str]:
         dropped = {id(r): why for r, why in row.trials.dropped}
         for r in row.trials.runs:
             c, s = r.config, r.summary() if r.ok else {}
-            body.append([c.backend, c.variant, devices_cell(c), str(r.trial or 1), fmt(s.get("images_per_s"), ".1f"),
-                         milliseconds(r.step_time and r.step_time.median_s), fmt(s.get("test_acc"), ".4f"),
-                         "dropped: " + dropped[id(r)] if id(r) in dropped else "kept"])
-    return table(["backend", "strategy", "devices", "trial", "images/s", "step ms (median)", "test acc", "counts"],
-                 body)
+            body.append(
+                [
+                    c.backend,
+                    c.variant,
+                    devices_cell(c),
+                    str(r.trial or 1),
+                    fmt(s.get("images_per_s"), ".1f"),
+                    milliseconds(r.step_time and r.step_time.median_s),
+                    fmt(s.get("test_acc"), ".4f"),
+                    "dropped: " + dropped[id(r)] if id(r) in dropped else "kept",
+                ]
+            )
+    return table(
+        [
+            "backend",
+            "strategy",
+            "devices",
+            "trial",
+            "images/s",
+            "step ms (median)",
+            "test acc",
+            "counts",
+        ],
+        body,
+    )

@@ -35,11 +35,11 @@ from harness.plan import parse_backends, parse_pythons
 # What --portable caps, per library; each was checked to change the kernels in the pinned versions
 # (the probes below print the evidence at the start of the pass).
 PORTABLE_ENV = {
-    "ATEN_CPU_CAPABILITY": "default",   # torch's ATen kernels: no AVX2 / AVX-512 variants
-    "ONEDNN_MAX_CPU_ISA": "SSE41",      # torch's oneDNN 3.x
-    "DNNL_MAX_CPU_ISA": "SSE41",        # MXNet 1.9.1's oneDNN 2.4, which reads only this name
-    "MKL_CBWR": "COMPATIBLE",           # torch's MKL: the code path that computes alike on every x86-64 CPU
-    "OPENBLAS_CORETYPE": "Nehalem",     # MXNet's and numpy's OpenBLAS: SSE4.2 kernels, no AVX
+    "ATEN_CPU_CAPABILITY": "default",  # torch's ATen kernels: no AVX2 / AVX-512 variants
+    "ONEDNN_MAX_CPU_ISA": "SSE41",  # torch's oneDNN 3.x
+    "DNNL_MAX_CPU_ISA": "SSE41",  # MXNet 1.9.1's oneDNN 2.4, which reads only this name
+    "MKL_CBWR": "COMPATIBLE",  # torch's MKL: the code path that computes alike on every x86-64 CPU
+    "OPENBLAS_CORETYPE": "Nehalem",  # MXNet's and numpy's OpenBLAS: SSE4.2 kernels, no AVX
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
@@ -60,28 +60,34 @@ CROSS_MINUTES = 5.5
 # portable environment and the library's own verbose switches, so that the pass starts by showing what the kernels
 # really run with.
 PROBES = {
-    "torch": ({"ONEDNN_VERBOSE": "1", "MKL_VERBOSE": "1"},
-              "import torch\n"
-              "torch.nn.functional.conv2d(torch.ones(2, 16, 8, 8), torch.ones(32, 16, 3, 3))\n"
-              "torch.ones(64, 64) @ torch.ones(64, 64)\n"
-              "print(f'probe: ATen capability {torch.backends.cpu.get_cpu_capability()}, '\n"
-              "      f'{torch.get_num_threads()} thread(s)')\n"),
-    "jax": ({"TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": "cpu_compiler=1"},
-            "import os, jax, jax.numpy as jnp\n"
-            "jax.jit(lambda a: jnp.tanh(a).sum())(jnp.ones(64)).block_until_ready()\n"
-            "print(f'probe: XLA_FLAGS accepted ({os.environ.get(\"XLA_FLAGS\")}); the XLA thread pool spans '\n"
-            "      f'{len(os.sched_getaffinity(0))} usable CPU(s): '\n"
-            "      f'jaxlib {jax.__version__} has no thread-count switch')\n"),
-    "mxnet": ({"DNNL_VERBOSE": "1"},
-              "import ctypes, os\n"
-              "from backends.mxnet.compat import mx\n"
-              "mx.nd.Convolution(mx.nd.ones((2, 16, 8, 8)), mx.nd.ones((32, 16, 3, 3)), kernel=(3, 3),\n"
-              "                  num_filter=32, no_bias=True).wait_to_read()\n"
-              "blas = ctypes.CDLL(os.path.join(os.path.dirname(mx.__file__), 'libopenblas.so.0'))\n"
-              "blas.openblas_get_corename.restype = ctypes.c_char_p\n"
-              "omp = ctypes.CDLL('libgomp.so.1')\n"
-              "print(f'probe: OpenBLAS core {blas.openblas_get_corename().decode()}, '\n"
-              "      f'{omp.omp_get_max_threads()} OpenMP thread(s)')\n"),
+    "torch": (
+        {"ONEDNN_VERBOSE": "1", "MKL_VERBOSE": "1"},
+        "import torch\n"
+        "torch.nn.functional.conv2d(torch.ones(2, 16, 8, 8), torch.ones(32, 16, 3, 3))\n"
+        "torch.ones(64, 64) @ torch.ones(64, 64)\n"
+        "print(f'probe: ATen capability {torch.backends.cpu.get_cpu_capability()}, '\n"
+        "      f'{torch.get_num_threads()} thread(s)')\n",
+    ),
+    "jax": (
+        {"TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": "cpu_compiler=1"},
+        "import os, jax, jax.numpy as jnp\n"
+        "jax.jit(lambda a: jnp.tanh(a).sum())(jnp.ones(64)).block_until_ready()\n"
+        "print(f'probe: XLA_FLAGS accepted ({os.environ.get(\"XLA_FLAGS\")}); the XLA thread pool spans '\n"
+        "      f'{len(os.sched_getaffinity(0))} usable CPU(s): '\n"
+        "      f'jaxlib {jax.__version__} has no thread-count switch')\n",
+    ),
+    "mxnet": (
+        {"DNNL_VERBOSE": "1"},
+        "import ctypes, os\n"
+        "from backends.mxnet.compat import mx\n"
+        "mx.nd.Convolution(mx.nd.ones((2, 16, 8, 8)), mx.nd.ones((32, 16, 3, 3)), kernel=(3, 3),\n"
+        "                  num_filter=32, no_bias=True).wait_to_read()\n"
+        "blas = ctypes.CDLL(os.path.join(os.path.dirname(mx.__file__), 'libopenblas.so.0'))\n"
+        "blas.openblas_get_corename.restype = ctypes.c_char_p\n"
+        "omp = ctypes.CDLL('libgomp.so.1')\n"
+        "print(f'probe: OpenBLAS core {blas.openblas_get_corename().decode()}, '\n"
+        "      f'{omp.omp_get_max_threads()} OpenMP thread(s)')\n",
+    ),
 }
 # The lines of a probe's output worth showing, and how to say them.
 PROBE_FACTS = [
@@ -90,7 +96,10 @@ PROBE_FACTS = [
     (r"^(?:onednn|dnnl)_verbose,.*info,cpu,runtime:OpenMP,nthr:(\d+)$", "oneDNN {} thread(s)"),
     (r"^(?:onednn|dnnl)_verbose,.*exec,cpu,convolution,([^,]+),", "oneDNN convolution {}"),
     (r"^MKL_VERBOSE SGEMM.* CNR:(\S+) .*NThr:(\d+)", "MKL CNR {} with {} thread(s)"),
-    (r"`xla_cpu_max_isa` is set\. Will not use features newer than: (\S+)", "XLA codegen capped to {}"),
+    (
+        r"`xla_cpu_max_isa` is set\. Will not use features newer than: (\S+)",
+        "XLA codegen capped to {}",
+    ),
 ]
 
 
@@ -110,7 +119,9 @@ def junit_counts(path: Path) -> Counts:
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
     c = Counts()
     for s in suites:
-        tests, failures, errors, skipped = (int(s.get(k, 0)) for k in ("tests", "failures", "errors", "skipped"))
+        tests, failures, errors, skipped = (
+            int(s.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")
+        )
         c.failed += failures + errors
         c.skipped += skipped
         c.passed += tests - failures - errors - skipped
@@ -123,7 +134,9 @@ def suite_env(extra_env: dict, portable: bool, caller: Mapping[str, str] = os.en
     env = envs.worker_env(caller, **extra_env)
     if portable:
         env.update(PORTABLE_ENV)
-        env["XLA_FLAGS"] = " ".join(f for f in (caller.get("XLA_FLAGS", ""), PORTABLE_XLA_FLAGS) if f)
+        env["XLA_FLAGS"] = " ".join(
+            f for f in (caller.get("XLA_FLAGS", ""), PORTABLE_XLA_FLAGS) if f
+        )
     return env
 
 
@@ -136,9 +149,11 @@ def start_on(cmd: list[str], cpus: set[int] | None, **popen) -> subprocess.Popen
     return subprocess.Popen(cmd, **popen)
 
 
-PIN_SHIM = ("import os, sys\n"
-            "os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')})\n"
-            "os.execvp(sys.argv[2], sys.argv[2:])\n")
+PIN_SHIM = (
+    "import os, sys\n"
+    "os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')})\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
 
 
 def probe_facts(output: str) -> list[str]:
@@ -156,8 +171,15 @@ def probe(library: str, python: str) -> str:
     if library not in PROBES:
         return f"{library}: no probe for this library"
     verbose, code = PROBES[library]
-    proc = start_on([python, "-c", code], {min(os.sched_getaffinity(0))}, cwd=ROOT,
-                    env={**suite_env({}, True), **verbose}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_on(
+        [python, "-c", code],
+        {min(os.sched_getaffinity(0))},
+        cwd=ROOT,
+        env={**suite_env({}, True), **verbose},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     stdout, stderr = proc.communicate(timeout=600)
     if proc.returncode:
         return f"{library}: the probe failed (status {proc.returncode}): {stderr.strip()[-500:]}"
@@ -169,13 +191,17 @@ def print_caps(pythons: dict[str, str]) -> None:
     print("\n=== portable: what each backend's CPU kernels run with ===", flush=True)
     for name, python in pythons.items():
         for library in manifest.load(name).kernels:
-            print(f"{name}: {probe(library, python)}" if library != name else probe(library, python), flush=True)
+            print(
+                f"{name}: {probe(library, python)}" if library != name else probe(library, python),
+                flush=True,
+            )
 
 
 @dataclass
 class Suite:
     """One pytest run: its title, the interpreter, the test paths, the environment, the pass's own selection
     (PORTABLE_SELECTION or none) and the user's arguments."""
+
     title: str
     python: str
     paths: list[str]
@@ -187,6 +213,7 @@ class Suite:
 @dataclass
 class Outcome:
     """What one suite's run gave: its counts, everything pytest printed, and its wall time."""
+
     counts: Counts
     output: str
     seconds: float
@@ -197,16 +224,28 @@ def run_suite(suite: Suite, cpus: set[int] | None = None) -> Outcome:
     start = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         xml, log = Path(tmp) / "junit.xml", Path(tmp) / "output.log"
-        cmd = [suite.python, "-m", "pytest", *suite.paths, "-q", f"--junitxml={xml}", *suite.selection,
-               *suite.pytest_args]
+        cmd = [
+            suite.python,
+            "-m",
+            "pytest",
+            *suite.paths,
+            "-q",
+            f"--junitxml={xml}",
+            *suite.selection,
+            *suite.pytest_args,
+        ]
         with open(log, "w") as out:
-            rc = start_on(cmd, cpus, cwd=ROOT, env=suite.env, stdout=out, stderr=subprocess.STDOUT).wait()
+            rc = start_on(
+                cmd, cpus, cwd=ROOT, env=suite.env, stdout=out, stderr=subprocess.STDOUT
+            ).wait()
         output = log.read_text(errors="replace")
         if not xml.exists():
             output += f"\n{suite.title}: pytest exited with status {rc} and no report\n"
             return Outcome(Counts(failed=1), output, time.monotonic() - start)
         counts = junit_counts(xml)
-    if counts.total == 0 and not suite.pytest_args:  # (with -k and the like, selecting nothing is fine)
+    if (
+        counts.total == 0 and not suite.pytest_args
+    ):  # (with -k and the like, selecting nothing is fine)
         output += f"\n{suite.title}: no test ran; counted as a failure\n"
         counts.failed += 1
     return Outcome(counts, output, time.monotonic() - start)
@@ -234,14 +273,21 @@ def run_suites(suites: list[Suite], jobs: int, one_cpu_each: bool = False) -> di
                 if not pending:
                     return
                 suite = pending.pop(0)
-                print(f"started: {suite.title} (CPU {','.join(map(str, sorted(cpus)))})", flush=True)
+                print(
+                    f"started: {suite.title} (CPU {','.join(map(str, sorted(cpus)))})", flush=True
+                )
             outcome = run_suite(suite, {min(cpus)} if one_cpu_each else cpus if jobs > 1 else None)
             with lock:
                 outcomes[suite.title] = outcome
-                print(f"\n=== {suite.title} ({outcome.seconds:.0f} s) ===\n{outcome.output.rstrip()}\n", flush=True)
+                print(
+                    f"\n=== {suite.title} ({outcome.seconds:.0f} s) ===\n{outcome.output.rstrip()}\n",
+                    flush=True,
+                )
 
-    workers = [threading.Thread(target=lane, args=(cpus,), daemon=True)
-               for cpus in lanes(jobs, os.sched_getaffinity(0))]
+    workers = [
+        threading.Thread(target=lane, args=(cpus,), daemon=True)
+        for cpus in lanes(jobs, os.sched_getaffinity(0))
+    ]
     for worker in workers:
         worker.start()
     for worker in workers:
@@ -255,27 +301,45 @@ DESCRIPTION = "Run the harness tests, then each backend's tests in its own envir
 def parents() -> list[Parser]:
     """The flags of `python -m harness test`."""
     own = Parser(add_help=False)
-    own.add_argument("--portable", action="store_true",
-                     help="run the backend and cross-backend tests whose verdict rests on the kernels' rounding "
-                          "(marked rounding) on one CPU with every framework's CPU kernels capped to SSE4.1/SSE4.2 "
-                          "and one thread (torch: ATEN_CPU_CAPABILITY=default, oneDNN SSE41, MKL_CBWR=COMPATIBLE; "
-                          "jax: XLA_FLAGS --xla_cpu_max_isa=SSE4_2; mxnet: oneDNN SSE41, OpenBLAS Nehalem), to show "
-                          "the tests pass on any x86-64 CPU; it first prints what each backend's kernels run with")
-    own.add_argument("--jobs", type=int, default=None, metavar="N",
-                     help="suites run at once, each on its own share of the usable CPUs (default: one per usable "
-                          "CPU; 1 runs them one after another on every CPU)")
-    own.add_argument("pytest_args", nargs="*", help="passed to pytest (after --), e.g. -- -k split -x")
-    return [backends_flags("backends whose tests to run (comma list, or all, or none)"),
-            python_flags("use this interpreter for BACKEND's tests instead of .venvs/BACKEND/"), own]
+    own.add_argument(
+        "--portable",
+        action="store_true",
+        help="run the backend and cross-backend tests whose verdict rests on the kernels' rounding "
+        "(marked rounding) on one CPU with every framework's CPU kernels capped to SSE4.1/SSE4.2 "
+        "and one thread (torch: ATEN_CPU_CAPABILITY=default, oneDNN SSE41, MKL_CBWR=COMPATIBLE; "
+        "jax: XLA_FLAGS --xla_cpu_max_isa=SSE4_2; mxnet: oneDNN SSE41, OpenBLAS Nehalem), to show "
+        "the tests pass on any x86-64 CPU; it first prints what each backend's kernels run with",
+    )
+    own.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="suites run at once, each on its own share of the usable CPUs (default: one per usable "
+        "CPU; 1 runs them one after another on every CPU)",
+    )
+    own.add_argument(
+        "pytest_args", nargs="*", help="passed to pytest (after --), e.g. -- -k split -x"
+    )
+    return [
+        backends_flags("backends whose tests to run (comma list, or all, or none)"),
+        python_flags("use this interpreter for BACKEND's tests instead of .venvs/BACKEND/"),
+        own,
+    ]
 
 
-def backend_pythons(names: list[str], pythons: dict[str, str]) -> tuple[dict[str, str], dict[str, Outcome]]:
+def backend_pythons(
+    names: list[str], pythons: dict[str, str]
+) -> tuple[dict[str, str], dict[str, Outcome]]:
     """Each backend's interpreter: --python's, else its environment, the missing ones built at once (pip spends
     most of a build waiting on downloads and disks); the backends whose environment failed, as failed outcomes."""
     found, failed = {}, {}
     with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
-        builds = {name: pool.submit(envs.ensure_backend, name, manifest.load(name).requirements, say_line)
-                  for name in names if name not in pythons}
+        builds = {
+            name: pool.submit(envs.ensure_backend, name, manifest.load(name).requirements, say_line)
+            for name in names
+            if name not in pythons
+        }
         for name in names:
             if name in pythons:
                 found[name] = pythons[name]
@@ -296,14 +360,21 @@ def say_line(text: str) -> None:
 def backend_suite(name: str, python: str, portable: bool, pytest_args: list[str]) -> Suite:
     """A backend's tests in its environment: the contract (test_contract.py, test_contract_*.py), then its own
     files (test_<name>.py, test_<name>_*.py)."""
+
     def files(*patterns: str) -> list[str]:
         found = (p for pattern in patterns for p in (ROOT / "tests" / "backends").glob(pattern))
         return sorted(str(p.relative_to(ROOT)) for p in found)
+
     contract = files("test_contract.py", "test_contract_*.py")
     own = files(f"test_{name}.py", f"test_{name}_*.py")
-    return Suite(f"{name} (inside its environment)", python, [*contract, *own],
-                 suite_env({"DPBENCH_BACKEND": name}, portable), PORTABLE_SELECTION if portable else [],
-                 pytest_args)
+    return Suite(
+        f"{name} (inside its environment)",
+        python,
+        [*contract, *own],
+        suite_env({"DPBENCH_BACKEND": name}, portable),
+        PORTABLE_SELECTION if portable else [],
+        pytest_args,
+    )
 
 
 def longest_first(suites: list[Suite], names: list[str]) -> list[Suite]:
@@ -329,14 +400,31 @@ def main(args) -> int:
     started = time.monotonic()
     names = [] if args.backend == "none" else parse_backends(args.backend)
     if args.jobs is not None and args.jobs < 1:
-        raise UsageError(f"--jobs takes the number of suites to run at once, at least 1 (got {args.jobs})")
+        raise UsageError(
+            f"--jobs takes the number of suites to run at once, at least 1 (got {args.jobs})"
+        )
     jobs = args.jobs or default_jobs()
     interpreters, outcomes = backend_pythons(names, parse_pythons(args.python))
     if args.portable:
         print_caps(interpreters)
-    suites = [] if args.portable else [Suite(HARNESS_TITLE, sys.executable, ["tests/harness"], suite_env({}, False),
-                                             [], args.pytest_args)]
-    suites += [backend_suite(name, python, args.portable, args.pytest_args) for name, python in interpreters.items()]
+    suites = (
+        []
+        if args.portable
+        else [
+            Suite(
+                HARNESS_TITLE,
+                sys.executable,
+                ["tests/harness"],
+                suite_env({}, False),
+                [],
+                args.pytest_args,
+            )
+        ]
+    )
+    suites += [
+        backend_suite(name, python, args.portable, args.pytest_args)
+        for name, python in interpreters.items()
+    ]
     if len(interpreters) >= 2 and not args.pytest_args:
         suites.append(cross_suite(interpreters, args.portable))
     outcomes.update(run_suites(longest_first(suites, names), jobs, one_cpu_each=args.portable))
@@ -347,10 +435,21 @@ def cross_suite(interpreters: dict[str, str], portable: bool) -> Suite:
     """The tests across backends (tests/cross), in a lane of its own beside the backends' suites: a broken
     backend then fails its own suite and the cross rows it takes part in, each saying so."""
     names = list(interpreters)
-    env = suite_env({"DPBENCH_BACKENDS": ",".join(names),
-                     "DPBENCH_PYTHONS": ",".join(f"{k}={v}" for k, v in interpreters.items())}, portable)
-    return Suite(cross_title(names), sys.executable, ["tests/cross"], env,
-                 PORTABLE_SELECTION if portable else [], [])
+    env = suite_env(
+        {
+            "DPBENCH_BACKENDS": ",".join(names),
+            "DPBENCH_PYTHONS": ",".join(f"{k}={v}" for k, v in interpreters.items()),
+        },
+        portable,
+    )
+    return Suite(
+        cross_title(names),
+        sys.executable,
+        ["tests/cross"],
+        env,
+        PORTABLE_SELECTION if portable else [],
+        [],
+    )
 
 
 def cross_title(names: list[str]) -> str:
@@ -361,11 +460,15 @@ def summarise(outcomes: dict[str, Outcome], portable: bool, seconds: float) -> i
     """One line per suite with its wall time, the pass's wall time, then the closing line `N passed, N failed,
     N skipped`; the exit status (0 only if nothing failed and something passed)."""
     total = Counts()
-    print(f"\n=== summary{' (portable: capped CPU kernels, one CPU per suite)' if portable else ''} ===")
+    print(
+        f"\n=== summary{' (portable: capped CPU kernels, one CPU per suite)' if portable else ''} ==="
+    )
     for title, outcome in outcomes.items():
         c = outcome.counts
-        print(f"{title.split(' ')[0]:10} {c.passed} passed, {c.failed} failed, {c.skipped} skipped "
-              f"in {outcome.seconds:.0f} s")
+        print(
+            f"{title.split(' ')[0]:10} {c.passed} passed, {c.failed} failed, {c.skipped} skipped "
+            f"in {outcome.seconds:.0f} s"
+        )
         total.passed += c.passed
         total.failed += c.failed
         total.skipped += c.skipped

@@ -14,15 +14,16 @@ from dataclasses import dataclass
 
 from common.results import Result
 
-MLPERF_MIN_TRIALS = 5     # from this many finished trials on, the fastest and the slowest are dropped
+MLPERF_MIN_TRIALS = 5  # from this many finished trials on, the fastest and the slowest are dropped
 
 
 @dataclass
 class Trials:
     """Every trial of one configuration, in the order they ran."""
+
     runs: list[Result]
     kept: list[Result]
-    dropped: list[tuple[Result, str]]    # with the reason
+    dropped: list[tuple[Result, str]]  # with the reason
 
     @property
     def config(self):
@@ -67,12 +68,16 @@ def keep(runs: list[Result]) -> tuple[list[Result], list[tuple[Result, str]]]:
     """The trials that count, and the dropped ones with the reason."""
     finished = [r for r in runs if r.ok]
     dropped = [(r, r.status) for r in runs if not r.ok]
-    timed = [r for r in finished if r.summary().get("images_per_s")]    # (evaluation-only runs time nothing)
+    timed = [
+        r for r in finished if r.summary().get("images_per_s")
+    ]  # (evaluation-only runs time nothing)
     if len(timed) >= MLPERF_MIN_TRIALS:
         by_speed = sorted(timed, key=lambda r: r.summary()["images_per_s"])
         slowest, fastest = by_speed[0], by_speed[-1]
-        dropped += [(slowest, "the slowest of the finished trials (MLPerf's rule)"),
-                    (fastest, "the fastest of the finished trials (MLPerf's rule)")]
+        dropped += [
+            (slowest, "the slowest of the finished trials (MLPerf's rule)"),
+            (fastest, "the fastest of the finished trials (MLPerf's rule)"),
+        ]
         finished = [r for r in finished if r is not slowest and r is not fastest]
     return finished, dropped
 

@@ -14,7 +14,7 @@ import numpy as np
 from jax import lax
 
 BN_EPS = 1e-5
-BN_MOMENTUM = 0.1   # torch's convention: running <- (1 - 0.1) * running + 0.1 * batch
+BN_MOMENTUM = 0.1  # torch's convention: running <- (1 - 0.1) * running + 0.1 * batch
 
 
 def _batch_statistics(x, axis_name: str | None):
@@ -62,12 +62,18 @@ class BatchNorm(nn.Module):
         if self.use_running_average:
             mean, var = ra_mean.value, ra_var.value
         else:
-            mean, var, count = _batch_statistics(x, None if self.is_initializing() else self.axis_name)
+            mean, var, count = _batch_statistics(
+                x, None if self.is_initializing() else self.axis_name
+            )
             if count < 2:
-                raise ValueError(f"BatchNorm needs more than 1 value per channel in training, got {count}")
+                raise ValueError(
+                    f"BatchNorm needs more than 1 value per channel in training, got {count}"
+                )
             if not self.is_initializing():
                 ra_mean.value = (1 - BN_MOMENTUM) * ra_mean.value + BN_MOMENTUM * mean
-                ra_var.value = (1 - BN_MOMENTUM) * ra_var.value + BN_MOMENTUM * (var * (count / (count - 1)))
+                ra_var.value = (1 - BN_MOMENTUM) * ra_var.value + BN_MOMENTUM * (
+                    var * (count / (count - 1))
+                )
         scale = self.param("scale", nn.initializers.ones, features, self.param_dtype)
         bias = self.param("bias", nn.initializers.zeros, features, self.param_dtype)
         y = (x - mean) * (lax.rsqrt(var + BN_EPS) * scale) + bias

@@ -20,8 +20,7 @@ from jax._src.lib import _jax
 from jax.experimental import multihost_utils
 
 from backends.jax.parallel import devices
-from common import manifest
-from common.loop import Unsupported
+from common.errors import Unsupported
 from common.network import wait_for_coordinator
 
 ENGINE = "jax.distributed"
@@ -29,7 +28,7 @@ ENGINE = "jax.distributed"
 # instead of jax's default 100: a node on a dead peer fails soon after it, with the service's error.
 HEARTBEAT_SECONDS = 30
 
-_joined: tuple | None = None   # (nodes, node_rank, coordinator, device kind) of this process's join
+_joined: tuple | None = None  # (nodes, node_rank, coordinator, device kind) of this process's join
 
 
 def topology(cfg) -> tuple:
@@ -40,36 +39,33 @@ def transport(cfg) -> str:
     return "NCCL" if cfg.device_kind == "gpu" else "gloo"
 
 
-def check_engine(cfg) -> None:
-    """Unsupported: several nodes for a strategy that backend.toml gives no engine."""
-    strategies = manifest.load("jax").strategies
-    if cfg.nodes > 1 and not getattr(strategies.get(cfg.strategy), "engine", None):
-        others = [name for name, s in strategies.items() if s.engine]
-        raise Unsupported(f"jax's {cfg.strategy} runs in one process only; --nodes needs {' or '.join(others)}")
-
-
 def join(cfg) -> None:
-    """Join jax.distributed as node cfg.node_rank of cfg.nodes (nothing with one node). Once per process:
-    the same topology again changes nothing, a different one is refused (jax joins once)."""
+    """The session's join (common/backend.py): jax.distributed as node cfg.node_rank of cfg.nodes, before
+    anything asks jax for its devices (jax joins before its backends exist); nothing with one node. Once
+    per process: the same topology again changes nothing, a different one is refused (jax joins once)."""
     global _joined
     if cfg.nodes == 1:
-        if _joined is not None:
-            raise RuntimeError(f"this process joined {ENGINE} as node {_joined[1]} of {_joined[0]}; "
-                               "a one-process run needs a process of its own")
+        refuse_a_joined_process(cfg)
         return
-    check_engine(cfg)
     if _joined is not None:
         if _joined != topology(cfg):
-            raise RuntimeError(f"this process joined {ENGINE} as {_joined}; it cannot join again as {topology(cfg)}")
+            raise RuntimeError(
+                f"this process joined {ENGINE} as {_joined}; it cannot join again as {topology(cfg)}"
+            )
         return
-    if cfg.device_kind == "cpu":   # before any backend exists: XLA's CPU client is made with it
+    if cfg.device_kind == "cpu":  # before any backend exists: XLA's CPU client is made with it
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     timeout = max(1, int(cfg.timeout))
     if cfg.node_rank:
         wait_for_coordinator(*cfg.coordinator_address, timeout, f"{ENGINE} coordinator")
-    jax.distributed.initialize(cfg.coordinator, num_processes=cfg.nodes, process_id=cfg.node_rank,
-                               local_device_ids=local_gpu_ids(cfg), initialization_timeout=timeout,
-                               heartbeat_timeout_seconds=min(HEARTBEAT_SECONDS, timeout))
+    jax.distributed.initialize(
+        cfg.coordinator,
+        num_processes=cfg.nodes,
+        process_id=cfg.node_rank,
+        local_device_ids=local_gpu_ids(cfg),
+        initialization_timeout=timeout,
+        heartbeat_timeout_seconds=min(HEARTBEAT_SECONDS, timeout),
+    )
     bind_transport(cfg)
     _joined = topology(cfg)
 
@@ -88,8 +84,11 @@ def bind_transport(cfg) -> None:
         return
 
     def cpu_client():
-        collectives = _jax.make_gloo_tcp_collectives(distributed_client=jax_distributed.global_state.client,
-                                                     hostname=cfg.local_addr, interface=cfg.interface)
+        collectives = _jax.make_gloo_tcp_collectives(
+            distributed_client=jax_distributed.global_state.client,
+            hostname=cfg.local_addr,
+            interface=cfg.interface,
+        )
         return xla_bridge.make_cpu_client(collectives=collectives)
 
     xla_bridge.register_backend_factory("cpu", cpu_client, priority=0, fail_quietly=False)
@@ -102,11 +101,31 @@ def local_gpu_ids(cfg) -> list[int] | None:
     return list(range(cfg.first_gpu, cfg.first_gpu + cfg.local_devices))
 
 
+def leave(clean: bool = True) -> None:
+    """Nothing to leave: jax's distributed runtime stays joined until the process ends (it cannot join again)."""
+
+
+def refuse_a_joined_process(cfg) -> None:
+    """A process that joined several nodes cannot run on one: its devices are the job's."""
+    if _joined is not None:
+        raise RuntimeError(
+            f"this process joined {ENGINE} as node {_joined[1]} of {_joined[0]}; "
+            "a one-process run needs a process of its own"
+        )
+
+
 def run_devices(cfg) -> list:
-    """The run's devices: the first cfg.devices of this process, or with several nodes (joined here first)
-    the first cfg.local_devices of every node's."""
-    join(cfg)   # (with one node: refuses a process that joined several)
-    return devices(cfg.devices, cfg.device_kind) if cfg.nodes == 1 else global_devices(cfg)
+    """The run's devices: the first cfg.devices of this process, or with several nodes (joined by the
+    session) the first cfg.local_devices of every node's."""
+    if cfg.nodes == 1:
+        refuse_a_joined_process(cfg)
+        return devices(cfg.devices, cfg.device_kind)
+    if _joined != topology(cfg):
+        raise RuntimeError(
+            f"{ENGINE} is not joined as node {cfg.node_rank} of {cfg.nodes}: a run on several "
+            "nodes runs inside the backend's session (join)"
+        )
+    return global_devices(cfg)
 
 
 def global_devices(cfg) -> list:
@@ -118,9 +137,11 @@ def global_devices(cfg) -> list:
     for process in range(cfg.nodes):
         own = [d for d in found if d.process_index == process]
         if len(own) < cfg.local_devices:
-            raise Unsupported(f"{cfg.local_devices} {platform.upper()} devices per node requested, "
-                              f"node {process} has {len(own)}")
-        chosen += own[:cfg.local_devices]
+            raise Unsupported(
+                f"{cfg.local_devices} {platform.upper()} devices per node requested, "
+                f"node {process} has {len(own)}"
+            )
+        chosen += own[: cfg.local_devices]
     return chosen
 
 
@@ -132,5 +153,5 @@ def across_processes(values, reduce: str) -> np.ndarray:
     if jax.process_count() == 1:
         return values
     words = np.asarray(multihost_utils.process_allgather(values.view(np.uint32)))
-    gathered = np.ascontiguousarray(words).view(np.float64)   # (processes, len(values))
+    gathered = np.ascontiguousarray(words).view(np.float64)  # (processes, len(values))
     return gathered.max(axis=0) if reduce == "max" else gathered.sum(axis=0)

@@ -1,5 +1,6 @@
-"""What the jax worker runs on, and the settings that must be the same for every backend: the matmul
-precision, the modules' dtypes, and float64 (jax_enable_x64) for the equivalence API's float64 calls."""
+"""What the jax worker runs on (and what JAX cannot run here: refusal), and the settings that must be the
+same for every backend: the matmul precision, the modules' dtypes, and float64 (jax_enable_x64) for the
+equivalence API's float64 calls."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import numpy as np
 import optax
 
 from backends.jax import distributed
-from backends.jax.parallel import gpu_count
+from backends.jax.parallel import devices, gpu_count
 from common import loop, sysinfo
+from common.errors import Unsupported
 
 # jax_default_matmul_precision per --precision. fp32: float32 passes on GPUs, no TF32 in matmuls and
 # convolutions (XLA would otherwise use TF32 on Ampere and later GPUs). tf32: TF32 tensor-core passes.
@@ -24,7 +26,20 @@ from common import loop, sysinfo
 MATMUL_PRECISION = {"fp32": "highest", "tf32": "tensorfloat32", "bf16": "highest"}
 COMPUTE_DTYPE = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16"}
 COMPILE = "inherent: jax.pmap / jax.jit compile every step whether or not --compile is given"
-DTYPES = {"float32": np.float32, "float64": np.float64}   # of the equivalence API's runs
+DTYPES = {"float32": np.float32, "float64": np.float64}  # of the equivalence API's runs
+
+
+def refusal(cfg, dtype: str = "float32") -> str | None:
+    """What JAX cannot run here beyond backend.toml's refusals (common/backend.py): too few devices. With
+    several nodes the devices are counted once joined (distributed.run_devices), as jax cannot list them
+    before it joins."""
+    if cfg.nodes > 1:
+        return None
+    try:
+        devices(cfg.devices, cfg.device_kind)
+    except Unsupported as e:
+        return str(e)
+    return None
 
 
 def configure_precision(cfg) -> None:
@@ -61,8 +76,10 @@ def threads_per_process(cfg) -> int:
 
 
 def device_names(cfg) -> list[str]:
-    if cfg.device_kind == "gpu":   # (too few GPUs: the run raises Unsupported, reported as unavailable)
-        return [d.device_kind for d in jax.devices("gpu")[:cfg.devices]] if gpu_count() else []
+    if (
+        cfg.device_kind == "gpu"
+    ):  # (too few GPUs: the run raises Unsupported, reported as unavailable)
+        return [d.device_kind for d in jax.devices("gpu")[: cfg.devices]] if gpu_count() else []
     return [f"cpu (simulated device {i})" for i in range(cfg.devices)]
 
 
@@ -72,27 +89,32 @@ def cuda_versions() -> tuple[str | None, str | None]:
         try:
             versions = importlib.import_module(f"{plugin}._versions")
             return str(versions.cuda_runtime_get_version()), str(versions.cudnn_get_version())
-        except Exception:   # absent, or present without a usable driver
+        except Exception:  # absent, or present without a usable driver
             continue
     return None, None
 
 
 BATCHNORM = {
     "local": "local: each device normalises with its own shard's statistics; running statistics (torch's "
-             "update: momentum 0.1, unbiased variance) averaged across devices before evaluation",
+    "update: momentum 0.1, unbiased variance) averaged across devices before evaluation",
     "sync": "sync: BatchNorm(axis_name) lax.pmean's the batch statistics over the devices, "
-            "so every device normalises with the global batch's (running variance unbiased over it)",
+    "so every device normalises with the global batch's (running variance unbiased over it)",
 }
 
 
 def input_copies(cfg) -> str:
     where = "the GPUs" if cfg.device_kind == "gpu" else "the simulated CPU devices"
-    return loop.input_copies(cfg, ahead=f"jax.device_put to {where}, not waited for",
-                             in_step=f"jax.device_put to {where} just before the step")
+    return loop.input_copies(
+        cfg,
+        ahead=f"jax.device_put to {where}, not waited for",
+        in_step=f"jax.device_put to {where} just before the step",
+    )
 
 
-COLLECTIVE = {"pmap": "lax.psum of the gradients inside jax.pmap (XLA all-reduce)",
-              "sharding": "XLA all-reduce from autodiff through jax.shard_map (jit over a NamedSharding mesh)"}
+COLLECTIVE = {
+    "pmap": "lax.psum of the gradients inside jax.pmap (XLA all-reduce)",
+    "sharding": "XLA all-reduce from autodiff through jax.shard_map (jit over a NamedSharding mesh)",
+}
 
 
 def collective(cfg) -> str | None:
@@ -104,29 +126,47 @@ def collective(cfg) -> str | None:
 
 def details(cfg) -> dict:
     """XLA_FLAGS (the CPU devices XLA simulates, __init__.py, and any flag of the user's); the engine's settings."""
-    engine = {} if cfg.nodes == 1 else {
-        "engine": distributed.ENGINE, "coordinator": cfg.coordinator, "node_rank": cfg.node_rank,
-        "cpu_collectives": distributed.transport(cfg) if cfg.device_kind == "cpu" else None,
-        "heartbeat_timeout_s": min(distributed.HEARTBEAT_SECONDS, max(1, int(cfg.timeout))),
-        "interface": f"{cfg.interface} (this node's address {cfg.local_addr})"}
+    engine = (
+        {}
+        if cfg.nodes == 1
+        else {
+            "engine": distributed.ENGINE,
+            "coordinator": cfg.coordinator,
+            "node_rank": cfg.node_rank,
+            "cpu_collectives": distributed.transport(cfg) if cfg.device_kind == "cpu" else None,
+            "heartbeat_timeout_s": min(distributed.HEARTBEAT_SECONDS, max(1, int(cfg.timeout))),
+            "interface": f"{cfg.interface} (this node's address {cfg.local_addr})",
+        }
+    )
     return {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), **engine}
 
 
 def environment(cfg) -> dict:
-    distributed.join(cfg)   # before anything asks jax for its devices (jax joins before its backends exist)
+    """The run's record. With several nodes it asks jax for its devices: the worker calls it inside the
+    session, once jax.distributed is joined."""
     cuda, cudnn = cuda_versions() if cfg.device_kind == "gpu" else (None, None)
     return sysinfo.environment(
-        cfg, framework="jax", version=jax.__version__,
+        cfg,
+        framework="jax",
+        version=jax.__version__,
         libraries={"flax": flax.__version__, "optax": optax.__version__},
-        cuda=cuda, cudnn=cudnn, devices=device_names(cfg),
-        framework_gpus=gpu_count(),   # what JAX itself sees, whatever the harness found
-        processes=cfg.nodes, threads=threads_per_process(cfg),
-        precision={"dtype": COMPUTE_DTYPE[cfg.precision], "param_dtype": "float32",
-                   "jax_default_matmul_precision": MATMUL_PRECISION[cfg.precision],
-                   "tf32_matmul": cfg.precision == "tf32", "tf32_cudnn": cfg.precision == "tf32"},
+        cuda=cuda,
+        cudnn=cudnn,
+        devices=device_names(cfg),
+        framework_gpus=gpu_count(),  # what JAX itself sees, whatever the harness found
+        processes=cfg.nodes,
+        threads=threads_per_process(cfg),
+        precision={
+            "dtype": COMPUTE_DTYPE[cfg.precision],
+            "param_dtype": "float32",
+            "jax_default_matmul_precision": MATMUL_PRECISION[cfg.precision],
+            "tf32_matmul": cfg.precision == "tf32",
+            "tf32_cudnn": cfg.precision == "tf32",
+        },
         compile=COMPILE if cfg.compile else None,
         input_copies=input_copies(cfg),
         sgd_update="optax.sgd inside the compiled step, (params, batch_stats, opt_state) donated",
         collective=collective(cfg),
         batchnorm=BATCHNORM[cfg.bn],
-        details=details(cfg))
+        details=details(cfg),
+    )

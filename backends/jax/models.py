@@ -30,22 +30,46 @@ import numpy as np
 import optax
 
 from backends.jax.batchnorm import BatchNorm
+from backends.jax.environment import DTYPES, computing_in, module_dtypes
 from common import architectures
 from common.architectures import RESNET50_LAYERS
 
 
-def _conv(features: int, kernel: int, stride: int = 1, padding: int = 0, name: str | None = None,
-          dtype: Any = None, param_dtype: Any = jnp.float32, use_bias: bool = True) -> nn.Conv:
+def _conv(
+    features: int,
+    kernel: int,
+    stride: int = 1,
+    padding: int = 0,
+    name: str | None = None,
+    dtype: Any = None,
+    param_dtype: Any = jnp.float32,
+    use_bias: bool = True,
+) -> nn.Conv:
     """A conv with torch's explicit symmetric padding (flax's "SAME" pads stride-2 convs differently)."""
-    return nn.Conv(features, (kernel, kernel), strides=stride, padding=((padding, padding), (padding, padding)),
-                   use_bias=use_bias, dtype=dtype, param_dtype=param_dtype, name=name)
+    return nn.Conv(
+        features,
+        (kernel, kernel),
+        strides=stride,
+        padding=((padding, padding), (padding, padding)),
+        use_bias=use_bias,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        name=name,
+    )
 
 
-def _bn(train: bool, name: str, axis: str | None, dtype: Any = None, param_dtype: Any = jnp.float32) -> BatchNorm:
+def _bn(
+    train: bool, name: str, axis: str | None, dtype: Any = None, param_dtype: Any = jnp.float32
+) -> BatchNorm:
     """`axis`: None normalises with this device's batch; a pmap / shard_map axis name pmean's the
     batch statistics over it (synchronised BatchNorm: the global batch's statistics)."""
-    return BatchNorm(use_running_average=not train, axis_name=axis, dtype=dtype, param_dtype=param_dtype,
-                     name=name)
+    return BatchNorm(
+        use_running_average=not train,
+        axis_name=axis,
+        dtype=dtype,
+        param_dtype=param_dtype,
+        name=name,
+    )
 
 
 class Residual(nn.Module):
@@ -61,9 +85,15 @@ class Residual(nn.Module):
     @nn.compact
     def __call__(self, x, train: bool):
         d, p = self.dtype, self.param_dtype
-        y = nn.relu(_bn(train, "bn1", self.bn_axis, d, p)(_conv(self.channels, 3, self.stride, 1, "conv1", d, p)(x)))
+        y = nn.relu(
+            _bn(train, "bn1", self.bn_axis, d, p)(
+                _conv(self.channels, 3, self.stride, 1, "conv1", d, p)(x)
+            )
+        )
         y = _bn(train, "bn2", self.bn_axis, d, p)(_conv(self.channels, 3, 1, 1, "conv2", d, p)(y))
-        shortcut = _conv(self.channels, 1, self.stride, 0, "conv3", d, p)(x) if self.use_1x1conv else x
+        shortcut = (
+            _conv(self.channels, 1, self.stride, 0, "conv3", d, p)(x) if self.use_1x1conv else x
+        )
         return nn.relu(y + shortcut)
 
 
@@ -91,7 +121,9 @@ class ResNet18(nn.Module):
 
     `bn_axis`: the device axis BatchNorm synchronises its statistics over (None: per device)."""
 
-    architecture: ClassVar[str] = "resnet18"   # its name in common/architectures.py (see native_shapes)
+    architecture: ClassVar[str] = (
+        "resnet18"  # its name in common/architectures.py (see native_shapes)
+    )
     num_classes: int = 10
     bn_axis: str | None = None
     dtype: Any = None
@@ -102,9 +134,17 @@ class ResNet18(nn.Module):
         d, p = self.dtype, self.param_dtype
         x = nn.relu(_bn(train, "bn", self.bn_axis, d, p)(_conv(64, 3, 1, 1, "conv", d, p)(x)))
         for i, channels in enumerate((64, 128, 256, 512)):
-            x = Stage(channels, first=(i == 0), bn_axis=self.bn_axis, dtype=d, param_dtype=p,
-                      name=f"stage{i + 1}")(x, train)
-        return nn.Dense(self.num_classes, dtype=d, param_dtype=p, name="fc")(jnp.mean(x, axis=(1, 2)))
+            x = Stage(
+                channels,
+                first=(i == 0),
+                bn_axis=self.bn_axis,
+                dtype=d,
+                param_dtype=p,
+                name=f"stage{i + 1}",
+            )(x, train)
+        return nn.Dense(self.num_classes, dtype=d, param_dtype=p, name="fc")(
+            jnp.mean(x, axis=(1, 2))
+        )
 
 
 class LeNet(nn.Module):
@@ -118,9 +158,15 @@ class LeNet(nn.Module):
     @nn.compact
     def __call__(self, x, train: bool = False):
         d, p = self.dtype, self.param_dtype
-        x = nn.avg_pool(nn.relu(_conv(20, 3, name="conv1", dtype=d, param_dtype=p)(x)), (2, 2), strides=(2, 2))
-        x = nn.avg_pool(nn.relu(_conv(50, 5, name="conv2", dtype=d, param_dtype=p)(x)), (2, 2), strides=(2, 2))
-        x = jnp.transpose(x, (0, 3, 1, 2)).reshape(x.shape[0], -1)   # flatten in torch's (C, H, W) order
+        x = nn.avg_pool(
+            nn.relu(_conv(20, 3, name="conv1", dtype=d, param_dtype=p)(x)), (2, 2), strides=(2, 2)
+        )
+        x = nn.avg_pool(
+            nn.relu(_conv(50, 5, name="conv2", dtype=d, param_dtype=p)(x)), (2, 2), strides=(2, 2)
+        )
+        x = jnp.transpose(x, (0, 3, 1, 2)).reshape(
+            x.shape[0], -1
+        )  # flatten in torch's (C, H, W) order
         x = nn.relu(nn.Dense(128, dtype=d, param_dtype=p, name="fc1")(x))
         return nn.Dense(self.num_classes, dtype=d, param_dtype=p, name="fc2")(x)
 
@@ -201,28 +247,49 @@ class ResNet50(nn.Module):
     @nn.compact
     def __call__(self, x, train: bool = False):
         d, p = self.dtype, self.param_dtype
-        x = nn.relu(_bn(train, "bn1", self.bn_axis, d, p)(_conv(64, 7, 2, 3, "conv1", d, p, use_bias=False)(x)))
+        x = nn.relu(
+            _bn(train, "bn1", self.bn_axis, d, p)(
+                _conv(64, 7, 2, 3, "conv1", d, p, use_bias=False)(x)
+            )
+        )
         # padded with -inf, as torch's (after the ReLU, zero padding would give the same maxima)
         x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
         for i, (planes, blocks, stride) in enumerate(RESNET50_LAYERS, start=1):
             x = Layer(planes, blocks, stride, self.bn_axis, d, p, name=f"layer{i}")(x, train)
-        return nn.Dense(self.num_classes, dtype=d, param_dtype=p, name="fc")(jnp.mean(x, axis=(1, 2)))
+        return nn.Dense(self.num_classes, dtype=d, param_dtype=p, name="fc")(
+            jnp.mean(x, axis=(1, 2))
+        )
 
 
-def resnet18(num_classes: int = 10, in_channels: int = 1, bn_axis: str | None = None, dtype: Any = None,
-             param_dtype: Any = jnp.float32) -> ResNet18:
+def resnet18(
+    num_classes: int = 10,
+    in_channels: int = 1,
+    bn_axis: str | None = None,
+    dtype: Any = None,
+    param_dtype: Any = jnp.float32,
+) -> ResNet18:
     """`in_channels` is read from the input by flax; kept for the common signature."""
     return ResNet18(num_classes, bn_axis=bn_axis, dtype=dtype, param_dtype=param_dtype)
 
 
-def lenet(num_classes: int = 10, in_channels: int = 1, bn_axis: str | None = None, dtype: Any = None,
-          param_dtype: Any = jnp.float32) -> LeNet:
+def lenet(
+    num_classes: int = 10,
+    in_channels: int = 1,
+    bn_axis: str | None = None,
+    dtype: Any = None,
+    param_dtype: Any = jnp.float32,
+) -> LeNet:
     """LeNet has no BatchNorm: `bn_axis` is accepted and has nothing to do."""
     return LeNet(num_classes, dtype=dtype, param_dtype=param_dtype)
 
 
-def resnet50(num_classes: int = 1000, in_channels: int = 3, bn_axis: str | None = None, dtype: Any = None,
-             param_dtype: Any = jnp.float32) -> ResNet50:
+def resnet50(
+    num_classes: int = 1000,
+    in_channels: int = 3,
+    bn_axis: str | None = None,
+    dtype: Any = None,
+    param_dtype: Any = jnp.float32,
+) -> ResNet50:
     """`in_channels` is read from the input by flax; kept for the common signature."""
     return ResNet50(num_classes, bn_axis=bn_axis, dtype=dtype, param_dtype=param_dtype)
 
@@ -230,12 +297,19 @@ def resnet50(num_classes: int = 1000, in_channels: int = 3, bn_axis: str | None 
 MODELS = {"resnet18": resnet18, "lenet": lenet, "resnet50": resnet50}
 
 
-def build(model: str, bn_axis: str | None = None, dtype: Any = None, param_dtype: Any = jnp.float32) -> nn.Module:
+def build(
+    model: str, bn_axis: str | None = None, dtype: Any = None, param_dtype: Any = jnp.float32
+) -> nn.Module:
     """The network with the classes of the input it takes (common/architectures.py). `dtype`: the compute
     dtype (None: that of the input, float32 in training); `param_dtype`: that of the parameters and BatchNorm
     statistics (float32; float64 with jax_enable_x64 for float64 runs)."""
-    return MODELS[model](architectures.num_classes(model), architectures.in_channels(model), bn_axis=bn_axis,
-                         dtype=dtype, param_dtype=param_dtype)
+    return MODELS[model](
+        architectures.num_classes(model),
+        architectures.in_channels(model),
+        bn_axis=bn_axis,
+        dtype=dtype,
+        param_dtype=param_dtype,
+    )
 
 
 def _at_least_float32(logits):
@@ -268,6 +342,7 @@ def count_params(net: nn.Module) -> int:
 
 # ------------------------------------------------------------------ canonical weights
 
+
 def _leaves(tree: dict, prefix: str = ""):
     """(module path "stage2.0.conv3", leaf name "kernel", the leaf's parent dict) for every leaf."""
     for key, value in tree.items():
@@ -280,14 +355,16 @@ def _leaves(tree: dict, prefix: str = ""):
 def _canonical_entry(collection: str, leaf: str, value, siblings: dict):
     """(canonical leaf name, kind, value in canonical layout) of one native leaf."""
     if collection == "batch_stats":
-        return {"mean": ("running_mean", "bn_mean"), "var": ("running_var", "bn_var")}[leaf] + (value,)
-    if "scale" in siblings:   # a BatchNorm's parameters
+        return {"mean": ("running_mean", "bn_mean"), "var": ("running_var", "bn_var")}[leaf] + (
+            value,
+        )
+    if "scale" in siblings:  # a BatchNorm's parameters
         return {"scale": ("weight", "bn_gamma"), "bias": ("bias", "bn_beta")}[leaf] + (value,)
     if leaf == "bias":
         return "bias", "bias", value
     if len(value.shape) == 4:
-        return "weight", "conv", _transpose(value, (3, 2, 0, 1))   # HWIO -> OIHW
-    return "weight", "dense", _transpose(value, (1, 0))             # (in, out) -> (out, in)
+        return "weight", "conv", _transpose(value, (3, 2, 0, 1))  # HWIO -> OIHW
+    return "weight", "dense", _transpose(value, (1, 0))  # (in, out) -> (out, in)
 
 
 def _transpose(value, axes):
@@ -308,7 +385,10 @@ def _to_canonical(native: dict):
 
 def spec(net: nn.Module) -> list[tuple[str, tuple[int, ...], str]]:
     """(canonical name, shape, kind) for every weight common/weights.py initialises."""
-    return [(name, tuple(value.shape), kind) for name, (kind, value) in _to_canonical(native_shapes(net)).items()]
+    return [
+        (name, tuple(value.shape), kind)
+        for name, (kind, value) in _to_canonical(native_shapes(net)).items()
+    ]
 
 
 def to_canonical(native: dict, dtype=np.float32) -> dict[str, np.ndarray]:
@@ -322,8 +402,10 @@ def from_canonical(net: nn.Module, weights: dict[str, np.ndarray]) -> dict:
     net's parameter dtype (float32 weights cast to float64 exactly for a float64 net)."""
     expected = {name for name, _, _ in spec(net)}
     if expected != set(weights):
-        raise KeyError(f"weights do not match the model: missing {sorted(expected - set(weights))[:3]}, "
-                       f"unexpected {sorted(set(weights) - expected)[:3]}")
+        raise KeyError(
+            f"weights do not match the model: missing {sorted(expected - set(weights))[:3]}, "
+            f"unexpected {sorted(set(weights) - expected)[:3]}"
+        )
     native = {"params": {}, "batch_stats": {}}
     for collection, shapes in native_shapes(net).items():
         for module, leaf, siblings in _leaves(shapes):
@@ -335,16 +417,36 @@ def from_canonical(net: nn.Module, weights: dict[str, np.ndarray]) -> dict:
     return native
 
 
+def predict(
+    model: str, weights: dict[str, np.ndarray], x: np.ndarray, train: bool, dtype: str
+) -> np.ndarray:
+    """Logits of `model` with canonical `weights` on a numpy NCHW batch, on one CPU device, in `dtype`
+    (common/backend.py); in training mode the running statistics it would update are dropped."""
+    # On the CPU at full float32 precision whatever the host has: on a GPU XLA's default would be TF32
+    # matmuls, and the equivalence check compares these logits with the other backends' CPU logits.
+    with (
+        computing_in(dtype),
+        jax.default_device(jax.devices("cpu")[0]),
+        jax.default_matmul_precision("highest"),
+    ):
+        net = build(model, **module_dtypes("fp32", dtype))
+        out = forward(
+            net, from_canonical(net, weights), np.asarray(x, dtype=DTYPES[dtype]), train=train
+        )
+        return np.asarray(out[0] if train else out)
+
+
 def _native_layout(kind: str, value, dtype) -> np.ndarray:
     value = np.asarray(value, dtype=dtype)
     if kind == "conv":
-        value = np.transpose(value, (2, 3, 1, 0))   # OIHW -> HWIO
+        value = np.transpose(value, (2, 3, 1, 0))  # OIHW -> HWIO
     elif kind == "dense":
-        value = value.T                              # (out, in) -> (in, out)
+        value = value.T  # (out, in) -> (in, out)
     return np.ascontiguousarray(value)
 
 
 # ------------------------------------------------------------------- the math every strategy shares
+
 
 def local_loss(net, params, stats, x, y):
     """Sum of the cross-entropy over this device's examples; (new BatchNorm stats, loss sum, correct) as aux."""
@@ -362,8 +464,10 @@ def sgd(tx, params, opt_state, grads):
 
 def predict_classes(net):
     """A compiled (params, batch_stats, x) -> predicted classes, in eval mode."""
+
     @jax.jit
     def predict(params, stats, x):
         logits = forward(net, {"params": params, "batch_stats": stats}, x, train=False)
         return jnp.argmax(logits, axis=-1)
+
     return predict

@@ -11,12 +11,13 @@ import functools
 import jax
 import numpy as np
 from jax import lax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from common.data import check_divisible
-from common.loop import Unsupported
+from common.errors import Unsupported
 
-AXIS = "devices"   # the mesh / pmap axis name collectives refer to
+AXIS = "devices"  # the mesh / pmap axis name collectives refer to
 
 
 def devices(n: int, kind: str = "cpu") -> list:
@@ -30,8 +31,10 @@ def devices(n: int, kind: str = "cpu") -> list:
         if kind == "gpu":
             hint = " (this jaxlib has no CUDA plugin: install jax[cuda12])" if not found else ""
             raise Unsupported(f"{n} GPU(s) requested, JAX sees {len(found)}{hint}")
-        raise Unsupported(f"{n} CPU devices requested, JAX sees {len(found)} "
-                          "(the XLA flag --xla_force_host_platform_device_count sets how many)")
+        raise Unsupported(
+            f"{n} CPU devices requested, JAX sees {len(found)} "
+            "(the XLA flag --xla_force_host_platform_device_count sets how many)"
+        )
     return found[:n]
 
 
@@ -92,8 +95,10 @@ def split(X, y, devs: list):
 def stacked(tree, devs: list):
     """One copy of every leaf of a (numpy) tree per device, along a leading device axis."""
     k = len(devs)
-    return jax.device_put(jax.tree.map(lambda a: np.broadcast_to(a, (k, *np.shape(a))), tree),
-                          device_axis_sharding(devs))
+    return jax.device_put(
+        jax.tree.map(lambda a: np.broadcast_to(a, (k, *np.shape(a))), tree),
+        device_axis_sharding(devs),
+    )
 
 
 def on_device(a: jax.Array, device) -> jax.Array:
@@ -105,7 +110,10 @@ def from_per_device(arrays: list[jax.Array], devs: list) -> jax.Array:
     """One array with a leading device axis made of per-device arrays, without moving them."""
     shape = (len(arrays), *arrays[0].shape)
     return jax.make_array_from_single_device_arrays(
-        shape, device_axis_sharding(devs), [jax.device_put(a, d)[None] for a, d in zip(arrays, devs)])
+        shape,
+        device_axis_sharding(devs),
+        [jax.device_put(a, d)[None] for a, d in zip(arrays, devs)],
+    )
 
 
 def allreduce(data: list[jax.Array]) -> list[jax.Array]:
@@ -121,17 +129,22 @@ def allreduce(data: list[jax.Array]) -> list[jax.Array]:
 @functools.cache
 def _psum_over(devs: tuple):
     """A jitted psum over `devs`, built once per device set."""
-    return jax.jit(jax.shard_map(lambda a: lax.psum(a, AXIS), mesh=mesh(list(devs)),
-                                 in_specs=P(AXIS), out_specs=P(AXIS)))
+    return jax.jit(
+        jax.shard_map(
+            lambda a: lax.psum(a, AXIS), mesh=mesh(list(devs)), in_specs=P(AXIS), out_specs=P(AXIS)
+        )
+    )
 
 
 def node_rows(X, y, cfg):
     """This node's rows of a global batch: the shards of its devices, node_rank * local_devices onwards."""
     rows = len(y) // cfg.nodes
     start = cfg.node_rank * rows
-    return np.asarray(X)[start:start + rows], np.asarray(y)[start:start + rows]
+    return np.asarray(X)[start : start + rows], np.asarray(y)[start : start + rows]
 
 
 def local_sum(a) -> float:
     """The sum (float64) of the parts of `a` this process holds: every row of a per-device array."""
-    return float(sum(np.sum(np.asarray(shard.data), dtype=np.float64) for shard in a.addressable_shards))
+    return float(
+        sum(np.sum(np.asarray(shard.data), dtype=np.float64) for shard in a.addressable_shards)
+    )

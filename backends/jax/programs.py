@@ -33,10 +33,24 @@ _SHARED: dict[tuple, tuple] = {}
 def shared(kind: str, cfg: RunConfig, dtype: str, devices: list, build: Callable) -> tuple:
     """(net, optimizer, programs) of a `kind` trainer for `cfg` on `devices`, computing in `dtype`:
     build(net, optimizer, cfg) -> {name: program} is called the first time only."""
-    key = (kind, cfg.model, cfg.bn, cfg.precision, dtype, cfg.lr, cfg.batch_size, tuple(devices), DONATED,
-           UPDATE_DONATED)
+    key = (
+        kind,
+        cfg.model,
+        cfg.bn,
+        cfg.precision,
+        dtype,
+        cfg.lr,
+        cfg.batch_size,
+        tuple(devices),
+        DONATED,
+        UPDATE_DONATED,
+    )
     if key not in _SHARED:
-        net = models.build(cfg.model, bn_axis=AXIS if cfg.bn == "sync" else None, **module_dtypes(cfg.precision, dtype))
+        net = models.build(
+            cfg.model,
+            bn_axis=AXIS if cfg.bn == "sync" else None,
+            **module_dtypes(cfg.precision, dtype),
+        )
         tx = optax.sgd(cfg.lr)
         _SHARED[key] = (net, tx, {"_predict": models.predict_classes(net), **build(net, tx, cfg)})
     return _SHARED[key]

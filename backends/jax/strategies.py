@@ -44,16 +44,28 @@ from jax import lax
 from jax.sharding import PartitionSpec as P
 
 from backends.jax import distributed, models, programs
-from backends.jax.environment import DTYPES, computing_in, configure_precision
-from backends.jax.parallel import (AXIS, check_batch, device_axis_sharding, local_sum, mesh, node_rows, on_device,
-                                   per_device, replicated_sharding, stack_on_devices, stacked)
+from backends.jax.environment import DTYPES, computing_in, configure_precision, refusal
 from backends.jax.models import local_loss, sgd
+from backends.jax.parallel import (
+    AXIS,
+    check_batch,
+    device_axis_sharding,
+    local_sum,
+    mesh,
+    node_rows,
+    on_device,
+    per_device,
+    replicated_sharding,
+    stack_on_devices,
+    stacked,
+)
 from common import data as datalib
-from common import levers as leverlib
+from common.backend import check_supported
 from common.config import RunConfig
-from common.loop import Unsupported, run_training
-from common.trainer import PROBES, Trainer, probe_config
+from common.loop import run_training
+from common.trainer import PROBES, Trainer
 from common.weights import for_run as weights_for_run
+
 
 class JaxTrainer(Trainer):
     """What the strategies share. `state` is (params, batch_stats, opt_state) on the devices;
@@ -66,25 +78,33 @@ class JaxTrainer(Trainer):
     prefetch_to_device). `dtype` "float64" (the equivalence API, under jax_enable_x64) makes every
     parameter, statistic, batch and result float64; runs are float32."""
 
-    label_ndim: int   # of a placed batch's labels: tells a placed batch from a numpy one
+    label_ndim: int  # of a placed batch's labels: tells a placed batch from a numpy one
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
-        self._np_dtype = np.dtype(DTYPES[dtype])   # of parameters, statistics, batches and results
+        self._np_dtype = np.dtype(DTYPES[dtype])  # of parameters, statistics, batches and results
         self.devs = distributed.run_devices(cfg)
-        self.local_devs = [d for d in self.devs if d.process_index == jax.process_index()]   # this node's
-        self.batch_sharding = device_axis_sharding(self.devs)   # batches: split along axis 0
+        self.local_devs = [
+            d for d in self.devs if d.process_index == jax.process_index()
+        ]  # this node's
+        self.batch_sharding = device_axis_sharding(self.devs)  # batches: split along axis 0
         self.state = None
-        self._last = None       # the latest step's (loss sums, correct), for sync
-        self._grads = None      # reduce_gradients()' reduced gradients, for update() and canonical_gradients()
+        self._last = None  # the latest step's (loss sums, correct), for sync
+        self._grads = (
+            None  # reduce_gradients()' reduced gradients, for update() and canonical_gradients()
+        )
         self._new_stats = None  # reduce_gradients()' new BatchNorm statistics, for update()
-        self._lay_out()   # the subclass's shardings, which its programs are built on
+        self._lay_out()  # the subclass's shardings, which its programs are built on
         # The net, the optimizer and the subclass's compiled programs, made once per process for what they are
         # built for (programs.py)
-        self.net, self.tx, compiled = programs.shared(type(self).__name__, cfg, dtype, self.devs, self._programs)
+        self.net, self.tx, compiled = programs.shared(
+            type(self).__name__, cfg, dtype, self.devs, self._programs
+        )
         for name, program in compiled.items():
             setattr(self, name, program)
-        self._initial = models.from_canonical(self.net, weights)   # numpy, flax layouts, the net's dtype
+        self._initial = models.from_canonical(
+            self.net, weights
+        )  # numpy, flax layouts, the net's dtype
 
     def reset(self) -> None:
         params = self._initial["params"]
@@ -110,21 +130,28 @@ class JaxTrainer(Trainer):
         """The gradient half of the step at the current state; the reduced gradients and the new BatchNorm
         statistics are kept for update() (and canonical_gradients()); returns (loss sums, correct)."""
         params, stats, _ = self.state
-        grads, (new_stats, loss_sum, correct) = self._gradients(params, stats, *self._on_devices(x, y))
+        grads, (new_stats, loss_sum, correct) = self._gradients(
+            params, stats, *self._on_devices(x, y)
+        )
         self._grads, self._new_stats, self._last = grads, new_stats, (loss_sum, correct)
         return loss_sum, correct
 
     def update(self) -> None:
         """The SGD half: the kept gradients applied to the parameters, the kept statistics made the state's."""
         if self._new_stats is None:
-            raise RuntimeError("update() needs the gradients of a reduce_gradients() not applied yet")
+            raise RuntimeError(
+                "update() needs the gradients of a reduce_gradients() not applied yet"
+            )
         params, _, opt_state = self.state
         params, opt_state = self._update(params, opt_state, self._grads)
         self.state, self._new_stats = (params, self._new_stats, opt_state), None
 
     def collect(self, handles) -> tuple[float, float]:
         """Per-device (loss sum, correct) of every step, read back and added up over the devices of every node."""
-        local = [sum(local_sum(loss) for loss, _ in handles), sum(local_sum(correct) for _, correct in handles)]
+        local = [
+            sum(local_sum(loss) for loss, _ in handles),
+            sum(local_sum(correct) for _, correct in handles),
+        ]
         loss_sum, correct = distributed.across_processes(local, "sum")
         return float(loss_sum), float(correct)
 
@@ -148,23 +175,34 @@ class JaxTrainer(Trainer):
         """Device 0's parameters with the running statistics averaged over the devices (as evaluated),
         leaving the per-device statistics in the training state as they are."""
         params, _, _ = self.state
-        return models.to_canonical({"params": self._params_on_device_0(params),
-                                    "batch_stats": self._stats_on_device_0(self._averaged_bn_statistics())},
-                                   dtype=self._np_dtype)
+        return models.to_canonical(
+            {
+                "params": self._params_on_device_0(params),
+                "batch_stats": self._stats_on_device_0(self._averaged_bn_statistics()),
+            },
+            dtype=self._np_dtype,
+        )
 
     def canonical_gradients(self) -> dict[str, np.ndarray]:
         """Device 0's copy of the reduced gradient of the global mean loss (reduce_gradients()'), by canonical name."""
         if self._grads is None:
-            raise RuntimeError("canonical_gradients() reads the gradients of reduce_gradients(); there are none")
-        return models.to_canonical({"params": self._params_on_device_0(self._grads)}, dtype=self._np_dtype)
+            raise RuntimeError(
+                "canonical_gradients() reads the gradients of reduce_gradients(); there are none"
+            )
+        return models.to_canonical(
+            {"params": self._params_on_device_0(self._grads)}, dtype=self._np_dtype
+        )
 
     def evaluate(self, batches) -> tuple[int, int]:
         self.average_bn_statistics()
         params, stats = self._replica_0()
         correct = total = 0
         for x, y in batches:
-            classes = self._predict(params, stats,
-                                    jax.device_put(np.asarray(x, dtype=self._np_dtype), self.local_devs[0]))
+            classes = self._predict(
+                params,
+                stats,
+                jax.device_put(np.asarray(x, dtype=self._np_dtype), self.local_devs[0]),
+            )
             correct += int(np.sum(np.asarray(classes) == np.asarray(y)))
             total += len(y)
         return correct, total
@@ -185,24 +223,30 @@ class JaxTrainer(Trainer):
 
     def _is_placed(self, x, y) -> bool:
         """Whether (x, y) is a batch `place` made (the layout `label_ndim` tells apart)."""
-        return all(isinstance(a, jax.Array) and a.sharding == self.batch_sharding for a in (x, y)) and \
-            y.ndim == self.label_ndim
+        return (
+            all(isinstance(a, jax.Array) and a.sharding == self.batch_sharding for a in (x, y))
+            and y.ndim == self.label_ndim
+        )
 
     def _allreduce_buffer(self, values: int) -> jax.Array:
         """(devices, values) float32, the row of run device i on it and filled with i + 1; made on the devices
         (pmap's: this node's rows)."""
         rows = list(self.batch_sharding.mesh.devices.flat)
         first = self.devs.index(rows[0]) + 1
-        make = jax.jit(lambda: jnp.broadcast_to(jnp.arange(first, first + len(rows), dtype=jnp.float32)[:, None],
-                                                (len(rows), values)),
-                       out_shardings=self.batch_sharding)
+        make = jax.jit(
+            lambda: jnp.broadcast_to(
+                jnp.arange(first, first + len(rows), dtype=jnp.float32)[:, None],
+                (len(rows), values),
+            ),
+            out_shardings=self.batch_sharding,
+        )
         return make()
 
     def _averaged_bn_statistics(self):
         """The running statistics with every device's replaced by their mean over the devices (the state
         is left as it is)."""
         _, stats, _ = self.state
-        return self._pmean(stats) if jax.tree.leaves(stats) else stats   # (LeNet has none)
+        return self._pmean(stats) if jax.tree.leaves(stats) else stats  # (LeNet has none)
 
     def _replica_0(self):
         params, stats, _ = self.state
@@ -217,7 +261,7 @@ class PmapTrainer(JaxTrainer):
     """jax.pmap: the batch, parameters, optimizer state and BatchNorm statistics all carry a
     leading device axis; gradients are summed with lax.psum inside the step."""
 
-    label_ndim = 2   # a placed batch is stacked as (devices, batch / devices, ...)
+    label_ndim = 2  # a placed batch is stacked as (devices, batch / devices, ...)
 
     def _lay_out(self) -> None:
         # pmap over several processes takes (and returns) each process's rows of the device axis only
@@ -226,10 +270,16 @@ class PmapTrainer(JaxTrainer):
     def _programs(self, net, tx, cfg: RunConfig) -> dict:
         over_devices = functools.partial(jax.pmap, axis_name=AXIS, devices=self.devs)
         return {
-            "_step": over_devices(functools.partial(self._device_step, net, tx, cfg.batch_size),
-                                  donate_argnums=programs.DONATED),
-            "_gradients": over_devices(functools.partial(self._device_gradients, net, cfg.batch_size)),
-            "_update": over_devices(functools.partial(sgd, tx), donate_argnums=programs.UPDATE_DONATED),
+            "_step": over_devices(
+                functools.partial(self._device_step, net, tx, cfg.batch_size),
+                donate_argnums=programs.DONATED,
+            ),
+            "_gradients": over_devices(
+                functools.partial(self._device_gradients, net, cfg.batch_size)
+            ),
+            "_update": over_devices(
+                functools.partial(sgd, tx), donate_argnums=programs.UPDATE_DONATED
+            ),
             "_pmean": over_devices(functools.partial(lax.pmean, axis_name=AXIS)),
             # The gradients' collective alone: lax.psum over the pmap axis, row i of the input on device i.
             "_allreduce": over_devices(functools.partial(lax.psum, axis_name=AXIS)),
@@ -249,7 +299,9 @@ class PmapTrainer(JaxTrainer):
     @staticmethod
     def _device_step(net, tx, batch_size, params, stats, opt_state, x, y):
         """One device's part: the reduced gradients, then the same SGD step everywhere."""
-        grads, (stats, loss_sum, correct) = PmapTrainer._device_gradients(net, batch_size, params, stats, x, y)
+        grads, (stats, loss_sum, correct) = PmapTrainer._device_gradients(
+            net, batch_size, params, stats, x, y
+        )
         params, opt_state = sgd(tx, params, opt_state, grads)
         return params, stats, opt_state, (loss_sum, correct)
 
@@ -265,7 +317,7 @@ class ShardingTrainer(JaxTrainer):
     """jax.jit over a Mesh with NamedSharding: replicated parameters, a batch-sharded global
     batch, and the per-device part of the step (forward, BatchNorm) in a jax.shard_map."""
 
-    label_ndim = 1   # a placed batch is the global one, split along its first axis
+    label_ndim = 1  # a placed batch is the global one, split along its first axis
 
     def _lay_out(self) -> None:
         self.mesh = mesh(self.devs)
@@ -275,25 +327,50 @@ class ShardingTrainer(JaxTrainer):
         loss = self._sharded_loss(net, self.mesh, cfg.batch_size)
         r, s = self.replicated, self.batch_sharding
         return {
-            "_step": jax.jit(functools.partial(self._global_step, loss, tx),
-                             out_shardings=(r, s, r, (s, s)), donate_argnums=programs.DONATED),
-            "_gradients": jax.jit(functools.partial(self._global_gradients, loss), out_shardings=(r, (s, s, s))),
-            "_update": jax.jit(functools.partial(sgd, tx), out_shardings=(r, r),
-                               donate_argnums=programs.UPDATE_DONATED),
-            "_pmean": jax.jit(jax.shard_map(functools.partial(lax.pmean, axis_name=AXIS), mesh=self.mesh,
-                                            in_specs=P(AXIS), out_specs=P(AXIS))),
+            "_step": jax.jit(
+                functools.partial(self._global_step, loss, tx),
+                out_shardings=(r, s, r, (s, s)),
+                donate_argnums=programs.DONATED,
+            ),
+            "_gradients": jax.jit(
+                functools.partial(self._global_gradients, loss), out_shardings=(r, (s, s, s))
+            ),
+            "_update": jax.jit(
+                functools.partial(sgd, tx),
+                out_shardings=(r, r),
+                donate_argnums=programs.UPDATE_DONATED,
+            ),
+            "_pmean": jax.jit(
+                jax.shard_map(
+                    functools.partial(lax.pmean, axis_name=AXIS),
+                    mesh=self.mesh,
+                    in_specs=P(AXIS),
+                    out_specs=P(AXIS),
+                )
+            ),
             # The gradients' collective alone: lax.psum in a shard_map over the mesh, each device contributing its
             # row, the sum replicated (as the gradients of the replicated parameters are).
-            "_allreduce": jax.jit(jax.shard_map(lambda a: lax.psum(a[0], AXIS), mesh=self.mesh,
-                                                in_specs=P(AXIS), out_specs=P())),
+            "_allreduce": jax.jit(
+                jax.shard_map(
+                    lambda a: lax.psum(a[0], AXIS), mesh=self.mesh, in_specs=P(AXIS), out_specs=P()
+                )
+            ),
         }
 
     def place(self, x, y):
         x, y = np.asarray(x), np.asarray(y)
         check_batch(x, y, self.n_devices)
-        xs, ys = node_rows(x, y, self.cfg)   # this node's rows only: the global array is made of every node's
-        return (jax.make_array_from_process_local_data(self.batch_sharding, xs.astype(self._np_dtype), x.shape),
-                jax.make_array_from_process_local_data(self.batch_sharding, ys.astype(np.int32), y.shape))
+        xs, ys = node_rows(
+            x, y, self.cfg
+        )  # this node's rows only: the global array is made of every node's
+        return (
+            jax.make_array_from_process_local_data(
+                self.batch_sharding, xs.astype(self._np_dtype), x.shape
+            ),
+            jax.make_array_from_process_local_data(
+                self.batch_sharding, ys.astype(np.int32), y.shape
+            ),
+        )
 
     @staticmethod
     def _sharded_loss(net, mesh, batch_size):
@@ -301,14 +378,19 @@ class ShardingTrainer(JaxTrainer):
 
         BatchNorm statistics come in and go out with a leading device axis of length 1 per device.
         """
+
         def per_device(params, stats, x, y):
             unstacked = jax.tree.map(lambda a: a[0], stats)
             _, (new_stats, loss_sum, correct) = local_loss(net, params, unstacked, x, y)
             restacked = jax.tree.map(lambda a: a[None], new_stats)
             return lax.psum(loss_sum, AXIS) / batch_size, (restacked, loss_sum[None], correct[None])
 
-        return jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS), P(AXIS)),
-                             out_specs=(P(), (P(AXIS), P(AXIS), P(AXIS))))
+        return jax.shard_map(
+            per_device,
+            mesh=mesh,
+            in_specs=(P(), P(AXIS), P(AXIS), P(AXIS)),
+            out_specs=(P(), (P(AXIS), P(AXIS), P(AXIS))),
+        )
 
     @staticmethod
     def _global_gradients(loss, params, stats, x, y):
@@ -318,13 +400,18 @@ class ShardingTrainer(JaxTrainer):
 
     @staticmethod
     def _global_step(loss, tx, params, stats, opt_state, x, y):
-        grads, (stats, loss_sum, correct) = ShardingTrainer._global_gradients(loss, params, stats, x, y)
+        grads, (stats, loss_sum, correct) = ShardingTrainer._global_gradients(
+            loss, params, stats, x, y
+        )
         params, opt_state = sgd(tx, params, opt_state, grads)
         return params, stats, opt_state, (loss_sum, correct)
 
     def _place_state(self, params, stats, opt_state):
-        return (jax.device_put(params, self.replicated), stacked(stats, self.devs),
-                jax.device_put(opt_state, self.replicated))
+        return (
+            jax.device_put(params, self.replicated),
+            stacked(stats, self.devs),
+            jax.device_put(opt_state, self.replicated),
+        )
 
     def _params_on_device_0(self, tree):
         """Parameters (and gradients) are replicated: this node's first device's copy."""
@@ -334,66 +421,27 @@ class ShardingTrainer(JaxTrainer):
 TRAINERS = {"pmap": PmapTrainer, "sharding": ShardingTrainer}
 
 
-def check_supported(cfg: RunConfig) -> None:
-    if cfg.strategy not in TRAINERS:
-        raise Unsupported(f"jax has no strategy {cfg.strategy!r}; it has {', '.join(TRAINERS)}")
-    if reason := leverlib.check(cfg):   # backend.toml: no channels-last; no TF32 on the CPU
-        raise Unsupported(reason)
-    distributed.run_devices(cfg)   # Unsupported: too few devices; several nodes for a strategy without an engine
+# The strategy of float64_gradients: the one whose step is a plain pmap, without a mesh.
+REFERENCE = "pmap"
 
 
-def make_trainer(cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32") -> JaxTrainer:
+def make_trainer(
+    cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"
+) -> JaxTrainer:
     """A trainer for `cfg` at `weights` (reset), computing in `dtype`; the caller holds computing_in(dtype)."""
-    check_supported(cfg)
-    leverlib.check_dtype(dtype, cfg)
+    check_supported(cfg, refusal, dtype)
     configure_precision(cfg)
     trainer = TRAINERS[cfg.strategy](cfg, weights, dtype=dtype)
     trainer.reset()
     return trainer
 
 
-# ----------------------------------------------------------------------- entry points
-
-def run(cfg: RunConfig) -> dict:
+def train(cfg: RunConfig) -> dict:
     """Train as the run config says, from --load-weights or the seeded init; the metrics part of a result."""
-    check_supported(cfg)   # (before the weights are read)
     return run_training(make_trainer(cfg, weights_for_run(cfg)), cfg, datalib.load(cfg))
 
 
-def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,
-              bn: str = "local", device_kind: str = "cpu", dtype: str = "float32", options: dict | None = None,
-              **levers) -> tuple[float, dict[str, np.ndarray]]:
-    """(mean cross-entropy of the global batch, canonical gradients of the trainable parameters) at
-    `weights`, as the strategy's step computes and reduces them on n_devices (device 0's copy), in `dtype`."""
+def measure(cfg: RunConfig, weights: dict[str, np.ndarray], batches: list, probe: str, dtype: str):
+    """PROBES[probe] of a fresh trainer, computing in `dtype`."""
     with computing_in(dtype):
-        cfg = probe_config("jax", strategy, model, n_devices, len(y), 1.0, bn, device_kind, options,
-                           levers)   # (lr unused)
-        return PROBES["gradients"](make_trainer(cfg, weights, dtype), [(x, y)])
-
-
-def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray],
-                batches: list, lr: float, bn: str = "local", device_kind: str = "cpu",
-                dtype: str = "float32", options: dict | None = None, **levers) -> dict:
-    """{"first": canonical weights after step 1, "final": after the last step (BatchNorm running statistics
-    averaged over the devices), "losses": each step's global mean loss, from that step's own forward pass
-    (before its update)}, all computed in `dtype` ("float32" or "float64")."""
-    with computing_in(dtype):
-        cfg = probe_config("jax", strategy, model, n_devices, len(batches[0][1]), lr, bn, device_kind, options,
-                           levers)
-        return PROBES["trace"](make_trainer(cfg, weights, dtype), batches)
-
-
-def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray],
-                batches: list, lr: float, bn: str = "local", device_kind: str = "cpu",
-                dtype: str = "float32", options: dict | None = None, **levers) -> dict[str, np.ndarray]:
-    """Apply len(batches) SGD steps from `weights`; the canonical weights afterwards (for tests and checks)."""
-    return train_trace(strategy, model, n_devices, weights, batches, lr, bn, device_kind, dtype, options,
-                       **levers)["final"]
-
-
-def float64_gradients(model: str, weights: dict[str, np.ndarray], x, y) -> tuple[float, dict[str, np.ndarray]]:
-    """(mean loss, canonical gradients) of one batch on one CPU device, computed in float64.
-
-    `harness check` compares this with torch's float64 gradient: agreement to ~1e-12 shows the
-    model, loss and BatchNorm are the same math, whatever float32 rounding does on top."""
-    return gradients("pmap", model, 1, weights, x, y, dtype="float64")
+        return PROBES[probe](make_trainer(cfg, weights, dtype), batches)

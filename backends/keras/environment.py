@@ -10,55 +10,66 @@ import shutil
 
 import keras
 
+from backends.keras.parallel import devices
+
 # (by name: the torch package's `environment` is its environment function)
 from backends.torch.environment import configure_precision as configure_torch_precision
 from backends.torch.environment import engine_details, host_processes, threads_per_process
 from backends.torch.environment import input_copies as torch_input_copies
 from backends.torch.environment import precision_settings as torch_precision_settings
-from common import levers as leverlib
 from common import loop, sysinfo
+from common.errors import Unsupported
 
-DTYPES = ("float32", "float64")   # of the equivalence API's runs
+DTYPES = ("float32", "float64")  # of the equivalence API's runs
 # jax_default_matmul_precision per --precision (as the jax backend's): fp32 means no TF32 in matmuls and convolutions.
 MATMUL_PRECISION = {"fp32": "highest", "tf32": "tensorfloat32", "bf16": "highest"}
-FRAMEWORK = {"ddp": "torch", "distribution": "jax"}   # what Keras runs on, per strategy
-COMPILE = {"ddp": "torch.compile of the DistributedDataParallel-wrapped Keras model (jit_compile on Keras's torch "
-                  "backend)",
-           "distribution": "inherent: the stateless train step is jax.jit-compiled whether or not --compile is given"}
+POLICIES = {
+    "fp32": "float32",
+    "tf32": "float32",
+    "bf16": "mixed_bfloat16",
+}  # --precision -> dtype policy
+FRAMEWORK = {"ddp": "torch", "distribution": "jax"}  # what Keras runs on, per strategy
+COMPILE = {
+    "ddp": "torch.compile of the DistributedDataParallel-wrapped Keras model (jit_compile on Keras's torch "
+    "backend)",
+    "distribution": "inherent: the stateless train step is jax.jit-compiled whether or not --compile is given",
+}
 BATCHNORM = {
     "local": "local: each device normalises with its own shard's statistics (distribution: each device's slice of "
-             "the global batch); running statistics (torch's update: momentum 0.1, unbiased variance) averaged "
-             "across devices before evaluation",
+    "the global batch); running statistics (torch's update: momentum 0.1, unbiased variance) averaged "
+    "across devices before evaluation",
     "sync": "sync (distribution): BatchNorm over the whole batch-sharded global batch, XLA all-reduces its "
-            "statistics",
+    "statistics",
 }
-COLLECTIVE = {"ddp": {"cpu": "gloo", "gpu": "nccl"},
-              "distribution": "XLA all-reduce of the replicated variables' gradients (jax.jit over "
-                              "keras.distribution.DataParallel's mesh)"}
+COLLECTIVE = {
+    "ddp": {"cpu": "gloo", "gpu": "nccl"},
+    "distribution": "XLA all-reduce of the replicated variables' gradients (jax.jit over "
+    "keras.distribution.DataParallel's mesh)",
+}
 
 
-def refusal(cfg) -> str | None:
-    """Why Keras cannot run this strategy's configuration here (one line), or None."""
-    if cfg.nodes > 1 and cfg.strategy != "ddp":
-        return f"keras {cfg.strategy} runs in one process; --nodes needs ddp (torchrun's elastic agent)"
-    if cfg.bn == "sync" and cfg.strategy == "ddp":
-        return ("keras ddp has no synchronised BatchNorm: Keras's `synchronized` BatchNormalization is TensorFlow's "
-                "only, and torch's SyncBatchNorm converts torch.nn BatchNorm modules, not Keras layers "
-                "(--bn sync runs with distribution)")
-    if reason := leverlib.check(cfg):   # (it refuses TF32 on the CPU)
-        return reason
+def refusal(cfg, dtype: str = "float32") -> str | None:
+    """Why Keras cannot run this configuration here (one line), or None, beyond what backend.toml states
+    (common/backend.py checks that first): what the framework each strategy runs on sees."""
     if cfg.strategy == "ddp":
         return torch_refusal(cfg)
+    try:
+        devices(cfg.devices, cfg.device_kind)
+    except Unsupported as e:  # too few devices
+        return str(e)
     return None
 
 
 def torch_refusal(cfg) -> str | None:
     """What the ddp ranks' torch needs: the GPUs, and a C++ compiler for torch.compile on the CPU."""
     import torch
+
     gpu = cfg.device_kind == "gpu"
     if gpu and torch.cuda.device_count() < host_processes(cfg):
-        return (f"{host_processes(cfg)} GPU(s) requested, torch ({torch.__version__}) sees "
-                f"{torch.cuda.device_count()}")
+        return (
+            f"{host_processes(cfg)} GPU(s) requested, torch ({torch.__version__}) sees "
+            f"{torch.cuda.device_count()}"
+        )
     if cfg.compile and not gpu and not shutil.which(os.environ.get("CXX", "g++")):
         return "torch.compile on the CPU needs a C++ compiler for TorchInductor; none found"
     return None
@@ -70,6 +81,7 @@ def configure_precision(cfg) -> None:
         configure_torch_precision(cfg)
     else:
         import jax
+
         jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[cfg.precision])
 
 
@@ -83,6 +95,7 @@ def computing_in(dtype: str):
     x64 = keras.backend.backend() == "jax"
     if x64:
         import jax
+
         previous_x64 = jax.config.jax_enable_x64
         jax.config.update("jax_enable_x64", previous_x64 or dtype == "float64")
     keras.config.set_floatx("float64" if dtype == "float64" else previous)
@@ -98,6 +111,7 @@ def versions() -> dict:
     """Both frameworks Keras runs on here, whichever this process imported Keras with."""
     import jax
     import torch
+
     return {"torch": torch.__version__, "jax": jax.__version__}
 
 
@@ -105,6 +119,7 @@ def cuda_versions(cfg) -> tuple[str | None, str | None]:
     if cfg.device_kind != "gpu" or FRAMEWORK[cfg.strategy] != "torch":
         return None, None
     import torch
+
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return torch.version.cuda, None if cudnn is None else str(cudnn)
 
@@ -113,8 +128,10 @@ def framework_gpus(cfg) -> int:
     """The GPUs the strategy's framework sees in this process."""
     if FRAMEWORK[cfg.strategy] == "torch":
         import torch
+
         return torch.cuda.device_count()
     from backends.keras.parallel import gpu_count
+
     return gpu_count()
 
 
@@ -125,20 +142,37 @@ def device_names(cfg) -> list[str]:
 
 
 def precision_settings(cfg) -> dict:
-    from backends.keras.models import POLICIES
-    switches = {"jax_default_matmul_precision": MATMUL_PRECISION[cfg.precision]} \
-        if FRAMEWORK[cfg.strategy] == "jax" else torch_precision_settings(cfg)
-    switches.pop("autocast", None)   # (Keras's dtype policy, not torch's autocast, makes bf16)
-    return {"dtype_policy": POLICIES[cfg.precision], "variables_dtype": "float32",
-            "tf32_matmul": cfg.precision == "tf32", "tf32_cudnn": cfg.precision == "tf32", **switches}
+    switches = (
+        {"jax_default_matmul_precision": MATMUL_PRECISION[cfg.precision]}
+        if FRAMEWORK[cfg.strategy] == "jax"
+        else torch_precision_settings(cfg)
+    )
+    switches.pop("autocast", None)  # (Keras's dtype policy, not torch's autocast, makes bf16)
+    return {
+        "dtype_policy": POLICIES[cfg.precision],
+        "variables_dtype": "float32",
+        "tf32_matmul": cfg.precision == "tf32",
+        "tf32_cudnn": cfg.precision == "tf32",
+        **switches,
+    }
 
 
 def input_copies(cfg) -> str:
     if FRAMEWORK[cfg.strategy] == "torch":
-        return torch_input_copies(cfg) if cfg.device_kind == "gpu" else loop.input_copies(
-            cfg, ahead="this rank's shard as a torch tensor", in_step="this rank's shard as a torch tensor")
-    return loop.input_copies(cfg, ahead="keras.distribution.distribute_tensor (jax.device_put), not waited for",
-                             in_step="keras.distribution.distribute_tensor just before the step")
+        return (
+            torch_input_copies(cfg)
+            if cfg.device_kind == "gpu"
+            else loop.input_copies(
+                cfg,
+                ahead="this rank's shard as a torch tensor",
+                in_step="this rank's shard as a torch tensor",
+            )
+        )
+    return loop.input_copies(
+        cfg,
+        ahead="keras.distribution.distribute_tensor (jax.device_put), not waited for",
+        in_step="keras.distribution.distribute_tensor just before the step",
+    )
 
 
 def collective(cfg) -> str:
@@ -152,19 +186,27 @@ def environment(cfg) -> dict:
     ddp = cfg.strategy == "ddp"
     cuda, cudnn = cuda_versions(cfg)
     return sysinfo.environment(
-        cfg, framework="keras", version=keras.__version__,
+        cfg,
+        framework="keras",
+        version=keras.__version__,
         libraries={"keras_backend": FRAMEWORK[cfg.strategy], **versions()},
-        cuda=cuda, cudnn=cudnn, devices=device_names(cfg), framework_gpus=framework_gpus(cfg),
+        cuda=cuda,
+        cudnn=cudnn,
+        devices=device_names(cfg),
+        framework_gpus=framework_gpus(cfg),
         processes=cfg.devices if ddp else 1,
-        threads=threads_per_process(cfg, host_processes(cfg))
-        if ddp else sysinfo.usable_cpus(),
+        threads=threads_per_process(cfg, host_processes(cfg)) if ddp else sysinfo.usable_cpus(),
         precision=precision_settings(cfg),
         compile=COMPILE[cfg.strategy] if cfg.compile else None,
         input_copies=input_copies(cfg),
-        sgd_update="torch.optim.SGD on the Keras model's variables" if ddp else
-        "keras.optimizers.SGD.stateless_apply inside the compiled step",
+        sgd_update="torch.optim.SGD on the Keras model's variables"
+        if ddp
+        else "keras.optimizers.SGD.stateless_apply inside the compiled step",
         collective=collective(cfg),
         batchnorm=BATCHNORM[cfg.bn],
-        details={"keras_backend": FRAMEWORK[cfg.strategy],
-                 "data_format": "channels_last" if cfg.channels_last else "channels_first",
-                 **(engine_details(cfg) if ddp else {})})
+        details={
+            "keras_backend": FRAMEWORK[cfg.strategy],
+            "data_format": "channels_last" if cfg.channels_last else "channels_first",
+            **(engine_details(cfg) if ddp else {}),
+        },
+    )

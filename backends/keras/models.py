@@ -26,12 +26,14 @@ import keras
 import numpy as np
 from keras import layers, ops
 
+from backends.keras.environment import POLICIES, computing_in
 from common import architectures
 from common.architectures import RESNET50_LAYERS
 
 BN_EPS = 1e-5
-BN_MOMENTUM = 0.1   # torch's convention: running <- 0.9 * running + 0.1 * batch (Keras's momentum=0.9)
-POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16"}   # --precision -> dtype policy
+BN_MOMENTUM = (
+    0.1  # torch's convention: running <- 0.9 * running + 0.1 * batch (Keras's momentum=0.9)
+)
 
 
 def policy(precision: str, dtype: str) -> str:
@@ -45,6 +47,7 @@ def policy(precision: str, dtype: str) -> str:
 # with ops.einsum, which keep their operands' dtype, so that a float64 run computes in float64 throughout (the
 # float64 proof needs it); in float32 and bfloat16 they compute what the stock layers compute. (Max-pooling,
 # convolution and zero padding keep their input's dtype: the stock layers serve.)
+
 
 def _mean(x, axes):
     """The mean over `axes` (kept), in x's dtype (see above)."""
@@ -72,29 +75,45 @@ class BatchNorm(layers.BatchNormalization):
             x = ops.cast(x, "float32")
         channel = self.axis % len(x.shape)
         if not training:
-            return ops.cast(self._normalize(x, self.moving_mean, self.moving_variance, channel), self.compute_dtype)
+            return ops.cast(
+                self._normalize(x, self.moving_mean, self.moving_variance, channel),
+                self.compute_dtype,
+            )
         grouped = ops.reshape(x, (self.groups, x.shape[0] // self.groups, *x.shape[1:]))
-        axes = tuple(a + 1 for a in range(len(x.shape)) if a != channel)   # all but the group and channel axes
+        axes = tuple(
+            a + 1 for a in range(len(x.shape)) if a != channel
+        )  # all but the group and channel axes
         count = int(np.prod([grouped.shape[a] for a in axes]))
         if count < 2:
-            raise ValueError(f"BatchNorm needs more than 1 value per channel in training, got {count}")
+            raise ValueError(
+                f"BatchNorm needs more than 1 value per channel in training, got {count}"
+            )
         mean = _mean(grouped, axes)
         var = _mean(ops.square(grouped - mean), axes)
         y = ops.reshape(self._normalize(grouped, mean, var, channel + 1), x.shape)
         batch_mean = ops.sum(ops.reshape(mean, (self.groups, -1)), axis=0) / self.groups
-        batch_var = ops.sum(ops.reshape(var, (self.groups, -1)), axis=0) / self.groups * (count / (count - 1))
+        batch_var = (
+            ops.sum(ops.reshape(var, (self.groups, -1)), axis=0)
+            / self.groups
+            * (count / (count - 1))
+        )
         m = self.momentum
-        self.moving_mean.assign(self.moving_mean * m + ops.cast(batch_mean, self.moving_mean.dtype) * (1 - m))
-        self.moving_variance.assign(self.moving_variance * m +
-                                    ops.cast(batch_var, self.moving_variance.dtype) * (1 - m))
+        self.moving_mean.assign(
+            self.moving_mean * m + ops.cast(batch_mean, self.moving_mean.dtype) * (1 - m)
+        )
+        self.moving_variance.assign(
+            self.moving_variance * m + ops.cast(batch_var, self.moving_variance.dtype) * (1 - m)
+        )
         return ops.cast(y, self.compute_dtype)
 
     def _normalize(self, x, mean, var, channel: int):
         """(x - mean) / sqrt(var + eps) * gamma + beta, the per-channel vectors broadcast along `channel`."""
         shape = [1] * len(x.shape)
         shape[channel] = -1
-        mean, var, gamma, beta = (ops.reshape(ops.cast(v, x.dtype), shape) if len(v.shape) == 1 else v
-                                  for v in (mean, var, self.gamma, self.beta))
+        mean, var, gamma, beta = (
+            ops.reshape(ops.cast(v, x.dtype), shape) if len(v.shape) == 1 else v
+            for v in (mean, var, self.gamma, self.beta)
+        )
         return (x - mean) * ops.rsqrt(var + self.epsilon) * gamma + beta
 
 
@@ -102,8 +121,9 @@ class Dense(layers.Dense):
     """keras.layers.Dense (its kernel and bias) with the product as ops.einsum (see above)."""
 
     def call(self, inputs, training=None):
-        return ops.einsum("...i,io->...o", inputs, ops.cast(self.kernel, inputs.dtype)) + \
-            ops.cast(self.bias, inputs.dtype)
+        return ops.einsum("...i,io->...o", inputs, ops.cast(self.kernel, inputs.dtype)) + ops.cast(
+            self.bias, inputs.dtype
+        )
 
 
 class GlobalAveragePooling2D(layers.GlobalAveragePooling2D):
@@ -122,24 +142,45 @@ def layer_name(module: str) -> str:
 class Net:
     """What builds one model: the dtype policy, the data format and BatchNorm's groups, given to every layer."""
 
-    def __init__(self, policy: str = "float32", data_format: str = "channels_first", bn_groups: int = 1):
+    def __init__(
+        self, policy: str = "float32", data_format: str = "channels_first", bn_groups: int = 1
+    ):
         self.policy, self.data_format, self.bn_groups = policy, data_format, bn_groups
         self.channel_axis = 1 if data_format == "channels_first" else -1
 
-    def conv(self, x, name: str, filters: int, kernel: int, stride: int = 1, padding: int = 0, bias: bool = True):
+    def conv(
+        self,
+        x,
+        name: str,
+        filters: int,
+        kernel: int,
+        stride: int = 1,
+        padding: int = 0,
+        bias: bool = True,
+    ):
         """torch's explicit symmetric padding: Keras's "same" pads a stride-2 conv on one side only."""
         x = self.pad(x, name, padding)
-        return layers.Conv2D(filters, kernel, strides=stride, use_bias=bias, data_format=self.data_format,
-                             dtype=self.policy, name=layer_name(name))(x)
+        return layers.Conv2D(
+            filters,
+            kernel,
+            strides=stride,
+            use_bias=bias,
+            data_format=self.data_format,
+            dtype=self.policy,
+            name=layer_name(name),
+        )(x)
 
     def pad(self, x, name: str, padding: int):
         if not padding:
             return x
-        return layers.ZeroPadding2D(padding, data_format=self.data_format, dtype=self.policy,
-                                    name=layer_name(f"{name}.pad"))(x)
+        return layers.ZeroPadding2D(
+            padding, data_format=self.data_format, dtype=self.policy, name=layer_name(f"{name}.pad")
+        )(x)
 
     def bn(self, x, name: str):
-        return BatchNorm(groups=self.bn_groups, axis=self.channel_axis, dtype=self.policy, name=layer_name(name))(x)
+        return BatchNorm(
+            groups=self.bn_groups, axis=self.channel_axis, dtype=self.policy, name=layer_name(name)
+        )(x)
 
     def relu(self, x):
         return layers.ReLU(dtype=self.policy)(x)
@@ -151,8 +192,9 @@ class Net:
         """torch pads a max-pool with -inf; zeros give the same maxima (and gradients) after a ReLU, as
         ResNet-50's one max-pool comes: every window holds a real value >= 0."""
         x = self.pad(x, name, padding)
-        return layers.MaxPooling2D(size, stride, data_format=self.data_format, dtype=self.policy,
-                                   name=layer_name(name))(x)
+        return layers.MaxPooling2D(
+            size, stride, data_format=self.data_format, dtype=self.policy, name=layer_name(name)
+        )(x)
 
     def global_average_pool(self, x):
         return GlobalAveragePooling2D(data_format=self.data_format, dtype=self.policy)(x)
@@ -168,16 +210,24 @@ class Net:
         """torchvision's Bottleneck (v1.5: the stride on the 3x3 conv): 1x1, 3x3, 1x1 (4x the planes), bias-free
         convs each followed by BatchNorm; a strided 1x1 conv + BatchNorm (`downsample`) on a changed shortcut."""
         y = self.relu(self.bn(self.conv(x, f"{name}.conv1", planes, 1, bias=False), f"{name}.bn1"))
-        y = self.relu(self.bn(self.conv(y, f"{name}.conv2", planes, 3, stride, 1, bias=False), f"{name}.bn2"))
+        y = self.relu(
+            self.bn(self.conv(y, f"{name}.conv2", planes, 3, stride, 1, bias=False), f"{name}.bn2")
+        )
         y = self.bn(self.conv(y, f"{name}.conv3", 4 * planes, 1, bias=False), f"{name}.bn3")
         if downsample:
-            x = self.bn(self.conv(x, f"{name}.downsample.0", 4 * planes, 1, stride, bias=False),
-                        f"{name}.downsample.1")
+            x = self.bn(
+                self.conv(x, f"{name}.downsample.0", 4 * planes, 1, stride, bias=False),
+                f"{name}.downsample.1",
+            )
         return self.relu(layers.Add(dtype=self.policy)([y, x]))
 
     def inputs(self, in_channels: int = 1, side: int | None = 28):
         """Images of `side` x `side` (None: any side)."""
-        shape = (in_channels, side, side) if self.data_format == "channels_first" else (side, side, in_channels)
+        shape = (
+            (in_channels, side, side)
+            if self.data_format == "channels_first"
+            else (side, side, in_channels)
+        )
         return keras.Input(shape, dtype="float64" if self.policy == "float64" else "float32")
 
     def resnet18(self, num_classes: int = 10, in_channels: int = 1) -> keras.Model:
@@ -186,7 +236,9 @@ class Net:
         x = self.relu(self.bn(self.conv(inputs, "conv", 64, 3, 1, 1), "bn"))
         for stage, channels in enumerate((64, 128, 256, 512), start=1):
             first = stage == 1
-            x = self.residual(x, f"stage{stage}.0", channels, use_1x1conv=not first, stride=1 if first else 2)
+            x = self.residual(
+                x, f"stage{stage}.0", channels, use_1x1conv=not first, stride=1 if first else 2
+            )
             x = self.residual(x, f"stage{stage}.1", channels)
         x = self.global_average_pool(x)
         return keras.Model(inputs, self.dense(x, "fc", num_classes), name="resnet18")
@@ -197,10 +249,15 @@ class Net:
         x = inputs
         for name, filters, kernel in (("conv1", 20, 3), ("conv2", 50, 5)):
             x = layers.AveragePooling2D(2, data_format=self.data_format, dtype=self.policy)(
-                self.relu(self.conv(x, name, filters, kernel)))
+                self.relu(self.conv(x, name, filters, kernel))
+            )
         if self.data_format == "channels_last":
-            x = layers.Permute((3, 1, 2), dtype=self.policy)(x)   # flatten in torch's (C, H, W) order
-        x = layers.Flatten(data_format="channels_last", dtype=self.policy)(x)   # (as it is: no transpose)
+            x = layers.Permute((3, 1, 2), dtype=self.policy)(
+                x
+            )  # flatten in torch's (C, H, W) order
+        x = layers.Flatten(data_format="channels_last", dtype=self.policy)(
+            x
+        )  # (as it is: no transpose)
         x = self.relu(self.dense(x, "fc1", 128))
         return keras.Model(inputs, self.dense(x, "fc2", num_classes), name="lenet")
 
@@ -230,7 +287,9 @@ def resnet50(num_classes: int = 1000, in_channels: int = 3) -> keras.Model:
     return Net().resnet50(num_classes, in_channels)
 
 
-def build(model: str, policy: str = "float32", data_format: str = "channels_first", bn_groups: int = 1) -> keras.Model:
+def build(
+    model: str, policy: str = "float32", data_format: str = "channels_first", bn_groups: int = 1
+) -> keras.Model:
     """The network with the channels and classes of the input it takes (common/architectures.py).
     `bn_groups`: the devices one call's batch spans when BatchNorm normalises per device (see BatchNorm)."""
     net = Net(policy, data_format, bn_groups)
@@ -241,6 +300,22 @@ def build(model: str, policy: str = "float32", data_format: str = "channels_firs
 def count_params(model: keras.Model) -> int:
     """Trainable parameters (BatchNorm running statistics are non-trainable variables)."""
     return sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+
+
+def predict(
+    model: str, weights: dict[str, np.ndarray], x: np.ndarray, train: bool, dtype: str
+) -> np.ndarray:
+    """Logits of `model` with canonical `weights` on a numpy NCHW batch, on one CPU device, in `dtype`
+    (common/backend.py); in training mode the running statistics it would update are dropped."""
+    with computing_in(dtype), keras.device("cpu:0"):
+        net = build(model, policy("fp32", dtype))
+        load_canonical(net, weights)
+        values = (
+            [v.value for v in net.trainable_variables],
+            [v.value for v in net.non_trainable_variables],
+        )
+        logits, _ = net.stateless_call(*values, np.asarray(x, dtype=dtype), training=train)
+        return keras.ops.convert_to_numpy(logits)
 
 
 def to_data_format(x: np.ndarray, data_format: str) -> np.ndarray:
@@ -254,10 +329,14 @@ def to_data_format(x: np.ndarray, data_format: str) -> np.ndarray:
 LEAVES = {
     layers.Conv2D: {"weight": ("kernel", "conv"), "bias": ("bias", "bias")},
     Dense: {"weight": ("kernel", "dense"), "bias": ("bias", "bias")},
-    BatchNorm: {"weight": ("gamma", "bn_gamma"), "bias": ("beta", "bn_beta"),
-                "running_mean": ("moving_mean", "bn_mean"), "running_var": ("moving_variance", "bn_var")},
+    BatchNorm: {
+        "weight": ("gamma", "bn_gamma"),
+        "bias": ("beta", "bn_beta"),
+        "running_mean": ("moving_mean", "bn_mean"),
+        "running_var": ("moving_variance", "bn_var"),
+    },
 }
-TO_KERAS = {"conv": (2, 3, 1, 0), "dense": (1, 0)}     # canonical -> Keras axes
+TO_KERAS = {"conv": (2, 3, 1, 0), "dense": (1, 0)}  # canonical -> Keras axes
 TO_CANONICAL = {"conv": (3, 2, 0, 1), "dense": (1, 0)}  # Keras -> canonical axes
 
 
@@ -272,15 +351,19 @@ def variables(model: keras.Model) -> dict:
 
 
 def canonical_layout(kind: str, value: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(np.transpose(value, TO_CANONICAL[kind]) if kind in TO_CANONICAL else value)
+    return np.ascontiguousarray(
+        np.transpose(value, TO_CANONICAL[kind]) if kind in TO_CANONICAL else value
+    )
 
 
 def load_canonical(model: keras.Model, weights: dict[str, np.ndarray]) -> None:
     """Assign canonical `weights` to the model's variables, in Keras layouts and the variables' dtype."""
     found = variables(model)
     if set(found) != set(weights):
-        raise KeyError(f"weights do not match the model: missing {sorted(set(found) - set(weights))[:3]}, "
-                       f"unexpected {sorted(set(weights) - set(found))[:3]}")
+        raise KeyError(
+            f"weights do not match the model: missing {sorted(set(found) - set(weights))[:3]}, "
+            f"unexpected {sorted(set(weights) - set(found))[:3]}"
+        )
     for name, (variable, kind) in found.items():
         value = np.asarray(weights[name])
         if kind in TO_KERAS:
@@ -292,11 +375,16 @@ def to_canonical(model: keras.Model, values: dict | None = None) -> dict[str, np
     """The model's weights as canonical numpy arrays, in the variables' dtype; `values` ({id(variable): array})
     replaces what a variable holds (a stateless step's state, which lives outside the variables)."""
     values = values or {}
-    return {name: canonical_layout(kind, keras.ops.convert_to_numpy(values.get(id(v), v.value)))
-            for name, (v, kind) in variables(model).items()}
+    return {
+        name: canonical_layout(kind, keras.ops.convert_to_numpy(values.get(id(v), v.value)))
+        for name, (v, kind) in variables(model).items()
+    }
 
 
 def canonical_gradients(model: keras.Model, grads: dict) -> dict[str, np.ndarray]:
     """The gradients of the trainable variables ({id(variable): tensor}) by canonical name, in canonical layouts."""
-    return {name: canonical_layout(kind, keras.ops.convert_to_numpy(grads[id(v)]))
-            for name, (v, kind) in variables(model).items() if v.trainable}
+    return {
+        name: canonical_layout(kind, keras.ops.convert_to_numpy(grads[id(v)]))
+        for name, (v, kind) in variables(model).items()
+        if v.trainable
+    }

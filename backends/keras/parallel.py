@@ -12,18 +12,20 @@ import keras
 import numpy as np
 
 from common.data import check_divisible
-from common.loop import Unsupported
+from common.errors import Unsupported
 
 
 def devices(n: int, kind: str = "cpu") -> list[str]:
     """The first n devices of the platform Keras lists: real GPUs, or simulated CPU devices (__init__.py)."""
     try:
         found = keras.distribution.list_devices("gpu" if kind == "gpu" else "cpu")
-    except RuntimeError:   # no such platform
+    except RuntimeError:  # no such platform
         found = []
     if len(found) < n:
         what = "GPU(s)" if kind == "gpu" else "CPU devices"
-        raise Unsupported(f"{n} {what} requested, Keras ({keras.backend.backend()}) sees {len(found)}")
+        raise Unsupported(
+            f"{n} {what} requested, Keras ({keras.backend.backend()}) sees {len(found)}"
+        )
     return found[:n]
 
 

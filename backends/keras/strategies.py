@@ -27,20 +27,22 @@ import keras
 import numpy as np
 import torch
 import torch.distributed as dist
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from torch.nn import functional as F
 
 from backends.keras import models, programs
-from backends.keras.distributed import launch_ddp, probe_job, rank_device, train_job
+from backends.keras.distributed import RankCollectives, launch_ddp, rank_device
 from backends.keras.environment import computing_in, configure_precision, refusal
 from backends.keras.parallel import devices
 from common import data as datalib
-from common import levers as leverlib
+from common.backend import check_supported
 from common.config import RunConfig
 from common.data import check_divisible
-from common.loop import Unsupported, run_training
-from common.trainer import PROBES, Trainer, probe_config
+from common.loop import run_training
+from common.trainer import PROBES, Trainer
 from common.weights import for_run as weights_for_run
+
 
 class KerasTrainer(Trainer):
     """What the strategies share: `model` is the Keras model, built with the run's dtype policy and data format."""
@@ -61,7 +63,7 @@ class KerasTrainer(Trainer):
         return models.to_data_format(np.asarray(x, dtype=self.np_dtype), self.data_format)
 
 
-class DDPTrainer(KerasTrainer):
+class DDPTrainer(RankCollectives, KerasTrainer):
     """One rank of DistributedDataParallel around the Keras model (Keras on torch); the process group is set up
     by launch_ddp (distributed.py)."""
 
@@ -72,15 +74,22 @@ class DDPTrainer(KerasTrainer):
         self.model = models.build(cfg.model, self.policy, self.data_format).to(self.device)
         models.load_canonical(self.model, weights)
         self.trainable = self.model.trainable_variables
-        self.statistics = [v.value for v, kind in models.variables(self.model).values()
-                           if kind in ("bn_mean", "bn_var")]
+        self.statistics = [
+            v.value
+            for v, kind in models.variables(self.model).values()
+            if kind in ("bn_mean", "bn_var")
+        ]
         # broadcast_buffers=False: every rank keeps its own BatchNorm statistics (averaged before evaluation),
         # as torch's ddp does. (Keras's non-trainable variables are torch parameters without gradients.)
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+            warnings.filterwarnings(
+                "ignore", message=".*broadcast_buffers.*", category=FutureWarning
+            )
             self.net = torch.nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if cfg.device_kind == "gpu" else None,
-                broadcast_buffers=False)
+                self.model,
+                device_ids=[self.device.index] if cfg.device_kind == "gpu" else None,
+                broadcast_buffers=False,
+            )
         if cfg.compile:
             self.net = torch.compile(self.net)
         self.optimizer = torch.optim.SGD([v.value for v in self.trainable], lr=cfg.lr)
@@ -95,15 +104,21 @@ class DDPTrainer(KerasTrainer):
         check_divisible(len(y), self.n_devices)
         m = len(y) // self.n_devices
         rows = slice(self.rank * m, (self.rank + 1) * m)
-        return (torch.from_numpy(np.ascontiguousarray(self._inputs(x[rows]))).to(self.device, non_blocking=True),
-                torch.from_numpy(np.asarray(y[rows])).to(self.device, non_blocking=True).long())
+        return (
+            torch.from_numpy(np.ascontiguousarray(self._inputs(x[rows]))).to(
+                self.device, non_blocking=True
+            ),
+            torch.from_numpy(np.asarray(y[rows])).to(self.device, non_blocking=True).long(),
+        )
 
     def reduce_gradients(self, x, y):
         xi, yi = self.place(x, y) if isinstance(x, np.ndarray) else (x, y)
-        self._statistics_averaged = False   # the training forward updates them
+        self._statistics_averaged = False  # the training forward updates them
         self.optimizer.zero_grad(set_to_none=True)
         logits = self.net(xi, training=True)
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))   # (bf16: the loss in float32)
+        logits = logits.to(
+            torch.promote_types(logits.dtype, torch.float32)
+        )  # (bf16: the loss in float32)
         loss = F.cross_entropy(logits, yi)
         loss.backward()
         return (loss.detach() * len(yi), (logits.argmax(1) == yi).sum())
@@ -111,27 +126,12 @@ class DDPTrainer(KerasTrainer):
     def update(self) -> None:
         self.optimizer.step()
 
-    def collect(self, handles) -> tuple[float, float]:
-        loss, correct = self._all_reduce([sum(float(l) for l, _ in handles), sum(float(c) for _, c in handles)])
-        return loss, correct
-
     def sync(self) -> None:
         if self.cfg.device_kind == "gpu":
             torch.cuda.synchronize(self.device)
 
-    def slowest(self, seconds: float) -> float:
-        return self._all_reduce([seconds], op=dist.ReduceOp.MAX)[0]
-
-    def allreduce_op(self, values: int):
-        """torch.distributed.all_reduce (sum) of one flat float32 tensor on this rank's device."""
-        buffer = torch.ones(values, dtype=torch.float32, device=self.device)
-        return lambda: dist.all_reduce(buffer)
-
     def average_bn_statistics(self) -> None:
-        with torch.no_grad():
-            for b in self.statistics:
-                dist.all_reduce(b)
-                b.div_(self.n_devices)
+        self._average_over_ranks(self.statistics)
         self._statistics_averaged = True
 
     def canonical(self) -> dict[str, np.ndarray]:
@@ -150,7 +150,7 @@ class DDPTrainer(KerasTrainer):
         correct = total = 0
         with torch.no_grad():
             for x, y in batches:
-                x, y = x[self.rank::self.n_devices], np.asarray(y[self.rank::self.n_devices])
+                x, y = x[self.rank :: self.n_devices], np.asarray(y[self.rank :: self.n_devices])
                 xi = torch.from_numpy(np.ascontiguousarray(self._inputs(x)))
                 logits = self.model(xi.to(self.device), training=False)
                 correct += int((logits.argmax(1).cpu() == torch.from_numpy(y)).sum())
@@ -163,11 +163,6 @@ class DDPTrainer(KerasTrainer):
             return {}
         return {"peak_device_mb": torch.cuda.max_memory_allocated(self.device) / 2**20}
 
-    def _all_reduce(self, values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=op)
-        return t.tolist()
-
 
 class DistributionTrainer(KerasTrainer):
     """keras.distribution.DataParallel (Keras on jax): one process, the variables replicated on every device, each
@@ -179,20 +174,30 @@ class DistributionTrainer(KerasTrainer):
         # The model, the optimizer and the compiled stateless programs, made once per process for what they are
         # built for (programs.py)
         shared = programs.shared(cfg, dtype, self.devs, self.policy, self.data_format)
-        self.distribution, self.model, self.optimizer = shared.distribution, shared.model, shared.optimizer
+        self.distribution, self.model, self.optimizer = (
+            shared.distribution,
+            shared.model,
+            shared.optimizer,
+        )
         self.mesh, self.replicated = shared.mesh, shared.replicated
         self._step, self._gradients, self._update = shared.step, shared.gradients, shared.update
         self._predict = shared.predict
-        self.state = None       # (trainable, non-trainable, optimizer variables): lists of jax arrays
-        self._last = None       # the latest step's (loss sum, correct), for sync
-        self._grads = None      # reduce_gradients()' gradients, for update() and canonical_gradients()
+        self.state = None  # (trainable, non-trainable, optimizer variables): lists of jax arrays
+        self._last = None  # the latest step's (loss sum, correct), for sync
+        self._grads = None  # reduce_gradients()' gradients, for update() and canonical_gradients()
         self._new_statistics = None
 
     def reset(self) -> None:
         """The run's weights in the variables, and the state copied from them (the step donates its state)."""
         models.load_canonical(self.model, self.weights)
-        copied = [[jax.numpy.array(v.value, copy=True) for v in vs] for vs in
-                  (self.model.trainable_variables, self.model.non_trainable_variables, self.optimizer.variables)]
+        copied = [
+            [jax.numpy.array(v.value, copy=True) for v in vs]
+            for vs in (
+                self.model.trainable_variables,
+                self.model.non_trainable_variables,
+                self.optimizer.variables,
+            )
+        ]
         self.state = tuple(copied)
         self._last = self._grads = self._new_statistics = None
 
@@ -200,8 +205,10 @@ class DistributionTrainer(KerasTrainer):
         """The global batch laid out as keras.distribution.DataParallel lays out data: split along axis 0."""
         x, y = self._inputs(x), np.asarray(y, dtype=np.int32)
         check_divisible(len(y), self.n_devices)
-        return tuple(keras.distribution.distribute_tensor(a, self.distribution.get_data_layout(a.shape))
-                     for a in (x, y))
+        return tuple(
+            keras.distribution.distribute_tensor(a, self.distribution.get_data_layout(a.shape))
+            for a in (x, y)
+        )
 
     def stage(self, batches: list) -> list:
         staged = [self.put(x, y) for x, y in batches]
@@ -218,20 +225,26 @@ class DistributionTrainer(KerasTrainer):
 
     def reduce_gradients(self, x, y):
         trainable, statistics, _ = self.state
-        grads, (new_statistics, loss_sum, correct) = self._gradients(trainable, statistics, *self._on_devices(x, y))
+        grads, (new_statistics, loss_sum, correct) = self._gradients(
+            trainable, statistics, *self._on_devices(x, y)
+        )
         self._grads, self._new_statistics, self._last = grads, new_statistics, (loss_sum, correct)
         return loss_sum, correct
 
     def update(self) -> None:
         if self._new_statistics is None:
-            raise RuntimeError("update() needs the gradients of a reduce_gradients() not applied yet")
+            raise RuntimeError(
+                "update() needs the gradients of a reduce_gradients() not applied yet"
+            )
         trainable, _, optimizer = self.state
         trainable, optimizer = self._update(optimizer, self._grads, trainable)
         self.state, self._new_statistics = (trainable, self._new_statistics, optimizer), None
 
     def collect(self, handles) -> tuple[float, float]:
-        return (float(sum(np.asarray(l, dtype=np.float64) for l, _ in handles)),
-                float(sum(np.asarray(c, dtype=np.float64) for _, c in handles)))
+        return (
+            float(sum(np.asarray(l, dtype=np.float64) for l, _ in handles)),
+            float(sum(np.asarray(c, dtype=np.float64) for _, c in handles)),
+        )
 
     def sync(self) -> None:
         jax.block_until_ready((self.state, self._last, self._grads))
@@ -239,7 +252,9 @@ class DistributionTrainer(KerasTrainer):
     def allreduce_op(self, values: int):
         """The sum over the devices of a (devices, values) float32 buffer split along its first axis, replicated
         (as the step's gradients of the replicated variables are); the call waits for it."""
-        rows = jax.device_put(np.ones((self.n_devices, values), np.float32), NamedSharding(self.mesh, P("batch")))
+        rows = jax.device_put(
+            np.ones((self.n_devices, values), np.float32), NamedSharding(self.mesh, P("batch"))
+        )
         total = jax.jit(lambda a: a.sum(axis=0), out_shardings=self.replicated)
         return lambda: jax.block_until_ready(total(rows))
 
@@ -251,14 +266,20 @@ class DistributionTrainer(KerasTrainer):
 
     def canonical_gradients(self) -> dict[str, np.ndarray]:
         if self._grads is None:
-            raise RuntimeError("canonical_gradients() reads the gradients of reduce_gradients(); there are none")
-        return models.canonical_gradients(self.model, dict(zip(map(id, self.model.trainable_variables), self._grads)))
+            raise RuntimeError(
+                "canonical_gradients() reads the gradients of reduce_gradients(); there are none"
+            )
+        return models.canonical_gradients(
+            self.model, dict(zip(map(id, self.model.trainable_variables), self._grads))
+        )
 
     def evaluate(self, batches) -> tuple[int, int]:
         """On device 0 (a test batch need not divide among the devices), with its copy of the replicated state."""
         trainable, statistics, _ = self.state
         first = self.mesh.devices.flat[0]
-        trainable, statistics = ([on_device(a, first) for a in arrays] for arrays in (trainable, statistics))
+        trainable, statistics = (
+            [on_device(a, first) for a in arrays] for arrays in (trainable, statistics)
+        )
         correct = total = 0
         for x, y in batches:
             classes = self._predict(trainable, statistics, jax.device_put(self._inputs(x), first))
@@ -290,72 +311,48 @@ def on_device(a: jax.Array, device) -> jax.Array:
 TRAINERS = {"ddp": DDPTrainer, "distribution": DistributionTrainer}
 
 
-def check_supported(cfg: RunConfig) -> None:
-    if cfg.strategy not in TRAINERS:
-        raise Unsupported(f"keras has no strategy {cfg.strategy!r}; it has {', '.join(TRAINERS)}")
-    if reason := refusal(cfg):
-        raise Unsupported(reason)
-    if cfg.strategy == "distribution":
-        devices(cfg.devices, cfg.device_kind)   # Unsupported: too few devices
+# The strategy of float64_gradients: Keras on jax, in this process.
+REFERENCE = "distribution"
 
 
-def make_trainer(cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32") -> KerasTrainer:
+def make_trainer(
+    cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"
+) -> KerasTrainer:
     """The strategy's trainer, checked, with the framework's precision configured, reset to `weights`
     (for ddp: this rank's, inside a process group); the caller holds computing_in(dtype)."""
-    check_supported(cfg)
-    leverlib.check_dtype(dtype, cfg)
+    check_supported(cfg, refusal, dtype)
     configure_precision(cfg)
     trainer = TRAINERS[cfg.strategy](cfg, weights, dtype)
     trainer.reset()
     return trainer
 
 
-def run(cfg: RunConfig) -> dict:
-    """Train as the run config says; the metrics part of a result."""
-    check_supported(cfg)
+def train(cfg: RunConfig) -> dict:
+    """Train as the run config says (ddp: in its ranks, started by torch's elastic agent); the metrics."""
     if cfg.strategy == "ddp":
         return launch_ddp(cfg, train_job)
     return run_training(make_trainer(cfg, weights_for_run(cfg)), cfg, datalib.load(cfg))
 
 
-def _measure(cfg: RunConfig, weights: dict[str, np.ndarray], batches: list, probe: str, dtype: str):
-    """PROBES[probe] of a fresh trainer: in this process, or in the ddp ranks (this node's first rank's result).
-    The batches are cast to `dtype` (float32 -> float64 is exact)."""
-    check_supported(cfg)
-    leverlib.check_dtype(dtype, cfg)
-    batches = [(np.asarray(x, dtype=dtype), y) for x, y in batches]
+def measure(cfg: RunConfig, weights: dict[str, np.ndarray], batches: list, probe: str, dtype: str):
+    """PROBES[probe] of a fresh trainer: in this process, or in the ddp ranks (this node's first rank's result)."""
     if cfg.strategy == "ddp":
         return launch_ddp(cfg, probe_job, (weights, batches, probe, dtype))
     with computing_in(dtype):
         return PROBES[probe](make_trainer(cfg, weights, dtype), batches)
 
 
-def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,
-              bn: str = "local", device_kind: str = "cpu", dtype: str = "float32", options: dict | None = None,
-              **levers) -> tuple[float, dict[str, np.ndarray]]:
-    """(mean loss of the global batch, its gradient per trainable canonical parameter), as the strategy
-    computes it: every device on its shard, then the strategy's own reduction; device 0's copy."""
-    cfg = probe_config("keras", strategy, model, n_devices, len(y), 1.0, bn, device_kind, options, levers)
-    return _measure(cfg, weights, [(x, y)], "gradients", dtype)
+# The jobs of the ddp ranks (launch_ddp runs one in every rank).
 
 
-def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
-                lr: float, bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
-                options: dict | None = None, **levers) -> dict:
-    """SGD steps from `weights`: {"first": weights after step 1, "final": after the last, "losses": per step}.
-    Weights are canonical, BatchNorm running statistics averaged across devices."""
-    cfg = probe_config("keras", strategy, model, n_devices, len(batches[0][1]), lr, bn, device_kind, options, levers)
-    return _measure(cfg, weights, batches, "trace", dtype)
+def train_job(cfg: RunConfig, rank: int, payload) -> dict:
+    """One rank of a run: train as the run config says."""
+    return run_training(make_trainer(cfg, weights_for_run(cfg)), cfg, datalib.load(cfg))
 
 
-def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
-                lr: float, bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
-                options: dict | None = None, **levers) -> dict[str, np.ndarray]:
-    """The canonical weights after len(batches) SGD steps from `weights` (for tests and checks)."""
-    return train_trace(strategy, model, n_devices, weights, batches, lr, bn, device_kind, dtype, options,
-                       **levers)["final"]
-
-
-def float64_gradients(model: str, weights: dict[str, np.ndarray], x, y) -> tuple[float, dict[str, np.ndarray]]:
-    """(mean loss, canonical gradients) of one batch on one CPU device, computed in float64 (Keras on jax)."""
-    return gradients("distribution", model, 1, weights, x, y, dtype="float64")
+def probe_job(cfg: RunConfig, rank: int, payload):
+    """One rank of an equivalence probe: payload (weights, batches, probe name, dtype), computed in `dtype`
+    (Keras's floatx too: it is the dtype of the Python numbers in the layers' arithmetic, BatchNorm's momentum)."""
+    weights, batches, probe, dtype = payload
+    with computing_in(dtype):
+        return PROBES[probe](make_trainer(cfg, weights, dtype), batches)

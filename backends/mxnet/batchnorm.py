@@ -22,14 +22,17 @@ from contextlib import contextmanager
 from typing import Callable
 
 from backends.mxnet.compat import mx
+
 from mxnet.gluon import nn
 from mxnet.gluon.contrib.nn import SyncBatchNorm
 
 BN_EPS = 1e-5
-MOMENTUM = 0.1           # torch's convention: running <- (1 - 0.1) * running + 0.1 * batch
-OPERATOR_MOMENTUM = 0.0  # the operator writes the batch statistics; RunningStatistics blends them in
+MOMENTUM = 0.1  # torch's convention: running <- (1 - 0.1) * running + 0.1 * batch
+OPERATOR_MOMENTUM = (
+    0.0  # the operator writes the batch statistics; RunningStatistics blends them in
+)
 
-Norm = Callable[[int], nn.HybridBlock]   # channels -> a BatchNorm layer
+Norm = Callable[[int], nn.HybridBlock]  # channels -> a BatchNorm layer
 
 
 def batchnorm(channels: int) -> nn.BatchNorm:
@@ -38,9 +41,12 @@ def batchnorm(channels: int) -> nn.BatchNorm:
 
 def sync_batchnorm(n_devices: int) -> Norm:
     """BatchNorm layers whose statistics cover the shards of all n_devices contexts."""
+
     def norm(channels: int) -> SyncBatchNorm:
-        return SyncBatchNorm(in_channels=channels, num_devices=n_devices, momentum=OPERATOR_MOMENTUM,
-                             epsilon=BN_EPS)
+        return SyncBatchNorm(
+            in_channels=channels, num_devices=n_devices, momentum=OPERATOR_MOMENTUM, epsilon=BN_EPS
+        )
+
     return norm
 
 
@@ -58,7 +64,10 @@ def values_per_channel(net: nn.Block, shard_shape: tuple[int, ...]) -> list[int]
     if not layers(net):
         return []
     outputs = []
-    hooks = [layer.register_forward_hook(lambda block, inputs, out: outputs.append(out)) for layer in layers(net)]
+    hooks = [
+        layer.register_forward_hook(lambda block, inputs, out: outputs.append(out))
+        for layer in layers(net)
+    ]
     try:
         net(mx.sym.var("data"))
     finally:
@@ -79,25 +88,36 @@ class RunningStatistics:
 
     def values(self, shard_shape: tuple[int, ...]) -> list[int]:
         if shard_shape not in self.counts:
-            self.counts[shard_shape] = [n * self.shards for n in values_per_channel(self.nets[0], shard_shape)]
+            self.counts[shard_shape] = [
+                n * self.shards for n in values_per_channel(self.nets[0], shard_shape)
+            ]
         return self.counts[shard_shape]
 
-    def arrays(self, shard_shape: tuple[int, ...]) -> list[tuple[mx.nd.NDArray, mx.nd.NDArray, int]]:
+    def arrays(
+        self, shard_shape: tuple[int, ...]
+    ) -> list[tuple[mx.nd.NDArray, mx.nd.NDArray, int]]:
         """(running mean, running variance, n) of every layer on every context."""
-        return [(mean, var, n) for net in self.nets
-                for layer, n in zip(layers(net), self.values(shard_shape))
-                for mean, var in zip(layer.running_mean.list_data(), layer.running_var.list_data())]
+        return [
+            (mean, var, n)
+            for net in self.nets
+            for layer, n in zip(layers(net), self.values(shard_shape))
+            for mean, var in zip(layer.running_mean.list_data(), layer.running_var.list_data())
+        ]
 
     @contextmanager
     def step(self, shard_shape: tuple[int, ...]):
         """Around one training step's forward and backward passes on shards of shard_shape."""
         if 1 in self.values(shard_shape):
-            raise ValueError(f"BatchNorm needs more than one value per channel to train; a shard of "
-                             f"{shard_shape} gives one")
+            raise ValueError(
+                f"BatchNorm needs more than one value per channel to train; a shard of "
+                f"{shard_shape} gives one"
+            )
         arrays = self.arrays(shard_shape)
         kept = [(mean * (1 - MOMENTUM), var * (1 - MOMENTUM)) for mean, var, _ in arrays]
         yield
-        for (mean, var, n), (old_mean, old_var) in zip(arrays, kept):   # in place: the layers' own arrays
+        for (mean, var, n), (old_mean, old_var) in zip(
+            arrays, kept
+        ):  # in place: the layers' own arrays
             mean *= MOMENTUM
             mean += old_mean
             var *= MOMENTUM * n / (n - 1)

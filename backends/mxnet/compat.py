@@ -21,9 +21,16 @@ import os
 import numpy as np
 
 from common import sysinfo
-from common.worker import THREADS_ENV   # (common only: imports no framework)
+from common.worker import THREADS_ENV  # (common only: imports no framework)
 
-REMOVED_NUMPY_ALIASES = {"bool": bool, "int": int, "float": float, "complex": complex, "object": object, "str": str}
+REMOVED_NUMPY_ALIASES = {
+    "bool": bool,
+    "int": int,
+    "float": float,
+    "complex": complex,
+    "object": object,
+    "str": str,
+}
 
 
 def restore_numpy_aliases() -> None:

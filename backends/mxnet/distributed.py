@@ -25,9 +25,11 @@ from common.config import RunConfig
 from common.network import wait_for_coordinator
 
 KVSTORE = "dist_sync"
-SETTLE_S = 10.0   # how long a scheduler or server may take to exit by itself once the workers stopped it
+SETTLE_S = (
+    10.0  # how long a scheduler or server may take to exit by itself once the workers stopped it
+)
 
-_node = None   # the process's Node, once joined
+_node = None  # the process's Node, once joined
 
 
 class Node:
@@ -43,8 +45,13 @@ class Node:
 def ps_environment(cfg: RunConfig, role: str) -> dict[str, str]:
     """The DMLC_* settings of a ps-lite process (tools/launch.py's): one server and one worker per node."""
     host, port = cfg.coordinator_address
-    env = {"DMLC_ROLE": role, "DMLC_PS_ROOT_URI": host, "DMLC_PS_ROOT_PORT": str(port),
-           "DMLC_NUM_SERVER": str(cfg.nodes), "DMLC_NUM_WORKER": str(cfg.nodes)}
+    env = {
+        "DMLC_ROLE": role,
+        "DMLC_PS_ROOT_URI": host,
+        "DMLC_PS_ROOT_PORT": str(port),
+        "DMLC_NUM_SERVER": str(cfg.nodes),
+        "DMLC_NUM_WORKER": str(cfg.nodes),
+    }
     # The address this node's ps-lite processes advertise: the one the harness found (loopback nodes:
     # 127.0.0.1), unless the user chose with ps-lite's own variables.
     address = cfg.local_addr or ("127.0.0.1" if cfg.loopback_nodes else None)
@@ -55,19 +62,31 @@ def ps_environment(cfg: RunConfig, role: str) -> dict[str, str]:
 
 def start_role(cfg: RunConfig, role: str) -> subprocess.Popen:
     """A scheduler or server: a python that imports mxnet with DMLC_ROLE set, in this process's group."""
-    return subprocess.Popen([sys.executable, "-c", "import mxnet"],
-                            env={**os.environ, **ps_environment(cfg, role)}, stdout=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-c", "import mxnet"],
+        env={**os.environ, **ps_environment(cfg, role)},
+        stdout=subprocess.DEVNULL,
+    )
 
 
-def join(cfg: RunConfig):
-    """The process's dist kvstore, started on the first call (scheduler on node 0, a server on every node);
-    later calls (the next probe) reuse it, and must name the same nodes."""
+def join(cfg: RunConfig) -> None:
+    """Several nodes: the process's dist kvstore, started for the session (common/backend.py): the scheduler on
+    node 0, a server on every node. One node: nothing. A process joins ps-lite once: a second run must name
+    the same nodes."""
     global _node
+    if cfg.nodes == 1:
+        return
     if _node is not None:
-        if (_node.coordinator, _node.nodes, _node.rank) != (cfg.coordinator, cfg.nodes, cfg.node_rank):
-            raise RuntimeError(f"this process joined ps-lite at {_node.coordinator} as node {_node.rank} of "
-                               f"{_node.nodes}; ps-lite cannot join another run in the same process")
-        return _node.kvstore
+        if (_node.coordinator, _node.nodes, _node.rank) != (
+            cfg.coordinator,
+            cfg.nodes,
+            cfg.node_rank,
+        ):
+            raise RuntimeError(
+                f"this process joined ps-lite at {_node.coordinator} as node {_node.rank} of "
+                f"{_node.nodes}; ps-lite cannot join another run in the same process"
+            )
+        return
     _node = Node(cfg)
     atexit.register(leave)
     if cfg.node_rank == 0:
@@ -76,15 +95,18 @@ def join(cfg: RunConfig):
     # ps-lite waits forever for an absent scheduler: a connection to it first, for --timeout at most
     wait_for_coordinator(*cfg.coordinator_address, cfg.timeout, "coordinator (ps-lite scheduler)")
     os.environ.update(ps_environment(cfg, "worker"))
-    _node.kvstore = mx.kv.create(KVSTORE)   # returns once every worker and server has joined
-    return _node.kvstore
+    _node.kvstore = mx.kv.create(KVSTORE)  # returns once every worker and server has joined
 
 
 def keyed(cfg: RunConfig) -> KeyedKVStore:
-    """A view of the process's dist kvstore whose keys are its own (a fresh prefix per call)."""
-    kv = join(cfg)
+    """A view of the process's dist kvstore (joined by the session) whose keys are its own (a fresh prefix per
+    call)."""
+    if _node is None or _node.kvstore is None:
+        raise RuntimeError(
+            "no dist kvstore: a run on several nodes runs inside the backend's session (join)"
+        )
     _node.uses += 1
-    return KeyedKVStore(kv, f"u{_node.uses}:")
+    return KeyedKVStore(_node.kvstore, f"u{_node.uses}:")
 
 
 def leave(clean: bool = True) -> None:
@@ -96,9 +118,11 @@ def leave(clean: bool = True) -> None:
     if node is None:
         return
     if node.kvstore is not None:
-        if clean:   # now, not when the last view of it goes: the children exit only after it
+        if clean:  # now, not when the last view of it goes: the children exit only after it
             mx.base.check_call(mx.base._LIB.MXKVStoreFree(node.kvstore.handle))
-        node.kvstore.handle = None   # unclean: never freed, its destructor would wait for the other workers
+        node.kvstore.handle = (
+            None  # unclean: never freed, its destructor would wait for the other workers
+        )
     deadline = time.monotonic() + (SETTLE_S if clean else 0)
     for child in node.children:
         try:
@@ -112,7 +136,7 @@ class KeyedKVStore(mx.kv.KVStore):
     """The process's dist kvstore under a key prefix: int or str keys become "<prefix><key>" strings.
     gluon.Trainer keys its parameters 0..n-1 in every trainer; through this view each trainer has its own."""
 
-    def __init__(self, kv, prefix: str):   # shares kv's handle; never frees it (kv owns it)
+    def __init__(self, kv, prefix: str):  # shares kv's handle; never frees it (kv owns it)
         self._kv, self._prefix = kv, prefix
         super().__init__(kv.handle)
 
@@ -120,7 +144,11 @@ class KeyedKVStore(mx.kv.KVStore):
         pass
 
     def _key(self, key):
-        return [self._key(k) for k in key] if isinstance(key, (list, tuple)) else f"{self._prefix}{key}"
+        return (
+            [self._key(k) for k in key]
+            if isinstance(key, (list, tuple))
+            else f"{self._prefix}{key}"
+        )
 
     def init(self, key, value):
         super().init(self._key(key), value)

@@ -28,21 +28,40 @@ from backends.mxnet.parallel import as_ndarray
 from common import architectures
 from common.architectures import RESNET50_LAYERS
 from common.config import RunConfig
+
 from mxnet import autograd, gluon
 from mxnet.gluon import nn
 
 
-def _conv(in_channels: int, out_channels: int, kernel: int, stride: int = 1, padding: int = 0,
-          bias: bool = True) -> nn.Conv2D:
-    return nn.Conv2D(out_channels, kernel, strides=stride, padding=padding, in_channels=in_channels,
-                     use_bias=bias)
+def _conv(
+    in_channels: int,
+    out_channels: int,
+    kernel: int,
+    stride: int = 1,
+    padding: int = 0,
+    bias: bool = True,
+) -> nn.Conv2D:
+    return nn.Conv2D(
+        out_channels,
+        kernel,
+        strides=stride,
+        padding=padding,
+        in_channels=in_channels,
+        use_bias=bias,
+    )
 
 
 class Residual(nn.HybridBlock):
     """d2l's residual block: two 3x3 convs with BatchNorm; a 1x1 conv on the shortcut when shape changes."""
 
-    def __init__(self, in_channels: int, out_channels: int, use_1x1conv: bool = False, stride: int = 1,
-                 norm: Norm = batchnorm):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        use_1x1conv: bool = False,
+        stride: int = 1,
+        norm: Norm = batchnorm,
+    ):
         super().__init__()
         self.conv1 = _conv(in_channels, out_channels, 3, stride=stride, padding=1)
         self.bn1 = norm(out_channels)
@@ -60,10 +79,15 @@ class Residual(nn.HybridBlock):
 def _stage(in_channels: int, out_channels: int, first: bool, norm: Norm) -> nn.HybridSequential:
     stage = nn.HybridSequential()
     if first:
-        stage.add(Residual(in_channels, out_channels, norm=norm), Residual(out_channels, out_channels, norm=norm))
+        stage.add(
+            Residual(in_channels, out_channels, norm=norm),
+            Residual(out_channels, out_channels, norm=norm),
+        )
     else:
-        stage.add(Residual(in_channels, out_channels, use_1x1conv=True, stride=2, norm=norm),
-                  Residual(out_channels, out_channels, norm=norm))
+        stage.add(
+            Residual(in_channels, out_channels, use_1x1conv=True, stride=2, norm=norm),
+            Residual(out_channels, out_channels, norm=norm),
+        )
     return stage
 
 
@@ -79,7 +103,7 @@ class ResNet18(nn.HybridBlock):
         self.stage3 = _stage(128, 256, first=False, norm=norm)
         self.stage4 = _stage(256, 512, first=False, norm=norm)
         self.pool = nn.GlobalAvgPool2D()
-        self.fc = nn.Dense(num_classes, in_units=512)   # flattens (N, 512, 1, 1) itself
+        self.fc = nn.Dense(num_classes, in_units=512)  # flattens (N, 512, 1, 1) itself
 
     def hybrid_forward(self, F, x):
         x = F.relu(self.bn(self.conv(x)))
@@ -95,7 +119,7 @@ class LeNet(nn.HybridBlock):
         self.conv1 = _conv(in_channels, 20, 3)
         self.conv2 = _conv(20, 50, 5)
         self.pool = nn.AvgPool2D(pool_size=2, strides=2)
-        self.fc1 = nn.Dense(128, in_units=800)          # flattens (N, 50, 4, 4) itself
+        self.fc1 = nn.Dense(128, in_units=800)  # flattens (N, 50, 4, 4) itself
         self.fc2 = nn.Dense(num_classes, in_units=128)
 
     def hybrid_forward(self, F, x):
@@ -104,10 +128,14 @@ class LeNet(nn.HybridBlock):
         return self.fc2(F.relu(self.fc1(x)))
 
 
-def _downsample(in_channels: int, out_channels: int, stride: int, norm: Norm) -> nn.HybridSequential:
+def _downsample(
+    in_channels: int, out_channels: int, stride: int, norm: Norm
+) -> nn.HybridSequential:
     """torch's nn.Sequential(conv, bn): its children are named 0 and 1, as in the canonical names."""
     downsample = nn.HybridSequential()
-    downsample.add(_conv(in_channels, out_channels, 1, stride=stride, bias=False), norm(out_channels))
+    downsample.add(
+        _conv(in_channels, out_channels, 1, stride=stride, bias=False), norm(out_channels)
+    )
     return downsample
 
 
@@ -115,8 +143,14 @@ class Bottleneck(nn.HybridBlock):
     """torchvision's Bottleneck (v1.5: the stride on the 3x3 conv): 1x1, 3x3, 1x1 (4x the planes), bias-free
     convs each followed by BatchNorm; a strided 1x1 conv + BatchNorm (`downsample`) on a changed shortcut."""
 
-    def __init__(self, in_channels: int, planes: int, stride: int = 1, downsample: bool = False,
-                 norm: Norm = batchnorm):
+    def __init__(
+        self,
+        in_channels: int,
+        planes: int,
+        stride: int = 1,
+        downsample: bool = False,
+        norm: Norm = batchnorm,
+    ):
         super().__init__()
         self.conv1 = _conv(in_channels, planes, 1, bias=False)
         self.bn1 = norm(planes)
@@ -133,7 +167,9 @@ class Bottleneck(nn.HybridBlock):
         return F.relu(y + (self.downsample(x) if self.downsample is not None else x))
 
 
-def _layer(in_channels: int, planes: int, blocks: int, stride: int, norm: Norm) -> nn.HybridSequential:
+def _layer(
+    in_channels: int, planes: int, blocks: int, stride: int, norm: Norm
+) -> nn.HybridSequential:
     layer = nn.HybridSequential()
     layer.add(Bottleneck(in_channels, planes, stride, downsample=True, norm=norm))
     layer.add(*[Bottleneck(4 * planes, planes, norm=norm) for _ in range(blocks - 1)])
@@ -156,7 +192,7 @@ class ResNet50(nn.HybridBlock):
             setattr(self, f"layer{index}", _layer(channels, planes, blocks, stride, norm))
             channels = 4 * planes
         self.avgpool = nn.GlobalAvgPool2D()
-        self.fc = nn.Dense(num_classes, in_units=channels)   # flattens (N, 2048, 1, 1) itself
+        self.fc = nn.Dense(num_classes, in_units=channels)  # flattens (N, 2048, 1, 1) itself
 
     def hybrid_forward(self, F, x):
         x = self.maxpool(F.relu(self.bn1(self.conv1(x))))
@@ -198,7 +234,13 @@ def count_params(net: nn.Block) -> int:
 # Gluon's last name component -> the canonical one (only BatchNorm's differ).
 GLUON_TO_CANONICAL = {"gamma": "weight", "beta": "bias"}
 # Gluon's last name component -> the kind common/weights.py initialises (weights: conv or dense by rank).
-KINDS = {"gamma": "bn_gamma", "beta": "bn_beta", "running_mean": "bn_mean", "running_var": "bn_var", "bias": "bias"}
+KINDS = {
+    "gamma": "bn_gamma",
+    "beta": "bn_beta",
+    "running_mean": "bn_mean",
+    "running_var": "bn_var",
+    "bias": "bias",
+}
 
 
 def canonical_name(gluon_name: str) -> str:
@@ -221,8 +263,10 @@ def canonical_params(net: nn.Block) -> dict:
 
 def spec(net: nn.Block) -> list[tuple[str, tuple[int, ...], str]]:
     """(canonical name, shape, kind) for every weight common/weights.py initialises."""
-    return [(canonical_name(name), tuple(p.shape), _kind(name, tuple(p.shape)))
-            for name, p in net._collect_params_with_prefix().items()]
+    return [
+        (canonical_name(name), tuple(p.shape), _kind(name, tuple(p.shape)))
+        for name, p in net._collect_params_with_prefix().items()
+    ]
 
 
 def load_canonical(net: nn.Block, weights: dict[str, np.ndarray]) -> None:
@@ -230,10 +274,27 @@ def load_canonical(net: nn.Block, weights: dict[str, np.ndarray]) -> None:
     network's dtype (float32 or float64 weights into a float64 network: exact)."""
     params = canonical_params(net)
     if set(params) != set(weights):
-        raise KeyError(f"weights do not match the model: missing {sorted(set(params) - set(weights))[:3]}, "
-                       f"unexpected {sorted(set(weights) - set(params))[:3]}")
+        raise KeyError(
+            f"weights do not match the model: missing {sorted(set(params) - set(weights))[:3]}, "
+            f"unexpected {sorted(set(weights) - set(params))[:3]}"
+        )
     for name, p in params.items():
         p.set_data(mx.nd.array(weights[name], dtype=p.dtype))
+
+
+def predict(
+    model: str, weights: dict[str, np.ndarray], x: np.ndarray, train: bool, dtype: str
+) -> np.ndarray:
+    """Logits of `model` with canonical `weights` on a numpy batch, on one CPU context, in `dtype`
+    (common/backend.py). train=True: training mode without recording, so BatchNorm normalises with the
+    batch's own statistics and nothing changes (MXNet's BatchNorm writes its running statistics in the
+    backward pass); else inference mode, with the running statistics."""
+    net = build(model)
+    net.initialize(ctx=mx.cpu())
+    net.cast(dtype)
+    load_canonical(net, weights)
+    with autograd.train_mode() if train else autograd.predict_mode():
+        return net(mx.nd.array(x, dtype=dtype)).asnumpy()
 
 
 def is_statistic(p) -> bool:
@@ -253,8 +314,10 @@ def to_canonical(*nets: nn.Block) -> dict[str, np.ndarray]:
     def copies(name: str) -> list:
         return [a for p in params for a in p[name].list_data()]
 
-    return {name: _mean_on_host(copies(name) if is_statistic(p) else copies(name)[:1])
-            for name, p in params[0].items()}
+    return {
+        name: _mean_on_host(copies(name) if is_statistic(p) else copies(name)[:1])
+        for name, p in params[0].items()
+    }
 
 
 def _mean_on_host(arrays: list) -> np.ndarray:
@@ -263,7 +326,7 @@ def _mean_on_host(arrays: list) -> np.ndarray:
 
 # ------------------------------------------------------------------- what the strategies build and run
 
-LOSS = gluon.loss.SoftmaxCrossEntropyLoss()   # per example; summed per shard
+LOSS = gluon.loss.SoftmaxCrossEntropyLoss()  # per example; summed per shard
 
 
 def norm_layers(cfg: RunConfig) -> Norm:
@@ -308,7 +371,9 @@ def forward_backward(net, x, y):
 def accuracy_counts(net, batches, ctx, dtype: str) -> tuple[int, int]:
     correct = total = 0
     for x, y in batches:
-        predicted = net(as_ndarray(np.asarray(x, dtype), ctx)).argmax(axis=1).asnumpy()   # inference mode
+        predicted = (
+            net(as_ndarray(np.asarray(x, dtype), ctx)).argmax(axis=1).asnumpy()
+        )  # inference mode
         correct += int((predicted.astype(np.int64) == y).sum())
         total += len(y)
     return correct, total

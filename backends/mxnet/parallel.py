@@ -6,6 +6,7 @@ import numpy as np
 
 from backends.mxnet.compat import mx
 from common.data import check_divisible
+
 from mxnet import gluon
 
 
@@ -110,11 +111,12 @@ def zeros_per_context(values: int, devs: list) -> list:
 
 # ----------------------------------------------------------------------- across nodes (a dist kvstore)
 
+
 def node_shard(X, y, nodes: int, rank: int):
     """This node's consecutive share of a global numpy batch (node r: shards r*L .. (r+1)*L-1)."""
     check_divisible(len(y), nodes)
     size = len(y) // nodes
-    return X[rank * size:(rank + 1) * size], y[rank * size:(rank + 1) * size]
+    return X[rank * size : (rank + 1) * size], y[rank * size : (rank + 1) * size]
 
 
 class AcrossNodes:

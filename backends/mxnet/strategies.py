@@ -18,7 +18,7 @@ Both load the run's weights into every context first, and both can run hybridize
 shard's statistics in training (as the seeds do) and the running statistics are averaged
 across contexts before evaluation; "sync" (gluon only), SyncBatchNorm layers normalise
 with the statistics of the global batch, so k contexts train as one: GPU contexts only
-(on several CPU contexts it deadlocks, see SYNC_BN_ON_CPU), which no build here has.
+(on several CPU contexts it deadlocks, see environment.SYNC_BN_ON_CPU), which no build here has.
 BatchNorm's running statistics follow torch's convention (unbiased variance): batchnorm.py,
 around each step's forward and backward passes (RunningStatistics.step).
 Nothing is read back to the host inside a step: it returns NDArrays, read by collect().
@@ -41,16 +41,29 @@ import numpy as np
 from backends.mxnet import distributed, models
 from backends.mxnet.batchnorm import RunningStatistics
 from backends.mxnet.compat import mx
-from backends.mxnet.environment import NO_GPU_BUILD, has_cuda, kvstore, visible_gpus
-from backends.mxnet.parallel import (AcrossNodes, Reduction, Shards, allreduce, average, devices, examples,
-                                     node_shard, split, stage, zeros_per_context)
+from backends.mxnet.environment import kvstore, refusal
+from backends.mxnet.parallel import (
+    AcrossNodes,
+    Reduction,
+    Shards,
+    allreduce,
+    average,
+    devices,
+    examples,
+    node_shard,
+    split,
+    stage,
+    zeros_per_context,
+)
 from common import data as datalib
-from common import levers as leverlib
+from common.backend import check_supported
 from common.config import RunConfig
-from common.loop import Unsupported, run_training
-from common.trainer import Trainer, first_gradients, probe_config, trace
+from common.loop import run_training
+from common.trainer import PROBES, Trainer
 from common.weights import for_run as weights_for_run
+
 from mxnet import gluon
+
 
 class MXNetTrainer(Trainer):
     """What the strategies share: `module` is the network evaluated and reported, `devs` its contexts,
@@ -60,12 +73,15 @@ class MXNetTrainer(Trainer):
 
     module: gluon.HybridBlock
     statistics: RunningStatistics
-    sync_bn = False   # whether --bn sync can run (BatchNorm statistics over every context's shard)
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
-        self.devs = devices(cfg.local_devices, cfg.device_kind, cfg.first_gpu)   # loopback nodes share the GPUs
-        self._examples = cfg.batch_size   # the examples of the (global) batch reduce_gradients last took
+        self.devs = devices(
+            cfg.local_devices, cfg.device_kind, cfg.first_gpu
+        )  # loopback nodes share the GPUs
+        self._examples = (
+            cfg.batch_size
+        )  # the examples of the (global) batch reduce_gradients last took
         # Several nodes (gluon only): this node's view of the process's dist kvstore, for the global figures.
         self.kv = distributed.keyed(cfg) if cfg.nodes > 1 else None
         self.across = AcrossNodes(self.kv, cfg.nodes, cfg.node_rank) if self.kv else None
@@ -96,8 +112,11 @@ class MXNetTrainer(Trainer):
     def canonical_gradients(self) -> dict[str, np.ndarray]:
         """The reduced gradients as context 0 holds them, by canonical name (trainable parameters only),
         divided by the batch's size: the strategies reduce gradients of the *summed* loss."""
-        return {name: p.list_grad()[0].asnumpy() / self._examples
-                for name, p in models.canonical_params(self.module).items() if not models.is_statistic(p)}
+        return {
+            name: p.list_grad()[0].asnumpy() / self._examples
+            for name, p in models.canonical_params(self.module).items()
+            if not models.is_statistic(p)
+        }
 
     def evaluate(self, batches) -> tuple[int, int]:
         """(correct, total) on the test batches; with several nodes each evaluates every nodes-th batch."""
@@ -105,7 +124,9 @@ class MXNetTrainer(Trainer):
         if not self.across:
             return models.accuracy_counts(self.module, batches, self.devs[0], self.dtype)
         mine = (b for i, b in enumerate(batches) if i % self.cfg.nodes == self.cfg.node_rank)
-        counts = self.across.gather(models.accuracy_counts(self.module, mine, self.devs[0], self.dtype))
+        counts = self.across.gather(
+            models.accuracy_counts(self.module, mine, self.devs[0], self.dtype)
+        )
         correct, total = counts.sum(axis=0)
         return int(round(correct)), int(round(total))
 
@@ -144,7 +165,6 @@ class ScratchTrainer(MXNetTrainer):
     """One replica per context; gradients reduced with the hand-written allreduce, SGD by hand."""
 
     # Separate networks per context: their BatchNorm layers cannot share the global batch's statistics.
-    sync_bn = False
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
@@ -162,7 +182,9 @@ class ScratchTrainer(MXNetTrainer):
         (loss sum, correct) handles of the shards."""
         xs, ys = self._split(x, y)
         with self.statistics.step(xs[0].shape):
-            metrics = [self._forward_backward(net, xi, yi) for net, xi, yi in zip(self.replicas, xs, ys)]
+            metrics = [
+                self._forward_backward(net, xi, yi) for net, xi, yi in zip(self.replicas, xs, ys)
+            ]
         params = [models.trainable(net) for net in self.replicas]
         for i in range(len(params[0])):
             allreduce([replica[i].grad() for replica in params])
@@ -193,8 +215,6 @@ class ScratchTrainer(MXNetTrainer):
 class GluonTrainer(MXNetTrainer):
     """net.initialize(ctx=devices), split_and_load, autograd.record, Trainer over a kvstore."""
 
-    sync_bn = True   # one network on every context: its SyncBatchNorm layers meet across them
-
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
         self.module = models.network(cfg, self.devs, dtype)
@@ -204,10 +224,18 @@ class GluonTrainer(MXNetTrainer):
         # update_on_kvstore=False: the kvstore sums the gradients and each context applies SGD.
         # With the update on the kvstore, its copy of the weights would be re-made after reset(),
         # inside the first timed step; this way the kvstore is set up once, in the warm-up step.
-        sgd = Float64SGD(learning_rate=cfg.lr) if dtype == "float64" else mx.optimizer.SGD(learning_rate=cfg.lr)
+        sgd = (
+            Float64SGD(learning_rate=cfg.lr)
+            if dtype == "float64"
+            else mx.optimizer.SGD(learning_rate=cfg.lr)
+        )
         # Several nodes: the process's dist_sync kvstore, under this trainer's own keys (distributed.py).
-        self.trainer = gluon.Trainer(models.trainable(self.module), sgd, kvstore=self.kv or kvstore(cfg),
-                                     update_on_kvstore=False)
+        self.trainer = gluon.Trainer(
+            models.trainable(self.module),
+            sgd,
+            kvstore=self.kv or kvstore(cfg),
+            update_on_kvstore=False,
+        )
         if self.kv:
             self._broadcast_now()
 
@@ -221,7 +249,7 @@ class GluonTrainer(MXNetTrainer):
         mx.nd.waitall()
 
     def reset(self) -> None:
-        models.load_canonical(self.module, self.weights)   # SGD without momentum keeps no state
+        models.load_canonical(self.module, self.weights)  # SGD without momentum keeps no state
 
     def reduce_gradients(self, x, y):
         """Forward and backward of each context on its shard, then the kvstore's sum of the gradients
@@ -229,13 +257,13 @@ class GluonTrainer(MXNetTrainer):
         xs, ys = self._split(x, y)
         with self.statistics.step(xs[0].shape):
             metrics = [self._forward_backward(self.module, xi, yi) for xi, yi in zip(xs, ys)]
-        self.trainer.allreduce_grads()   # the kvstore sums them onto every context, updates nothing
+        self.trainer.allreduce_grads()  # the kvstore sums them onto every context, updates nothing
         return metrics
 
     def update(self) -> None:
         """SGD on every context with the reduced gradients, scaled by lr / global batch size (a dist
         kvstore sums every worker's gradients, and Trainer.update(B) rescales by 1 / B, not / workers)."""
-        self.trainer.update(self._examples)   # allreduce_grads + update(B) is Trainer.step(B)
+        self.trainer.update(self._examples)  # allreduce_grads + update(B) is Trainer.step(B)
 
     def allreduce_op(self, values: int) -> Reduction:
         """A kvstore of the run's type (its own, so its key cannot meet the Trainer's parameter
@@ -246,7 +274,9 @@ class GluonTrainer(MXNetTrainer):
         buffers = zeros_per_context(values, self.devs)
         if self.n_devices == 1:
             return Reduction(buffers, lambda: None)
-        kv = self.kv or mx.kv.create(kvstore(self.cfg))   # several nodes: the trainer's keys, "allreduce"
+        kv = self.kv or mx.kv.create(
+            kvstore(self.cfg)
+        )  # several nodes: the trainer's keys, "allreduce"
         kv.init("allreduce", buffers[0])
         mx.nd.waitall()
         return Reduction(buffers, lambda: kv.pushpull("allreduce", buffers))
@@ -266,7 +296,7 @@ class Float64SGD(mx.optimizer.SGD):
     lr 0.1, B 12. Here w <- w - (lr / B) * g with the scalar a double, as in scratch's update."""
 
     def _update_impl(self, indices, weights, grads, states, multi_precision=False):
-        as_list = (lambda v: v if isinstance(v, (list, tuple)) else [v])
+        as_list = lambda v: v if isinstance(v, (list, tuple)) else [v]
         indices, weights, grads = as_list(indices), as_list(weights), as_list(grads)
         self._update_count(indices)
         for index, weight, grad in zip(indices, weights, grads):
@@ -275,123 +305,26 @@ class Float64SGD(mx.optimizer.SGD):
 
 TRAINERS = {"scratch": ScratchTrainer, "gluon": GluonTrainer}
 
-SYNC_BN_ON_CPU = (
-    "--bn sync needs SyncBatchNorm across contexts, and mxnet 1.9.1's SyncBatchNorm deadlocks on several "
-    "CPU contexts: its backward holds a temporary-space resource while it waits at a barrier for the other "
-    "contexts, and all CPU contexts share one small round-robin pool of those resources "
-    "(MXNET_CPU_TEMP_COPY), so two contexts can wait on each other forever")
+# The strategy of float64_gradients: one process, no kvstore.
+REFERENCE = "scratch"
 
 
-SYNC_BN_IN_FLOAT64 = ("mxnet 1.9.1's SyncBatchNorm operator fails on float64 inputs: it reads its batch statistics "
-                      "as float32 arrays")
-
-
-DIST_FLOAT64 = ("mxnet 1.9.1's dist kvstore carries float32 only: a float64 array pushed or pulled through "
-                "ps-lite comes back rounded to float32 (1/3 -> 0.33333334), so several nodes cannot run in float64")
-
-
-def check_dtype(dtype: str, cfg: RunConfig) -> None:
-    """The common rule (common/levers.py), and: float64 has no synchronised BatchNorm over several contexts,
-    nor a dist kvstore."""
-    leverlib.check_dtype(dtype, cfg)
-    if dtype == "float64" and cfg.nodes > 1:
-        raise Unsupported(DIST_FLOAT64)
-    if dtype == "float64" and models.statistics_shards(cfg) > 1:
-        raise Unsupported(SYNC_BN_IN_FLOAT64)
-
-
-def check_supported(cfg: RunConfig) -> None:
-    if cfg.strategy not in TRAINERS:
-        raise Unsupported(f"mxnet has no strategy {cfg.strategy!r}; it has {', '.join(TRAINERS)}")
-    check_nodes(cfg)
-    if reason := leverlib.check(cfg):   # backend.toml: float32 only, no channels-last
-        raise Unsupported(reason)
-    if cfg.bn == "sync" and not TRAINERS[cfg.strategy].sync_bn:
-        raise Unsupported(f"mxnet {cfg.strategy} keeps a separate network per context, so its BatchNorm "
-                          "cannot use the global batch's statistics (--bn sync runs with gluon)")
-    if cfg.bn == "sync" and cfg.device_kind == "cpu" and cfg.devices > 1:
-        raise Unsupported(SYNC_BN_ON_CPU)
-    if cfg.device_kind == "gpu":
-        if not has_cuda():
-            raise Unsupported(f"GPU run requested, but no MXNet GPU build can run here: {NO_GPU_BUILD}")
-        if visible_gpus() < cfg.devices:
-            raise Unsupported(f"{cfg.devices} GPUs requested, MXNet sees {visible_gpus()}")
-
-
-def check_nodes(cfg: RunConfig) -> None:
-    """Several nodes: gluon over dist_sync only; dist_sync: several nodes only."""
-    if cfg.nodes > 1 and cfg.strategy != "gluon":
-        raise Unsupported(f"mxnet {cfg.strategy} reduces across the contexts of one process only (its hand-written "
-                          "allreduce has no transport between processes); --nodes needs gluon")
-    if cfg.strategy != "gluon":
-        return
-    kind = kvstore(cfg)
-    if cfg.nodes > 1 and kind != distributed.KVSTORE:
-        raise Unsupported(f"kvstore '{kind}' reduces within one process; --nodes {cfg.nodes} needs kvstore "
-                          f"'{distributed.KVSTORE}' (the default with several nodes)")
-    if cfg.nodes == 1 and kind == distributed.KVSTORE:
-        raise Unsupported(f"kvstore '{kind}' needs several nodes (a ps-lite scheduler at --coordinator); "
-                          "one process reduces with 'device' or 'local'")
-
-
-def make_trainer(cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32") -> MXNetTrainer:
+def make_trainer(
+    cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"
+) -> MXNetTrainer:
     """The run config's trainer outside a run (the equivalence API, tests), reset to `weights`.
     `dtype`: "float32", or "float64" for the same strategy code entirely in float64."""
-    check_supported(cfg)
-    check_dtype(dtype, cfg)
+    check_supported(cfg, refusal, dtype)
     trainer = TRAINERS[cfg.strategy](cfg, weights, dtype=dtype)
     trainer.reset()
     return trainer
 
 
-# ----------------------------------------------------------------------- entry points
-
-def run(cfg: RunConfig) -> dict:
-    """Train as the run config says; the metrics part of a result."""
-    check_supported(cfg)
-    clean = False
-    try:
-        trainer = TRAINERS[cfg.strategy](cfg, weights_for_run(cfg))
-        metrics = run_training(trainer, cfg, datalib.load(cfg))
-        clean = True
-        return metrics
-    finally:   # several nodes: the scheduler and server this node started end with it
-        distributed.leave(clean)
+def train(cfg: RunConfig) -> dict:
+    """Train as the run config says (several nodes: over the dist kvstore the session joined); the metrics."""
+    return run_training(TRAINERS[cfg.strategy](cfg, weights_for_run(cfg)), cfg, datalib.load(cfg))
 
 
-def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,
-              bn: str = "local", device_kind: str = "cpu", dtype: str = "float32", options: dict | None = None,
-              **levers) -> tuple[float, dict[str, np.ndarray]]:
-    """(mean loss of the global batch, the gradients of that mean by canonical name) as the strategy
-    computes them: each context on its shard, the strategy's reduction, read from context 0.
-    `dtype`, `options` and `levers` as in train_trace."""
-    cfg = probe_config("mxnet", strategy, model, n_devices, len(y), 0.1, bn, device_kind, options, levers)
-    return first_gradients(make_trainer(cfg, weights, dtype), [(x, y)])
-
-
-def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
-                lr: float, bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
-                options: dict | None = None, **levers) -> dict:
-    """Train on `batches`: {"first": canonical weights after the first step, "final": after the
-    last, "losses": each step's global mean loss, from its forward pass before its update}.
-    Canonical weights include the BatchNorm running statistics, averaged across contexts, in `dtype`
-    ("float32", or "float64" for the same strategy code entirely in float64). `options`: backend
-    options (kvstore, hybridize); `levers`: RunConfig's (with float64 only resident_data)."""
-    cfg = probe_config("mxnet", strategy, model, n_devices, len(batches[0][1]), lr, bn, device_kind, options, levers)
-    return trace(make_trainer(cfg, weights, dtype), batches)
-
-
-def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
-                lr: float, bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
-                options: dict | None = None, **levers) -> dict[str, np.ndarray]:
-    """The canonical weights after len(batches) SGD steps from `weights` (train_trace's "final")."""
-    return train_trace(strategy, model, n_devices, weights, batches, lr, bn, device_kind, dtype, options,
-                       **levers)["final"]
-
-
-def float64_gradients(model: str, weights: dict[str, np.ndarray], x, y) -> tuple[float, dict[str, np.ndarray]]:
-    """(mean loss, canonical gradients) of one batch on one CPU context, computed in float64.
-
-    `harness check` compares this with torch's float64 gradient: agreement to ~1e-12 shows the
-    model, loss and BatchNorm are the same math, whatever float32 rounding does on top."""
-    return gradients("scratch", model, 1, weights, x, y, dtype="float64")
+def measure(cfg: RunConfig, weights: dict[str, np.ndarray], batches: list, probe: str, dtype: str):
+    """PROBES[probe] of a fresh trainer, in this process."""
+    return PROBES[probe](make_trainer(cfg, weights, dtype), batches)

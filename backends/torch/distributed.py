@@ -25,15 +25,11 @@ from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from common import data as datalib
-from common.config import RunConfig
-from common.loop import Diverged, run_training
-from common.network import free_port
-from common.trainer import PROBES
-from common.weights import for_run as weights_for_run
-from common.worker import scratch_dir
-
 from backends.torch.environment import configure_precision, configure_threads, host_processes
+from common.config import RunConfig
+from common.errors import Diverged
+from common.network import free_port
+from common.worker import scratch_dir
 
 # Every node runs the same launches in the same order (a run, or the probes of a check), so the n-th launch
 # has the same run id on every node: its keys in the coordinator's store are its own.
@@ -69,9 +65,58 @@ def gpu_index(cfg: RunConfig, local_rank: int) -> int:
     return cfg.first_gpu + local_rank
 
 
+def join(cfg: RunConfig) -> None:
+    """Nothing to join for the session (common/backend.py): torch's elastic agent starts the ranks at each
+    launch_ddp, and each rank joins its process group there."""
+
+
+def leave(clean: bool = True) -> None:
+    """Nothing to leave: a launch's ranks have ended when it returns."""
+
+
 def rank_device(cfg: RunConfig) -> torch.device:
     """This rank's device: the GPU _rank_main selected, or the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if cfg.device_kind == "gpu" else torch.device("cpu")
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if cfg.device_kind == "gpu"
+        else torch.device("cpu")
+    )
+
+
+class RankCollectives:
+    """What one rank of DistributedDataParallel reduces across the ranks with torch.distributed, the same for
+    torch's ddp and Keras's (a Keras model on torch): the steps' figures, the slowest rank's seconds, the timed
+    allreduce, and the BatchNorm running statistics. A trainer mixes it in before its Trainer base; it needs
+    the trainer's `device` and `n_devices` (the ranks)."""
+
+    device: torch.device
+    n_devices: int
+
+    def collect(self, handles) -> tuple[float, float]:
+        loss, correct = self._all_reduce(
+            [sum(float(l) for l, _ in handles), sum(float(c) for _, c in handles)]
+        )
+        return loss, correct
+
+    def slowest(self, seconds: float) -> float:
+        return self._all_reduce([seconds], op=dist.ReduceOp.MAX)[0]
+
+    def allreduce_op(self, values: int):
+        """torch.distributed.all_reduce (sum) of one flat float32 tensor on this rank's device."""
+        buffer = torch.ones(values, dtype=torch.float32, device=self.device)
+        return lambda: dist.all_reduce(buffer)
+
+    def _average_over_ranks(self, buffers: list[torch.Tensor]) -> None:
+        """Every rank's copy of each buffer replaced, in place, by their mean (the BatchNorm statistics)."""
+        with torch.no_grad():
+            for b in buffers:
+                dist.all_reduce(b)
+                b.div_(self.n_devices)
+
+    def _all_reduce(self, values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=op)
+        return t.tolist()
 
 
 def launch_ddp(cfg: RunConfig, job, payload=None, preload: tuple[str, ...] = ()):
@@ -83,18 +128,27 @@ def launch_ddp(cfg: RunConfig, job, payload=None, preload: tuple[str, ...] = ())
     host, port = rendezvous_address(cfg)
     run_id = f"dpbench-{next(_launches)}"
     multiprocessing.get_context(START_METHOD).set_forkserver_preload([*PRELOADED, *preload])
-    bind_transport(cfg)   # before the first launch starts the forkserver, whose environment every rank has
+    bind_transport(
+        cfg
+    )  # before the first launch starts the forkserver, whose environment every rank has
     if cfg.nodes > 1 and cfg.node_rank == 0:
         _serve_coordinator(cfg, host, port)
     # The ranks' error files in the worker's scratch directory, which the harness removes: a run killed by a
     # signal cannot clean up.
     with tempfile.TemporaryDirectory(dir=scratch_dir()) as log_dir:
         config = LaunchConfig(
-            min_nodes=cfg.nodes, max_nodes=cfg.nodes, nproc_per_node=cfg.local_devices, run_id=run_id,
-            rdzv_backend="static", rdzv_endpoint=f"{host}:{port}",
-            rdzv_configs={"rank": cfg.node_rank, "timeout": join_timeout(cfg)}, max_restarts=0,
+            min_nodes=cfg.nodes,
+            max_nodes=cfg.nodes,
+            nproc_per_node=cfg.local_devices,
+            run_id=run_id,
+            rdzv_backend="static",
+            rdzv_endpoint=f"{host}:{port}",
+            rdzv_configs={"rank": cfg.node_rank, "timeout": join_timeout(cfg)},
+            max_restarts=0,
             local_addr=cfg.local_addr if cfg.nodes > 1 else None,
-            start_method=START_METHOD, logs_specs=DefaultLogsSpecs(log_dir=log_dir))
+            start_method=START_METHOD,
+            logs_specs=DefaultLogsSpecs(log_dir=log_dir),
+        )
         try:
             values = elastic_launch(config, _rank_main)(cfg.to_dict(), job, payload)
         except ChildFailedError as e:
@@ -117,7 +171,10 @@ def bind_transport(cfg: RunConfig) -> None:
 
 
 # The variables that choose the interface of each transport's sockets.
-TRANSPORT_INTERFACE = {"cpu": ("GLOO_SOCKET_IFNAME",), "gpu": ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+TRANSPORT_INTERFACE = {
+    "cpu": ("GLOO_SOCKET_IFNAME",),
+    "gpu": ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"),
+}
 
 
 def _serve_coordinator(cfg: RunConfig, host: str, port: int) -> None:
@@ -125,27 +182,39 @@ def _serve_coordinator(cfg: RunConfig, host: str, port: int) -> None:
     global _coordinator_store
     if _coordinator_store is None:
         _coordinator_store = dist.TCPStore(
-            host, port, None, True, datetime.timedelta(seconds=join_timeout(cfg)), wait_for_workers=False,
-            multi_tenant=True)
+            host,
+            port,
+            None,
+            True,
+            datetime.timedelta(seconds=join_timeout(cfg)),
+            wait_for_workers=False,
+            multi_tenant=True,
+        )
 
 
 def _rendezvous_failure(cfg: RunConfig, host: str, port: int, error: Exception) -> str:
     waited = f"within {join_timeout(cfg)} s (a quarter of --timeout)"
     if cfg.node_rank == 0:
         return f"node 0: not every node joined the rendezvous at {host}:{port} {waited}: {error}"
-    return f"node {cfg.node_rank} could not reach the coordinator at {host}:{port} {waited}: {error}"
+    return (
+        f"node {cfg.node_rank} could not reach the coordinator at {host}:{port} {waited}: {error}"
+    )
 
 
 def first_failure(cfg: RunConfig, error: ChildFailedError, log_dir: str) -> str:
     """When one rank fails, the others fail next in their collectives: the first failure, the cause, rather
     than its echoes, as "DDP rank R (node N) failed: <message>" with its traceback. The agent reports the
     failure of whichever rank it saw end first, which may be an echo, so every error file in `log_dir` counts."""
-    failures = sorted({**_recorded_failures(cfg, log_dir), **error.failures}.items(),
-                      key=lambda item: _failed_at(item[1]))
+    failures = sorted(
+        {**_recorded_failures(cfg, log_dir), **error.failures}.items(),
+        key=lambda item: _failed_at(item[1]),
+    )
     rank, first = failures[0]
     message, trace = _message_and_trace(first)
-    others = "".join(f"\n(then DDP rank {r} failed too: {_message_and_trace(f)[0].strip().splitlines()[-1]})"
-                     for r, f in failures[1:])
+    others = "".join(
+        f"\n(then DDP rank {r} failed too: {_message_and_trace(f)[0].strip().splitlines()[-1]})"
+        for r, f in failures[1:]
+    )
     return f"DDP rank {rank} (node {cfg.node_rank}) failed: {message}\n{trace}".rstrip() + others
 
 
@@ -155,14 +224,23 @@ def _recorded_failures(cfg: RunConfig, log_dir: str) -> dict[int, ProcessFailure
     failures = {}
     for path in Path(log_dir).glob("*/attempt_*/*/error.json"):
         local_rank = int(path.parent.name)
-        failures[cfg.node_rank * cfg.local_devices + local_rank] = ProcessFailure(local_rank, -1, 1, str(path))
+        try:
+            failures[cfg.node_rank * cfg.local_devices + local_rank] = ProcessFailure(
+                local_rank, -1, 1, str(path)
+            )
+        except (
+            ValueError
+        ):  # a rank still writing its file (killed meanwhile): the agent's own record names it
+            continue
     return failures
 
 
 def _message_and_trace(failure) -> tuple[str, str]:
     """A rank's failure as its error file holds it (a message and the traceback; a killed rank: a message)."""
     if isinstance(failure.message, dict):
-        return failure.message.get("message", ""), failure.message.get("extraInfo", {}).get("py_callstack", "")
+        return failure.message.get("message", ""), failure.message.get("extraInfo", {}).get(
+            "py_callstack", ""
+        )
     return str(failure.message) or f"exit code {failure.exitcode}", ""
 
 
@@ -187,8 +265,12 @@ def _rank_main(cfg_dict: dict, job, payload) -> bytes:
     if cfg.device_kind == "gpu":
         torch.cuda.set_device(gpu_index(cfg, local_rank))
     dist.init_process_group(
-        "nccl" if cfg.device_kind == "gpu" else "gloo", store=_rank_store(cfg), rank=rank,
-        world_size=int(os.environ["WORLD_SIZE"]), timeout=datetime.timedelta(seconds=max(60, cfg.timeout)))
+        "nccl" if cfg.device_kind == "gpu" else "gloo",
+        store=_rank_store(cfg),
+        rank=rank,
+        world_size=int(os.environ["WORLD_SIZE"]),
+        timeout=datetime.timedelta(seconds=max(60, cfg.timeout)),
+    )
     # A failing rank raises with its group still up: the agent's error file is written before the others
     # see this rank go, so the cause is the first failure.
     try:
@@ -202,8 +284,12 @@ def _rank_main(cfg_dict: dict, job, payload) -> bytes:
 
 def _rank_store(cfg: RunConfig) -> dist.Store:
     """The agent's store (node 0's), under this launch's run id: the coordinator's server outlives a launch."""
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=datetime.timedelta(seconds=join_timeout(cfg)))
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=join_timeout(cfg)),
+    )
     return dist.PrefixStore(f"{os.environ['TORCHELASTIC_RUN_ID']}/ranks", store)
 
 
@@ -214,18 +300,3 @@ def _exit_now() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
-
-# The jobs (strategies imports this module, so they import it when they run, in the rank).
-
-def train_job(cfg: RunConfig, rank: int, payload) -> dict:
-    """One rank of `run`: train as the run config says."""
-    from backends.torch.strategies import make_trainer
-    return run_training(make_trainer(cfg, weights_for_run(cfg)), cfg, datalib.load(cfg))
-
-
-def probe_job(cfg: RunConfig, rank: int, payload):
-    """One rank of an equivalence call: payload (weights, batches, probe name, dtype)."""
-    from backends.torch.strategies import make_trainer
-    weights, batches, probe, dtype = payload
-    return PROBES[probe](make_trainer(cfg, weights, dtype), batches)

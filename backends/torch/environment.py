@@ -1,5 +1,5 @@
-"""What the torch worker runs on: what torch cannot run here (refusal), the settings that must be the same
-for every backend, and the run's environment record.
+"""What the torch worker runs on: what torch cannot run here beyond backend.toml's refusals (refusal), the
+settings that must be the same for every backend, and the run's environment record.
 
 configure_threads and configure_precision set torch's global switches (the entry points call them);
 environment() only describes a run, computing the switches from the run config: it changes nothing.
@@ -12,51 +12,45 @@ import shutil
 
 import torch
 
-from common import levers as leverlib
 from common import loop, sysinfo
 
 BATCHNORM = {
     "local": "local: each device normalises with its own shard's statistics; running statistics (momentum 0.1, "
-             "unbiased variance) averaged across replicas before evaluation (dp keeps device 0's, as "
-             "nn.DataParallel does)",
+    "unbiased variance) averaged across replicas before evaluation (dp keeps device 0's, as "
+    "nn.DataParallel does)",
     "sync": "sync (ddp): nn.SyncBatchNorm on GPUs, an all-reduce BatchNorm (CPUSyncBatchNorm) over gloo on the "
-            "CPU, so every rank normalises with the global batch's statistics",
+    "CPU, so every rank normalises with the global batch's statistics",
 }
 
 
-def cuda_refusal(cfg) -> str | None:
-    """Why nn.DataParallel cannot run here: no CUDA GPU visible (None: it can)."""
-    if not torch.cuda.is_available():
-        return f"strategy {cfg.strategy!r} (nn.DataParallel) needs CUDA GPUs; none is visible to torch"
-    return None
-
-
-def refusal(cfg) -> str | None:
-    """Why torch cannot run this strategy's configuration here (one line), or None: the strategy's needs,
-    the GPUs torch sees, the levers backend.toml declares (common.levers), and what this GPU and host have."""
+def refusal(cfg, dtype: str = "float32") -> str | None:
+    """Why torch cannot run this configuration here (one line), or None, beyond what backend.toml states
+    (common/backend.py checks that first): the GPUs torch sees, and what this GPU and host have."""
     gpu = cfg.device_kind == "gpu"
-    if cfg.nodes > 1 and cfg.strategy != "ddp":
-        return f"torch {cfg.strategy} runs in one process; --nodes needs ddp (torchrun's elastic agent)"
-    if cfg.strategy == "dp" and (reason := cuda_refusal(cfg)):
-        return reason
-    if cfg.bn == "sync" and cfg.strategy != "ddp":
-        return f"torch {cfg.strategy} has no synchronised BatchNorm (--bn sync runs with ddp)"
     if gpu and not torch.cuda.is_available():
-        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        build = (
+            "a CPU-only build"
+            if torch.version.cuda is None
+            else f"built for CUDA {torch.version.cuda}"
+        )
         return f"GPU run requested but torch ({torch.__version__}, {build}) sees no CUDA device"
     if gpu and torch.cuda.device_count() < host_processes(cfg):
         return f"{host_processes(cfg)} GPUs needed on this host, torch sees {torch.cuda.device_count()}"
-    if reason := leverlib.check(cfg):   # (it refuses TF32 on the CPU)
-        return reason
     if cfg.precision == "tf32":
         major, minor = torch.cuda.get_device_capability(0)
         if major < 8:
             return f"TF32 needs an Ampere or newer GPU (compute capability 8.0); this one is {major}.{minor}"
-    if cfg.precision == "bf16" and gpu and not torch.cuda.is_bf16_supported(including_emulation=False):
+    if (
+        cfg.precision == "bf16"
+        and gpu
+        and not torch.cuda.is_bf16_supported(including_emulation=False)
+    ):
         return "this GPU has no native bfloat16 arithmetic"
     if cfg.compile and cfg.strategy == "dp" and cfg.devices > 1:
-        return ("torch.compile does not survive nn.DataParallel's replication: every replica "
-                "would call device 0's compiled module (use ddp, or dp on one GPU)")
+        return (
+            "torch.compile does not survive nn.DataParallel's replication: every replica "
+            "would call device 0's compiled module (use ddp, or dp on one GPU)"
+        )
     if cfg.compile and not gpu and not shutil.which(os.environ.get("CXX", "g++")):
         return "torch.compile on the CPU needs a C++ compiler for TorchInductor; none found"
     return None
@@ -88,8 +82,12 @@ def _switches(cfg) -> dict:
     as XLA autotunes its kernels; CPU runs have no cuDNN.
     """
     tf32 = cfg.precision == "tf32"
-    return {"tf32_matmul": tf32, "tf32_cudnn": tf32, "float32_matmul_precision": "high" if tf32 else "highest",
-            "cudnn_benchmark": cfg.device_kind == "gpu"}
+    return {
+        "tf32_matmul": tf32,
+        "tf32_cudnn": tf32,
+        "float32_matmul_precision": "high" if tf32 else "highest",
+        "cudnn_benchmark": cfg.device_kind == "gpu",
+    }
 
 
 def configure_precision(cfg) -> None:
@@ -105,7 +103,11 @@ def configure_precision(cfg) -> None:
 def precision_settings(cfg) -> dict:
     """The precision record of a run: the switches configure_precision(cfg) sets (computed, not read from
     torch, so that describing a run changes nothing), the weights' dtype and the autocast around forward."""
-    autocast = {"device_type": autocast_device(cfg), "dtype": "bfloat16"} if cfg.precision == "bf16" else None
+    autocast = (
+        {"device_type": autocast_device(cfg), "dtype": "bfloat16"}
+        if cfg.precision == "bf16"
+        else None
+    )
     return {"weights_dtype": "float32", **_switches(cfg), "autocast": autocast}
 
 
@@ -117,8 +119,11 @@ def compile_description(cfg) -> str | None:
     """What --compile does, per strategy (None without --compile)."""
     if not cfg.compile:
         return None
-    target = {"scratch": "every replica", "dp": "the module given to nn.DataParallel",
-              "ddp": "the DistributedDataParallel-wrapped module"}.get(cfg.strategy)
+    target = {
+        "scratch": "every replica",
+        "dp": "the module given to nn.DataParallel",
+        "ddp": "the DistributedDataParallel-wrapped module",
+    }.get(cfg.strategy)
     return f"torch.compile (TorchInductor, mode {cfg.compile_mode}) of {target}"
 
 
@@ -126,8 +131,12 @@ def input_copies(cfg) -> str:
     if cfg.device_kind != "gpu":
         none = "no copy (the CPU devices read the numpy batch's memory)"
         return loop.input_copies(cfg, ahead=none, in_step=none)
-    return loop.input_copies(cfg, ahead="pinned host memory, one copy stream per GPU, the step's stream waits on "
-                                        "the copy's event", in_step="copied from pageable memory before the forward")
+    return loop.input_copies(
+        cfg,
+        ahead="pinned host memory, one copy stream per GPU, the step's stream waits on "
+        "the copy's event",
+        in_step="copied from pageable memory before the forward",
+    )
 
 
 def sgd_update(cfg) -> str:
@@ -137,35 +146,59 @@ def sgd_update(cfg) -> str:
 
 
 def device_names(cfg) -> list[str]:
-    if cfg.device_kind == "gpu":   # (too few GPUs: the run is reported unavailable)
-        return [torch.cuda.get_device_name(i) for i in range(min(cfg.devices, torch.cuda.device_count()))]
+    if cfg.device_kind == "gpu":  # (too few GPUs: the run is reported unavailable)
+        return [
+            torch.cuda.get_device_name(i)
+            for i in range(min(cfg.devices, torch.cuda.device_count()))
+        ]
     return [f"cpu (simulated device {i})" for i in range(cfg.devices)]
 
 
 def environment(cfg) -> dict:
     """The run's environment record (common.sysinfo.environment); sets nothing."""
     ddp = cfg.strategy == "ddp"
-    processes = cfg.devices if ddp else 1   # ddp: every rank on every node
+    processes = cfg.devices if ddp else 1  # ddp: every rank on every node
     return sysinfo.environment(
-        cfg, framework="torch", version=torch.__version__, libraries={}, cuda=torch.version.cuda,
+        cfg,
+        framework="torch",
+        version=torch.__version__,
+        libraries={},
+        cuda=torch.version.cuda,
         cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        devices=device_names(cfg), framework_gpus=torch.cuda.device_count(), processes=processes,
-        threads=threads_per_process(cfg, host_processes(cfg) if ddp else 1), precision=precision_settings(cfg),
-        compile=compile_description(cfg), input_copies=input_copies(cfg), sgd_update=sgd_update(cfg),
-        collective={"ddp": "nccl" if cfg.device_kind == "gpu" else "gloo",
-                    "scratch": "hand-written allreduce (copy to device 0, sum, copy back)",
-                    "dp": "nn.DataParallel scatter/gather + reduce"}.get(cfg.strategy),
+        devices=device_names(cfg),
+        framework_gpus=torch.cuda.device_count(),
+        processes=processes,
+        threads=threads_per_process(cfg, host_processes(cfg) if ddp else 1),
+        precision=precision_settings(cfg),
+        compile=compile_description(cfg),
+        input_copies=input_copies(cfg),
+        sgd_update=sgd_update(cfg),
+        collective={
+            "ddp": "nccl" if cfg.device_kind == "gpu" else "gloo",
+            "scratch": "hand-written allreduce (copy to device 0, sum, copy back)",
+            "dp": "nn.DataParallel scatter/gather + reduce",
+        }.get(cfg.strategy),
         batchnorm=BATCHNORM[cfg.bn],
-        details={"memory_format": "channels_last" if cfg.channels_last else "contiguous_format",
-                 **(engine_details(cfg) if ddp else {})})
+        details={
+            "memory_format": "channels_last" if cfg.channels_last else "contiguous_format",
+            **(engine_details(cfg) if ddp else {}),
+        },
+    )
 
 
 def engine_details(cfg) -> dict:
     """How ddp's processes start and meet: torchrun's engine, in this node's process."""
-    rendezvous = f"static at {cfg.coordinator} (node_rank {cfg.node_rank})" if cfg.nodes > 1 else \
-        "static at 127.0.0.1 (one node, a free port)"
-    return {"engine": "torchrun's elastic agent (torch.distributed.launcher.api.elastic_launch, max_restarts 0)",
-            "rendezvous": rendezvous, "ranks_per_node": cfg.local_devices, **transport_interface(cfg)}
+    rendezvous = (
+        f"static at {cfg.coordinator} (node_rank {cfg.node_rank})"
+        if cfg.nodes > 1
+        else "static at 127.0.0.1 (one node, a free port)"
+    )
+    return {
+        "engine": "torchrun's elastic agent (torch.distributed.launcher.api.elastic_launch, max_restarts 0)",
+        "rendezvous": rendezvous,
+        "ranks_per_node": cfg.local_devices,
+        **transport_interface(cfg),
+    }
 
 
 # The user's choice, read before distributed.bind_transport can set it.
@@ -177,5 +210,8 @@ def transport_interface(cfg) -> dict:
     if cfg.nodes == 1:
         return {}
     own = USERS_GLOO_INTERFACE
-    return {"interface": f"{own} (GLOO_SOCKET_IFNAME, the user's)" if own else
-            f"{cfg.interface} (this node's address {cfg.local_addr})"}
+    return {
+        "interface": f"{own} (GLOO_SOCKET_IFNAME, the user's)"
+        if own
+        else f"{cfg.interface} (this node's address {cfg.local_addr})"
+    }

@@ -18,7 +18,7 @@ from common import architectures
 from common.architectures import RESNET50_LAYERS
 
 BN_EPS = 1e-5
-BN_MOMENTUM = 0.1   # PyTorch convention: new = (1 - m) * old + m * batch (0.9 in MXNet/flax terms)
+BN_MOMENTUM = 0.1  # PyTorch convention: new = (1 - m) * old + m * batch (0.9 in MXNet/flax terms)
 
 
 def _bn(channels: int) -> nn.BatchNorm2d:
@@ -28,7 +28,9 @@ def _bn(channels: int) -> nn.BatchNorm2d:
 class Residual(nn.Module):
     """d2l's residual block: two 3x3 convs with BatchNorm; a 1x1 conv on the shortcut when shape changes."""
 
-    def __init__(self, in_channels: int, out_channels: int, use_1x1conv: bool = False, stride: int = 1):
+    def __init__(
+        self, in_channels: int, out_channels: int, use_1x1conv: bool = False, stride: int = 1
+    ):
         super().__init__()
         self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1)
         self.bn1 = _bn(out_channels)
@@ -45,9 +47,13 @@ class Residual(nn.Module):
 
 def _stage(in_channels: int, out_channels: int, first: bool) -> nn.Sequential:
     if first:
-        return nn.Sequential(Residual(in_channels, out_channels), Residual(out_channels, out_channels))
-    return nn.Sequential(Residual(in_channels, out_channels, use_1x1conv=True, stride=2),
-                         Residual(out_channels, out_channels))
+        return nn.Sequential(
+            Residual(in_channels, out_channels), Residual(out_channels, out_channels)
+        )
+    return nn.Sequential(
+        Residual(in_channels, out_channels, use_1x1conv=True, stride=2),
+        Residual(out_channels, out_channels),
+    )
 
 
 class ResNet18(nn.Module):
@@ -97,8 +103,13 @@ class Bottleneck(nn.Module):
         self.bn2 = _bn(planes)
         self.conv3 = nn.Conv2d(planes, 4 * planes, 1, bias=False)
         self.bn3 = _bn(4 * planes)
-        self.downsample = nn.Sequential(nn.Conv2d(in_channels, 4 * planes, 1, stride=stride, bias=False),
-                                        _bn(4 * planes)) if downsample else None
+        self.downsample = (
+            nn.Sequential(
+                nn.Conv2d(in_channels, 4 * planes, 1, stride=stride, bias=False), _bn(4 * planes)
+            )
+            if downsample
+            else None
+        )
 
     def forward(self, x):
         y = F.relu(self.bn1(self.conv1(x)))
@@ -156,6 +167,7 @@ def count_params(net: nn.Module) -> int:
 
 # ------------------------------------------------------------------ canonical weights
 
+
 def spec(net: nn.Module) -> list[tuple[str, tuple[int, ...], str]]:
     """(canonical name, shape, kind) for every weight common/weights.py initialises."""
     out = []
@@ -163,18 +175,31 @@ def spec(net: nn.Module) -> list[tuple[str, tuple[int, ...], str]]:
         p = prefix + "." if prefix else ""
         if isinstance(module, nn.Conv2d):
             out += [(p + "weight", tuple(module.weight.shape), "conv")]
-            out += [(p + "bias", tuple(module.bias.shape), "bias")] if module.bias is not None else []
+            out += (
+                [(p + "bias", tuple(module.bias.shape), "bias")] if module.bias is not None else []
+            )
         elif isinstance(module, nn.Linear):
-            out += [(p + "weight", tuple(module.weight.shape), "dense"), (p + "bias", tuple(module.bias.shape), "bias")]
+            out += [
+                (p + "weight", tuple(module.weight.shape), "dense"),
+                (p + "bias", tuple(module.bias.shape), "bias"),
+            ]
         elif isinstance(module, nn.BatchNorm2d):
             c = (module.num_features,)
-            out += [(p + "weight", c, "bn_gamma"), (p + "bias", c, "bn_beta"),
-                    (p + "running_mean", c, "bn_mean"), (p + "running_var", c, "bn_var")]
+            out += [
+                (p + "weight", c, "bn_gamma"),
+                (p + "bias", c, "bn_beta"),
+                (p + "running_mean", c, "bn_mean"),
+                (p + "running_var", c, "bn_var"),
+            ]
     return out
 
 
 def _canonical_entries(net: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in net.state_dict(keep_vars=True).items() if not k.endswith("num_batches_tracked")}
+    return {
+        k: v
+        for k, v in net.state_dict(keep_vars=True).items()
+        if not k.endswith("num_batches_tracked")
+    }
 
 
 def load_canonical(net: nn.Module, weights: dict[str, np.ndarray]) -> None:
@@ -182,8 +207,10 @@ def load_canonical(net: nn.Module, weights: dict[str, np.ndarray]) -> None:
     so float32 weights load exactly into a float64 model)."""
     entries = _canonical_entries(net)
     if set(entries) != set(weights):
-        raise KeyError(f"weights do not match the model: missing {sorted(set(entries) - set(weights))[:3]}, "
-                       f"unexpected {sorted(set(weights) - set(entries))[:3]}")
+        raise KeyError(
+            f"weights do not match the model: missing {sorted(set(entries) - set(weights))[:3]}, "
+            f"unexpected {sorted(set(weights) - set(entries))[:3]}"
+        )
     with torch.no_grad():
         for name, tensor in entries.items():
             tensor.copy_(torch.from_numpy(np.asarray(weights[name])))
@@ -194,6 +221,19 @@ def to_canonical(net: nn.Module) -> dict[str, np.ndarray]:
 
 
 # ------------------------------------------------------------------ as the strategies run a model
+
+
+def predict(
+    model: str, weights: dict[str, np.ndarray], x: np.ndarray, train: bool, dtype: str
+) -> np.ndarray:
+    """Logits of `model` with canonical `weights` on a numpy batch, on the CPU in `dtype` (common/backend.py)."""
+    precision = getattr(torch, dtype)
+    net = build(model).to(precision)
+    load_canonical(net, weights)
+    net.train(train)
+    with torch.no_grad():
+        return net(torch.from_numpy(np.asarray(x)).to(precision)).numpy()
+
 
 def prepare(net: nn.Module, cfg) -> nn.Module:
     """--channels-last: the 4-d weights in NHWC (values and canonical names unchanged)."""
@@ -230,8 +270,9 @@ def step_metrics(logits: torch.Tensor, y: torch.Tensor, loss_sum: torch.Tensor):
 
 def bn_buffers(net: nn.Module) -> list[torch.Tensor]:
     """The BatchNorm running means, then the running variances."""
-    return [m.running_mean for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)] + \
-           [m.running_var for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    return [
+        m.running_mean for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    ] + [m.running_var for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
 
 
 def accuracy_counts(net: nn.Module, batches, device) -> tuple[int, int]:

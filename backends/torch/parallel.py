@@ -65,8 +65,10 @@ class OnDevice:
         """The value, once the step's streams wait for its copies (the CPU thread does not wait)."""
         for device, event in self.ready.items():
             torch.cuda.current_stream(device).wait_event(event)
-        for t in (self.value if isinstance(self.value, list) else [self.value]):
-            if t.is_cuda:   # the copy stream allocated it; the compute stream uses it (caching allocator)
+        for t in self.value if isinstance(self.value, list) else [self.value]:
+            if (
+                t.is_cuda
+            ):  # the copy stream allocated it; the compute stream uses it (caching allocator)
                 t.record_stream(torch.cuda.current_stream(t.device))
         return self.value
 
@@ -125,7 +127,9 @@ class CPUSyncBatchNorm(nn.BatchNorm2d):
         var = AllReduceSum.apply((centred * centred).sum(dim=(0, 2, 3))) / count
         with torch.no_grad():
             self.running_mean.mul_(1 - self.momentum).add_(mean.detach(), alpha=self.momentum)
-            self.running_var.mul_(1 - self.momentum).add_(var.detach() * count / (count - 1), alpha=self.momentum)
+            self.running_var.mul_(1 - self.momentum).add_(
+                var.detach() * count / (count - 1), alpha=self.momentum
+            )
             self.num_batches_tracked.add_(1)
         y = centred / torch.sqrt(var.view(shape) + self.eps)
         return y * self.weight.view(shape) + self.bias.view(shape)

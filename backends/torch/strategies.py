@@ -1,4 +1,5 @@
-"""PyTorch strategies, each a common.trainer.Trainer for common/loop.py, and the backend's entry points.
+"""PyTorch strategies, each a common.trainer.Trainer for common/loop.py, and what the backend's entry points
+(common/backend.py) call: make_trainer, train and measure.
 
 Same math in all three: one SGD step on the mean cross-entropy of the *global* batch.
   scratch  k replicas; per-shard summed loss, gradients summed by the hand-written
@@ -25,18 +26,30 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn import functional as F
 
+from backends.torch import models
+from backends.torch.distributed import RankCollectives, launch_ddp, rank_device
+from backends.torch.environment import (
+    autocast_device,
+    configure_precision,
+    configure_threads,
+    refusal,
+)
+from backends.torch.parallel import (
+    CopyStreams,
+    OnDevice,
+    allreduce,
+    as_tensor,
+    convert_sync_batchnorm,
+    devices,
+    split,
+)
 from common import data as datalib
-from common import levers as leverlib
+from common.backend import check_supported
 from common.config import RunConfig
 from common.data import check_divisible
-from common.loop import Unsupported, run_training
-from common.trainer import PROBES, Trainer, probe_config
+from common.loop import run_training
+from common.trainer import PROBES, Trainer
 from common.weights import for_run as weights_for_run
-
-from backends.torch import models
-from backends.torch.distributed import launch_ddp, probe_job, rank_device, train_job
-from backends.torch.environment import autocast_device, configure_precision, configure_threads, cuda_refusal, refusal
-from backends.torch.parallel import CopyStreams, OnDevice, allreduce, as_tensor, convert_sync_batchnorm, devices, split
 
 
 class TorchTrainer(Trainer):
@@ -73,7 +86,10 @@ class TorchTrainer(Trainer):
     def memory(self) -> dict:
         if self.cfg.device_kind != "gpu":
             return {}
-        return {"peak_device_mb": max(torch.cuda.max_memory_allocated(d) for d in set(self.devs)) / 2**20}
+        return {
+            "peak_device_mb": max(torch.cuda.max_memory_allocated(d) for d in set(self.devs))
+            / 2**20
+        }
 
     def _average_statistics_once(self) -> None:
         """average_bn_statistics(), unless no training forward ran since it last did."""
@@ -92,7 +108,7 @@ class TorchTrainer(Trainer):
 
     def _placed(self, x, y):
         """The inputs of reduce_gradients() on their devices: as put() or stage() left them, else placed now."""
-        self._statistics_averaged = False   # the training forward that follows updates them
+        self._statistics_averaged = False  # the training forward that follows updates them
         if isinstance(x, OnDevice):
             return x.take(), y.take()
         return self.place(x, y)
@@ -104,15 +120,21 @@ class ScratchTrainer(TorchTrainer):
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
         self.devs = devices(cfg.devices, cfg.device_kind)
-        self.replicas = [models.prepare(models.build(cfg.model).to(d, getattr(torch, dtype)), cfg)
-                         for d in self.devs]
+        self.replicas = [
+            models.prepare(models.build(cfg.model).to(d, getattr(torch, dtype)), cfg)
+            for d in self.devs
+        ]
         self.module = self.replicas[0]
         # What runs each replica's forward: the replica, or its compiled wrapper (same parameters).
         self.forwards = self.replicas
         if cfg.compile:
             # One forward code, compiled once per device: room for every device before dynamo falls back to eager.
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * cfg.devices)
-            self.forwards = [torch.compile(net, **models.compile_options(cfg)) for net in self.replicas]
+            torch._dynamo.config.recompile_limit = max(
+                torch._dynamo.config.recompile_limit, 2 * cfg.devices
+            )
+            self.forwards = [
+                torch.compile(net, **models.compile_options(cfg)) for net in self.replicas
+            ]
 
     def reset(self) -> None:
         for net in self.replicas:
@@ -146,7 +168,9 @@ class ScratchTrainer(TorchTrainer):
         """d2l's sgd: p -= lr * g / B on every replica (g is the gradient of the summed loss)."""
         scale = self.cfg.lr / self.cfg.batch_size
         with torch.no_grad():
-            for net in self.replicas:   # one multi-tensor kernel per replica on CUDA, not one per parameter
+            for net in (
+                self.replicas
+            ):  # one multi-tensor kernel per replica on CUDA, not one per parameter
                 params = list(net.parameters())
                 torch._foreach_sub_(params, [p.grad for p in params], alpha=scale)
 
@@ -170,8 +194,10 @@ class ScratchTrainer(TorchTrainer):
 
     def canonical_gradients(self) -> dict[str, np.ndarray]:
         """The gradient of the global mean loss, as replica 0 holds it after the allreduce."""
-        return {n: np.ascontiguousarray((p.grad / self.cfg.batch_size).cpu().numpy())
-                for n, p in self.module.named_parameters()}
+        return {
+            n: np.ascontiguousarray((p.grad / self.cfg.batch_size).cpu().numpy())
+            for n, p in self.module.named_parameters()
+        }
 
     def evaluate(self, batches) -> tuple[int, int]:
         self._average_statistics_once()
@@ -209,18 +235,21 @@ class OptimizerTrainer(TorchTrainer):
 
     def canonical_gradients(self) -> dict[str, np.ndarray]:
         """The gradient of the global mean loss, after the framework's reduction."""
-        return {n: np.ascontiguousarray(p.grad.detach().cpu().numpy()) for n, p in self.module.named_parameters()}
+        return {
+            n: np.ascontiguousarray(p.grad.detach().cpu().numpy())
+            for n, p in self.module.named_parameters()
+        }
 
 
 class DataParallelTrainer(OptimizerTrainer):
     """nn.DataParallel over cuda:0..k-1 (d2l's concise PyTorch version)."""
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
-        if reason := cuda_refusal(cfg):
-            raise Unsupported(reason)
         super().__init__(cfg, weights, dtype)
         self.devs = devices(cfg.devices, "gpu")
-        self.module = models.prepare(models.build(cfg.model).to(self.devs[0], getattr(torch, dtype)), cfg)
+        self.module = models.prepare(
+            models.build(cfg.model).to(self.devs[0], getattr(torch, dtype)), cfg
+        )
         replicated = self.module
         if cfg.precision == "bf16":
             replicated = models.AutocastForward(replicated, "cuda")
@@ -236,6 +265,7 @@ class DataParallelTrainer(OptimizerTrainer):
         """DataParallel's reduction: the replicas' gradients summed onto device 0 (its backward), the
         result broadcast to every device (as its next forward's replicate broadcasts the weights)."""
         from torch.cuda import comm
+
         buffers = [torch.ones(values, dtype=torch.float32, device=d) for d in self.devs]
         targets = list(range(self.n_devices))
         return lambda: comm.broadcast(comm.reduce_add(buffers, destination=0), devices=targets)
@@ -245,11 +275,13 @@ class DataParallelTrainer(OptimizerTrainer):
 
     def _inputs(self, x, y):
         """The whole batch goes to device 0; DataParallel scatters it."""
-        return (as_tensor(x).to(self.devs[0], non_blocking=True),
-                as_tensor(y).to(self.devs[0], non_blocking=True).long())
+        return (
+            as_tensor(x).to(self.devs[0], non_blocking=True),
+            as_tensor(y).to(self.devs[0], non_blocking=True).long(),
+        )
 
 
-class DDPTrainer(OptimizerTrainer):
+class DDPTrainer(RankCollectives, OptimizerTrainer):
     """One rank of DistributedDataParallel (global rank: its shard of every global batch); the process group
     is set up by launch_ddp (distributed.py)."""
 
@@ -269,132 +301,86 @@ class DDPTrainer(OptimizerTrainer):
         # evaluation), the same policy as scratch, instead of copying rank 0's at every forward.
         # (torch's deprecation notice for it says to keep it while rank-local buffers are wanted.)
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+            warnings.filterwarnings(
+                "ignore", message=".*broadcast_buffers.*", category=FutureWarning
+            )
             self.net = nn.parallel.DistributedDataParallel(
-                self.module, device_ids=[self.device.index] if cfg.device_kind == "gpu" else None,
-                broadcast_buffers=False, gradient_as_bucket_view=True)
-        if cfg.compile:   # the DDP-wrapped module (dynamo's DDPOptimizer splits the graph at the buckets)
+                self.module,
+                device_ids=[self.device.index] if cfg.device_kind == "gpu" else None,
+                broadcast_buffers=False,
+                gradient_as_bucket_view=True,
+            )
+        if (
+            cfg.compile
+        ):  # the DDP-wrapped module (dynamo's DDPOptimizer splits the graph at the buckets)
             self.net = torch.compile(self.net, **models.compile_options(cfg))
         self.optimizer = models.sgd(self.net.parameters(), cfg)
 
-    def collect(self, handles) -> tuple[float, float]:
-        loss, correct = self._all_reduce([sum(float(l) for l, _ in handles), sum(float(c) for _, c in handles)])
-        return loss, correct
-
-    def slowest(self, seconds: float) -> float:
-        return self._all_reduce([seconds], op=dist.ReduceOp.MAX)[0]
-
-    def allreduce_op(self, values: int):
-        """torch.distributed.all_reduce (sum) of one flat float32 tensor on this rank's device."""
-        buffer = torch.ones(values, dtype=torch.float32, device=self.device)
-        return lambda: dist.all_reduce(buffer)
-
     def average_bn_statistics(self) -> None:
-        with torch.no_grad():
-            for b in models.bn_buffers(self.module):
-                dist.all_reduce(b)
-                b.div_(self.n_devices)
+        self._average_over_ranks(models.bn_buffers(self.module))
 
     def evaluate(self, batches) -> tuple[int, int]:
         """Each rank evaluates its slice of every test batch; the counts are summed."""
         self._average_statistics_once()
-        mine = ((x[self.rank::self.n_devices], y[self.rank::self.n_devices]) for x, y in batches)
+        mine = (
+            (x[self.rank :: self.n_devices], y[self.rank :: self.n_devices]) for x, y in batches
+        )
         correct, total = models.accuracy_counts(self.module, mine, self.device)
         correct, total = self._all_reduce([correct, total])
         return int(correct), int(total)
 
     def _shard(self, a):
         m = len(a) // self.n_devices
-        return as_tensor(a[self.rank * m:(self.rank + 1) * m]).to(self.device, non_blocking=True)
+        return as_tensor(a[self.rank * m : (self.rank + 1) * m]).to(self.device, non_blocking=True)
 
     def _inputs(self, x, y):
         """This rank's shard of the global batch."""
         return self._shard(x), self._shard(y).long()
 
-    def _all_reduce(self, values: list[float], op=dist.ReduceOp.SUM) -> list[float]:
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=op)
-        return t.tolist()
-
 
 TRAINERS = {"scratch": ScratchTrainer, "dp": DataParallelTrainer, "ddp": DDPTrainer}
 
 
-def check_supported(cfg: RunConfig) -> None:
-    if cfg.strategy not in TRAINERS:
-        raise Unsupported(f"torch has no strategy {cfg.strategy!r}; it has {', '.join(TRAINERS)}")
-    if reason := refusal(cfg):
-        raise Unsupported(reason)
+# The strategy of the float64 reference (float64_gradients, and the check's float32 floor): one process, no engine.
+REFERENCE = "scratch"
 
 
-def make_trainer(cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32") -> TorchTrainer:
+def make_trainer(
+    cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"
+) -> TorchTrainer:
     """The strategy's trainer, checked, with torch's precision configured, reset to `weights`
     (for ddp: this rank's, inside a process group)."""
-    check_supported(cfg)
-    leverlib.check_dtype(dtype, cfg)
+    check_supported(cfg, refusal, dtype)
     configure_precision(cfg)
     trainer = TRAINERS[cfg.strategy](cfg, weights, dtype)
     trainer.reset()
     return trainer
 
 
-def run(cfg: RunConfig) -> dict:
-    """Train as the run config says; the metrics part of a result."""
-    check_supported(cfg)
+def train(cfg: RunConfig) -> dict:
+    """Train as the run config says (ddp: in its ranks, started by torch's elastic agent); the metrics."""
     if cfg.strategy == "ddp":
         return launch_ddp(cfg, train_job)
     configure_threads(cfg, processes=1)
     return run_training(make_trainer(cfg, weights_for_run(cfg)), cfg, datalib.load(cfg))
 
 
-def _measure(cfg: RunConfig, weights: dict[str, np.ndarray], batches: list, probe: str, dtype: str):
-    """PROBES[probe] of a fresh trainer: in this process, or in the ddp ranks (this node's first rank's result).
-    The batches are cast to `dtype` (float32 -> float64 is exact)."""
-    check_supported(cfg)
-    leverlib.check_dtype(dtype, cfg)
-    batches = [(np.asarray(x, dtype=dtype), y) for x, y in batches]
+def measure(cfg: RunConfig, weights: dict[str, np.ndarray], batches: list, probe: str, dtype: str):
+    """PROBES[probe] of a fresh trainer: in this process, or in the ddp ranks (this node's first rank's result)."""
     if cfg.strategy == "ddp":
         return launch_ddp(cfg, probe_job, (weights, batches, probe, dtype))
     return PROBES[probe](make_trainer(cfg, weights, dtype), batches)
 
 
-def gradients(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], x, y,
-              bn: str = "local", device_kind: str = "cpu", dtype: str = "float32", options: dict | None = None,
-              **levers) -> tuple[float, dict[str, np.ndarray]]:
-    """(mean loss of the global batch, its gradient per trainable canonical parameter), as the strategy
-    computes it: every device on its shard, then the strategy's own reduction; replica 0's copy."""
-    cfg = probe_config("torch", strategy, model, n_devices, len(y), 1.0, bn, device_kind, options, levers)
-    return _measure(cfg, weights, [(x, y)], "gradients", dtype)
+# The jobs of the ddp ranks (launch_ddp runs one in every rank).
 
 
-def train_trace(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
-                lr: float, bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
-                options: dict | None = None, **levers) -> dict:
-    """SGD steps from `weights`: {"first": weights after step 1, "final": after the last, "losses": per step}.
-    Weights are canonical, BatchNorm running statistics averaged across replicas. `dtype`: "float32", or
-    "float64" (the plain step only, common.levers.check_dtype); `levers`: RunConfig's lever fields."""
-    cfg = probe_config("torch", strategy, model, n_devices, len(batches[0][1]), lr, bn, device_kind, options, levers)
-    return _measure(cfg, weights, batches, "trace", dtype)
+def train_job(cfg: RunConfig, rank: int, payload) -> dict:
+    """One rank of a run: train as the run config says."""
+    return run_training(make_trainer(cfg, weights_for_run(cfg)), cfg, datalib.load(cfg))
 
 
-def train_steps(strategy: str, model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list,
-                lr: float, bn: str = "local", device_kind: str = "cpu", dtype: str = "float32",
-                options: dict | None = None, **levers) -> dict[str, np.ndarray]:
-    """The canonical weights after len(batches) SGD steps from `weights` (for tests and checks)."""
-    return train_trace(strategy, model, n_devices, weights, batches, lr, bn, device_kind, dtype, options,
-                       **levers)["final"]
-
-
-def float64_reference(model: str, n_devices: int, weights: dict[str, np.ndarray], batches: list, lr: float,
-                      bn: str = "local") -> tuple[float, dict[str, np.ndarray], dict]:
-    """The math every strategy implements, in float64 on the CPU by scratch: (mean loss, gradients) of the
-    first batch and the trace of SGD steps (`sync` BatchNorm: 1-device training). `harness check` measures each
-    float32 implementation's distance from it, to tell rounding apart from different math."""
-    k = 1 if bn == "sync" else n_devices
-    loss, grads = gradients("scratch", model, k, weights, *batches[0], dtype="float64")
-    return loss, grads, train_trace("scratch", model, k, weights, batches, lr, dtype="float64")
-
-
-def float64_gradients(model: str, weights: dict[str, np.ndarray], x, y) -> tuple[float, dict[str, np.ndarray]]:
-    """(mean loss, canonical gradients) of one batch on one CPU device, computed in float64."""
-    return gradients("scratch", model, 1, weights, x, y, dtype="float64")
+def probe_job(cfg: RunConfig, rank: int, payload):
+    """One rank of an equivalence probe: payload (weights, batches, probe name, dtype)."""
+    weights, batches, probe, dtype = payload
+    return PROBES[probe](make_trainer(cfg, weights, dtype), batches)

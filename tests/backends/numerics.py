@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import numpy as np
 
-IDENTICAL = 1e-10       # float64: relative difference of two implementations of the same math
-FLOOR_FACTOR = 3        # float32 tolerance = FLOOR_FACTOR x the measured float32-vs-float64 distance
+IDENTICAL = 1e-10  # float64: relative difference of two implementations of the same math
+FLOOR_FACTOR = 3  # float32 tolerance = FLOOR_FACTOR x the measured float32-vs-float64 distance
 
 
 def max_abs_diff(a: dict, b: dict) -> float:
     """The largest |a - b| over every entry (the same keys in both), computed in float64."""
     assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
-    return max(float(np.max(np.abs(np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64)))) for k in a)
+    return max(
+        float(np.max(np.abs(np.asarray(a[k], np.float64) - np.asarray(b[k], np.float64))))
+        for k in a
+    )
 
 
 def scale(a: dict) -> float:

@@ -21,8 +21,10 @@ from common import weights as weightslib
 from tests.backends.conftest import NAME
 from tests.backends.hosts import run_row, small_run, start_harness, two_hosts, wait_all
 
-ENGINE_STRATEGIES = [name for name, s in manifest.load(NAME).strategies.items() if s.engine] if NAME else []
-PORT = 29500   # each namespace has its own ports: nothing else listens there
+ENGINE_STRATEGIES = (
+    [name for name, s in manifest.load(NAME).strategies.items() if s.engine] if NAME else []
+)
+PORT = 29500  # each namespace has its own ports: nothing else listens there
 WAIT_S = 420
 
 
@@ -37,34 +39,72 @@ def run_here(tmp_path: Path, name: str, strategy: str, *extra: str) -> tuple[dic
 
 
 @pytest.mark.parametrize("engine_strategy", ENGINE_STRATEGIES)
-def test_two_hosts_train_the_same_weights_as_loopback_nodes_and_one_process(backend, engine_strategy, tmp_path):
+def test_two_hosts_train_the_same_weights_as_loopback_nodes_and_one_process(
+    backend, engine_strategy, tmp_path
+):
     with two_hosts(NAME) as hosts:
         outs = [tmp_path / f"host-{r}" for r in range(2)]
         logs = [tmp_path / f"host-{r}.log" for r in range(2)]
         procs = []
         for rank, (host, out, log) in enumerate(zip(hosts, outs, logs)):
             out.mkdir()
-            procs.append(start_harness(host, small_run(
-                NAME, engine_strategy, out, "--nodes", "2", "--gpus", "1", "--node-rank", str(rank),
-                "--coordinator", f"{hosts[0].address}:{PORT}", "--join-timeout", "120"), log))
+            procs.append(
+                start_harness(
+                    host,
+                    small_run(
+                        NAME,
+                        engine_strategy,
+                        out,
+                        "--nodes",
+                        "2",
+                        "--gpus",
+                        "1",
+                        "--node-rank",
+                        str(rank),
+                        "--coordinator",
+                        f"{hosts[0].address}:{PORT}",
+                        "--join-timeout",
+                        "120",
+                    ),
+                    log,
+                )
+            )
         codes = wait_all(procs, logs, WAIT_S)
     assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
     coordinator = f"{hosts[0].address}:{PORT}"
     for host, out, log in zip(hosts, outs, logs):
         row = run_row(out)
-        assert (row["config"]["local_addr"], row["config"]["interface"]) == (host.address, host.interface)
+        assert (row["config"]["local_addr"], row["config"]["interface"]) == (
+            host.address,
+            host.interface,
+        )
         assert f"this host is {host.address} on {host.interface}" in log.read_text()
-        assert coordinator in json.dumps(row["environment"]["details"])   # where the engine met, recorded
+        assert coordinator in json.dumps(
+            row["environment"]["details"]
+        )  # where the engine met, recorded
     across_hosts = weightslib.load(outs[0] / "weights.npz")
-    loopback, row = run_here(tmp_path, "loopback", engine_strategy, "--nodes", "2", "--gpus", "1", "--timed-steps", "2")
+    loopback, row = run_here(
+        tmp_path, "loopback", engine_strategy, "--nodes", "2", "--gpus", "1", "--timed-steps", "2"
+    )
     one_process, _ = run_here(tmp_path, "one-process", engine_strategy, "--gpus", "2")
     # The loopback run's record: its nodes, every process of the job, the timed steps across the nodes.
     environment = row["environment"]
-    assert environment["nodes"] == 2 and environment["processes"] >= 2 and environment["loopback_nodes"]
+    assert (
+        environment["nodes"] == 2
+        and environment["processes"] >= 2
+        and environment["loopback_nodes"]
+    )
     assert row["step_time"]["steps"] == 2 and math.isfinite(row["epochs"][0]["train_loss"])
-    moved = [name for name, w in backend.initial_weights("lenet", 0).items()
-             if across_hosts[name].tobytes() != w.tobytes()]
+    moved = [
+        name
+        for name, w in backend.initial_weights("lenet", 0).items()
+        if across_hosts[name].tobytes() != w.tobytes()
+    ]
     assert moved, "the run did not train"
     for name in across_hosts:
-        assert across_hosts[name].tobytes() == loopback[name].tobytes(), f"{name}: hosts vs loopback nodes"
-        assert across_hosts[name].tobytes() == one_process[name].tobytes(), f"{name}: hosts vs 1 process"
+        assert across_hosts[name].tobytes() == loopback[name].tobytes(), (
+            f"{name}: hosts vs loopback nodes"
+        )
+        assert across_hosts[name].tobytes() == one_process[name].tobytes(), (
+            f"{name}: hosts vs 1 process"
+        )

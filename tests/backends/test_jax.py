@@ -12,11 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from common.backend import Probe
 from tests.backends.conftest import NAME, run_backend_worker
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative
 
 pytestmark = pytest.mark.skipif(NAME != "jax", reason="jax backend only")
-DIFFERENT = 1e6 * IDENTICAL   # a float64 difference this large is other math, not rounding
+DIFFERENT = 1e6 * IDENTICAL  # a float64 difference this large is other math, not rounding
 
 
 def batch(n, seed=0):
@@ -27,6 +28,7 @@ def batch(n, seed=0):
 def float64():
     """jax_enable_x64 for the `with` block, as the equivalence API sets it for a float64 call."""
     from backends.jax.strategies import computing_in
+
     return computing_in("float64")
 
 
@@ -36,8 +38,17 @@ def trainer(strategy, model, k, batch_size, lr=0.1, bn="local", precision="fp32"
     from backends.jax.environment import configure_precision
     from backends.jax.strategies import TRAINERS
     from common.config import RunConfig
-    cfg = RunConfig(backend="jax", strategy=strategy, devices=k, model=model, batch_size=batch_size, lr=lr,
-                    bn=bn, precision=precision).validate()
+
+    cfg = RunConfig(
+        backend="jax",
+        strategy=strategy,
+        devices=k,
+        model=model,
+        batch_size=batch_size,
+        lr=lr,
+        bn=bn,
+        precision=precision,
+    ).validate()
     configure_precision(cfg)
     t = TRAINERS[strategy](cfg, initial_weights(model, 0), dtype=dtype)
     t.reset()
@@ -47,6 +58,7 @@ def trainer(strategy, model, k, batch_size, lr=0.1, bn="local", precision="fp32"
 def on_each_device(t, stats, *path):
     """One BatchNorm statistic of trainer `t`, as numpy, per device."""
     from backends.jax.parallel import per_device
+
     for key in path:
         stats = stats[key]
     return [np.asarray(a) for a in per_device(stats, t.devs)]
@@ -62,8 +74,10 @@ def test_batchnorm_uses_each_devices_own_shard_then_averages(strategy):
         alone = []
         for i in range(2):
             one = trainer(strategy, "resnet18", 1, 4)
-            one.step(x[4 * i:4 * (i + 1)], y[4 * i:4 * (i + 1)])
-            alone.append({s: on_each_device(one, one.state[1], "bn", s)[0] for s in ("mean", "var")})
+            one.step(x[4 * i : 4 * (i + 1)], y[4 * i : 4 * (i + 1)])
+            alone.append(
+                {s: on_each_device(one, one.state[1], "bn", s)[0] for s in ("mean", "var")}
+            )
         global_batch = trainer(strategy, "resnet18", 1, 8)
         global_batch.step(x, y)
         for s in ("mean", "var"):
@@ -71,7 +85,10 @@ def test_batchnorm_uses_each_devices_own_shard_then_averages(strategy):
             for i in range(2):
                 assert relative({s: on_devices[i]}, {s: alone[i][s]}) <= IDENTICAL, (s, i)
         whole = on_each_device(global_batch, global_batch.state[1], "bn", "mean")[0]
-        assert relative({"m": on_each_device(two, two.state[1], "bn", "mean")[0]}, {"m": whole}) > DIFFERENT
+        assert (
+            relative({"m": on_each_device(two, two.state[1], "bn", "mean")[0]}, {"m": whole})
+            > DIFFERENT
+        )
 
         two.average_bn_statistics()
         for s in ("mean", "var"):
@@ -85,7 +102,9 @@ def test_canonical_weights_average_the_running_statistics_and_leave_the_devices_
         two = trainer(strategy, "resnet18", 2, 8)
         two.step(x, y)
         means = on_each_device(two, two.state[1], "bn", "mean")
-        assert relative({"m": means[0]}, {"m": means[1]}) > DIFFERENT   # local BatchNorm: the devices differ
+        assert (
+            relative({"m": means[0]}, {"m": means[1]}) > DIFFERENT
+        )  # local BatchNorm: the devices differ
         averaged = {"m": two.canonical()["bn.running_mean"]}
         assert averaged["m"].dtype == np.float64
         assert relative(averaged, {"m": (means[0] + means[1]) / 2}) <= IDENTICAL
@@ -96,13 +115,14 @@ def test_train_mode_forward_gives_the_loss_that_gradients_reports(strategy):
     """The mean cross-entropy of predict(train=True) logits is the loss of the strategy's gradient step
     (float64)."""
     from backends.jax import gradients, initial_weights, predict
+
     w = initial_weights("resnet18", 0)
     x, y = batch(8)
     logits = predict("resnet18", w, x, train=True, dtype="float64")
     shifted = logits - logits.max(axis=1, keepdims=True)
     log_softmax = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
     expected = -np.mean(log_softmax[np.arange(len(y)), y])
-    loss, _ = gradients(strategy, "resnet18", 1, w, x, y, dtype="float64")
+    loss, _ = gradients(Probe(strategy, "resnet18", 1, dtype="float64"), w, x, y)
     assert abs(loss - expected) <= IDENTICAL * expected
 
 
@@ -112,6 +132,7 @@ def test_reduce_gradients_then_update_is_the_fused_step(strategy):
     optimizer state either way; canonical_gradients() reads the kept gradients. Two compiled programs may
     order their sums differently on another CPU, so "the same" is float64's IDENTICAL, not bit for bit."""
     import jax
+
     batches = [batch(8, seed=s) for s in range(2)]
     with float64():
         fused, halves = trainer(strategy, "resnet18", 2, 8), trainer(strategy, "resnet18", 2, 8)
@@ -120,41 +141,63 @@ def test_reduce_gradients_then_update_is_the_fused_step(strategy):
             halves_loss, halves_correct = halves.collect([halves.reduce_gradients(x, y)])
             assert set(halves.canonical_gradients()) < set(halves.canonical())
             halves.update()
-            assert abs(halves_loss - fused_loss) <= IDENTICAL * abs(fused_loss) and halves_correct == fused_correct
+            assert (
+                abs(halves_loss - fused_loss) <= IDENTICAL * abs(fused_loss)
+                and halves_correct == fused_correct
+            )
         with pytest.raises(RuntimeError, match="reduce_gradients"):
-            halves.update()        # its gradients are applied already
+            halves.update()  # its gradients are applied already
         fused.sync()
         halves.sync()
         assert max_abs_diff(fused.canonical(), fused.weights) > 1e-3
         assert relative(halves.canonical(), fused.canonical()) <= IDENTICAL
-        leaves = [(np.asarray(a), np.asarray(b)) for a, b in
-                  zip(jax.tree.leaves(halves.state), jax.tree.leaves(fused.state), strict=True)]
+        leaves = [
+            (np.asarray(a), np.asarray(b))
+            for a, b in zip(
+                jax.tree.leaves(halves.state), jax.tree.leaves(fused.state), strict=True
+            )
+        ]
         assert all(a.dtype == np.float64 for a, _ in leaves)
-        assert relative({i: a for i, (a, _) in enumerate(leaves)}, {i: b for i, (_, b) in enumerate(leaves)}) \
+        assert (
+            relative(
+                {i: a for i, (a, _) in enumerate(leaves)}, {i: b for i, (_, b) in enumerate(leaves)}
+            )
             <= IDENTICAL
+        )
 
 
 def test_the_train_step_refuses_a_batch_the_devices_cannot_split(strategy):
     t = trainer(strategy, "lenet", 2, 8, dtype="float32")
-    with pytest.raises(ValueError, match="batch of 7 examples cannot be split evenly across 2 devices"):
+    with pytest.raises(
+        ValueError, match="batch of 7 examples cannot be split evenly across 2 devices"
+    ):
         t.step(*batch(7))
 
 
 # ------------------------------------------------------------- BatchNorm's running statistics
+
 
 def batchnorm_step(x: np.ndarray, k: int, bn: str, dtype=None, param_dtype=None):
     """models.BatchNorm in training mode on NHWC `x` split over k devices in a pmap (running mean 0,
     variance 1, scale 1, bias 0): (output, running mean, running variance) per device, as numpy."""
     import jax
     import jax.numpy as jnp
+
     from backends.jax.batchnorm import BatchNorm
     from backends.jax.parallel import AXIS, devices
+
     param_dtype = param_dtype or x.dtype
-    bn_module = BatchNorm(use_running_average=False, axis_name=AXIS if bn == "sync" else None, dtype=dtype,
-                          param_dtype=param_dtype)
+    bn_module = BatchNorm(
+        use_running_average=False,
+        axis_name=AXIS if bn == "sync" else None,
+        dtype=dtype,
+        param_dtype=param_dtype,
+    )
     c = x.shape[-1]
-    variables = {"params": {"scale": jnp.ones(c, param_dtype), "bias": jnp.zeros(c, param_dtype)},
-                 "batch_stats": {"mean": jnp.zeros(c, param_dtype), "var": jnp.ones(c, param_dtype)}}
+    variables = {
+        "params": {"scale": jnp.ones(c, param_dtype), "bias": jnp.zeros(c, param_dtype)},
+        "batch_stats": {"mean": jnp.zeros(c, param_dtype), "var": jnp.ones(c, param_dtype)},
+    }
 
     def device(x):
         y, updates = bn_module.apply(variables, x, mutable=["batch_stats"])
@@ -176,8 +219,11 @@ def test_batchnorm_running_variance_is_unbiased_and_normalisation_biased(k, bn):
     shards = np.split(x, 1 if bn == "sync" else k)
     for i in range(k):
         part = shards[0 if bn == "sync" else i]
-        batch_mean, biased, unbiased = (part.mean(axis=(0, 1, 2)), part.var(axis=(0, 1, 2)),
-                                        part.var(axis=(0, 1, 2), ddof=1))
+        batch_mean, biased, unbiased = (
+            part.mean(axis=(0, 1, 2)),
+            part.var(axis=(0, 1, 2)),
+            part.var(axis=(0, 1, 2), ddof=1),
+        )
         assert relative({"m": mean[i]}, {"m": 0.1 * batch_mean}) <= IDENTICAL
         assert relative({"v": var[i]}, {"v": 0.9 + 0.1 * unbiased}) <= IDENTICAL
         assert relative({"v": 0.9 + 0.1 * biased}, {"v": 0.9 + 0.1 * unbiased}) > DIFFERENT
@@ -188,40 +234,58 @@ def test_batchnorm_running_variance_is_unbiased_and_normalisation_biased(k, bn):
 def test_batchnorm_is_flaxs_but_for_the_running_variance():
     """float64: the same variable names as flax's nn.BatchNorm, the same output and running mean, and the
     running variance's batch term scaled by n / (n - 1)."""
+    import flax.linen as nn
     import jax
     import jax.numpy as jnp
-    import flax.linen as nn
+
     from backends.jax.batchnorm import BN_EPS, BatchNorm
+
     x = np.random.default_rng(1).normal(0.5, 2.0, (3, 4, 4, 6))
     n = 3 * 4 * 4
     with float64():
         ours = BatchNorm(use_running_average=False, param_dtype=jnp.float64)
-        flax_bn = nn.BatchNorm(use_running_average=False, momentum=0.9, epsilon=BN_EPS, use_fast_variance=False,
-                               param_dtype=jnp.float64)
+        flax_bn = nn.BatchNorm(
+            use_running_average=False,
+            momentum=0.9,
+            epsilon=BN_EPS,
+            use_fast_variance=False,
+            param_dtype=jnp.float64,
+        )
         variables = ours.init(jax.random.key(0), x)
-        assert jax.tree.map(np.shape, variables) == jax.tree.map(np.shape, flax_bn.init(jax.random.key(0), x))
+        assert jax.tree.map(np.shape, variables) == jax.tree.map(
+            np.shape, flax_bn.init(jax.random.key(0), x)
+        )
         y_ours, s_ours = ours.apply(variables, x, mutable=["batch_stats"])
         y_flax, s_flax = flax_bn.apply(variables, x, mutable=["batch_stats"])
     assert relative({"y": y_ours}, {"y": y_flax}) <= IDENTICAL
-    assert relative({"m": s_ours["batch_stats"]["mean"]}, {"m": s_flax["batch_stats"]["mean"]}) <= IDENTICAL
-    batch_term_ours, batch_term_flax = (np.asarray(s["batch_stats"]["var"]) - 0.9 for s in (s_ours, s_flax))
+    assert (
+        relative({"m": s_ours["batch_stats"]["mean"]}, {"m": s_flax["batch_stats"]["mean"]})
+        <= IDENTICAL
+    )
+    batch_term_ours, batch_term_flax = (
+        np.asarray(s["batch_stats"]["var"]) - 0.9 for s in (s_ours, s_flax)
+    )
     assert relative({"v": batch_term_ours}, {"v": batch_term_flax * n / (n - 1)}) <= IDENTICAL
 
 
 def test_batchnorm_reduces_the_activations_no_more_often_than_flax():
     """The unbiased running variance costs no pass over the activations: as many reductions (and, with an
     axis name, as many pmean's) as flax's two-pass BatchNorm makes."""
+    import flax.linen as nn
     import jax
     import jax.numpy as jnp
-    import flax.linen as nn
+
     from backends.jax.batchnorm import BN_EPS, BatchNorm
     from backends.jax.parallel import AXIS, devices
 
     def primitives(module):
         x = jnp.ones((2, 4, 8, 8, 16))
         variables = module.init(jax.random.key(0), x[0])
-        step = jax.pmap(lambda x: module.apply(variables, x, mutable=["batch_stats"]), axis_name=AXIS,
-                        devices=devices(2))
+        step = jax.pmap(
+            lambda x: module.apply(variables, x, mutable=["batch_stats"]),
+            axis_name=AXIS,
+            devices=devices(2),
+        )
         names = []
 
         def walk(jaxpr):
@@ -238,8 +302,15 @@ def test_batchnorm_reduces_the_activations_no_more_often_than_flax():
 
     for axis in (None, AXIS):
         ours = primitives(BatchNorm(use_running_average=False, axis_name=axis))
-        flax_bn = primitives(nn.BatchNorm(use_running_average=False, momentum=0.9, epsilon=BN_EPS,
-                                          use_fast_variance=False, axis_name=axis))
+        flax_bn = primitives(
+            nn.BatchNorm(
+                use_running_average=False,
+                momentum=0.9,
+                epsilon=BN_EPS,
+                use_fast_variance=False,
+                axis_name=axis,
+            )
+        )
         assert ours == flax_bn and ours["reduce_sum"] == 2, (axis, ours, flax_bn)
 
 
@@ -248,29 +319,35 @@ def test_bf16_batchnorm_keeps_its_statistics_in_float32():
     """bfloat16 activations: the statistics are reduced in float32 (as flax does), so they are as close to
     float64 as the float32 statistics of the same values, and the output stays bfloat16."""
     import jax.numpy as jnp
+
     x = np.random.default_rng(2).normal(1.0, 2.0, (4, 5, 5, 8)).astype(jnp.bfloat16)
-    values = x.astype(np.float32)   # what the bfloat16 input holds, exactly
-    out_bf16, mean_bf16, var_bf16 = batchnorm_step(x, 1, "local", dtype=jnp.bfloat16, param_dtype=jnp.float32)
+    values = x.astype(np.float32)  # what the bfloat16 input holds, exactly
+    out_bf16, mean_bf16, var_bf16 = batchnorm_step(
+        x, 1, "local", dtype=jnp.bfloat16, param_dtype=jnp.float32
+    )
     _, mean_32, var_32 = batchnorm_step(values, 1, "local")
     with float64():
         _, mean_64, var_64 = batchnorm_step(values.astype(np.float64), 1, "local")
     assert out_bf16.dtype == jnp.bfloat16 and mean_bf16.dtype == var_bf16.dtype == np.float32
-    stats_bf16, stats_32, stats_64 = ({"mean": m, "var": v} for m, v in ((mean_bf16, var_bf16),
-                                                                       (mean_32, var_32), (mean_64, var_64)))
+    stats_bf16, stats_32, stats_64 = (
+        {"mean": m, "var": v}
+        for m, v in ((mean_bf16, var_bf16), (mean_32, var_32), (mean_64, var_64))
+    )
     assert max_abs_diff(stats_bf16, stats_64) <= float32_tolerance((stats_32, stats_64))
 
 
 # ------------------------------------------------------------- allreduce, staged batches, levers
+
 
 def test_allreduce_seconds_times_a_psum_that_really_sums(strategy):
     """`repeats` positive seconds; the collective it times leaves the sum over the 3 devices on each."""
     t = trainer(strategy, "lenet", 3, 6, dtype="float32")
     seconds = t.allreduce_seconds(1000, 4)
     assert len(seconds) == 4 and all(isinstance(s, float) and s > 0 for s in seconds)
-    buffer = t._allreduce_buffer(1000)           # device i holds i + 1 in every element (as allreduce_op's)
+    buffer = t._allreduce_buffer(1000)  # device i holds i + 1 in every element (as allreduce_op's)
     rows = {s.device: np.asarray(s.data) for s in buffer.addressable_shards}
     assert [float(rows[d].ravel()[0]) for d in t.devs] == [1.0, 2.0, 3.0]
-    summed = t.allreduce_op(1000)()             # the call allreduce_seconds times
+    summed = t.allreduce_op(1000)()  # the call allreduce_seconds times
     shards = summed.addressable_shards
     assert {s.device for s in shards} == set(t.devs)
     for s in shards:
@@ -282,6 +359,7 @@ def test_a_staged_batch_gives_the_numpy_step_without_a_copy(strategy):
     """Batches from `stage` (--resident-data) take the numpy batches' steps (float64), with no host-to-device
     transfer in the step; a numpy batch afterwards is still copied and accepted."""
     import jax
+
     batches = [batch(8, seed=s) for s in range(2)]
     with float64():
         plain = trainer(strategy, "lenet", 2, 8, lr=0.5)
@@ -289,7 +367,7 @@ def test_a_staged_batch_gives_the_numpy_step_without_a_copy(strategy):
         staged = trainer(strategy, "lenet", 2, 8, lr=0.5)
         on_devices = staged.stage(batches)
         assert all(isinstance(a, jax.Array) for pair in on_devices for a in pair)
-        with jax.transfer_guard("disallow_explicit"):   # a numpy batch would need a device_put here
+        with jax.transfer_guard("disallow_explicit"):  # a numpy batch would need a device_put here
             staged_metrics = [staged.step(x, y) for x, y in on_devices]
             staged.sync()
         assert relative(staged.canonical(), plain.canonical()) <= IDENTICAL
@@ -305,12 +383,15 @@ def test_a_staged_batch_gives_the_numpy_step_without_a_copy(strategy):
 
 def update_distance(start: dict, a: dict, b: dict) -> float:
     """|update a - update b| / |update b| (L2 over every weight)."""
-    diff = sum(float(np.sum(((a[k] - start[k]) - (b[k] - start[k])).astype(np.float64) ** 2)) for k in start)
+    diff = sum(
+        float(np.sum(((a[k] - start[k]) - (b[k] - start[k])).astype(np.float64) ** 2))
+        for k in start
+    )
     norm = sum(float(np.sum((b[k] - start[k]).astype(np.float64) ** 2)) for k in start)
     return float(np.sqrt(diff / norm))
 
 
-BF16_EPSILON = 2.0 ** -7   # bfloat16's spacing at 1 (8 significant bits; float32's is 2 ** -23)
+BF16_EPSILON = 2.0**-7  # bfloat16's spacing at 1 (8 significant bits; float32's is 2 ** -23)
 
 
 @pytest.mark.rounding
@@ -320,12 +401,14 @@ def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same(strategy):
     (measured here) can take a step. Close: its update is within a few bfloat16 roundings of the exact
     (float64) one, where other math would be off by the update's own size."""
     import jax
+
     from backends.jax import initial_weights, train_steps
+
     w = initial_weights("lenet", 0)
     batches = [batch(8)]
-    fp64 = train_steps(strategy, "lenet", 2, w, batches, 0.5, dtype="float64")
-    fp32 = train_steps(strategy, "lenet", 2, w, batches, 0.5)
-    bf16 = train_steps(strategy, "lenet", 2, w, batches, 0.5, precision="bf16")
+    fp64 = train_steps(Probe(strategy, "lenet", 2, dtype="float64"), w, batches, 0.5)
+    fp32 = train_steps(Probe(strategy, "lenet", 2), w, batches, 0.5)
+    bf16 = train_steps(Probe(strategy, "lenet", 2, levers={"precision": "bf16"}), w, batches, 0.5)
     assert max_abs_diff(fp32, w) > 1e-3
     assert max_abs_diff(bf16, fp64) > 100 * float32_tolerance((fp32, fp64))
     assert update_distance(w, bf16, fp64) <= 4 * BF16_EPSILON
@@ -339,22 +422,41 @@ def test_bf16_resnet_keeps_parameters_and_batchnorm_statistics_float32():
     """Only the compute dtype changes: every parameter and running statistic is declared float32."""
     import jax
     import jax.numpy as jnp
+
     from backends.jax.models import build, native_shapes
+
     shapes = native_shapes(build("resnet18", dtype=jnp.bfloat16))
-    assert shapes["batch_stats"] and {s.dtype for s in jax.tree.leaves(shapes)} == {np.dtype(np.float32)}
+    assert shapes["batch_stats"] and {s.dtype for s in jax.tree.leaves(shapes)} == {
+        np.dtype(np.float32)
+    }
 
 
 def test_tf32_on_the_cpu_and_channels_last_are_refused(strategy):
-    from backends.jax import initial_weights, train_steps
-    from backends.jax.strategies import check_supported
+    from backends.jax import check_supported, initial_weights, train_steps
     from common.config import RunConfig
-    from common.loop import Unsupported
-    with pytest.raises(Unsupported, match="TF32 is a mode of NVIDIA tensor cores; there is none on the CPU"):
-        train_steps(strategy, "lenet", 1, initial_weights("lenet", 0), [batch(4)], 0.1, precision="tf32")
+    from common.errors import Unsupported
+
+    with pytest.raises(
+        Unsupported, match="TF32 is a mode of NVIDIA tensor cores; there is none on the CPU"
+    ):
+        train_steps(
+            Probe(strategy, "lenet", 1, levers={"precision": "tf32"}),
+            initial_weights("lenet", 0),
+            [batch(4)],
+            0.1,
+        )
     with pytest.raises(Unsupported, match="memory layouts"):
         check_supported(RunConfig(backend="jax", strategy=strategy, devices=2, channels_last=True))
-    check_supported(RunConfig(backend="jax", strategy=strategy, devices=2, compile=True, resident_data=True,
-                              precision="bf16"))
+    check_supported(
+        RunConfig(
+            backend="jax",
+            strategy=strategy,
+            devices=2,
+            compile=True,
+            resident_data=True,
+            precision="bf16",
+        )
+    )
 
 
 def test_float64_refuses_the_levers_and_unknown_dtypes_and_restores_float32(strategy):
@@ -362,25 +464,28 @@ def test_float64_refuses_the_levers_and_unknown_dtypes_and_restores_float32(stra
     the reason (--resident-data, which only moves batches, runs); an unknown dtype is a ValueError;
     jax_enable_x64 is off again after a float64 call, one that failed included."""
     import jax
+
     from backends.jax import gradients, initial_weights
-    from common.loop import Unsupported
+    from common.errors import Unsupported
+
     w = initial_weights("lenet", 0)
     x, y = batch(4)
     assert not jax.config.jax_enable_x64
     for lever, value in (("precision", "bf16"), ("compile", True)):
         with pytest.raises(Unsupported, match="dtype float64 runs the plain step only"):
-            gradients(strategy, "lenet", 1, w, x, y, dtype="float64", **{lever: value})
+            gradients(Probe(strategy, "lenet", 1, dtype="float64", levers={lever: value}), w, x, y)
         assert not jax.config.jax_enable_x64
     with pytest.raises(ValueError, match="unknown dtype 'float16'"):
-        gradients(strategy, "lenet", 1, w, x, y, dtype="float16")
-    loss, grads = gradients(strategy, "lenet", 1, {k: v.astype(np.float64) for k, v in w.items()}, x, y,
-                            dtype="float64")
+        gradients(Probe(strategy, "lenet", 1, dtype="float16"), w, x, y)
+    w64 = {k: v.astype(np.float64) for k, v in w.items()}
+    loss, grads = gradients(Probe(strategy, "lenet", 1, dtype="float64"), w64, x, y)
     assert isinstance(loss, float) and {g.dtype for g in grads.values()} == {np.dtype(np.float64)}
     assert not jax.config.jax_enable_x64
 
 
 def test_environment_records_the_effective_levers():
     import jax
+
     from backends.jax import environment
     from backends.jax.environment import configure_precision
     from common.config import RunConfig
@@ -389,9 +494,14 @@ def test_environment_records_the_effective_levers():
         return RunConfig(backend="jax", strategy="pmap", devices=2, **levers)
 
     plain = environment(cfg())
-    assert plain["precision"] == {"mode": "fp32", "dtype": "float32", "param_dtype": "float32",
-                                  "jax_default_matmul_precision": "highest", "tf32_matmul": False,
-                                  "tf32_cudnn": False}
+    assert plain["precision"] == {
+        "mode": "fp32",
+        "dtype": "float32",
+        "param_dtype": "float32",
+        "jax_default_matmul_precision": "highest",
+        "tf32_matmul": False,
+        "tf32_cudnn": False,
+    }
     assert plain["levers"]["compile"] is False and plain["levers"]["resident_data"] is False
     assert plain["compile"] is None and set(plain["libraries"]) == {"flax", "optax"}
     env = environment(cfg(precision="bf16", compile=True, resident_data=True))
@@ -410,6 +520,7 @@ def test_environment_records_the_effective_levers():
 
 # ------------------------------------------------------------- forward pass against numpy
 
+
 def conv_nchw(x, w, b, stride=1, padding=0):
     """Cross-correlation as torch's Conv2d defines it, in float64 numpy."""
     x = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
@@ -419,14 +530,14 @@ def conv_nchw(x, w, b, stride=1, padding=0):
     out = np.zeros((n, o, oh, ow))
     for i in range(kh):
         for j in range(kw):
-            patch = x[:, :, i:i + stride * oh:stride, j:j + stride * ow:stride]
+            patch = x[:, :, i : i + stride * oh : stride, j : j + stride * ow : stride]
             out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
     return out + b[None, :, None, None]
 
 
 def avg_pool2(x):
     n, c, h, w = x.shape
-    return x[:, :, :h // 2 * 2, :w // 2 * 2].reshape(n, c, h // 2, 2, w // 2, 2).mean(axis=(3, 5))
+    return x[:, :, : h // 2 * 2, : w // 2 * 2].reshape(n, c, h // 2, 2, w // 2, 2).mean(axis=(3, 5))
 
 
 def relu(x):
@@ -435,8 +546,9 @@ def relu(x):
 
 def batchnorm_eval(x, w, name):
     factor = w[f"{name}.weight"] / np.sqrt(w[f"{name}.running_var"] + 1e-5)
-    return (x - w[f"{name}.running_mean"][None, :, None, None]) * factor[None, :, None, None] + \
-        w[f"{name}.bias"][None, :, None, None]
+    return (x - w[f"{name}.running_mean"][None, :, None, None]) * factor[None, :, None, None] + w[
+        f"{name}.bias"
+    ][None, :, None, None]
 
 
 def lenet_numpy(w, x):
@@ -471,7 +583,7 @@ def perturbed(weights, seed=1):
             v = rng.uniform(0.5, 2.0, v.shape)
         elif name.endswith(("bias", "running_mean")) or ".bn" in name or name.startswith("bn."):
             v = v + rng.normal(0, 0.1, v.shape)
-        else:   # conv and dense weights: unit-variance scale (d2l's 0.01 leaves deep activations tiny)
+        else:  # conv and dense weights: unit-variance scale (d2l's 0.01 leaves deep activations tiny)
             v = v * (np.sqrt(1.0 / np.prod(v.shape[1:])) / 0.01)
         out[name] = v.astype(np.float32)
     return out
@@ -482,6 +594,7 @@ def test_forward_pass_matches_a_numpy_reference(model, reference):
     """Eval-mode logits on canonical weights (OIHW, (out, in), NCHW flatten order) equal a numpy
     implementation of the torch definitions, both in float64."""
     from backends.jax import initial_weights, predict
+
     w = perturbed(initial_weights(model, 0))
     x, _ = batch(3)
     expected = reference({k: v.astype(np.float64) for k, v in w.items()}, x.astype(np.float64))
@@ -492,6 +605,7 @@ def test_forward_pass_matches_a_numpy_reference(model, reference):
 
 # ------------------------------------------------------------------------- the worker
 
+
 def run_worker(tmp_path, **overrides) -> tuple[int, dict]:
     return run_backend_worker(tmp_path, **{"strategy": "pmap", **overrides})
 
@@ -501,6 +615,7 @@ def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
     rc, r = run_worker(tmp_path, strategy=name, timed_steps=5)
     assert rc == 0 and r["status"] == "ok", r["error"]
     from common.results import SCHEMA_VERSION
+
     assert r["schema_version"] == SCHEMA_VERSION and r["params"] == 129_068
     assert [e["epoch"] for e in r["epochs"]] == [1, 2]
     assert all(e["steps"] == 4 and e["images"] == 64 for e in r["epochs"])
@@ -519,15 +634,29 @@ def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
 def test_worker_runs_with_the_levers(tmp_path):
     """bf16, --compile and --resident-data together, end to end: it trains, records the levers, and has
     step and allreduce figures; --channels-last and tf32 on the CPU are reported unavailable."""
-    rc, r = run_worker(tmp_path, strategy="sharding", precision="bf16", compile=True, resident_data=True,
-                       timed_steps=3)
+    rc, r = run_worker(
+        tmp_path,
+        strategy="sharding",
+        precision="bf16",
+        compile=True,
+        resident_data=True,
+        timed_steps=3,
+    )
     assert rc == 0 and r["status"] == "ok", r["error"]
     assert r["epochs"][1]["train_loss"] < r["epochs"][0]["train_loss"]
     assert r["environment"]["precision"]["dtype"] == "bfloat16"
-    assert r["environment"]["levers"] == {**r["environment"]["levers"], "precision": "bf16", "compile": True,
-                                          "resident_data": True, "channels_last": False}
+    assert r["environment"]["levers"] == {
+        **r["environment"]["levers"],
+        "precision": "bf16",
+        "compile": True,
+        "resident_data": True,
+        "channels_last": False,
+    }
     assert r["step_time"]["steps"] == 3 and r["allreduce"]["values"] == 129_068
-    for lever, reason in (({"channels_last": True}, "memory layouts"), ({"precision": "tf32"}, "TF32")):
+    for lever, reason in (
+        ({"channels_last": True}, "memory layouts"),
+        ({"precision": "tf32"}, "TF32"),
+    ):
         rc, r = run_worker(tmp_path, **lever)
         assert rc == 1 and r["status"] == "unavailable" and reason in r["error"]
 
@@ -560,11 +689,15 @@ def test_worker_reports_divergence(tmp_path):
 
 # ------------------------------------------------------------------ prefetch, donation, predict on the CPU
 
+
 def traces_with(strategy, **levers):
     from backends.jax import initial_weights, train_trace
+
     start = initial_weights("lenet", 0)
     batches = [batch(8, seed=s) for s in range(3)]
-    return start, train_trace(strategy, "lenet", 2, start, batches, 0.5, dtype="float64", **levers)
+    return start, train_trace(
+        Probe(strategy, "lenet", 2, dtype="float64", levers=levers), start, batches, 0.5
+    )
 
 
 def bitwise_equal(a: dict, b: dict) -> bool:
@@ -576,23 +709,34 @@ def test_prefetched_batches_take_the_same_steps_bit_for_bit(strategy):
     numpy batch takes, to the last bit (float64)."""
     start, plain = traces_with(strategy, prefetch=0)
     _, ahead = traces_with(strategy, prefetch=2)
-    _, resident = traces_with(strategy, resident_data=True)     # staged before the steps, in float64 too
+    _, resident = traces_with(
+        strategy, resident_data=True
+    )  # staged before the steps, in float64 too
     assert max_abs_diff(plain["final"], start) > 1e-3
     assert bitwise_equal(ahead["final"], plain["final"]) and ahead["losses"] == plain["losses"]
-    assert bitwise_equal(resident["final"], plain["final"]) and resident["losses"] == plain["losses"]
+    assert (
+        bitwise_equal(resident["final"], plain["final"]) and resident["losses"] == plain["losses"]
+    )
 
 
-def test_donated_state_gives_the_same_steps_bit_for_bit_and_leaves_the_weights_alone(strategy, monkeypatch):
+def test_donated_state_gives_the_same_steps_bit_for_bit_and_leaves_the_weights_alone(
+    strategy, monkeypatch
+):
     """The step donates (params, batch_stats, opt_state): the old buffers are consumed, the steps are those
     without donation to the last bit (float64), and the caller's weights are not written into."""
     import jax
+
     from backends.jax import programs
+
     start, donated = traces_with(strategy)
     kept = {k: v.copy() for k, v in start.items()}
     _, again = traces_with(strategy)
     monkeypatch.setattr(programs, "DONATED", ())
     _, undonated = traces_with(strategy)
-    assert bitwise_equal(donated["final"], undonated["final"]) and donated["losses"] == undonated["losses"]
+    assert (
+        bitwise_equal(donated["final"], undonated["final"])
+        and donated["losses"] == undonated["losses"]
+    )
     assert bitwise_equal(again["final"], donated["final"])
     monkeypatch.undo()
     t = trainer(strategy, "lenet", 2, 8, dtype="float32")
@@ -600,7 +744,7 @@ def test_donated_state_gives_the_same_steps_bit_for_bit_and_leaves_the_weights_a
     t.step(*batch(8))
     t.sync()
     assert all(a.is_deleted() for a in jax.tree.leaves(old))
-    t.reset()                      # from the numpy initial weights: still intact
+    t.reset()  # from the numpy initial weights: still intact
     assert bitwise_equal(t.canonical(), kept)
 
 
@@ -616,37 +760,49 @@ def test_predict_runs_on_the_cpu_at_full_float32_precision(monkeypatch):
     """Whatever the process's default (TF32 on a GPU host), predict's forward runs at "highest" matmul
     precision on a CPU device: its logits are compared with the other backends' CPU logits."""
     import jax
+
     import backends.jax as jax_backend
     from backends.jax import initial_weights, models
+
     seen = []
-    real = jax_backend.forward
+    real = models.forward  # (predict's network runs in models.py)
 
     def spy(net, variables, x, train):
         seen.append((jax.config.jax_default_matmul_precision, jax.config.jax_default_device))
         return real(net, variables, x, train)
 
-    monkeypatch.setattr(jax_backend, "forward", spy)
+    monkeypatch.setattr(models, "forward", spy)
     previous = jax.config.jax_default_matmul_precision
     jax.config.update("jax_default_matmul_precision", "tensorfloat32")
     try:
         jax_backend.predict("lenet", initial_weights("lenet", 0), batch(2)[0])
     finally:
         jax.config.update("jax_default_matmul_precision", previous)
-    (precision, device), = seen
+    ((precision, device),) = seen
     assert precision == "highest" and device.platform == "cpu"
-    lowered = jax.jit(lambda x: models.forward(models.build("lenet"), models.from_canonical(
-        models.build("lenet"), initial_weights("lenet", 0)), x, False))
-    with jax.default_matmul_precision("highest"):   # what that setting does to the convolutions it lowers
+    lowered = jax.jit(
+        lambda x: models.forward(
+            models.build("lenet"),
+            models.from_canonical(models.build("lenet"), initial_weights("lenet", 0)),
+            x,
+            False,
+        )
+    )
+    with jax.default_matmul_precision(
+        "highest"
+    ):  # what that setting does to the convolutions it lowers
         assert "HIGHEST" in lowered.lower(batch(2)[0]).as_text()
 
 
 # ------------------------------------------------------------------ GPU only (run where a GPU is present)
+
 
 def gpu_count() -> int:
     if NAME != "jax":
         return 0
     import backends.jax  # noqa: F401  (first: it asks XLA for the simulated CPU devices before jax starts)
     from backends.jax.parallel import gpu_count as seen_by_jax
+
     return seen_by_jax()
 
 
@@ -657,10 +813,13 @@ GPUS = min(2, gpu_count())
 @needs_gpu
 def test_gpu_steps_in_float64_are_the_cpu_steps(strategy):
     from backends.jax import initial_weights, train_steps
+
     start = initial_weights("lenet", 0)
     batches = [batch(8, seed=s) for s in range(2)]
-    on_gpu = train_steps(strategy, "lenet", GPUS, start, batches, 0.5, device_kind="gpu", dtype="float64")
-    on_cpu = train_steps(strategy, "lenet", GPUS, start, batches, 0.5, dtype="float64")
+    on_gpu = train_steps(
+        Probe(strategy, "lenet", GPUS, device_kind="gpu", dtype="float64"), start, batches, 0.5
+    )
+    on_cpu = train_steps(Probe(strategy, "lenet", GPUS, dtype="float64"), start, batches, 0.5)
     assert relative(on_gpu, on_cpu) <= IDENTICAL
 
 
@@ -669,48 +828,68 @@ def test_gpu_fp32_steps_run_at_full_precision(strategy):
     """fp32 on the GPU (jax_default_matmul_precision "highest") stays within 10x the CPU's float32 distance
     from the float64 step, measured here; XLA's default (TF32 on Ampere and later) is ~1000x."""
     from backends.jax import initial_weights, train_steps
+
     start = initial_weights("lenet", 0)
     batches = [batch(8, seed=s) for s in range(2)]
-    exact = train_steps(strategy, "lenet", GPUS, start, batches, 0.5, dtype="float64")
-    cpu = train_steps(strategy, "lenet", GPUS, start, batches, 0.5)
-    gpu = train_steps(strategy, "lenet", GPUS, start, batches, 0.5, device_kind="gpu")
+    exact = train_steps(Probe(strategy, "lenet", GPUS, dtype="float64"), start, batches, 0.5)
+    cpu = train_steps(Probe(strategy, "lenet", GPUS), start, batches, 0.5)
+    gpu = train_steps(Probe(strategy, "lenet", GPUS, device_kind="gpu"), start, batches, 0.5)
     assert max_abs_diff(gpu, exact) <= 10 * max_abs_diff(cpu, exact)
 
 
 @needs_gpu
 def test_gpu_worker_trains_with_prefetch(tmp_path):
-    rc, r = run_worker(tmp_path, devices=GPUS, device_kind="gpu", simulated=False, timed_steps=3, epochs=1)
+    rc, r = run_worker(
+        tmp_path, devices=GPUS, device_kind="gpu", simulated=False, timed_steps=3, epochs=1
+    )
     assert rc == 0 and r["status"] == "ok", r["error"]
-    assert r["environment"]["input_copies"] == \
-        "2 batches ahead of their step: jax.device_put to the GPUs, not waited for"
+    assert (
+        r["environment"]["input_copies"]
+        == "2 batches ahead of their step: jax.device_put to the GPUs, not waited for"
+    )
 
 
 # ------------------------------------------------------------------ Several nodes
+
 
 def lenet_check_job(tmp_path, strategy) -> tuple[dict, dict, list]:
     """A check job (common/measurements.py) of `strategy` on LeNet, 2 devices, 3 batches of 8: (job, weights,
     batches)."""
     from backends.jax import initial_weights
     from tests.backends.nodes import write_check_inputs
+
     weights, batches = initial_weights("lenet", 0), [batch(8, seed=s) for s in range(3)]
-    job = {"models": ["lenet"], "strategies": [strategy], "devices": [2], "bn": ["local"], "lr": 0.1,
-           "device_kind": "cpu", "float64": False, **write_check_inputs(tmp_path, "lenet", weights, batches)}
+    job = {
+        "models": ["lenet"],
+        "strategies": [strategy],
+        "devices": [2],
+        "bn": ["local"],
+        "lr": 0.1,
+        "device_kind": "cpu",
+        "float64": False,
+        **write_check_inputs(tmp_path, "lenet", weights, batches),
+    }
     return job, weights, batches
 
 
 def measured(arrays: dict, key: str) -> dict:
     """One configuration's measurements (loss, grad|, first|, final|, losses) by their name under `key`."""
-    return {k[len(key) + 1:]: v for k, v in arrays.items() if k.startswith(key + "|")}
+    return {k[len(key) + 1 :]: v for k, v in arrays.items() if k.startswith(key + "|")}
 
 
 def in_process(strategy, k, weights, batches, dtype) -> dict:
     """The same measurements in this process on k devices (k=1: one device with the whole batch)."""
     from backends.jax import gradients, train_trace
-    loss, grads = gradients(strategy, "lenet", k, weights, *batches[0], dtype=dtype)
-    trace = train_trace(strategy, "lenet", k, weights, batches, 0.1, dtype=dtype)
-    return {"loss": np.float64(loss), "losses": np.asarray(trace["losses"], np.float64),
-            **{f"grad|{n}": g for n, g in grads.items()}, **{f"first|{n}": v for n, v in trace["first"].items()},
-            **{f"final|{n}": v for n, v in trace["final"].items()}}
+
+    loss, grads = gradients(Probe(strategy, "lenet", k, dtype=dtype), weights, *batches[0])
+    trace = train_trace(Probe(strategy, "lenet", k, dtype=dtype), weights, batches, 0.1)
+    return {
+        "loss": np.float64(loss),
+        "losses": np.asarray(trace["losses"], np.float64),
+        **{f"grad|{n}": g for n, g in grads.items()},
+        **{f"first|{n}": v for n, v in trace["first"].items()},
+        **{f"final|{n}": v for n, v in trace["final"].items()},
+    }
 
 
 @pytest.mark.rounding
@@ -722,7 +901,10 @@ def test_two_nodes_of_one_device_are_one_process_of_two_devices_and_one_device(t
     nodes = measure_on_nodes_of(job, tmp_path)
     two_nodes = [measured(a, f"lenet|{strategy}:float64|2|local") for a in nodes]
     two_nodes32 = [measured(a, f"lenet|{strategy}|2|local") for a in nodes]
-    assert max_abs_diff(two_nodes[0], two_nodes[1]) == 0 and max_abs_diff(two_nodes32[0], two_nodes32[1]) == 0
+    assert (
+        max_abs_diff(two_nodes[0], two_nodes[1]) == 0
+        and max_abs_diff(two_nodes32[0], two_nodes32[1]) == 0
+    )
     f64 = {k: in_process(strategy, k, weights, batches, "float64") for k in (1, 2)}
     for k in (1, 2):
         assert relative(two_nodes[0], f64[k]) < IDENTICAL, k
@@ -733,22 +915,42 @@ def test_two_nodes_of_one_device_are_one_process_of_two_devices_and_one_device(t
 
 def measure_on_nodes_of(job, tmp_path):
     from tests.backends.nodes import measure_on_nodes
+
     return measure_on_nodes("jax", job, 2, tmp_path, timeout=240)
 
 
 def node_config(tmp_path, rank, coordinator, **overrides) -> dict:
-    return {"backend": "jax", "strategy": "pmap", "devices": 2, "model": "lenet", "epochs": 1, "batch_size": 16,
-            "lr": 0.1, "train_size": 64, "test_size": 40, "eval_batch_size": 16, "dataset": "synthetic",
-            "timed_steps": 2, "nodes": 2, "node_rank": rank, "coordinator": coordinator, **overrides}
+    return {
+        "backend": "jax",
+        "strategy": "pmap",
+        "devices": 2,
+        "model": "lenet",
+        "epochs": 1,
+        "batch_size": 16,
+        "lr": 0.1,
+        "train_size": 64,
+        "test_size": 40,
+        "eval_batch_size": 16,
+        "dataset": "synthetic",
+        "timed_steps": 2,
+        "nodes": 2,
+        "node_rank": rank,
+        "coordinator": coordinator,
+        **overrides,
+    }
 
 
 def test_a_node_that_cannot_reach_the_coordinator_fails_with_its_address(tmp_path):
     import json
+
     from tests.backends.nodes import finish, refused_port, start_nodes
+
     coordinator = f"127.0.0.1:{refused_port()}"
-    job = node_config(tmp_path, 1, coordinator, timeout=6)   # (the wait for the coordinator)
+    job = node_config(tmp_path, 1, coordinator, timeout=6)  # (the wait for the coordinator)
     # start_nodes numbers its jobs from 0: node 1's config is written as node0.json
-    (code, text), = finish(start_nodes("jax", "--config", [job], tmp_path, ".result.json"), timeout=6 + 60)
+    ((code, text),) = finish(
+        start_nodes("jax", "--config", [job], tmp_path, ".result.json"), timeout=6 + 60
+    )
     assert code != 0, text[-2000:]
     result = json.loads((tmp_path / "node0.result.json").read_text())
     assert result["status"] == "failed"
@@ -758,17 +960,33 @@ def test_a_node_that_cannot_reach_the_coordinator_fails_with_its_address(tmp_pat
 def test_a_strategy_without_an_engine_refuses_several_nodes(monkeypatch):
     """Every jax strategy has an engine (backend.toml); one without is refused before anything joins."""
     import dataclasses
-    from backends.jax import distributed
-    from backends.jax.strategies import TRAINERS, check_supported
+
+    from backends.jax import TRAINERS, check_supported, distributed
     from common import manifest
     from common.config import RunConfig
-    from common.loop import Unsupported
+    from common.errors import Unsupported
+
     real = manifest.load("jax")
     assert all(real.strategies[s].engine for s in TRAINERS)
-    without = {**real.strategies, "sharding": dataclasses.replace(real.strategies["sharding"], engine=None)}
-    monkeypatch.setattr(manifest, "load", lambda name: dataclasses.replace(real, strategies=without))
-    cfg = RunConfig(backend="jax", strategy="sharding", devices=2, model="lenet", batch_size=8, nodes=2,
-                    node_rank=1, coordinator="127.0.0.1:1").validate()
-    with pytest.raises(Unsupported, match="--nodes needs pmap"):
+    without = {
+        **real.strategies,
+        "sharding": dataclasses.replace(real.strategies["sharding"], engine=None),
+    }
+    monkeypatch.setattr(
+        manifest, "load", lambda name: dataclasses.replace(real, strategies=without)
+    )
+    cfg = RunConfig(
+        backend="jax",
+        strategy="sharding",
+        devices=2,
+        model="lenet",
+        batch_size=8,
+        nodes=2,
+        node_rank=1,
+        coordinator="127.0.0.1:1",
+    ).validate()
+    with pytest.raises(
+        Unsupported, match=r"--nodes 2 needs a strategy with a distributed engine \(jax: pmap\)"
+    ):
         check_supported(cfg)
     assert distributed._joined is None

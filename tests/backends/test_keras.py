@@ -15,11 +15,12 @@ import functools
 import numpy as np
 import pytest
 
+from common.backend import Probe
 from tests.backends.conftest import NAME, run_backend_worker
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative
 
 pytestmark = pytest.mark.skipif(NAME != "keras", reason="keras backend only")
-BF16_EPSILON = 2.0 ** -7   # bfloat16's spacing at 1 (8 significant bits; float32's is 2 ** -23)
+BF16_EPSILON = 2.0**-7  # bfloat16's spacing at 1 (8 significant bits; float32's is 2 ** -23)
 
 
 def batch(n, seed=0):
@@ -33,7 +34,10 @@ def in_float64(weights: dict) -> dict:
 
 def update_distance(start: dict, a: dict, b: dict) -> float:
     """|update a - update b| / |update b| (L2 over every weight)."""
-    diff = sum(float(np.sum(((a[k] - start[k]) - (b[k] - start[k])).astype(np.float64) ** 2)) for k in start)
+    diff = sum(
+        float(np.sum(((a[k] - start[k]) - (b[k] - start[k])).astype(np.float64) ** 2))
+        for k in start
+    )
     norm = sum(float(np.sum((b[k] - start[k]).astype(np.float64) ** 2)) for k in start)
     return float(np.sqrt(diff / norm))
 
@@ -43,19 +47,28 @@ def distribution_trainer(model, k, batch_size, dtype="float64"):
     from backends.keras import initial_weights
     from backends.keras.strategies import make_trainer
     from common.config import RunConfig
-    cfg = RunConfig(backend="keras", strategy="distribution", devices=k, model=model, batch_size=batch_size,
-                    lr=0.1).validate()
+
+    cfg = RunConfig(
+        backend="keras",
+        strategy="distribution",
+        devices=k,
+        model=model,
+        batch_size=batch_size,
+        lr=0.1,
+    ).validate()
     return make_trainer(cfg, initial_weights(model, 0), dtype)
 
 
 # ------------------------------------------------------------------ float64: why the own layers, and the proof
 
+
 def test_kerases_own_mean_computes_float64_in_float32_and_the_models_layers_do_not():
     """Keras 3's dtype promotion makes ops.mean of float64 values compute in float32 (and cast the result back to
     float64) outside TensorFlow (models.py): the stock GlobalAveragePooling2D and BatchNormalization would make a
     float64 run float32 halfway. The models' mean is float64's."""
-    from backends.keras import models   # (first: it chooses Keras's framework)
+    from backends.keras import models  # (first: it chooses Keras's framework)
     from backends.keras.environment import computing_in
+
     keras = models.keras
     x, _ = batch(4)
     exact = np.mean(x.astype(np.float64), axis=(2, 3), keepdims=True)
@@ -64,7 +77,9 @@ def test_kerases_own_mean_computes_float64_in_float32_and_the_models_layers_do_n
         stock = keras.ops.convert_to_numpy(keras.ops.mean(values, axis=(2, 3), keepdims=True))
         ours = keras.ops.convert_to_numpy(models._mean(values, (2, 3)))
     assert stock.dtype == ours.dtype == np.float64
-    assert np.max(np.abs(stock - exact)) > 10 * IDENTICAL   # float32's digits (2 ** -24 ~ 6e-8 of each mean)
+    assert (
+        np.max(np.abs(stock - exact)) > 10 * IDENTICAL
+    )  # float32's digits (2 ** -24 ~ 6e-8 of each mean)
     assert np.max(np.abs(ours - exact)) <= IDENTICAL
 
 
@@ -75,9 +90,10 @@ def test_float64_gradients_are_the_torch_backends(model):
     steps: test_contract's test_strategies_agree_in_float64.)"""
     from backends import torch as reference
     from backends.keras import gradients, initial_weights
+
     w = in_float64(initial_weights(model, 0))
     x, y = batch(8)
-    loss, grads = gradients("distribution", model, 1, w, x, y, dtype="float64")
+    loss, grads = gradients(Probe("distribution", model, 1, dtype="float64"), w, x, y)
     ref_loss, ref_grads = reference.float64_gradients(model, w, x, y)
     assert {g.dtype for g in grads.values()} == {np.dtype(np.float64)}
     assert abs(loss - ref_loss) <= IDENTICAL * abs(ref_loss)
@@ -88,32 +104,43 @@ def test_distribution_reduce_gradients_then_update_is_the_fused_step():
     """step() fuses reduce_gradients() and update() in one compiled call: a ResNet-18 step of 8 examples on 2
     devices (float64) gives the same loss, weights and running statistics either way."""
     from backends.keras.environment import computing_in
+
     batches = [batch(8)]
     with computing_in("float64"):
-        fused, halves = distribution_trainer("resnet18", 2, 8), distribution_trainer("resnet18", 2, 8)
+        fused, halves = (
+            distribution_trainer("resnet18", 2, 8),
+            distribution_trainer("resnet18", 2, 8),
+        )
         for x, y in batches:
             fused_loss, fused_correct = fused.collect([fused.step(x, y)])
             halves_loss, halves_correct = halves.collect([halves.reduce_gradients(x, y)])
             assert set(halves.canonical_gradients()) < set(halves.canonical())
             halves.update()
-            assert abs(halves_loss - fused_loss) <= IDENTICAL * abs(fused_loss) and halves_correct == fused_correct
+            assert (
+                abs(halves_loss - fused_loss) <= IDENTICAL * abs(fused_loss)
+                and halves_correct == fused_correct
+            )
         with pytest.raises(RuntimeError, match="reduce_gradients"):
-            halves.update()        # its gradients are applied already
+            halves.update()  # its gradients are applied already
         assert max_abs_diff(fused.canonical(), fused.weights) > 1e-3
         assert relative(halves.canonical(), fused.canonical()) <= IDENTICAL
 
 
 # ------------------------------------------------------------------ levers: data format and bf16
 
+
 @functools.cache
 def steps_with(strategy, model, dtype="float32", **levers):
     """(start, the weights after one 2-device step of 8 images), from the seed-0 weights; each computed once (a ddp
     call starts its ranks)."""
     from backends.keras import initial_weights, train_steps
+
     start = initial_weights(model, 0)
     if dtype == "float64":
         start = in_float64(start)
-    return start, train_steps(strategy, model, 2, start, [batch(8)], 0.5, dtype=dtype, **levers)
+    return start, train_steps(
+        Probe(strategy, model, 2, dtype=dtype, levers=levers), start, [batch(8)], 0.5
+    )
 
 
 @pytest.mark.rounding
@@ -123,6 +150,7 @@ def test_channels_last_builds_nhwc_and_takes_the_same_step(strategy):
     weights: a layer that took the wrong axis for the channels (BatchNorm, padding, pooling) would give a weight
     of another shape, which load_canonical refuses."""
     from backends.keras import initial_weights, models
+
     resnet = models.build("resnet18", data_format="channels_last")
     assert resnet.input_shape == (None, 28, 28, 1) and resnet.output_shape == (None, 10)
     models.load_canonical(resnet, initial_weights("resnet18", 0))
@@ -148,7 +176,9 @@ def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same(strategy):
 
 
 # Not marked `rounding`: TorchInductor compiles its own C++ with -march=native, which the portable caps do not reach.
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inside inductor
+@pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
+)  # inside inductor
 def test_ddp_compiled_step_is_as_close_to_the_float64_step_as_the_eager_one():
     """--compile on ddp: torch.compile of the DDP-wrapped Keras model (a float32 lever)."""
     start, eager = steps_with("ddp", "lenet")
@@ -159,7 +189,8 @@ def test_ddp_compiled_step_is_as_close_to_the_float64_step_as_the_eager_one():
 
 
 def test_bf16_policy_computes_in_bfloat16_and_keeps_variables_float32():
-    from backends.keras import models   # (first: it chooses Keras's framework)
+    from backends.keras import models  # (first: it chooses Keras's framework)
+
     keras = models.keras
     model = models.build("resnet18", policy=models.policy("bf16", "float32"))
     assert {v.dtype for v in model.variables} == {"float32"}
@@ -169,39 +200,68 @@ def test_bf16_policy_computes_in_bfloat16_and_keeps_variables_float32():
 
 # ------------------------------------------------------------------ refusals and the environment record
 
+
 def test_what_each_strategy_refuses_and_why():
-    from backends.keras.strategies import check_supported
+    from backends.keras import check_supported
     from common.config import RunConfig
-    from common.loop import Unsupported
+    from common.errors import Unsupported
 
     def refused(**kw):
         with pytest.raises(Unsupported) as e:
             check_supported(RunConfig(**{"backend": "keras", "devices": 2, **kw}).validate())
         return str(e.value)
 
-    assert "Keras's `synchronized` BatchNormalization is TensorFlow's only" in refused(strategy="ddp", bn="sync")
-    assert "--nodes needs ddp" in refused(strategy="distribution", nodes=2, coordinator="127.0.0.1:29500")
-    assert "TF32 is a mode of NVIDIA tensor cores" in refused(strategy="distribution", precision="tf32")
+    assert "Keras's `synchronized` BatchNormalization is TensorFlow's only" in refused(
+        strategy="ddp", bn="sync"
+    )
+    assert "--nodes 2 needs a strategy with a distributed engine (keras: ddp)" in refused(
+        strategy="distribution", nodes=2, coordinator="127.0.0.1:29500"
+    )
+    assert "TF32 is a mode of NVIDIA tensor cores" in refused(
+        strategy="distribution", precision="tf32"
+    )
     assert "32 CPU devices requested" in refused(strategy="distribution", devices=32, batch_size=32)
-    check_supported(RunConfig(backend="keras", strategy="distribution", devices=2, bn="sync", precision="bf16",
-                              compile=True, channels_last=True, resident_data=True).validate())
+    check_supported(
+        RunConfig(
+            backend="keras",
+            strategy="distribution",
+            devices=2,
+            bn="sync",
+            precision="bf16",
+            compile=True,
+            channels_last=True,
+            resident_data=True,
+        ).validate()
+    )
 
 
 def test_environment_records_the_framework_under_keras_and_the_levers():
     from backends.keras import environment
     from common.config import RunConfig
-    ddp = environment(RunConfig(backend="keras", strategy="ddp", devices=2, precision="bf16",
-                                channels_last=True).validate())
+
+    ddp = environment(
+        RunConfig(
+            backend="keras", strategy="ddp", devices=2, precision="bf16", channels_last=True
+        ).validate()
+    )
     assert ddp["libraries"]["keras_backend"] == "torch" and ddp["processes"] == 2
-    assert ddp["precision"]["dtype_policy"] == "mixed_bfloat16" and "autocast" not in ddp["precision"]
+    assert (
+        ddp["precision"]["dtype_policy"] == "mixed_bfloat16" and "autocast" not in ddp["precision"]
+    )
     assert ddp["details"]["data_format"] == "channels_last" and "gloo" in ddp["collective"]
-    dist = environment(RunConfig(backend="keras", strategy="distribution", devices=2, compile=True).validate())
+    dist = environment(
+        RunConfig(backend="keras", strategy="distribution", devices=2, compile=True).validate()
+    )
     assert dist["libraries"]["keras_backend"] == "jax" and dist["processes"] == 1
     assert dist["precision"]["jax_default_matmul_precision"] == "highest"
-    assert dist["compile"].startswith("inherent") and dist["details"]["data_format"] == "channels_first"
+    assert (
+        dist["compile"].startswith("inherent")
+        and dist["details"]["data_format"] == "channels_first"
+    )
 
 
 # ------------------------------------------------------------------ the worker end to end
+
 
 def test_worker_trains_and_writes_a_complete_result(tmp_path, strategy):
     rc, r = run_backend_worker(tmp_path, strategy=strategy, timed_steps=3)
@@ -210,18 +270,27 @@ def test_worker_trains_and_writes_a_complete_result(tmp_path, strategy):
     assert all(e["steps"] == 4 and e["images"] == 64 for e in r["epochs"])
     assert r["epochs"][1]["train_loss"] < r["epochs"][0]["train_loss"]
     env = r["environment"]
-    assert env["framework"] == "keras" and env["libraries"]["keras_backend"] == {"ddp": "torch"}.get(strategy, "jax")
+    assert env["framework"] == "keras" and env["libraries"]["keras_backend"] == {
+        "ddp": "torch"
+    }.get(strategy, "jax")
     assert len(env["devices"]) == 2
     assert r["step_time"]["steps"] == 3 and r["allreduce"]["values"] == r["params"]
 
 
 def test_worker_runs_with_the_levers(tmp_path, strategy):
     """bf16, channels_last and resident data together (and distribution's inherent compile), end to end."""
-    levers = {"precision": "bf16", "channels_last": True, "resident_data": True,
-              "compile": strategy == "distribution"}
+    levers = {
+        "precision": "bf16",
+        "channels_last": True,
+        "resident_data": True,
+        "compile": strategy == "distribution",
+    }
     rc, r = run_backend_worker(tmp_path, strategy=strategy, epochs=1, timed_steps=2, **levers)
     assert rc == 0 and r["status"] == "ok", r["error"]
     assert np.isfinite(r["epochs"][0]["train_loss"])
     env = r["environment"]
     assert env["levers"] == {**env["levers"], **levers}
-    assert env["precision"]["dtype_policy"] == "mixed_bfloat16" and env["details"]["data_format"] == "channels_last"
+    assert (
+        env["precision"]["dtype_policy"] == "mixed_bfloat16"
+        and env["details"]["data_format"] == "channels_last"
+    )

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.backend import Probe
 from tests.backends.conftest import NAME, run_backend_worker
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative, scale
 
@@ -32,14 +33,21 @@ def batches(n_steps, size=12):
     out = []
     for seed in range(n_steps):
         rng = np.random.default_rng(seed)
-        out.append((rng.random((size, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, size).astype(np.int32)))
+        out.append(
+            (
+                rng.random((size, 1, 28, 28), dtype=np.float32),
+                rng.integers(0, 10, size).astype(np.int32),
+            )
+        )
     return out
 
 
 def steps(strategy, k=2, n_steps=3, model="lenet", lr=0.5, dtype="float64", size=12, **options):
     from backends.mxnet import initial_weights, train_steps
+
     weights = initial_weights(model, 0)
-    return weights, train_steps(strategy, model, k, weights, batches(n_steps, size), lr, dtype=dtype, options=options)
+    probe = Probe(strategy, model, k, dtype=dtype, options=options)
+    return weights, train_steps(probe, weights, batches(n_steps, size), lr)
 
 
 def test_scratch_and_gluon_agree_after_three_steps_on_two_devices():
@@ -65,8 +73,11 @@ def test_both_kvstore_types_take_the_same_step():
 
 
 def gradients(strategy, k=2, model="lenet", dtype="float64", **options):
-    from backends.mxnet import gradients as gradients_of, initial_weights
-    return gradients_of(strategy, model, k, initial_weights(model, 0), *batches(1)[0], dtype=dtype, options=options)
+    from backends.mxnet import gradients as gradients_of
+    from backends.mxnet import initial_weights
+
+    probe = Probe(strategy, model, k, dtype=dtype, options=options)
+    return gradients_of(probe, initial_weights(model, 0), *batches(1)[0])
 
 
 def test_both_kvstore_types_give_the_same_gradients():
@@ -103,28 +114,36 @@ def test_a_float32_step_applies_the_returned_gradients(name):
     _, grads64 = gradients(name)
     manual32, manual64 = manual_sgd_step(start, grads32, 0.1), manual_sgd_step(start, grads64, 0.1)
     assert max_abs_diff(stepped32, start) > 1e-3
-    assert max_abs_diff(stepped32, manual32) <= float32_tolerance((stepped32, stepped64), (manual32, manual64))
+    assert max_abs_diff(stepped32, manual32) <= float32_tolerance(
+        (stepped32, stepped64), (manual32, manual64)
+    )
 
 
 def test_dtype_is_checked():
     """An unknown dtype is an error; float64 runs the plain step (and staged batches), not --compile."""
-    from backends.mxnet import gradients as gradients_of, initial_weights
-    from common.loop import Unsupported
+    from backends.mxnet import gradients as gradients_of
+    from backends.mxnet import initial_weights
+    from common.errors import Unsupported
+
     w, (x, y) = initial_weights("lenet", 0), batches(1)[0]
     with pytest.raises(ValueError, match="unknown dtype"):
-        gradients_of("scratch", "lenet", 1, w, x, y, dtype="float16")
+        gradients_of(Probe("scratch", "lenet", 1, dtype="float16"), w, x, y)
     with pytest.raises(Unsupported, match="compile"):
-        gradients_of("gluon", "lenet", 1, w, x, y, dtype="float64", compile=True)
-    _, grads = gradients_of("gluon", "lenet", 1, w, x, y, dtype="float64", resident_data=True)
+        gradients_of(Probe("gluon", "lenet", 1, dtype="float64", levers={"compile": True}), w, x, y)
+    _, grads = gradients_of(
+        Probe("gluon", "lenet", 1, dtype="float64", levers={"resident_data": True}), w, x, y
+    )
     assert {g.dtype for g in grads.values()} == {np.dtype(np.float64)}
 
 
-def make_trainer(strategy, model, k, weights, batch_size, lr, dtype="float32", options=None, **levers):
-    """strategies.make_trainer on the run config of an equivalence call (common.trainer.probe_config)."""
+def make_trainer(
+    strategy, model, k, weights, batch_size, lr, dtype="float32", options=None, **levers
+):
+    """strategies.make_trainer on the run config of an equivalence call (common.backend.Probe.config)."""
     from backends.mxnet.strategies import make_trainer as make
-    from common.trainer import probe_config
-    return make(probe_config("mxnet", strategy, model, k, batch_size, lr, "local", "cpu", options, levers), weights,
-                dtype)
+
+    probe = Probe(strategy, model, k, options=options or {}, levers=levers)
+    return make(probe.config("mxnet", batch_size, lr), weights, dtype)
 
 
 def test_canonical_running_statistics_are_the_mean_over_devices():
@@ -132,11 +151,16 @@ def test_canonical_running_statistics_are_the_mean_over_devices():
     evaluation does, without an evaluation first; for the first BatchNorm, whose input is the same
     on 1 and 2 devices, the mean of the shards' means is the batch mean: the 1-device value."""
     from backends.mxnet import initial_weights, models
+
     x, y = batches(1, size=4)[0]
-    trainer = make_trainer("gluon", "resnet18", 2, initial_weights("resnet18", 0), len(y), lr=0.1, dtype="float64")
+    trainer = make_trainer(
+        "gluon", "resnet18", 2, initial_weights("resnet18", 0), len(y), lr=0.1, dtype="float64"
+    )
     trainer.step(x, y)
-    per_device = [a.asnumpy() for a in models.canonical_params(trainer.module)["bn.running_mean"].list_data()]
-    assert np.max(np.abs(per_device[0] - per_device[1])) > 1e-6   # each device saw its own shard
+    per_device = [
+        a.asnumpy() for a in models.canonical_params(trainer.module)["bn.running_mean"].list_data()
+    ]
+    assert np.max(np.abs(per_device[0] - per_device[1])) > 1e-6  # each device saw its own shard
     two = trainer.canonical()["bn.running_mean"]
     assert relative({"m": two}, {"m": (per_device[0] + per_device[1]) / 2}) <= IDENTICAL
     _, one = steps("gluon", k=1, n_steps=1, model="resnet18", lr=0.1, size=4)
@@ -145,22 +169,29 @@ def test_canonical_running_statistics_are_the_mean_over_devices():
 
 def test_sync_batchnorm_is_refused_on_several_cpu_contexts_with_the_reason():
     from backends.mxnet import initial_weights, train_steps
-    from common.loop import Unsupported
+    from common.errors import Unsupported
+
     with pytest.raises(Unsupported, match="deadlocks on several CPU contexts"):
-        train_steps("gluon", "lenet", 2, initial_weights("lenet", 0), batches(1), 0.1, bn="sync")
+        train_steps(
+            Probe("gluon", "lenet", 2, bn="sync"), initial_weights("lenet", 0), batches(1), 0.1
+        )
 
 
 def test_scratch_refuses_sync_batchnorm():
     from backends.mxnet import initial_weights, train_steps
-    from common.loop import Unsupported
+    from common.errors import Unsupported
+
     with pytest.raises(Unsupported, match="separate network per context"):
-        train_steps("scratch", "lenet", 2, initial_weights("lenet", 0), batches(1), 0.1, bn="sync")
+        train_steps(
+            Probe("scratch", "lenet", 2, bn="sync"), initial_weights("lenet", 0), batches(1), 0.1
+        )
 
 
 def statistics_per_device(trainer) -> list[list[np.ndarray]]:
     """The BatchNorm running statistics each of the trainer's devices holds."""
     from backends.mxnet.models import running_statistics
-    if hasattr(trainer, "replicas"):   # scratch: one network per device
+
+    if hasattr(trainer, "replicas"):  # scratch: one network per device
         return [[p.data().asnumpy() for p in running_statistics(net)] for net in trainer.replicas]
     params = running_statistics(trainer.module)
     return [[p.list_data()[d].asnumpy() for p in params] for d in range(trainer.n_devices)]
@@ -169,11 +200,16 @@ def statistics_per_device(trainer) -> list[list[np.ndarray]]:
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
 def test_batchnorm_statistics_are_averaged_across_devices_before_evaluation(name):
     from backends.mxnet import initial_weights
+
     x, y = batches(1, size=4)[0]
-    trainer = make_trainer(name, "resnet18", 2, initial_weights("resnet18", 0), len(y), lr=0.1, dtype="float64")
+    trainer = make_trainer(
+        name, "resnet18", 2, initial_weights("resnet18", 0), len(y), lr=0.1, dtype="float64"
+    )
     trainer.step(x, y)
     before = statistics_per_device(trainer)
-    assert max(float(np.max(np.abs(a - b))) for a, b in zip(*before)) > 1e-6   # each device saw its own shard
+    assert (
+        max(float(np.max(np.abs(a - b))) for a, b in zip(*before)) > 1e-6
+    )  # each device saw its own shard
     correct, total = trainer.evaluate([(x, y)])
     after = statistics_per_device(trainer)
     assert total == 4 and 0 <= correct <= 4
@@ -187,7 +223,9 @@ def batchnorm_inputs(weights: dict, x: np.ndarray) -> dict[str, np.ndarray]:
     (an imperative network with forward hooks; nothing is trained)."""
     from backends.mxnet import batchnorm, models
     from backends.mxnet.compat import mx
+
     from mxnet import autograd
+
     net = models.build("resnet18")
     net.initialize(ctx=mx.cpu())
     net.cast("float64")
@@ -196,23 +234,36 @@ def batchnorm_inputs(weights: dict, x: np.ndarray) -> dict[str, np.ndarray]:
     inputs = {}
     for layer in batchnorm.layers(net):
         prefix = names[id(layer.running_var)].rpartition(".")[0]
-        layer.register_forward_hook(lambda block, args, out, prefix=prefix: inputs.update({prefix: args[0].asnumpy()}))
+        layer.register_forward_hook(
+            lambda block, args, out, prefix=prefix: inputs.update({prefix: args[0].asnumpy()})
+        )
     with autograd.train_mode():
         net(mx.nd.array(x, dtype="float64"))
     return inputs
 
 
-def expected_running_statistics(weights: dict, per_shard: list[dict], ddof: int) -> dict[str, np.ndarray]:
+def expected_running_statistics(
+    weights: dict, per_shard: list[dict], ddof: int
+) -> dict[str, np.ndarray]:
     """torch's rule for every BatchNorm layer after one step, per shard (its batchnorm_inputs), averaged
     over the shards: mean <- 0.9 mean + 0.1 batch mean, var <- 0.9 var + 0.1 batch variance (ddof 1:
     unbiased), in numpy float64."""
     expected = {}
     for prefix in per_shard[0]:
-        old_mean, old_var = (weights[f"{prefix}.{s}"].astype(np.float64) for s in ("running_mean", "running_var"))
+        old_mean, old_var = (
+            weights[f"{prefix}.{s}"].astype(np.float64) for s in ("running_mean", "running_var")
+        )
         expected[f"{prefix}.running_mean"] = np.mean(
-            [0.9 * old_mean + 0.1 * inputs[prefix].mean(axis=(0, 2, 3)) for inputs in per_shard], axis=0)
+            [0.9 * old_mean + 0.1 * inputs[prefix].mean(axis=(0, 2, 3)) for inputs in per_shard],
+            axis=0,
+        )
         expected[f"{prefix}.running_var"] = np.mean(
-            [0.9 * old_var + 0.1 * inputs[prefix].var(axis=(0, 2, 3), ddof=ddof) for inputs in per_shard], axis=0)
+            [
+                0.9 * old_var + 0.1 * inputs[prefix].var(axis=(0, 2, 3), ddof=ddof)
+                for inputs in per_shard
+            ],
+            axis=0,
+        )
     return expected
 
 
@@ -225,15 +276,17 @@ def test_running_statistics_after_one_step_are_torchs(name, k, hybridize):
     in the stem, 32 in the last stage), averaged over the devices; float64, against numpy on each
     layer's input. MXNet's own (biased) update is 9e-4 (relative) away in the last stage."""
     from backends.mxnet import initial_weights, train_steps
+
     weights = initial_weights("resnet18", 0)
     x, y = batches(1, size=2 * k)[0]
-    got = train_steps(name, "resnet18", k, weights, [(x, y)], 0.1, dtype="float64", options={"hybridize": hybridize})
+    probe = Probe(name, "resnet18", k, dtype="float64", options={"hybridize": hybridize})
+    got = train_steps(probe, weights, [(x, y)], 0.1)
     per_shard = [batchnorm_inputs(weights, part) for part in np.split(x, k)]
     unbiased = expected_running_statistics(weights, per_shard, ddof=1)
     biased = expected_running_statistics(weights, per_shard, ddof=0)
-    assert len(unbiased) == 2 * 17                                 # every BatchNorm layer of ResNet-18
+    assert len(unbiased) == 2 * 17  # every BatchNorm layer of ResNet-18
     assert relative({key: got[key] for key in unbiased}, unbiased) <= IDENTICAL
-    assert relative(biased, unbiased) > 1e4 * IDENTICAL           # the test tells the two rules apart
+    assert relative(biased, unbiased) > 1e4 * IDENTICAL  # the test tells the two rules apart
 
 
 # ------------------------------------------------------------------ speed levers and the allreduce figure
@@ -243,8 +296,17 @@ REDUCTIONS = [("scratch", {}), ("gluon", {"kvstore": "device"}), ("gluon", {"kvs
 
 def lenet_trainer(strategy, k=2, batch_size=12, options=None, **levers):
     from backends.mxnet import initial_weights
-    return make_trainer(strategy, "lenet", k, initial_weights("lenet", 0), batch_size, lr=0.5,
-                        options=options, **levers)
+
+    return make_trainer(
+        strategy,
+        "lenet",
+        k,
+        initial_weights("lenet", 0),
+        batch_size,
+        lr=0.5,
+        options=options,
+        **levers,
+    )
 
 
 @pytest.mark.parametrize("name,options", REDUCTIONS)
@@ -262,7 +324,7 @@ def test_the_timed_allreduce_sums_over_the_contexts(name, options):
     buffers = reduce.buffers
     assert [b.shape for b in buffers] == [(7,)] * 3 and all(b.dtype == np.float32 for b in buffers)
     for i, b in enumerate(buffers):
-        b[:] = np.arange(7, dtype=np.float32) * (i + 1) + i    # sum: 6 * arange + 3
+        b[:] = np.arange(7, dtype=np.float32) * (i + 1) + i  # sum: 6 * arange + 3
     reduce()
     trainer.sync()
     for b, ctx in zip(buffers, trainer.devs):
@@ -275,8 +337,12 @@ def test_a_staged_step_is_the_numpy_step(name):
     """--resident-data: batches split_and_load-ed ahead give the numpy batches' steps, loss and count
     (float64: staging keeps the trainer's dtype)."""
     from backends.mxnet.parallel import Shards
+
     data = batches(2)
-    numpy_trainer, staged_trainer = lenet_trainer(name, dtype="float64"), lenet_trainer(name, dtype="float64")
+    numpy_trainer, staged_trainer = (
+        lenet_trainer(name, dtype="float64"),
+        lenet_trainer(name, dtype="float64"),
+    )
     staged = staged_trainer.stage(data)
     assert len(staged) == 2
     for x, y in staged:
@@ -289,17 +355,25 @@ def test_a_staged_step_is_the_numpy_step(name):
     assert relative(staged_trainer.canonical(), numpy_trainer.canonical()) <= IDENTICAL
 
 
-@pytest.mark.parametrize("levers,flag", [({"precision": "bf16"}, "--precision bf16"),
-                                         ({"precision": "tf32"}, "--precision tf32"),
-                                         ({"channels_last": True}, "--channels-last")])
+@pytest.mark.parametrize(
+    "levers,flag",
+    [
+        ({"precision": "bf16"}, "--precision bf16"),
+        ({"precision": "tf32"}, "--precision tf32"),
+        ({"channels_last": True}, "--channels-last"),
+    ],
+)
 def test_refused_levers_are_unsupported_with_the_declared_reason(meta, levers, flag):
     """The declared reason; tf32 on these CPU contexts meets the common rule first (common/levers.py)."""
+    from common.errors import Unsupported
     from common.levers import TF32_ON_CPU
-    from common.loop import Unsupported
+
     lever = next(iter(levers))
     with pytest.raises(Unsupported) as refused:
         lenet_trainer("gluon", **levers)
-    expected = TF32_ON_CPU if levers == {"precision": "tf32"} else f"{flag}: {meta.levers[lever].refused}"
+    expected = (
+        TF32_ON_CPU if levers == {"precision": "tf32"} else f"{flag}: {meta.levers[lever].refused}"
+    )
     assert str(refused.value) == expected
     assert "\n" not in str(refused.value)
 
@@ -307,6 +381,7 @@ def test_refused_levers_are_unsupported_with_the_declared_reason(meta, levers, f
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
 def test_compile_hybridizes_even_with_hybridize_off(name):
     from backends.mxnet.environment import environment
+
     compiled = lenet_trainer(name, options={"hybridize": "off"}, compile=True)
     imperative = lenet_trainer(name, options={"hybridize": "off"})
     assert compiled.module._active is True and imperative.module._active is False
@@ -321,11 +396,14 @@ def test_compile_hybridizes_even_with_hybridize_off(name):
 def run_worker(tmp_path, **overrides) -> tuple[int, dict]:
     """The worker as the harness starts it: a run's --threads also in the environment (THREADS_ENV)."""
     from common.worker import THREADS_ENV
+
     options = {"kvstore": "device", "hybridize": "on"}
     with pytest.MonkeyPatch.context() as patch:
         if overrides.get("threads"):
             patch.setenv(THREADS_ENV, str(overrides["threads"]))
-        return run_backend_worker(tmp_path, **{"strategy": "gluon", "options": options, **overrides})
+        return run_backend_worker(
+            tmp_path, **{"strategy": "gluon", "options": options, **overrides}
+        )
 
 
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
@@ -333,6 +411,7 @@ def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
     rc, r = run_worker(tmp_path, strategy=name, threads=1)
     assert rc == 0 and r["status"] == "ok", r["error"]
     from common.results import SCHEMA_VERSION
+
     assert r["schema_version"] == SCHEMA_VERSION and r["params"] == 129_068
     assert [e["epoch"] for e in r["epochs"]] == [1, 2]
     assert all(e["steps"] == 4 and e["images"] == 64 for e in r["epochs"])
@@ -347,7 +426,7 @@ def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
     assert r["compile_s"] > 0
     assert env["compile"] is None and env["levers"]["compile"] is False
     assert env["levers"]["resident_data"] is False and env["levers"]["channels_last"] is False
-    assert r["step_time"]["steps"] == 20                     # the default --timed-steps
+    assert r["step_time"]["steps"] == 20  # the default --timed-steps
     assert r["allreduce"]["values"] == r["params"] and r["allreduce"]["repeats"] == 10
 
 
@@ -368,8 +447,15 @@ def test_saved_weights_evaluate_to_the_accuracy_they_were_saved_with(tmp_path):
     """ResNet-18 on 2 devices (BatchNorm statistics per device): --save-weights writes what was
     evaluated, and a run with --load-weights and 0 epochs starts from it."""
     from common.weights import fingerprint, load
+
     saved = str(tmp_path / "w.npz")
-    common = {"model": "resnet18", "train_size": 32, "test_size": 16, "threads": 1, "timed_steps": 0}
+    common = {
+        "model": "resnet18",
+        "train_size": 32,
+        "test_size": 16,
+        "threads": 1,
+        "timed_steps": 0,
+    }
     rc, trained = run_worker(tmp_path, epochs=1, save_weights=saved, **common)
     assert rc == 0 and trained["status"] == "ok", trained["error"]
     assert trained["saved_weights"]["path"] == saved
@@ -381,17 +467,23 @@ def test_saved_weights_evaluate_to_the_accuracy_they_were_saved_with(tmp_path):
 
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
 def test_worker_times_steps_and_the_allreduce_of_the_gradients(tmp_path, name):
-    rc, r = run_worker(tmp_path, strategy=name, epochs=1, timed_steps=3, threads=1, resident_data=True)
+    rc, r = run_worker(
+        tmp_path, strategy=name, epochs=1, timed_steps=3, threads=1, resident_data=True
+    )
     assert rc == 0 and r["status"] == "ok", r["error"]
     assert r["step_time"]["steps"] == 3
     # a buffer as large as the gradients: this suite's LeNet (conv 20/50, 800-128-10) has 129,068 parameters
-    assert r["allreduce"]["values"] == r["params"] == 129_068 and r["allreduce"]["bytes"] == 4 * 129_068
+    assert (
+        r["allreduce"]["values"] == r["params"] == 129_068
+        and r["allreduce"]["bytes"] == 4 * 129_068
+    )
     assert r["allreduce"]["repeats"] == 10 and r["allreduce"]["median_s"] > 0
     assert r["environment"]["levers"]["resident_data"] is True
 
 
 def test_gpu_request_is_unavailable_without_an_mxnet_gpu_build(tmp_path):
     from backends.mxnet.environment import visible_gpus
+
     if visible_gpus():
         pytest.skip("this MXNet build sees GPUs")
     rc, r = run_worker(tmp_path, device_kind="gpu", simulated=False)
@@ -403,11 +495,17 @@ def test_gpu_request_is_unavailable_without_an_mxnet_gpu_build(tmp_path):
 def test_train_steps_refuses_gpus_it_cannot_use():
     from backends.mxnet import initial_weights, train_steps
     from backends.mxnet.environment import visible_gpus
-    from common.loop import Unsupported
+    from common.errors import Unsupported
+
     if visible_gpus():
         pytest.skip("this MXNet build sees GPUs")
     with pytest.raises(Unsupported, match="GPU"):
-        train_steps("gluon", "lenet", 1, initial_weights("lenet", 0), batches(1), 0.1, device_kind="gpu")
+        train_steps(
+            Probe("gluon", "lenet", 1, device_kind="gpu"),
+            initial_weights("lenet", 0),
+            batches(1),
+            0.1,
+        )
 
 
 def test_threads_come_from_the_environment_variable_else_every_usable_core():
@@ -415,27 +513,40 @@ def test_threads_come_from_the_environment_variable_else_every_usable_core():
     (set by the harness), not from the command line."""
     from common.sysinfo import usable_cpus
     from common.worker import THREADS_ENV
+
     code = "from backends.mxnet.compat import THREADS; import os; print(THREADS, os.environ['OMP_NUM_THREADS'])"
 
     def threads(**env) -> str:
         caller = {k: v for k, v in os.environ.items() if k != THREADS_ENV}
-        return subprocess.run([sys.executable, "-c", code, "--config", "ignored.json"], cwd=ROOT, check=True, text=True,
-                              capture_output=True, env={**caller, "PYTHONPATH": str(ROOT), **env}).stdout.split()
+        return subprocess.run(
+            [sys.executable, "-c", code, "--config", "ignored.json"],
+            cwd=ROOT,
+            check=True,
+            text=True,
+            capture_output=True,
+            env={**caller, "PYTHONPATH": str(ROOT), **env},
+        ).stdout.split()
+
     assert threads(**{THREADS_ENV: "3"}) == ["3", "3"]
     assert threads() == [str(usable_cpus())] * 2
 
 
 def test_numpy_aliases_mxnet_uses_are_there():
     import backends.mxnet  # noqa: F401  (restores them on numpy >= 1.24)
+
     assert np.bool is bool and np.object is object
 
 
 # ------------------------------------------------------------------ prefetch; GPU only
 
+
 def trace_with(strategy, **levers):
     from backends.mxnet import initial_weights, train_trace
+
     weights = initial_weights("lenet", 0)
-    return weights, train_trace(strategy, "lenet", 2, weights, batches(3), 0.5, dtype="float64", **levers)
+    return weights, train_trace(
+        Probe(strategy, "lenet", 2, dtype="float64", levers=levers), weights, batches(3), 0.5
+    )
 
 
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
@@ -451,8 +562,9 @@ def test_prefetched_batches_take_the_same_steps_bit_for_bit(name):
 
 def test_put_splits_the_batch_onto_the_contexts():
     from backends.mxnet.parallel import Shards
+
     trainer = lenet_trainer("gluon")
-    (x, y), = batches(1)
+    ((x, y),) = batches(1)
     px, py = trainer.put(x, y)
     assert isinstance(px, Shards) and py.examples == 12 and [s.context for s in px] == trainer.devs
     np.testing.assert_array_equal(np.concatenate([s.asnumpy() for s in px]), x)
@@ -460,20 +572,27 @@ def test_put_splits_the_batch_onto_the_contexts():
 
 def test_fp32_keeps_tf32_off_in_the_cuda_libraries():
     import os
+
     from backends.mxnet import environment
     from common.config import RunConfig
+
     assert os.environ["NVIDIA_TF32_OVERRIDE"] == "0"
-    cfg = RunConfig(backend="mxnet", strategy="gluon", devices=2, model="lenet", batch_size=8).validate()
+    cfg = RunConfig(
+        backend="mxnet", strategy="gluon", devices=2, model="lenet", batch_size=8
+    ).validate()
     env = environment(cfg)
     assert env["precision"]["NVIDIA_TF32_OVERRIDE"] == "0"
-    assert env["input_copies"] == \
-        "2 batches ahead of their step: split_and_load onto the CPU contexts, queued on the engine"
+    assert (
+        env["input_copies"]
+        == "2 batches ahead of their step: split_and_load onto the CPU contexts, queued on the engine"
+    )
 
 
 def mxnet_gpus() -> int:
     if NAME != "mxnet":
         return 0
     from backends.mxnet.environment import visible_gpus
+
     return visible_gpus()
 
 
@@ -484,10 +603,13 @@ needs_gpu = pytest.mark.skipif(mxnet_gpus() == 0, reason="needs an MXNet GPU bui
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
 def test_gpu_steps_from_pinned_memory_are_the_cpu_steps(name):
     from backends.mxnet import initial_weights, train_steps
+
     weights = initial_weights("lenet", 0)
     k = min(2, mxnet_gpus())
-    on_gpu = train_steps(name, "lenet", k, weights, batches(2), 0.5, device_kind="gpu", dtype="float64")
-    on_cpu = train_steps(name, "lenet", k, weights, batches(2), 0.5, dtype="float64")
+    on_gpu = train_steps(
+        Probe(name, "lenet", k, device_kind="gpu", dtype="float64"), weights, batches(2), 0.5
+    )
+    on_cpu = train_steps(Probe(name, "lenet", k, dtype="float64"), weights, batches(2), 0.5)
     assert relative(on_gpu, on_cpu) <= IDENTICAL
 
 
@@ -495,25 +617,40 @@ def test_gpu_steps_from_pinned_memory_are_the_cpu_steps(name):
 # gluon runs on several nodes through a dist_sync kvstore (ps-lite: node 0 starts the scheduler, every node
 # a server; backends/mxnet/distributed.py). Nodes here are loopback processes (tests/backends/nodes.py).
 
+
 def node_job(tmp_path, strategy, weights, data) -> dict:
     from tests.backends.nodes import write_check_inputs
-    return {"models": ["lenet"], "strategies": [strategy], "devices": [2], "bn": ["local"], "lr": 0.1,
-            "device_kind": "cpu", "float64": False, **write_check_inputs(tmp_path, "lenet", weights, data)}
+
+    return {
+        "models": ["lenet"],
+        "strategies": [strategy],
+        "devices": [2],
+        "bn": ["local"],
+        "lr": 0.1,
+        "device_kind": "cpu",
+        "float64": False,
+        **write_check_inputs(tmp_path, "lenet", weights, data),
+    }
 
 
 def probe(strategy, k, weights, data, dtype) -> dict:
     """What a check job stores for one configuration (common/measurements.py's keys), in this process."""
     from backends.mxnet import gradients, train_trace
-    loss, grads = gradients(strategy, "lenet", k, weights, *data[0], dtype=dtype)
-    trace = train_trace(strategy, "lenet", k, weights, data, 0.1, dtype=dtype)
-    return {"loss": np.float64(loss), "losses": np.asarray(trace["losses"]),
-            **{f"grad|{n}": g for n, g in grads.items()}, **{f"first|{n}": v for n, v in trace["first"].items()},
-            **{f"final|{n}": v for n, v in trace["final"].items()}}
+
+    loss, grads = gradients(Probe(strategy, "lenet", k, dtype=dtype), weights, *data[0])
+    trace = train_trace(Probe(strategy, "lenet", k, dtype=dtype), weights, data, 0.1)
+    return {
+        "loss": np.float64(loss),
+        "losses": np.asarray(trace["losses"]),
+        **{f"grad|{n}": g for n, g in grads.items()},
+        **{f"first|{n}": v for n, v in trace["first"].items()},
+        **{f"final|{n}": v for n, v in trace["final"].items()},
+    }
 
 
 def stored(arrays: dict, strategy: str, dtype: str) -> dict:
     prefix = f"lenet|{strategy}{':float64' if dtype == 'float64' else ''}|2|local|"
-    return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
 
 
 @pytest.mark.rounding
@@ -525,59 +662,106 @@ def test_gluon_on_two_nodes_is_the_one_process_step(tmp_path):
     the float32 tolerance measured from the in-process (float32, float64) pair."""
     from backends.mxnet import initial_weights
     from tests.backends.nodes import measure_on_nodes
+
     weights, data = initial_weights("lenet", 0), batches(3, size=8)
-    nodes = measure_on_nodes("mxnet", node_job(tmp_path, "gluon", weights, data), 2, tmp_path, timeout=240)
+    nodes = measure_on_nodes(
+        "mxnet", node_job(tmp_path, "gluon", weights, data), 2, tmp_path, timeout=240
+    )
     two_nodes = stored(nodes[0], "gluon", "float32")
-    assert two_nodes and not stored(nodes[0], "gluon", "float64")   # float64 refused, with the reason
+    assert two_nodes and not stored(
+        nodes[0], "gluon", "float64"
+    )  # float64 refused, with the reason
     for other in nodes[1:]:
         assert max_abs_diff(stored(other, "gluon", "float32"), two_nodes) == 0
-    one_process = {dtype: probe("gluon", 2, weights, data, dtype) for dtype in ("float32", "float64")}
+    one_process = {
+        dtype: probe("gluon", 2, weights, data, dtype) for dtype in ("float32", "float64")
+    }
     one_device = probe("gluon", 1, weights, data, "float64")
     assert two_nodes.keys() == one_device.keys()
-    assert max_abs_diff({n: two_nodes[f"final|{n}"] for n in weights}, weights) > 1e-4   # it trained
+    assert max_abs_diff({n: two_nodes[f"final|{n}"] for n in weights}, weights) > 1e-4  # it trained
     assert relative(one_process["float64"], one_device) <= IDENTICAL
     tolerance = float32_tolerance((one_process["float32"], one_process["float64"]))
     assert max_abs_diff(two_nodes, one_process["float64"]) <= tolerance
     assert max_abs_diff(two_nodes, one_process["float32"]) <= tolerance
 
 
+# Node 0 of 2, its coordinator never asked: the refusals come before any engine starts.
+NODE_0_OF_2 = {"nodes": 2, "node_rank": 0, "coordinator": "127.0.0.1:1"}
+
+
 def test_float64_on_two_nodes_is_refused_as_the_kvstore_rounds_it():
     from backends.mxnet import gradients, initial_weights
-    from common.loop import Unsupported
+    from common.errors import Unsupported
+
     x, y = batches(1, size=8)[0]
     with pytest.raises(Unsupported, match="carries float32 only"):
-        gradients("gluon", "lenet", 2, initial_weights("lenet", 0), x, y, dtype="float64",
-                  nodes=2, node_rank=0, coordinator="127.0.0.1:1")
+        gradients(
+            Probe("gluon", "lenet", 2, dtype="float64", levers=NODE_0_OF_2),
+            initial_weights("lenet", 0),
+            x,
+            y,
+        )
 
 
 def node_run(tmp_path, rank, coordinator, **overrides) -> dict:
-    cfg = {"backend": "mxnet", "strategy": "gluon", "devices": 2, "model": "lenet", "epochs": 1, "batch_size": 16,
-           "lr": 0.1, "train_size": 64, "test_size": 40, "eval_batch_size": 16, "dataset": "synthetic",
-           "timed_steps": 2, "nodes": 2, "node_rank": rank, "coordinator": coordinator, "timeout": 120, **overrides}
+    cfg = {
+        "backend": "mxnet",
+        "strategy": "gluon",
+        "devices": 2,
+        "model": "lenet",
+        "epochs": 1,
+        "batch_size": 16,
+        "lr": 0.1,
+        "train_size": 64,
+        "test_size": 40,
+        "eval_batch_size": 16,
+        "dataset": "synthetic",
+        "timed_steps": 2,
+        "nodes": 2,
+        "node_rank": rank,
+        "coordinator": coordinator,
+        "timeout": 120,
+        **overrides,
+    }
     return cfg
 
 
 def test_a_node_without_its_coordinator_fails_naming_the_address(tmp_path):
     from tests.backends.nodes import finish, refused_port, start_nodes
+
     coordinator = f"127.0.0.1:{refused_port()}"
-    procs = start_nodes("mxnet", "--config", [node_run(tmp_path, 1, coordinator, timeout=6)], tmp_path, ".json")
+    procs = start_nodes(
+        "mxnet", "--config", [node_run(tmp_path, 1, coordinator, timeout=6)], tmp_path, ".json"
+    )
     # (start_nodes numbers its files from 0: this one node of rank 1 writes node0.json)
     [(code, output)] = finish(procs, timeout=6 + 60)
     result = json.loads((tmp_path / "node0.json").read_text())
     assert code != 0 and result["status"] == "failed", output[-2000:]
-    assert f"could not reach the coordinator (ps-lite scheduler) at {coordinator}" in result["error"]
+    assert (
+        f"could not reach the coordinator (ps-lite scheduler) at {coordinator}" in result["error"]
+    )
 
 
-@pytest.mark.parametrize("overrides, reason", [
-    ({"strategy": "scratch"}, "--nodes needs gluon"),
-    ({"strategy": "gluon", "options": {"kvstore": "device"}}, "needs kvstore 'dist_sync'")])
+@pytest.mark.parametrize(
+    "overrides, reason",
+    [
+        (
+            {"strategy": "scratch"},
+            "--nodes 2 needs a strategy with a distributed engine",
+        ),
+        ({"strategy": "gluon", "options": {"kvstore": "device"}}, "needs kvstore 'dist_sync'"),
+    ],
+)
 def test_two_nodes_are_refused_without_the_engine(tmp_path, overrides, reason):
     from backends.mxnet import gradients, initial_weights
-    from common.loop import Unsupported
+    from common.errors import Unsupported
+
     x, y = batches(1, size=8)[0]
     with pytest.raises(Unsupported, match=reason):
-        gradients(overrides["strategy"], "lenet", 2, initial_weights("lenet", 0), x, y,
-                  options=overrides.get("options"), nodes=2, node_rank=0, coordinator="127.0.0.1:1")
+        probe = Probe(
+            overrides["strategy"], "lenet", 2, options=overrides.get("options"), levers=NODE_0_OF_2
+        )
+        gradients(probe, initial_weights("lenet", 0), x, y)
     rc, r = run_backend_worker(tmp_path, **overrides, nodes=2, coordinator="127.0.0.1:1")
     assert rc != 0 and r["status"] == "unavailable" and reason in r["error"]
 

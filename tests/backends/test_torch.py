@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 
+from common.backend import Probe
 from tests.backends.conftest import NAME, run_backend_worker
 from tests.backends.hosts import run_row, small_run, start_harness, two_hosts, wait_all
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative
@@ -48,6 +49,7 @@ def rank_processes_of(pid: int) -> list[int]:
 def fail_on_rank_1(cfg, rank, payload):
     """Rank 1 raises; rank 0 waits in a collective that will never complete."""
     import torch.distributed as dist
+
     if rank == 1:
         raise ValueError("planted failure in rank 1")
     dist.barrier()
@@ -59,24 +61,35 @@ def test_a_failing_rank_fails_the_run_with_its_error_and_leaves_no_process():
     not rank 0's echo of it; the agent stops every rank."""
     from backends.torch.distributed import launch_ddp
     from common.config import RunConfig
-    cfg = RunConfig(backend="torch", strategy="ddp", devices=2, batch_size=8, timeout=120).validate()
+
+    cfg = RunConfig(
+        backend="torch", strategy="ddp", devices=2, batch_size=8, timeout=120
+    ).validate()
     assert rank_processes_of(os.getpid()) == []
     with pytest.raises(RuntimeError) as info:
         launch_ddp(cfg, fail_on_rank_1)
-    assert str(info.value).startswith("DDP rank 1 (node 0) failed: ValueError: planted failure in rank 1")
-    assert "in fail_on_rank_1" in str(info.value)     # the traceback from the rank's error file
+    assert str(info.value).startswith(
+        "DDP rank 1 (node 0) failed: ValueError: planted failure in rank 1"
+    )
+    assert "in fail_on_rank_1" in str(info.value)  # the traceback from the rank's error file
     assert rank_processes_of(os.getpid()) == []
 
 
 def test_dataparallel_is_refused_without_cuda():
     import torch
+
     from backends.torch import initial_weights, train_steps
-    from common.loop import Unsupported
+    from common.errors import Unsupported
+
     if torch.cuda.is_available():
         pytest.skip("CUDA present")
     with pytest.raises(Unsupported, match="needs CUDA"):
-        train_steps("dp", "lenet", 1, initial_weights("lenet", 0), [(np.zeros((2, 1, 28, 28), np.float32),
-                                                                    np.zeros(2, np.int32))], 0.1)
+        train_steps(
+            Probe("dp", "lenet", 1),
+            initial_weights("lenet", 0),
+            [(np.zeros((2, 1, 28, 28), np.float32), np.zeros(2, np.int32))],
+            0.1,
+        )
 
 
 def run_worker(tmp_path, **overrides) -> tuple[int, dict]:
@@ -88,6 +101,7 @@ def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
     rc, r = run_worker(tmp_path, strategy=name)
     assert rc == 0 and r["status"] == "ok", r["error"]
     from common.results import SCHEMA_VERSION
+
     assert r["schema_version"] == SCHEMA_VERSION and r["params"] == 129_068
     assert [e["epoch"] for e in r["epochs"]] == [1, 2]
     assert all(e["steps"] == 4 and e["images"] == 64 for e in r["epochs"])
@@ -97,10 +111,15 @@ def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
     assert r["environment"]["processes"] == (2 if name == "ddp" else 1)
     assert len(r["weights_hash"]) == 64 and len(r["data_hash"]) == 64
     assert r["compile_s"] > 0
-    assert r["step_time"]["steps"] == 20                      # RunConfig's default --timed-steps
-    assert r["allreduce"]["values"] == r["params"] == 129_068  # a buffer as large as LeNet's gradients
+    assert r["step_time"]["steps"] == 20  # RunConfig's default --timed-steps
+    assert (
+        r["allreduce"]["values"] == r["params"] == 129_068
+    )  # a buffer as large as LeNet's gradients
     assert r["allreduce"]["bytes"] == 4 * 129_068 and r["allreduce"]["repeats"] == 10
-    assert r["environment"]["precision"]["tf32_matmul"] is False and r["environment"]["compile"] is None
+    assert (
+        r["environment"]["precision"]["tf32_matmul"] is False
+        and r["environment"]["compile"] is None
+    )
 
 
 @pytest.mark.parametrize("name", ["scratch", "ddp"])
@@ -112,18 +131,32 @@ def test_worker_reports_divergence(tmp_path, name):
 
 # ------------------------------------------------------------------ levers and the loop's trainer methods
 
+
 def image_batches(n_steps=1, size=8):
     rng = np.random.default_rng(0)
-    return [(rng.random((size, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, size).astype(np.int32))
-            for _ in range(n_steps)]
+    return [
+        (
+            rng.random((size, 1, 28, 28), dtype=np.float32),
+            rng.integers(0, 10, size).astype(np.int32),
+        )
+        for _ in range(n_steps)
+    ]
 
 
 def scratch_trainer(devices=2, batch_size=8, **levers):
     from backends.torch import initial_weights
     from backends.torch.strategies import ScratchTrainer
     from common.config import RunConfig
-    cfg = RunConfig(backend="torch", strategy="scratch", devices=devices, model="lenet", batch_size=batch_size,
-                    lr=0.5, **levers).validate()
+
+    cfg = RunConfig(
+        backend="torch",
+        strategy="scratch",
+        devices=devices,
+        model="lenet",
+        batch_size=batch_size,
+        lr=0.5,
+        **levers,
+    ).validate()
     return ScratchTrainer(cfg, initial_weights("lenet", 0))
 
 
@@ -133,8 +166,10 @@ def flat(weights: dict) -> np.ndarray:
 
 def steps_with(strategy, devices, n_steps=2, dtype="float32", **levers):
     from backends.torch import initial_weights, train_steps
+
     start = initial_weights("lenet", 0)
-    return start, train_steps(strategy, "lenet", devices, start, image_batches(n_steps), 0.5, dtype=dtype, **levers)
+    probe = Probe(strategy, "lenet", devices, dtype=dtype, levers=levers)
+    return start, train_steps(probe, start, image_batches(n_steps), 0.5)
 
 
 def test_allreduce_seconds_gives_one_positive_time_per_repeat():
@@ -154,11 +189,12 @@ def test_scratch_allreduce_op_leaves_the_sum_on_every_replica():
 def test_a_staged_step_equals_a_numpy_step():
     """stage() places the shards once, as tensors; the steps on them are the numpy steps (float64)."""
     import torch
+
     staged = scratch_trainer().stage(image_batches(2))
     assert len(staged) == 2 and all(isinstance(t, torch.Tensor) for t in staged[0][0].value)
     start, plain = steps_with("scratch", 2, dtype="float64")
     _, resident = steps_with("scratch", 2, dtype="float64", resident_data=True)
-    assert max_abs_diff(plain, start) > 1e-3          # the steps really moved the weights
+    assert max_abs_diff(plain, start) > 1e-3  # the steps really moved the weights
     assert relative(resident, plain) <= IDENTICAL
 
 
@@ -173,10 +209,11 @@ def test_ddp_resident_data_takes_the_same_steps():
 def test_channels_last_takes_the_same_step_in_nhwc():
     """NHWC exists in float32 only: its steps are as close to the float64 steps as the plain float32 ones."""
     import torch
+
     trainer = scratch_trainer(channels_last=True)
     assert trainer.module.conv2.weight.is_contiguous(memory_format=torch.channels_last)
     assert not trainer.module.conv2.weight.is_contiguous()
-    (xs, _), = trainer.stage(image_batches(1, size=8))
+    ((xs, _),) = trainer.stage(image_batches(1, size=8))
     assert all(x.is_contiguous(memory_format=torch.channels_last) for x in xs.value)
     start, plain = steps_with("scratch", 2)
     _, exact = steps_with("scratch", 2, dtype="float64")
@@ -186,12 +223,17 @@ def test_channels_last_takes_the_same_step_in_nhwc():
 
 
 # Not marked `rounding`: TorchInductor compiles its own C++ with -march=native, which the portable caps do not reach.
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inside inductor
+@pytest.mark.filterwarnings(
+    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
+)  # inside inductor
 def test_compiled_step_equals_the_eager_step():
     """torch.compile exists in float32 only: its step is as close to the float64 step as the eager one."""
     from torch._dynamo.eval_frame import OptimizedModule
+
     trainer = scratch_trainer(devices=1, compile=True)
-    assert isinstance(trainer.forwards[0], OptimizedModule) and not isinstance(trainer.module, OptimizedModule)
+    assert isinstance(trainer.forwards[0], OptimizedModule) and not isinstance(
+        trainer.module, OptimizedModule
+    )
     start, eager = steps_with("scratch", 1, n_steps=1)
     _, exact = steps_with("scratch", 1, n_steps=1, dtype="float64")
     _, compiled = steps_with("scratch", 1, n_steps=1, compile=True)
@@ -199,7 +241,7 @@ def test_compiled_step_equals_the_eager_step():
     assert max_abs_diff(compiled, exact) <= float32_tolerance((eager, exact))
 
 
-BFLOAT16_UNIT_ROUNDOFF = 2.0 ** -8   # bfloat16 keeps 8 significant bits
+BFLOAT16_UNIT_ROUNDOFF = 2.0**-8  # bfloat16 keeps 8 significant bits
 
 
 @pytest.mark.rounding
@@ -213,11 +255,14 @@ def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same():
     assert all(v.dtype == np.float32 for v in bf16.values())
     assert max_abs_diff(bf16, exact) > float32_tolerance((fp32, exact))
     update, bf16_update = flat(exact) - flat(start), flat(bf16) - flat(start)
-    assert np.linalg.norm(bf16_update - update) / np.linalg.norm(update) < 10 * BFLOAT16_UNIT_ROUNDOFF
+    assert (
+        np.linalg.norm(bf16_update - update) / np.linalg.norm(update) < 10 * BFLOAT16_UNIT_ROUNDOFF
+    )
 
 
 def test_float64_refuses_the_float32_levers_and_unknown_dtypes():
-    from common.loop import Unsupported
+    from common.errors import Unsupported
+
     for lever in ({"precision": "bf16"}, {"compile": True}, {"channels_last": True}):
         with pytest.raises(Unsupported, match="dtype float64 runs the plain step only"):
             steps_with("scratch", 1, dtype="float64", **lever)
@@ -226,26 +271,49 @@ def test_float64_refuses_the_float32_levers_and_unknown_dtypes():
 
 
 def test_tf32_is_refused_on_the_cpu():
-    from common.loop import Unsupported
-    with pytest.raises(Unsupported, match="TF32 is a mode of NVIDIA tensor cores; there is none on the CPU"):
+    from common.errors import Unsupported
+
+    with pytest.raises(
+        Unsupported, match="TF32 is a mode of NVIDIA tensor cores; there is none on the CPU"
+    ):
         steps_with("scratch", 1, precision="tf32")
 
 
 def test_environment_records_the_levers():
     from backends.torch import environment
     from common.config import RunConfig
-    cfg = RunConfig(backend="torch", strategy="ddp", devices=2, model="lenet", batch_size=8, precision="bf16",
-                    compile=True, channels_last=True, resident_data=True).validate()
+
+    cfg = RunConfig(
+        backend="torch",
+        strategy="ddp",
+        devices=2,
+        model="lenet",
+        batch_size=8,
+        precision="bf16",
+        compile=True,
+        channels_last=True,
+        resident_data=True,
+    ).validate()
     env = environment(cfg)
     assert env["precision"]["autocast"] == {"device_type": "cpu", "dtype": "bfloat16"}
     assert env["precision"]["tf32_matmul"] is False and env["precision"]["tf32_cudnn"] is False
     assert env["compile"].endswith(" of the DistributedDataParallel-wrapped module")
-    assert env["details"]["memory_format"] == "channels_last" and env["levers"]["resident_data"] is True
+    assert (
+        env["details"]["memory_format"] == "channels_last"
+        and env["levers"]["resident_data"] is True
+    )
 
 
 def test_worker_runs_ddp_with_every_lever_that_runs_on_the_cpu(tmp_path):
-    rc, r = run_worker(tmp_path, strategy="ddp", timed_steps=3, precision="bf16", channels_last=True,
-                       resident_data=True, epochs=1)
+    rc, r = run_worker(
+        tmp_path,
+        strategy="ddp",
+        timed_steps=3,
+        precision="bf16",
+        channels_last=True,
+        resident_data=True,
+        epochs=1,
+    )
     assert rc == 0 and r["status"] == "ok", r["error"]
     assert r["step_time"]["steps"] == 3
     assert r["allreduce"]["values"] == 129_068 and r["allreduce"]["repeats"] == 10
@@ -255,6 +323,7 @@ def test_worker_runs_ddp_with_every_lever_that_runs_on_the_cpu(tmp_path):
 
 
 # ------------------------------------------------------------------ prefetch, foreach, cuDNN autotuning, compile modes
+
 
 def test_prefetched_batches_take_the_same_steps_bit_for_bit():
     """--prefetch puts each batch ahead of its step (trainer.put); the steps are the ones a numpy batch takes,
@@ -268,10 +337,11 @@ def test_prefetched_batches_take_the_same_steps_bit_for_bit():
 
 def test_put_places_the_shards_without_waiting():
     from backends.torch.parallel import OnDevice
+
     trainer = scratch_trainer()
-    (x, y), = image_batches(1)
+    ((x, y),) = image_batches(1)
     placed_x, placed_y = trainer.put(x, y)
-    assert isinstance(placed_x, OnDevice) and placed_x.ready == {}     # nothing to wait for on the CPU
+    assert isinstance(placed_x, OnDevice) and placed_x.ready == {}  # nothing to wait for on the CPU
     assert [t.shape[0] for t in placed_x.value] == [4, 4]
     assert [str(t.dtype) for t in placed_y.value] == ["torch.int64"] * 2
     assert np.array_equal(np.concatenate([t.numpy() for t in placed_x.take()]), x)
@@ -280,15 +350,21 @@ def test_put_places_the_shards_without_waiting():
 def test_scratch_update_is_one_foreach_call_equal_to_the_per_tensor_update():
     """torch._foreach_sub_ gives the per-parameter p.sub_(g, alpha=lr/B) of d2l's sgd to the last bit (float64)."""
     import torch
+
     from backends.torch import initial_weights
     from backends.torch.strategies import ScratchTrainer
     from common.config import RunConfig
-    cfg = RunConfig(backend="torch", strategy="scratch", devices=2, model="lenet", batch_size=8, lr=0.5).validate()
+
+    cfg = RunConfig(
+        backend="torch", strategy="scratch", devices=2, model="lenet", batch_size=8, lr=0.5
+    ).validate()
     trainer = ScratchTrainer(cfg, initial_weights("lenet", 0), dtype="float64")
     trainer.reset()
     trainer.reduce_gradients(*[(np.asarray(x, np.float64), y) for x, y in image_batches(1)][0])
-    expected = [[p.detach().clone().sub_(p.grad, alpha=cfg.lr / cfg.batch_size) for p in net.parameters()]
-                for net in trainer.replicas]
+    expected = [
+        [p.detach().clone().sub_(p.grad, alpha=cfg.lr / cfg.batch_size) for p in net.parameters()]
+        for net in trainer.replicas
+    ]
     trainer.update()
     for net, want in zip(trainer.replicas, expected):
         assert all(torch.equal(p, w) for p, w in zip(net.parameters(), want))
@@ -296,14 +372,24 @@ def test_scratch_update_is_one_foreach_call_equal_to_the_per_tensor_update():
 
 def test_cudnn_autotuning_is_on_for_gpu_runs_only_and_recorded():
     import torch
+
     from backends.torch.environment import configure_precision, precision_settings
     from common.config import RunConfig
+
     def settings(kind):
-        cfg = RunConfig(backend="torch", strategy="ddp", devices=1, device_kind=kind, simulated=kind == "cpu",
-                        model="lenet", batch_size=8).validate()
+        cfg = RunConfig(
+            backend="torch",
+            strategy="ddp",
+            devices=1,
+            device_kind=kind,
+            simulated=kind == "cpu",
+            model="lenet",
+            batch_size=8,
+        ).validate()
         configure_precision(cfg)
         assert precision_settings(cfg)["cudnn_benchmark"] is torch.backends.cudnn.benchmark
         return precision_settings(cfg)
+
     try:
         assert settings("gpu")["cudnn_benchmark"] is True
     finally:
@@ -314,15 +400,30 @@ def test_environment_changes_no_global_setting():
     """environment() describes a run's precision without setting it: torch's switches stay as they were,
     whatever the run would set (TF32 and cuDNN autotuning on a GPU run, bf16 autocast on the CPU)."""
     import torch
+
     from backends.torch import environment
     from common.config import RunConfig
+
     def switches():
-        return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark,
-                torch.get_float32_matmul_precision())
+        return (
+            torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+            torch.backends.cudnn.benchmark,
+            torch.get_float32_matmul_precision(),
+        )
+
     before = switches()
     for kind, precision in (("gpu", "tf32"), ("gpu", "fp32"), ("cpu", "bf16")):
-        cfg = RunConfig(backend="torch", strategy="ddp", devices=1, device_kind=kind, simulated=kind == "cpu",
-                        model="lenet", batch_size=8, precision=precision).validate()
+        cfg = RunConfig(
+            backend="torch",
+            strategy="ddp",
+            devices=1,
+            device_kind=kind,
+            simulated=kind == "cpu",
+            model="lenet",
+            batch_size=8,
+            precision=precision,
+        ).validate()
         env = environment(cfg)
         assert env["precision"]["tf32_matmul"] is (precision == "tf32")
         assert env["precision"]["cudnn_benchmark"] is (kind == "gpu")
@@ -331,6 +432,7 @@ def test_environment_changes_no_global_setting():
 
 def test_compile_mode_reaches_torch_compile(monkeypatch):
     import torch
+
     modes = []
     monkeypatch.setattr(torch, "compile", lambda module, **kw: modes.append(kw) or module)
     scratch_trainer(devices=1, compile=True, compile_mode="max-autotune")
@@ -341,23 +443,32 @@ def test_compile_mode_reaches_torch_compile(monkeypatch):
 def test_environment_records_the_input_copies_and_the_update():
     from backends.torch import environment
     from common.config import RunConfig
+
     def env(**kw):
         values = dict(backend="torch", strategy="scratch", devices=2, model="lenet", batch_size=8)
         return environment(RunConfig(**{**values, **kw}).validate())
-    assert env()["input_copies"] == \
-        "2 batches ahead of their step: no copy (the CPU devices read the numpy batch's memory)"
+
+    assert (
+        env()["input_copies"]
+        == "2 batches ahead of their step: no copy (the CPU devices read the numpy batch's memory)"
+    )
     assert env(resident_data=True)["input_copies"].startswith("none timed")
     assert env()["sgd_update"].startswith("torch._foreach_sub_")
     assert env(strategy="ddp")["sgd_update"] == "torch.optim.SGD(foreach=False)"
-    assert "mode max-autotune" in env(strategy="ddp", compile=True, compile_mode="max-autotune")["compile"]
+    assert (
+        "mode max-autotune"
+        in env(strategy="ddp", compile=True, compile_mode="max-autotune")["compile"]
+    )
 
 
 # ------------------------------------------------------------------ CUDA only (run where a GPU is present)
+
 
 def cuda_devices() -> int:
     if NAME != "torch":
         return 0
     import torch
+
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -367,9 +478,10 @@ GPUS = min(2, cuda_devices())
 
 def gpu_steps(strategy, devices, dtype="float32", **levers):
     from backends.torch import initial_weights, train_steps
+
     start = initial_weights("lenet", 0)
-    return train_steps(strategy, "lenet", devices, start, image_batches(2), 0.5, device_kind="gpu", dtype=dtype,
-                       **levers)
+    probe = Probe(strategy, "lenet", devices, device_kind="gpu", dtype=dtype, levers=levers)
+    return train_steps(probe, start, image_batches(2), 0.5)
 
 
 def cpu_float64_steps(devices):
@@ -394,8 +506,9 @@ def test_cuda_prefetch_from_pinned_memory_takes_the_same_steps_bit_for_bit(name)
 @needs_cuda
 def test_cuda_put_copies_from_pinned_memory_on_a_copy_stream():
     import torch
+
     trainer = scratch_trainer(devices=GPUS, batch_size=8, device_kind="gpu", simulated=False)
-    (x, y), = image_batches(1)
+    ((x, y),) = image_batches(1)
     placed_x, _ = trainer.put(x, y)
     assert set(placed_x.ready) == set(trainer.devs)
     assert all(t.is_cuda for t in placed_x.take())
@@ -404,18 +517,21 @@ def test_cuda_put_copies_from_pinned_memory_on_a_copy_stream():
 
 
 @needs_cuda
-@pytest.mark.parametrize("levers", [{}, {"channels_last": True}, {"compile": True}, {"precision": "tf32"},
-                                    {"precision": "bf16"}])
+@pytest.mark.parametrize(
+    "levers",
+    [{}, {"channels_last": True}, {"compile": True}, {"precision": "tf32"}, {"precision": "bf16"}],
+)
 def test_cuda_float32_levers_stay_near_the_float64_step(levers):
     """fp32 on the GPU (TF32 off, cuDNN's autotuned algorithms) stays within 10x the CPU's float32 distance
     from the float64 step, measured here (TF32 left on would be ~1000x); TF32 and bf16 stay within 10 units
     of their own rounding (11 and 8 significant bits) of the float64 update."""
     from backends.torch import initial_weights
+
     start = initial_weights("lenet", 0)
     exact = cpu_float64_steps(GPUS)
     cpu_fp32 = steps_with("scratch", GPUS)[1]
     got = gpu_steps("scratch", GPUS, **levers)
-    unit = {"tf32": 2.0 ** -11, "bf16": 2.0 ** -8}.get(levers.get("precision"))
+    unit = {"tf32": 2.0**-11, "bf16": 2.0**-8}.get(levers.get("precision"))
     if unit is None:
         assert max_abs_diff(got, exact) <= 10 * max_abs_diff(cpu_fp32, exact)
     else:
@@ -427,17 +543,30 @@ def test_cuda_float32_levers_stay_near_the_float64_step(levers):
 def test_cuda_ddp_sync_batchnorm_is_batchnorm_on_one_device():
     from backends.torch import initial_weights, train_steps
     from common.weights import he_scaled
+
     start = he_scaled(initial_weights("resnet18", 0), "resnet18")
     batches = image_batches(1, size=8)
-    one = train_steps("scratch", "resnet18", 1, start, batches, 0.1, dtype="float64")
-    sync = train_steps("ddp", "resnet18", GPUS, start, batches, 0.1, bn="sync", device_kind="gpu", dtype="float64")
+    one = train_steps(Probe("scratch", "resnet18", 1, dtype="float64"), start, batches, 0.1)
+    sync = train_steps(
+        Probe("ddp", "resnet18", GPUS, bn="sync", device_kind="gpu", dtype="float64"),
+        start,
+        batches,
+        0.1,
+    )
     assert relative(sync, one) <= IDENTICAL
 
 
 @needs_cuda
 def test_cuda_worker_trains_with_prefetch_and_records_it(tmp_path):
-    rc, r = run_worker(tmp_path, strategy="ddp", devices=GPUS, device_kind="gpu", simulated=False, timed_steps=3,
-                       epochs=1)
+    rc, r = run_worker(
+        tmp_path,
+        strategy="ddp",
+        devices=GPUS,
+        device_kind="gpu",
+        simulated=False,
+        timed_steps=3,
+        epochs=1,
+    )
     assert rc == 0 and r["status"] == "ok", r["error"]
     env = r["environment"]
     assert env["input_copies"].startswith("2 batches ahead of their step: pinned host memory")
@@ -446,8 +575,10 @@ def test_cuda_worker_trains_with_prefetch_and_records_it(tmp_path):
 
 # ------------------------------------------------------------------ several nodes (torchrun's elastic agent)
 
+
 def engine_strategies() -> list[str]:
     from common import manifest
+
     return [s.name for s in manifest.load("torch").strategies.values() if s.engine]
 
 
@@ -459,7 +590,7 @@ def parts_of_nodes(arrays: dict, prefix: str) -> dict[str, dict]:
     parts = {p: {} for p in PARTS}
     for key, value in arrays.items():
         if key.startswith(prefix + "|"):
-            part, _, name = key[len(prefix) + 1:].partition("|")
+            part, _, name = key[len(prefix) + 1 :].partition("|")
             parts[part][name] = value
     return parts
 
@@ -467,8 +598,13 @@ def parts_of_nodes(arrays: dict, prefix: str) -> dict[str, dict]:
 def parts_of(gradients: tuple, trace: dict) -> dict[str, dict]:
     """The same parts from the equivalence API's (loss, gradients) and trace."""
     loss, grads = gradients
-    return {"loss": {"": np.float64(loss)}, "grad": grads, "first": trace["first"], "final": trace["final"],
-            "losses": {"": np.asarray(trace["losses"])}}
+    return {
+        "loss": {"": np.float64(loss)},
+        "grad": grads,
+        "first": trace["first"],
+        "final": trace["final"],
+        "losses": {"": np.asarray(trace["losses"])},
+    }
 
 
 def every_probe(cfg, rank, payload):
@@ -476,12 +612,15 @@ def every_probe(cfg, rank, payload):
     gradients and the trace, in float32 then float64 (one launch instead of four keeps the test short)."""
     from backends.torch.strategies import make_trainer
     from common.trainer import PROBES
+
     weights, batches = payload
     out = {}
     for dtype in ("float32", "float64"):
         typed = [(np.asarray(x, dtype), y) for x, y in batches]
-        out[dtype] = parts_of(PROBES["gradients"](make_trainer(cfg, weights, dtype), typed),
-                              PROBES["trace"](make_trainer(cfg, weights, dtype), typed))
+        out[dtype] = parts_of(
+            PROBES["gradients"](make_trainer(cfg, weights, dtype), typed),
+            PROBES["trace"](make_trainer(cfg, weights, dtype), typed),
+        )
     return out
 
 
@@ -497,45 +636,80 @@ def test_two_nodes_take_the_step_of_one_process_and_of_one_device(tmp_path, name
     stores the same values; in float32 the nodes are as close to one process as float32 is to float64."""
     from backends.torch import gradients, initial_weights, train_trace
     from backends.torch.distributed import launch_ddp
-    from common.trainer import probe_config
     from tests.backends.nodes import measure_on_nodes, write_check_inputs
+
     weights, batches, lr = initial_weights("lenet", 0), image_batches(3), 0.1
-    job = {"models": ["lenet"], "strategies": [name], "devices": [2], "bn": ["local"], "lr": lr,
-           "device_kind": "cpu", "float64": False, **write_check_inputs(tmp_path, "lenet", weights, batches)}
+    job = {
+        "models": ["lenet"],
+        "strategies": [name],
+        "devices": [2],
+        "bn": ["local"],
+        "lr": lr,
+        "device_kind": "cpu",
+        "float64": False,
+        **write_check_inputs(tmp_path, "lenet", weights, batches),
+    }
     node0, node1 = measure_on_nodes("torch", job, 2, tmp_path)
     assert node0.keys() == node1.keys() and all(np.array_equal(node0[k], node1[k]) for k in node0)
     nodes32 = parts_of_nodes(node0, f"lenet|{name}|2|local")
     nodes64 = parts_of_nodes(node0, f"lenet|{name}:float64|2|local")
-    one_process = launch_ddp(probe_config("torch", name, "lenet", 2, 8, lr, "local", "cpu", None, {}),
-                             every_probe, (weights, batches))
+    one_process = launch_ddp(
+        Probe(name, "lenet", 2).config("torch", 8, lr), every_probe, (weights, batches)
+    )
     x64 = [(np.asarray(x, np.float64), y) for x, y in batches]
-    one_device = parts_of(gradients("scratch", "lenet", 1, weights, *x64[0], dtype="float64"),
-                          train_trace("scratch", "lenet", 1, weights, x64, lr, dtype="float64"))
-    assert max_abs_diff(nodes64["final"], weights) > 1e-3        # the steps really moved the weights
+    one_device = parts_of(
+        gradients(Probe("scratch", "lenet", 1, dtype="float64"), weights, *x64[0]),
+        train_trace(Probe("scratch", "lenet", 1, dtype="float64"), weights, x64, lr),
+    )
+    assert max_abs_diff(nodes64["final"], weights) > 1e-3  # the steps really moved the weights
     for part in PARTS:
         assert relative(nodes64[part], one_process["float64"][part]) <= IDENTICAL, part
         assert relative(nodes64[part], one_device[part]) <= IDENTICAL, part
-    tolerance = float32_tolerance((flat_parts(nodes32), flat_parts(nodes64)),
-                                  (flat_parts(one_process["float32"]), flat_parts(one_process["float64"])))
+    tolerance = float32_tolerance(
+        (flat_parts(nodes32), flat_parts(nodes64)),
+        (flat_parts(one_process["float32"]), flat_parts(one_process["float64"])),
+    )
     assert max_abs_diff(flat_parts(nodes32), flat_parts(one_process["float32"])) <= tolerance
 
 
 def node_config(**overrides) -> dict:
     """A small synthetic LeNet ddp run (the worker's --config)."""
-    return {"backend": "torch", "strategy": "ddp", "devices": 2, "nodes": 2, "model": "lenet", "epochs": 1,
-            "batch_size": 16, "lr": 0.1, "train_size": 64, "test_size": 32, "eval_batch_size": 16,
-            "dataset": "synthetic", "timed_steps": 2, **overrides}
+    return {
+        "backend": "torch",
+        "strategy": "ddp",
+        "devices": 2,
+        "nodes": 2,
+        "model": "lenet",
+        "epochs": 1,
+        "batch_size": 16,
+        "lr": 0.1,
+        "train_size": 64,
+        "test_size": 32,
+        "eval_batch_size": 16,
+        "dataset": "synthetic",
+        "timed_steps": 2,
+        **overrides,
+    }
 
 
 def test_a_node_that_cannot_reach_the_coordinator_fails_naming_it(tmp_path):
     """Node 1 of 2 alone, its coordinator refusing connections: the rendezvous gives up within the run's
     timeout and the result says which address it could not reach."""
     import json
+
     from tests.backends.nodes import finish, refused_port, start_nodes
+
     address, timeout = f"127.0.0.1:{refused_port()}", 8
-    (code, output), = finish(start_nodes("torch", "--config", [node_config(node_rank=1, coordinator=address,
-                                                                         timeout=timeout)],
-                                         tmp_path, "-result.json"), timeout + 60)
+    ((code, output),) = finish(
+        start_nodes(
+            "torch",
+            "--config",
+            [node_config(node_rank=1, coordinator=address, timeout=timeout)],
+            tmp_path,
+            "-result.json",
+        ),
+        timeout + 60,
+    )
     result = json.loads((tmp_path / "node0-result.json").read_text())
     assert code != 0 and result["status"] == "failed", output[-2000:]
     assert f"node 1 could not reach the coordinator at {address}" in result["error"]
@@ -544,14 +718,21 @@ def test_a_node_that_cannot_reach_the_coordinator_fails_naming_it(tmp_path):
 @pytest.mark.parametrize("name", ["scratch", "dp"])
 def test_a_strategy_without_an_engine_refuses_several_nodes(name):
     from backends.torch import initial_weights, train_steps
-    from common.loop import Unsupported
+    from common.errors import Unsupported
+
     assert name not in engine_strategies()
-    with pytest.raises(Unsupported, match=f"torch {name} runs in one process; --nodes needs ddp"):
-        train_steps(name, "lenet", 2, initial_weights("lenet", 0), image_batches(1), 0.1, nodes=2, node_rank=0,
-                    coordinator="127.0.0.1:1")
+    with pytest.raises(
+        Unsupported, match=rf"torch {name} runs in one process; --nodes 2 needs .* \(torch: ddp\)"
+    ):
+        probe = Probe(
+            name, "lenet", 2, levers={"nodes": 2, "node_rank": 0, "coordinator": "127.0.0.1:1"}
+        )
+        train_steps(probe, initial_weights("lenet", 0), image_batches(1), 0.1)
 
 
-@pytest.mark.parametrize("model, side", [("lenet", 28), ("resnet18", 28), ("resnet50", 64), ("resnet50", 224)])
+@pytest.mark.parametrize(
+    "model, side", [("lenet", 28), ("resnet18", 28), ("resnet50", 64), ("resnet50", 224)]
+)
 def test_the_model_flop_count_is_torchs_own_count_of_the_forward_pass(model, side):
     """common/flops.py counts from the architecture; torch's FlopCounterMode counts the convolutions and matrix
     products the forward pass runs (biases, BatchNorm and pooling left out by both)."""
@@ -576,13 +757,25 @@ def test_two_hosts_under_slurm_meet_at_the_first_host_of_the_node_list(tmp_path)
         outs = [tmp_path / f"host-{r}" for r in range(2)]
         logs = [tmp_path / f"host-{r}.log" for r in range(2)]
         slurm = {"SLURM_NTASKS": "2", "SLURM_NODELIST": ",".join(h.namespace for h in hosts)}
-        procs = [start_harness(host, small_run("torch", "ddp", out, "--gpus", "1", "--join-timeout", "120"), log,
-                               env={**slurm, "SLURM_PROCID": str(rank)})
-                 for rank, (host, out, log) in enumerate(zip(hosts, outs, logs))]
+        procs = [
+            start_harness(
+                host,
+                small_run("torch", "ddp", out, "--gpus", "1", "--join-timeout", "120"),
+                log,
+                env={**slurm, "SLURM_PROCID": str(rank)},
+            )
+            for rank, (host, out, log) in enumerate(zip(hosts, outs, logs))
+        ]
         codes = wait_all(procs, logs, 420)
     assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
     for rank, (host, out) in enumerate(zip(hosts, outs)):
         config = run_row(out)["config"]
-        assert (config["nodes"], config["node_rank"], config["coordinator"], config["local_addr"]) == \
-            (2, rank, f"{hosts[0].namespace}:29500", host.address)
-    assert (outs[0] / "weights.npz").exists() and not (outs[1] / "weights.npz").exists()   # node 0's rank 0 saves
+        assert (
+            config["nodes"],
+            config["node_rank"],
+            config["coordinator"],
+            config["local_addr"],
+        ) == (2, rank, f"{hosts[0].namespace}:29500", host.address)
+    assert (outs[0] / "weights.npz").exists() and not (
+        outs[1] / "weights.npz"
+    ).exists()  # node 0's rank 0 saves

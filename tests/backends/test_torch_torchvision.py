@@ -3,8 +3,8 @@
 * The torch backend's ResNet-50 holds torchvision's resnet50 parameters under the same (canonical) names and
   shapes, and computes the same outputs and gradients in float64 for the same weights, in training and in
   evaluation mode.
-* common/data.py's IDX reader gives exactly the arrays torchvision.datasets.FashionMNIST gives from the same
-  files, and --data-dir accepts torchvision's download layout (ROOT/FashionMNIST/raw/).
+* common/data/fashion_mnist.py's IDX reader gives exactly the arrays torchvision.datasets.FashionMNIST gives from
+  the same files, and --data-dir accepts torchvision's download layout (ROOT/FashionMNIST/raw/).
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ def import_torchvision():
     import where it registers fake kernels for `torchvision::nms` and `qnms` whatever loaded. When that
     happens, their two schemas are declared here first (nothing here calls them) and the import is retried."""
     import torch
+
     try:
         import torchvision
+
         return torchvision
     except RuntimeError as e:
         if "torchvision::nms" not in str(e):
@@ -42,22 +44,27 @@ def import_torchvision():
     for op in ("nms", "qnms"):
         _SCHEMAS.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     import torchvision
+
     return torchvision
 
 
-_SCHEMAS = None   # the library that holds the declared schema lives as long as the process
+_SCHEMAS = None  # the library that holds the declared schema lives as long as the process
 
 
 # ------------------------------------------------------------------------------------------ ResNet-50
+
 
 def canonical_weights(seed: int = 0) -> dict[str, np.ndarray]:
     """He-scaled canonical weights with BatchNorm statistics and affine parameters moved off 0 and 1, so that
     evaluation mode reads every running statistic (in float64)."""
     from common.weights import initial_weights
+
     rng = np.random.default_rng(seed)
     weights = {k: v.astype(np.float64) for k, v in initial_weights("resnet50", seed, "he").items()}
     for name, value in weights.items():
-        if name.endswith(("running_var", ".weight")) and value.ndim == 1:   # BatchNorm gamma and variance
+        if (
+            name.endswith(("running_var", ".weight")) and value.ndim == 1
+        ):  # BatchNorm gamma and variance
             weights[name] = rng.uniform(0.5, 1.5, value.shape)
         elif name.endswith(("running_mean", ".bias")):
             weights[name] = rng.normal(0.0, 0.1, value.shape)
@@ -67,8 +74,13 @@ def canonical_weights(seed: int = 0) -> dict[str, np.ndarray]:
 def both_networks():
     """(ours, torchvision's), each holding the same canonical weights in float64."""
     import torch
+
     from backends.torch.models import build, load_canonical
-    ours, theirs = build("resnet50").double(), import_torchvision().models.resnet50(weights=None).double()
+
+    ours, theirs = (
+        build("resnet50").double(),
+        import_torchvision().models.resnet50(weights=None).double(),
+    )
     weights = canonical_weights()
     load_canonical(ours, weights)
     state = {k: torch.from_numpy(v) for k, v in weights.items()}
@@ -80,18 +92,32 @@ def both_networks():
 def test_resnet50_has_torchvisions_parameters_under_the_canonical_names():
     from backends.torch.models import build
     from common.architectures import spec
+
     ours, theirs = build("resnet50"), import_torchvision().models.resnet50(weights=None)
-    shapes = {n: tuple(t.shape) for n, t in ours.state_dict().items() if not n.endswith("num_batches_tracked")}
-    reference = {n: tuple(t.shape) for n, t in theirs.state_dict().items() if not n.endswith("num_batches_tracked")}
+    shapes = {
+        n: tuple(t.shape)
+        for n, t in ours.state_dict().items()
+        if not n.endswith("num_batches_tracked")
+    }
+    reference = {
+        n: tuple(t.shape)
+        for n, t in theirs.state_dict().items()
+        if not n.endswith("num_batches_tracked")
+    }
     assert shapes == reference
     assert shapes == {name: shape for name, shape, _ in spec("resnet50")}
-    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in theirs.parameters()) == 25_557_032
+    assert (
+        sum(p.numel() for p in ours.parameters())
+        == sum(p.numel() for p in theirs.parameters())
+        == 25_557_032
+    )
 
 
 def outputs_and_gradients(net, x, y, train: bool) -> dict[str, np.ndarray]:
     """Logits, the mean cross-entropy's gradient of every parameter, and (training) the updated running
     statistics, as float64 numpy arrays by canonical name."""
     import torch
+
     net.train(train)
     net.zero_grad()
     logits = net(x)
@@ -99,7 +125,11 @@ def outputs_and_gradients(net, x, y, train: bool) -> dict[str, np.ndarray]:
     out = {"logits": logits.detach().numpy()}
     out |= {f"grad {n}": p.grad.numpy() for n, p in net.named_parameters()}
     if train:
-        out |= {n: b.numpy().copy() for n, b in net.named_buffers() if not n.endswith("num_batches_tracked")}
+        out |= {
+            n: b.numpy().copy()
+            for n, b in net.named_buffers()
+            if not n.endswith("num_batches_tracked")
+        }
     return out
 
 
@@ -109,6 +139,7 @@ def test_resnet50_computes_what_torchvision_computes_in_float64(train):
     rounding. A network that differed anywhere (the stride on the 1x1 conv as in v1, a missing max-pool, another
     padding) would give other logits at once."""
     import torch
+
     ours, theirs = both_networks()
     rng = np.random.default_rng(1)
     x = torch.from_numpy(rng.normal(size=(4, 3, 64, 64)))
@@ -116,22 +147,26 @@ def test_resnet50_computes_what_torchvision_computes_in_float64(train):
     a, b = (outputs_and_gradients(net, x, y, train) for net in (ours, theirs))
     assert a.keys() == b.keys()
     assert relative(a, b) <= IDENTICAL
-    assert np.std(a["logits"]) > 1e-2       # the comparison is of numbers that say something
+    assert np.std(a["logits"]) > 1e-2  # the comparison is of numbers that say something
 
 
 # --------------------------------------------------------------------------------------- Fashion-MNIST
+
 
 @pytest.fixture(scope="module")
 def torchvision_root(tmp_path_factory) -> Path:
     """The packaged Fashion-MNIST files laid out as torchvision's download leaves them: ROOT/FashionMNIST/raw/
     with each file both gzipped and extracted."""
     from common import data
+
     source = data.locate()
     root = tmp_path_factory.mktemp("torchvision")
     raw = root / "FashionMNIST" / "raw"
     raw.mkdir(parents=True)
-    for stem, _ in data.FILES.values():
-        (raw / stem).write_bytes(data.read_raw(data._file_in(source, stem)))
+    for stem, _ in data.fashion_mnist.FILES.values():
+        (raw / stem).write_bytes(
+            data.fashion_mnist.read_raw(data.fashion_mnist._file_in(source, stem))
+        )
         with open(raw / (stem + ".gz"), "wb") as f:
             f.write(gzip.compress((raw / stem).read_bytes()))
     return root
@@ -140,13 +175,18 @@ def torchvision_root(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("train", [True, False], ids=["train", "test"])
 def test_our_reader_gives_exactly_what_torchvision_gives(torchvision_root, train):
     from common import data
-    reference = import_torchvision().datasets.FashionMNIST(str(torchvision_root), train=train, download=False)
+
+    reference = import_torchvision().datasets.FashionMNIST(
+        str(torchvision_root), train=train, download=False
+    )
     ours = data.load_fashion_mnist(data.locate())
     images, labels = (ours.x_train, ours.y_train) if train else (ours.x_test, ours.y_test)
     assert len(labels) == (60000 if train else 10000)
     expected_images, expected_labels = reference.data.numpy(), reference.targets.numpy()
     assert np.array_equal(np.rint(images[:, 0] * 255).astype(np.uint8), expected_images)
-    assert np.array_equal(images[:, 0], expected_images.astype(np.float32) / 255)   # ToTensor's scaling, bit for bit
+    assert np.array_equal(
+        images[:, 0], expected_images.astype(np.float32) / 255
+    )  # ToTensor's scaling, bit for bit
     assert np.array_equal(labels, expected_labels)
 
 
@@ -154,9 +194,13 @@ def test_our_reader_gives_exactly_what_torchvision_gives(torchvision_root, train
 def test_data_dir_accepts_torchvisions_layout(torchvision_root, tmp_path, given):
     """A user who has torchvision's download passes its root (or the folder below it) as --data-dir."""
     from common import data
+
     only_gz = tmp_path / "root"
-    shutil.copytree(torchvision_root, only_gz, ignore=lambda d, names: [n for n in names if "ubyte" in n
-                                                                        and not n.endswith(".gz")])
+    shutil.copytree(
+        torchvision_root,
+        only_gz,
+        ignore=lambda d, names: [n for n in names if "ubyte" in n and not n.endswith(".gz")],
+    )
     directory = data.locate(given.replace("ROOT", str(only_gz)))
     assert directory == only_gz / "FashionMNIST" / "raw"
     assert data.verify(directory) == (60000, 10000)

@@ -17,27 +17,63 @@ from harness.envs import worker_env
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = [b for b in os.environ.get("DPBENCH_BACKENDS", "").split(",") if b]
-PYTHONS = [a for item in os.environ.get("DPBENCH_PYTHONS", "").split(",") if item for a in ("--python", item)]
+PYTHONS = [
+    a
+    for item in os.environ.get("DPBENCH_PYTHONS", "").split(",")
+    if item
+    for a in ("--python", item)
+]
 
-pytestmark = pytest.mark.skipif(len(BACKENDS) < 2, reason="needs two backends: run by python -m harness test")
+pytestmark = pytest.mark.skipif(
+    len(BACKENDS) < 2, reason="needs two backends: run by python -m harness test"
+)
 
 
 def harness(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "harness", *args, *PYTHONS], cwd=ROOT, capture_output=True, text=True,
-                          env=worker_env(), timeout=1500)
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args, *PYTHONS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=worker_env(),
+        timeout=1500,
+    )
 
 
 @pytest.mark.rounding
 def test_equivalence_check_passes_for_lenet():
-    out = harness("check", "--backend", ",".join(BACKENDS), "--device", "cpu", "--gpus", "1,2", "--model", "lenet",
-                  "--bn", "local", "--steps", "3", "--batch-size", "8", "--dataset", "synthetic")
+    out = harness(
+        "check",
+        "--backend",
+        ",".join(BACKENDS),
+        "--device",
+        "cpu",
+        "--gpus",
+        "1,2",
+        "--model",
+        "lenet",
+        "--bn",
+        "local",
+        "--steps",
+        "3",
+        "--batch-size",
+        "8",
+        "--dataset",
+        "synthetic",
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "| check |" not in line]
+    rows = [
+        line
+        for line in out.stdout.splitlines()
+        if line.startswith("| ") and "| check |" not in line
+    ]
     for backend in BACKENDS:
         assert any(f"| {backend} |" in r for r in rows), backend
     forward = [r for r in rows if r.startswith("| forward |")]
-    others = [b for b in BACKENDS if b != "torch"]             # (torch, the reference, is checked whatever is asked)
-    assert len(forward) == 2 * len(others)                   # train and eval mode, every backend vs torch
+    others = [
+        b for b in BACKENDS if b != "torch"
+    ]  # (torch, the reference, is checked whatever is asked)
+    assert len(forward) == 2 * len(others)  # train and eval mode, every backend vs torch
     assert all(r.rstrip(" |").endswith("ok") or "| ok" in r for r in forward)
     # in float64 the backends compute the same loss and gradients as torch to rounding of float64
     math = [r.split(" | ") for r in rows if r.startswith("| math (float64) |")]
@@ -52,8 +88,27 @@ def test_every_backends_resnet50_computes_torchs_in_float64():
     that run eagerly: XLA takes minutes to compile each of ResNet-50's programs on a small CPU, so the XLA
     strategies (jax's, Keras's distribution) are proven by `harness check --model resnet50` on demand."""
     backends = [b for b in BACKENDS if b != "jax"]
-    out = harness("check", "--backend", ",".join(backends), "--device", "cpu", "--gpus", "1", "--model", "resnet50",
-                  "--bn", "local", "--steps", "1", "--batch-size", "4", "--init", "he", "--strategy", "ddp,gluon")
+    out = harness(
+        "check",
+        "--backend",
+        ",".join(backends),
+        "--device",
+        "cpu",
+        "--gpus",
+        "1",
+        "--model",
+        "resnet50",
+        "--bn",
+        "local",
+        "--steps",
+        "1",
+        "--batch-size",
+        "4",
+        "--init",
+        "he",
+        "--strategy",
+        "ddp,gluon",
+    )
     assert "synthetic, ImageNet-shaped 64x64" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
     rows = [line.split(" | ") for line in out.stdout.splitlines() if "math (float64) |" in line]
     others = {b for b in backends if b != "torch"}
@@ -65,10 +120,31 @@ def test_every_backends_resnet50_computes_torchs_in_float64():
 def test_equivalence_check_passes_on_the_gpu():
     """On a GPU the check's float32 rows run at full precision (TF32 off: its 1e-4 forward rows would fail
     otherwise) and its float64 references on the CPU; every backend that can use the GPU passes, 1 device."""
-    out = harness("check", "--backend", ",".join(BACKENDS), "--device", "gpu", "--gpus", "1", "--model", "lenet",
-                  "--bn", "local", "--steps", "3", "--batch-size", "8", "--dataset", "synthetic")
+    out = harness(
+        "check",
+        "--backend",
+        ",".join(BACKENDS),
+        "--device",
+        "gpu",
+        "--gpus",
+        "1",
+        "--model",
+        "lenet",
+        "--bn",
+        "local",
+        "--steps",
+        "3",
+        "--batch-size",
+        "8",
+        "--dataset",
+        "synthetic",
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "| check |" not in line]
+    rows = [
+        line
+        for line in out.stdout.splitlines()
+        if line.startswith("| ") and "| check |" not in line
+    ]
     assert not [r for r in rows if "| failed" in r], rows
     ran = [r for r in rows if r.rstrip(" |").endswith("ok") or "| ok" in r]
     assert any("| torch |" in r for r in ran) and any("| jax |" in r for r in ran), rows
@@ -76,31 +152,78 @@ def test_equivalence_check_passes_on_the_gpu():
 
 @pytest.mark.rounding
 def test_checkpoint_from_one_backend_evaluates_the_same_everywhere(tmp_path):
-    common = ["--device", "cpu", "--model", "lenet", "--dataset", "synthetic", "--test-size", "200", "--quiet",
-              "--no-check"]
+    common = [
+        "--device",
+        "cpu",
+        "--model",
+        "lenet",
+        "--dataset",
+        "synthetic",
+        "--test-size",
+        "200",
+        "--quiet",
+        "--no-check",
+    ]
     ckpt, start = tmp_path / "lenet.npz", tmp_path / "start.npz"
     # d2l's N(0, 0.01) LeNet needs thousands of steps to leave chance
     weights.save(start, weights.initial_weights("lenet", 0, init="he"))
-    trained = harness("--backend", "torch", "--strategy", "scratch", "--gpus", "1", "--epochs", "2",
-                      "--train-size", "1024", "--batch-size", "32", "--lr", "0.1", "--load-weights", str(start),
-                      "--save-weights", str(ckpt),
-                      "--out", str(tmp_path / "train"), *common)
+    trained = harness(
+        "--backend",
+        "torch",
+        "--strategy",
+        "scratch",
+        "--gpus",
+        "1",
+        "--epochs",
+        "2",
+        "--train-size",
+        "1024",
+        "--batch-size",
+        "32",
+        "--lr",
+        "0.1",
+        "--load-weights",
+        str(start),
+        "--save-weights",
+        str(ckpt),
+        "--out",
+        str(tmp_path / "train"),
+        *common,
+    )
     assert trained.returncode == 0, trained.stderr[-2000:]
     (report,) = (tmp_path / "train").iterdir()
     run = json.loads((report / "results.json").read_text())["runs"][0]
     assert run["saved_weights"]["path"] == str(ckpt) and ckpt.is_file()
     accuracies = {"torch (trained)": run["final_test_acc"]}
     for backend in BACKENDS:
-        out = harness("--backend", backend, "--gpus", "1", "--epochs", "0", "--load-weights", str(ckpt),
-                      "--batch-size", "8", "--train-size", "64", "--out", str(tmp_path / backend), *common)
+        out = harness(
+            "--backend",
+            backend,
+            "--gpus",
+            "1",
+            "--epochs",
+            "0",
+            "--load-weights",
+            str(ckpt),
+            "--batch-size",
+            "8",
+            "--train-size",
+            "64",
+            "--out",
+            str(tmp_path / backend),
+            *common,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
         (report,) = (tmp_path / backend).iterdir()
-        runs = [r for r in json.loads((report / "results.json").read_text())["runs"]
-                if r["status"] != "unavailable"]          # (e.g. torch dp without CUDA)
+        runs = [
+            r
+            for r in json.loads((report / "results.json").read_text())["runs"]
+            if r["status"] != "unavailable"
+        ]  # (e.g. torch dp without CUDA)
         assert runs, backend
         for r in runs:
             assert r["status"] == "ok", r["error"]
             assert r["epochs"] == [] and r["weights_hash"] == run["saved_weights"]["sha256"]
             accuracies[f"{backend} {r['config']['strategy']}"] = r["final_test_acc"]
-    assert 0.3 < accuracies["torch (trained)"] <= 1.0, accuracies    # it learned something
+    assert 0.3 < accuracies["torch (trained)"] <= 1.0, accuracies  # it learned something
     assert len(set(accuracies.values())) == 1, accuracies

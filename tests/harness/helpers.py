@@ -15,18 +15,28 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_harness(*args: str, env: dict | None = None, timeout: float = 300, cwd=ROOT) -> subprocess.CompletedProcess:
+def run_harness(
+    *args: str, env: dict | None = None, timeout: float = 300, cwd=ROOT
+) -> subprocess.CompletedProcess:
     """`python -m harness ARGS` in a subprocess with this interpreter, from `cwd` (the project root by default);
     an `env` value of None unsets that variable."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     full_env = {name: value for name, value in full_env.items() if value is not None}
-    return subprocess.run([sys.executable, "-m", "harness", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "harness", *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def idx_bytes(array: np.ndarray) -> bytes:
     """Encode an array as an IDX file (uint8 elements)."""
-    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(
+        f">{array.ndim}I", *array.shape
+    )
     return header + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
 
 
@@ -47,20 +57,29 @@ def fake_python(tmp_path: Path, body: str, name: str = "fake-python") -> str:
     return str(path)
 
 
-def fake_nvidia_smi(bin_dir: Path, gpus: list[str] = (), mig_listing: list[str] = (), exit_code: int = 0,
-                    error: str = "") -> Path:
+def fake_nvidia_smi(
+    bin_dir: Path,
+    gpus: list[str] = (),
+    mig_listing: list[str] = (),
+    exit_code: int = 0,
+    error: str = "",
+) -> Path:
     """An `nvidia-smi` in bin_dir: `--query-gpu=...` prints the CSV lines `gpus`, `-L` prints `mig_listing`.
 
     It uses shell builtins only, so it works with PATH holding nothing but bin_dir.
     """
+
     def printf(lines):
         return "printf '%s\\n' " + " ".join(map(shlex.quote, lines)) if lines else ":"
+
     bin_dir.mkdir(parents=True, exist_ok=True)
     path = bin_dir / "nvidia-smi"
-    path.write_text("#!/bin/sh\n"
-                    + (f"echo {shlex.quote(error)} >&2\n" if error else "")
-                    + f'case "$1" in\n  -L) {printf(mig_listing)};;\n  *) {printf(gpus)};;\nesac\n'
-                    + f"exit {exit_code}\n")
+    path.write_text(
+        "#!/bin/sh\n"
+        + (f"echo {shlex.quote(error)} >&2\n" if error else "")
+        + f'case "$1" in\n  -L) {printf(mig_listing)};;\n  *) {printf(gpus)};;\nesac\n'
+        + f"exit {exit_code}\n"
+    )
     path.chmod(0o755)
     return path
 
@@ -69,12 +88,16 @@ CPU = ("--device", "cpu")
 SYNTHETIC = ("--dataset", "synthetic")
 
 
-def assert_refused(tmp_path, *args, match: str, command=(), dataset=SYNTHETIC, env=None, device=CPU):
+def assert_refused(
+    tmp_path, *args, match: str, command=(), dataset=SYNTHETIC, env=None, device=CPU
+):
     """`python -m harness [command] ARGS` exits 2 with one line `harness: error: ...MATCH...`, no traceback,
     and (for a benchmark) creates nothing in its --out. Simulated CPU devices unless `device` says otherwise
     (then `env` sets up the GPUs)."""
     out = tmp_path / "reports"
-    result = run_harness(*command, *args, *device, *dataset, *(() if command else ("--out", str(out))), env=env)
+    result = run_harness(
+        *command, *args, *device, *dataset, *(() if command else ("--out", str(out))), env=env
+    )
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

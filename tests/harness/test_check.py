@@ -6,29 +6,44 @@ import numpy as np
 import pytest
 
 from common import architectures, weights
+from common.backend import Probe
 from harness import check, equivalence
 from tests.harness.helpers import fake_python
 from tests.harness.test_runner import processes_with
 
 
-def measurements(model: str, w0: dict, scale: float = 0.0, runs=((("ddp", 1, "local")), ("ddp", 2, "local")),
-                 state_scale: float = 0.0):
+def measurements(
+    model: str,
+    w0: dict,
+    scale: float = 0.0,
+    runs=((("ddp", 1, "local")), ("ddp", 2, "local")),
+    state_scale: float = 0.0,
+):
     """What a backend's check worker writes; `scale` perturbs everything by that much, `state_scale` the
     BatchNorm running variances only (another convention for them)."""
-    out = {f"{model}|forward|train": np.ones((4, 10)) + scale, f"{model}|forward|eval": np.ones((4, 10))}
+    out = {
+        f"{model}|forward|train": np.ones((4, 10)) + scale,
+        f"{model}|forward|eval": np.ones((4, 10)),
+    }
     for strategy, k, bn in runs:
         key = f"{model}|{strategy}|{k}|{bn}"
         out[f"{key}|loss"] = np.float64(2.3 * (1 + scale))
         out[f"{key}|losses"] = np.full(3, 2.3) + scale
         for name, shape, kind in architectures.spec(model):
             if kind == "bn_mean":
-                out[f"{key}|first|{name}"] = out[f"{key}|final|{name}"] = np.full(shape, 0.2) * (1 + scale)
+                out[f"{key}|first|{name}"] = out[f"{key}|final|{name}"] = np.full(shape, 0.2) * (
+                    1 + scale
+                )
                 continue
             if kind == "bn_var":
-                out[f"{key}|first|{name}"] = out[f"{key}|final|{name}"] = np.full(shape, 0.9) + 0.1 * (1 + state_scale)
+                out[f"{key}|first|{name}"] = out[f"{key}|final|{name}"] = np.full(
+                    shape, 0.9
+                ) + 0.1 * (1 + state_scale)
                 continue
             out[f"{key}|grad|{name}"] = np.full(shape, 0.5) * (1 + scale)
-            out[f"{key}|first|{name}"] = w0[name] - 0.05 * (1 + scale) + (1e-3 if k == 2 and bn == "local" else 0)
+            out[f"{key}|first|{name}"] = (
+                w0[name] - 0.05 * (1 + scale) + (1e-3 if k == 2 and bn == "local" else 0)
+            )
             out[f"{key}|final|{name}"] = w0[name] - 0.15 * (1 + scale)
     return out
 
@@ -50,13 +65,23 @@ def by(rows, **kw):
 
 def test_identical_measurements_pass_and_perturbed_ones_fail():
     w0 = {"lenet": weights.initial_weights("lenet", 0)}
-    rows = equivalence.compare({"torch": (measurements("lenet", w0["lenet"]), {}),
-                          "jax": (measurements("lenet", w0["lenet"]), {}),
-                          "mxnet": (measurements("lenet", w0["lenet"], scale=1e-2),
-                                    {"lenet|scratch|2|sync": "no"})}, w0)
+    rows = equivalence.compare(
+        {
+            "torch": (measurements("lenet", w0["lenet"]), {}),
+            "jax": (measurements("lenet", w0["lenet"]), {}),
+            "mxnet": (
+                measurements("lenet", w0["lenet"], scale=1e-2),
+                {"lenet|scratch|2|sync": "no"},
+            ),
+        },
+        w0,
+    )
     assert all(r.status == "ok" for r in by(rows, backend="jax") if r.check != "k vs 1 device")
     assert by(rows, backend="mxnet", check="gradients")[0].status == "FAIL"
-    assert abs(by(rows, backend="mxnet", check="forward", strategy="(train mode)")[0].value - 1e-2) < 1e-12
+    assert (
+        abs(by(rows, backend="mxnet", check="forward", strategy="(train mode)")[0].value - 1e-2)
+        < 1e-12
+    )
     assert by(rows, backend="mxnet", check="forward", strategy="(eval mode)")[0].status == "ok"
     # LeNet k vs 1: the planted 1e-3 difference at 2 devices fails the 1e-5 tolerance
     assert by(rows, backend="jax", check="k vs 1 device")[0].status == "FAIL"
@@ -71,29 +96,45 @@ def test_the_forward_rows_allow_the_references_own_float32_rounding_of_the_logit
     other["lenet|forward|train"] = torch["lenet|forward|train"] + 5e-4
 
     def forward_row(torch_error):
-        exact = {} if torch_error is None else {
-            "lenet|float64|forward|train": torch["lenet|forward|train"] - torch_error,
-            "lenet|float64|forward|eval": torch["lenet|forward|eval"]}
+        exact = (
+            {}
+            if torch_error is None
+            else {
+                "lenet|float64|forward|train": torch["lenet|forward|train"] - torch_error,
+                "lenet|float64|forward|eval": torch["lenet|forward|eval"],
+            }
+        )
         rows = equivalence.compare({"torch": ({**torch, **exact}, {}), "jax": (other, {})}, w0)
         return by(rows, backend="jax", check="forward", strategy="(train mode)")[0]
 
     assert forward_row(None).status == "FAIL" and forward_row(None).tolerance == 1e-4
     row = forward_row(3e-4)
-    assert row.status.startswith("ok (3x float32-vs-float64 3.0e-04)") and row.tolerance == pytest.approx(9e-4)
-    assert forward_row(1e-4).status.startswith("FAIL")       # 5e-4 is more than 3x a rounding of 1e-4
+    assert row.status.startswith(
+        "ok (3x float32-vs-float64 3.0e-04)"
+    ) and row.tolerance == pytest.approx(9e-4)
+    assert forward_row(1e-4).status.startswith("FAIL")  # 5e-4 is more than 3x a rounding of 1e-4
 
 
 def test_resnet_per_device_batchnorm_difference_is_measured_not_failed():
     w0 = {"resnet18": weights.initial_weights("resnet18", 0)}
     runs = (("ddp", 1, "local"), ("ddp", 2, "local"))
-    rows = equivalence.compare({"torch": (measurements("resnet18", w0["resnet18"], runs=runs), {})}, w0)
+    rows = equivalence.compare(
+        {"torch": (measurements("resnet18", w0["resnet18"], runs=runs), {})}, w0
+    )
     (k_vs_1,) = by(rows, check="k vs 1 device")
     assert k_vs_1.status == "measured" and abs(k_vs_1.value - 1e-3) < 1e-8
     row = "| k vs 1 device | resnet18 | torch | ddp | 2 | local | 1.00e-03 | — | measured"
     assert row in "\n".join(equivalence.table(rows))
 
 
-def with_float64(arrays: dict, model: str, runs, grad_error: float, trace_error: float = 0.0, math_error: float = 0.0):
+def with_float64(
+    arrays: dict,
+    model: str,
+    runs,
+    grad_error: float,
+    trace_error: float = 0.0,
+    math_error: float = 0.0,
+):
     """Add what the reference worker writes in float64: the float32 runs are `grad_error` away from it."""
     out = dict(arrays)
     for strategy, k, bn in runs:
@@ -118,15 +159,27 @@ def w0_shape(model: str, name: str) -> tuple:
 def test_float32_rounding_widens_the_tolerance_but_different_math_still_fails():
     w0 = {"resnet18": weights.initial_weights("resnet18", 0)}
     runs = (("ddp", 1, "local"),)
-    torch = with_float64(measurements("resnet18", w0["resnet18"], runs=runs), "resnet18", runs, grad_error=5e-3)
-    close = with_float64(measurements("resnet18", w0["resnet18"], scale=8e-3, runs=runs), "resnet18", runs, 0)
-    wrong = with_float64(measurements("resnet18", w0["resnet18"], scale=0.2, runs=runs), "resnet18", runs, 0)
+    torch = with_float64(
+        measurements("resnet18", w0["resnet18"], runs=runs), "resnet18", runs, grad_error=5e-3
+    )
+    close = with_float64(
+        measurements("resnet18", w0["resnet18"], scale=8e-3, runs=runs), "resnet18", runs, 0
+    )
+    wrong = with_float64(
+        measurements("resnet18", w0["resnet18"], scale=0.2, runs=runs), "resnet18", runs, 0
+    )
     rows = equivalence.compare({"torch": (torch, {}), "jax": (close, {}), "mxnet": (wrong, {})}, w0)
     (grad,) = by(rows, backend="jax", check="gradients")
     # the larger float32 error sets it: jax's own (8e-3 from its float64 gradient) over torch's (5e-3)
-    assert grad.status == "ok" and abs(grad.tolerance - 3 * 8e-3) < 1e-9 and "float32-vs-float64" in grad.note
+    assert (
+        grad.status == "ok"
+        and abs(grad.tolerance - 3 * 8e-3) < 1e-9
+        and "float32-vs-float64" in grad.note
+    )
     assert by(rows, backend="mxnet", check="gradients")[0].status == "FAIL"
-    assert by(rows, backend="mxnet", check="float32 vs float64")[0].status == "FAIL"   # 0.2: not rounding
+    assert (
+        by(rows, backend="mxnet", check="float32 vs float64")[0].status == "FAIL"
+    )  # 0.2: not rounding
     # the float64 rows: the same math to 1e-10
     assert by(rows, backend="jax", check="math (float64)")[0].status == "ok"
 
@@ -135,16 +188,24 @@ def test_float64_row_fails_when_the_math_differs():
     w0 = {"lenet": weights.initial_weights("lenet", 0)}
     runs = (("ddp", 1, "local"),)
     torch = with_float64(measurements("lenet", w0["lenet"], runs=runs), "lenet", runs, 0)
-    other = with_float64(measurements("lenet", w0["lenet"], runs=runs), "lenet", runs, 0, math_error=1e-8)
-    (row,) = by(equivalence.compare({"torch": (torch, {}), "jax": (other, {})}, w0), check="math (float64)")
+    other = with_float64(
+        measurements("lenet", w0["lenet"], runs=runs), "lenet", runs, 0, math_error=1e-8
+    )
+    (row,) = by(
+        equivalence.compare({"torch": (torch, {}), "jax": (other, {})}, w0), check="math (float64)"
+    )
     assert row.status == "FAIL" and abs(row.value - 1e-8) < 1e-12
 
 
 def test_a_chaotic_float32_trace_is_measured_not_judged():
     w0 = {"resnet18": weights.initial_weights("resnet18", 0)}
     runs = (("ddp", 1, "local"),)
-    torch = with_float64(measurements("resnet18", w0["resnet18"], runs=runs), "resnet18", runs, 0, trace_error=0.5)
-    other = with_float64(measurements("resnet18", w0["resnet18"], scale=0.3, runs=runs), "resnet18", runs, 0)
+    torch = with_float64(
+        measurements("resnet18", w0["resnet18"], runs=runs), "resnet18", runs, 0, trace_error=0.5
+    )
+    other = with_float64(
+        measurements("resnet18", w0["resnet18"], scale=0.3, runs=runs), "resnet18", runs, 0
+    )
     rows = equivalence.compare({"torch": (torch, {}), "jax": (other, {})}, w0)
     (trace,) = by(rows, backend="jax", check="3-step loss")
     assert trace.status == "measured" and "chaotic" in trace.note and abs(trace.value - 0.3) < 1e-9
@@ -158,27 +219,36 @@ def test_k_vs_1_is_judged_against_the_float32_rounding_of_both_runs():
     runs = (("ddp", 1, "sync"), ("ddp", 2, "sync"))
 
     def planted(rounding: bool) -> dict:
-        arrays = with_float64(measurements("resnet18", w0["resnet18"], runs=runs), "resnet18", runs, 0)
+        arrays = with_float64(
+            measurements("resnet18", w0["resnet18"], runs=runs), "resnet18", runs, 0
+        )
         for name in equivalence._trainable("resnet18"):
             exact = arrays[f"resnet18|ddp|1|sync|first|{name}"]
             arrays[f"resnet18|ddp|2|sync|first|{name}"] = exact + 2e-3
             arrays[f"resnet18|float64|2|sync|first|{name}"] = exact if rounding else exact + 2e-3
         return arrays
 
-    (row,) = by(equivalence.compare({"torch": (planted(rounding=True), {})}, w0), check="k vs 1 device")
+    (row,) = by(
+        equivalence.compare({"torch": (planted(rounding=True), {})}, w0), check="k vs 1 device"
+    )
     assert row.status == "ok" and abs(row.value - 2e-3) < 1e-9 and abs(row.tolerance - 6e-3) < 1e-9
-    (row,) = by(equivalence.compare({"torch": (planted(rounding=False), {})}, w0), check="k vs 1 device")
+    (row,) = by(
+        equivalence.compare({"torch": (planted(rounding=False), {})}, w0), check="k vs 1 device"
+    )
     assert row.status == "FAIL" and row.tolerance == equivalence.TOLERANCE["k-vs-1"]
 
 
 # ------------------------------------------------------------- injected differences must fail
+
 
 def resnet_pair(runs, jax_grad_error=0.0, jax_state_scale=0.0):
     """torch and a backend on ResNet-18 with a realistic float32 floor (torch's float32 gradient 5e-3 from
     float64); the backend's gradients off by `jax_grad_error`, its running variances by `jax_state_scale`,
     in float32 and float64 alike (a difference in the math shows in both)."""
     w0 = {"resnet18": weights.initial_weights("resnet18", 0)}
-    torch = with_float64(measurements("resnet18", w0["resnet18"], runs=runs), "resnet18", runs, grad_error=5e-3)
+    torch = with_float64(
+        measurements("resnet18", w0["resnet18"], runs=runs), "resnet18", runs, grad_error=5e-3
+    )
     torch.update(as_float64_runs(measurements("resnet18", w0["resnet18"], runs=runs)))
     other = measurements("resnet18", w0["resnet18"], runs=runs, state_scale=jax_state_scale)
     for key in [k for k in other if "|grad|" in k]:
@@ -192,14 +262,22 @@ def test_an_injected_gradient_difference_of_1e_3_fails():
     """float32 cannot see 1e-3 on ResNet-18 (its own rounding is larger), float64 can, and says FAIL."""
     runs = (("ddp", 1, "local"), ("ddp", 2, "local"))
     rows = resnet_pair(runs, jax_grad_error=1e-3)
-    assert all(r.status == "ok" for r in by(rows, backend="jax", check="gradients"))      # within 3x 5e-3
+    assert all(
+        r.status == "ok" for r in by(rows, backend="jax", check="gradients")
+    )  # within 3x 5e-3
     same = by(rows, backend="jax", check="same math (float64)")
-    assert len(same) == 2 and all(r.status == "FAIL" and abs(r.value - 1e-3) < 1e-9 for r in same), same
+    assert len(same) == 2 and all(
+        r.status == "FAIL" and abs(r.value - 1e-3) < 1e-9 for r in same
+    ), same
     assert all("largest: gradients" in r.note for r in same)
     assert by(rows, backend="jax", check="math (float64)")[0].status == "FAIL"
     # and without the injected difference, every one of those rows is ok
     clean = resnet_pair(runs)
-    assert all(r.status == "ok" for r in clean if r.check in ("same math (float64)", "math (float64)", "gradients"))
+    assert all(
+        r.status == "ok"
+        for r in clean
+        if r.check in ("same math (float64)", "math (float64)", "gradients")
+    )
 
 
 def test_an_injected_batchnorm_convention_difference_fails():
@@ -219,6 +297,7 @@ def test_an_injected_batchnorm_convention_difference_fails():
 
 # ------------------------------------------------------------- the references are always measured
 
+
 class RecordingBackend:
     """A check worker's backend that records what it is asked for and returns fixed numbers."""
 
@@ -230,46 +309,71 @@ class RecordingBackend:
         return np.zeros((len(x), 10), dtype)
 
     def float64_gradients(self, model, w, x, y):
-        return 2.3, {n: np.zeros(s) for n, s, kind in architectures.spec(model) if kind not in ("bn_mean", "bn_var")}
+        return 2.3, {
+            n: np.zeros(s)
+            for n, s, kind in architectures.spec(model)
+            if kind not in ("bn_mean", "bn_var")
+        }
 
-    def gradients(self, strategy, model, k, w, x, y, **options):
-        self.calls.append(("gradients", strategy, k, options.get("dtype", "float32"), 1))
-        return self.float64_gradients(model, w, x, y)
+    def gradients(self, probe, w, x, y):
+        self.calls.append(("gradients", probe.strategy, probe.devices, probe.dtype, 1))
+        return self.float64_gradients(probe.model, w, x, y)
 
-    def train_trace(self, strategy, model, k, w, batches, lr, **options):
-        self.calls.append(("trace", strategy, k, options.get("dtype", "float32"), len(batches)))
+    def train_trace(self, probe, w, batches, lr):
+        self.calls.append(("trace", probe.strategy, probe.devices, probe.dtype, len(batches)))
         return {"first": self.w, "final": self.w, "losses": [2.3] * len(batches)}
 
     def float64_reference(self, model, k, w, batches, lr, bn="local"):
         self.calls.append(("reference", bn, k, "float64", len(batches)))
         loss, grads = self.float64_gradients(model, w, None, None)
-        return loss, grads, self.train_trace("-", model, k, w, batches, lr)
+        return loss, grads, self.train_trace(Probe("-", model, k, dtype="float64"), w, batches, lr)
 
 
 def test_the_check_worker_measures_float64_runs_and_whole_reference_traces(tmp_path):
     """Each strategy runs in float32 (whole trace) and float64 (FLOAT64_STEPS); the reference's float64
     trace is whole for every device count and BatchNorm mode, so each configuration has its own floor."""
     from common import measurements as worker
+
     backend = RecordingBackend("lenet")
-    np.savez(tmp_path / "b.npz", x=np.zeros((6, 4, 1, 28, 28), np.float32), y=np.zeros((6, 4), np.int32))
+    np.savez(
+        tmp_path / "b.npz", x=np.zeros((6, 4, 1, 28, 28), np.float32), y=np.zeros((6, 4), np.int32)
+    )
     weights.save(tmp_path / "w.npz", backend.w)
-    job = {"models": ["lenet"], "strategies": ["ddp"], "devices": [1, 2], "bn": ["local"], "lr": 0.1,
-           "device_kind": "cpu", "float64": True, "batches": str(tmp_path / "b.npz"),
-           "weights": {"lenet": str(tmp_path / "w.npz")}}
+    job = {
+        "models": ["lenet"],
+        "strategies": ["ddp"],
+        "devices": [1, 2],
+        "bn": ["local"],
+        "lr": 0.1,
+        "device_kind": "cpu",
+        "float64": True,
+        "batches": str(tmp_path / "b.npz"),
+        "weights": {"lenet": str(tmp_path / "w.npz")},
+    }
     out, skipped = worker.measure(backend, job)
     traces = [c for c in backend.calls if c[0] == "trace" and c[1] == "ddp"]
-    assert sorted(traces) == sorted([("trace", "ddp", k, dtype, n) for k in (1, 2)
-                                     for dtype, n in (("float32", 6), ("float64", worker.FLOAT64_STEPS))])
-    assert [c for c in backend.calls if c[0] == "reference"] == [("reference", "local", 1, "float64", 6),
-                                                                 ("reference", "local", 2, "float64", 6)]
+    assert sorted(traces) == sorted(
+        [
+            ("trace", "ddp", k, dtype, n)
+            for k in (1, 2)
+            for dtype, n in (("float32", 6), ("float64", worker.FLOAT64_STEPS))
+        ]
+    )
+    assert [c for c in backend.calls if c[0] == "reference"] == [
+        ("reference", "local", 1, "float64", 6),
+        ("reference", "local", 2, "float64", 6),
+    ]
     assert "lenet|ddp:float64|2|local|final|fc2.bias" in out and not skipped
-    assert out["lenet|float64|forward|eval"].dtype == np.float64     # the reference's logits in float64 too
+    assert (
+        out["lenet|float64|forward|eval"].dtype == np.float64
+    )  # the reference's logits in float64 too
 
 
 def test_a_request_without_one_device_still_measures_the_one_device_references(monkeypatch):
     """`--gpus 2` alone: every backend's job still runs 1 device (the floor and own-float32 references),
     and the table shows the 2-device rows asked for, not the 1-device ones measured as references."""
     from common import manifest
+
     jobs = {}
     w0 = weights.initial_weights("lenet", 0)
 
@@ -281,28 +385,51 @@ def test_a_request_without_one_device_still_measures_the_one_device_references(m
 
     monkeypatch.setattr(check, "measure", fake_measure)
     backends = {"torch": manifest.load("torch"), "jax": manifest.load("jax")}
-    rows, failures, _ = check.run_checks(backends, {"torch": "python", "jax": "python"}, ["lenet"],
-                                         {"torch": ["ddp"], "jax": ["pmap"]}, [2], ["local"], 3, 4, 0.1, 0,
-                                         check_dataset(), "cpu", 60, say=lambda m: None)
+    request = check.CheckRequest(
+        models=["lenet"],
+        strategies={"torch": ["ddp"], "jax": ["pmap"]},
+        counts=[2],
+        bn_modes=["local"],
+        steps=3,
+        batch_size=4,
+        lr=0.1,
+        seed=0,
+        dataset=check_dataset(),
+        device_kind="cpu",
+        timeout=60,
+        pythons={"torch": "python", "jax": "python"},
+    )
+    rows, failures, _ = check.run_checks(backends, request, say=lambda m: None)
     assert jobs["torch"]["devices"] == [1, 2] and jobs["jax"]["devices"] == [1, 2] and not failures
     shown = {(r.check, r.devices) for r in rows}
     assert ("float32 vs float64", "1") in shown and ("k vs 1 device", "2") in shown
-    assert not [r for r in rows if r.devices == "1" and r.check in ("loss", "gradients", "same math (float64)")]
+    assert not [
+        r
+        for r in rows
+        if r.devices == "1" and r.check in ("loss", "gradients", "same math (float64)")
+    ]
     failed = [r for r in rows if r.status == "FAIL"]
-    assert [(r.check, r.backend) for r in failed] == [("k vs 1 device", "torch"), ("k vs 1 device", "jax")]  # (planted)
+    assert [(r.check, r.backend) for r in failed] == [
+        ("k vs 1 device", "torch"),
+        ("k vs 1 device", "jax"),
+    ]  # (planted)
 
 
 def check_dataset():
     from common import data
+
     return data.synthetic(12, 10, 0)
 
 
 # ------------------------------------------------------------- the check worker's process
 
+
 def test_a_check_worker_is_launched_as_a_run_is(tmp_path):
     """runner.launch: its output logged, a timeout kills its whole group, its last line says why it failed."""
     marker = "3117.5"
-    hanging = fake_python(tmp_path, f"echo 'loading'\nsleep {marker} &\nsleep {marker}", name="hanging")
+    hanging = fake_python(
+        tmp_path, f"echo 'loading'\nsleep {marker} &\nsleep {marker}", name="hanging"
+    )
     with pytest.raises(check.CheckError, match="torch: no answer within 1 s"):
         check.measure("torch", hanging, {}, tmp_path, 1, log_dir=tmp_path / "logs")
     assert "loading" in (tmp_path / "logs" / "check-torch.log").read_text()
@@ -313,20 +440,37 @@ def test_a_check_worker_is_launched_as_a_run_is(tmp_path):
     assert (tmp_path / "check-jax.log").read_text().endswith("bad job\n")
 
 
-@pytest.mark.parametrize("backend,expected", [("jax", {"torch": ["ddp"], "jax": ["pmap", "sharding"]}),
-                                              ("torch", {"torch": ["scratch"]})])
+@pytest.mark.parametrize(
+    "backend,expected",
+    [("jax", {"torch": ["ddp"], "jax": ["pmap", "sharding"]}), ("torch", {"torch": ["scratch"]})],
+)
 def test_a_report_without_torch_measures_torch_as_its_reference(monkeypatch, backend, expected):
     """A run's equivalence section compares every backend with torch: a report of jax alone must measure torch
     too (its ddp), or its check measures jax for nothing and shows no row."""
     from harness.cli import build_plan, parse
+
     strategy = ["--strategy", "scratch"] if backend == "torch" else []
-    plan = build_plan(parse(["--backend", backend, *strategy, "--device", "cpu", "--gpus", "1",
-                             "--dataset", "synthetic"]))
+    plan = build_plan(
+        parse(
+            [
+                "--backend",
+                backend,
+                *strategy,
+                "--device",
+                "cpu",
+                "--gpus",
+                "1",
+                "--dataset",
+                "synthetic",
+            ]
+        )
+    )
     asked = {}
 
-    def run_checks(backends, pythons, models, strategies, *rest, **kw):
-        asked.update(backends=sorted(backends), strategies=strategies)
+    def run_checks(backends, request, **kw):
+        asked.update(backends=sorted(backends), strategies=request.strategies)
         return [], {}, {}
+
     monkeypatch.setattr(check, "run_checks", run_checks)
     check.equivalence(plan, lambda line: None)
     assert asked["strategies"] == expected and asked["backends"] == sorted(expected)

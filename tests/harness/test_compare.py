@@ -21,22 +21,51 @@ from tests.harness.test_results import COMMITTED
 
 ROWS = [("torch", "scratch", 1), ("torch", "scratch", 2), ("jax", "pmap", 2)]
 STEP_S = {1: 0.100, 2: 0.060}
-ENVIRONMENT = {"torch": {"framework": "torch", "framework_version": "2.13.0+cpu"},
-               "jax": {"framework": "jax", "framework_version": "0.10.2"}}
+ENVIRONMENT = {
+    "torch": {"framework": "torch", "framework_version": "2.13.0+cpu"},
+    "jax": {"framework": "jax", "framework_version": "0.10.2"},
+}
 
 
 def run_dict(backend, strategy, devices, samples, trial=None, **fields) -> dict:
     """An ok result of a LeNet run whose timed steps took `samples` seconds."""
-    cfg = RunConfig(backend=backend, strategy=strategy, devices=devices, model="lenet", batch_size=32,
-                    train_size=256, test_size=64).to_dict()
+    cfg = RunConfig(
+        backend=backend,
+        strategy=strategy,
+        devices=devices,
+        model="lenet",
+        batch_size=32,
+        train_size=256,
+        test_size=64,
+    ).to_dict()
     epoch_s = 8 * float(np.mean(samples))
-    env = {**ENVIRONMENT[backend], "devices": [f"cpu (simulated device {i})" for i in range(devices)],
-           "precision": {"mode": "fp32"}}
+    env = {
+        **ENVIRONMENT[backend],
+        "devices": [f"cpu (simulated device {i})" for i in range(devices)],
+        "precision": {"mode": "fp32"},
+    }
     stats = step_statistics(list(samples), 32)
-    result = {**new_result(cfg, "ok"), "environment": env, "weights_hash": "w" * 64, "data_hash": "d" * 64,
-              "epochs": [{"epoch": 1, "time_s": epoch_s, "steps": 8, "images": 256, "images_per_s": 256 / epoch_s,
-                          "train_loss": 2.0, "train_acc": 0.3, "test_acc": 0.5}],
-              "final_test_acc": 0.5, "step_time": stats, "trial": trial}
+    result = {
+        **new_result(cfg, "ok"),
+        "environment": env,
+        "weights_hash": "w" * 64,
+        "data_hash": "d" * 64,
+        "epochs": [
+            {
+                "epoch": 1,
+                "time_s": epoch_s,
+                "steps": 8,
+                "images": 256,
+                "images_per_s": 256 / epoch_s,
+                "train_loss": 2.0,
+                "train_acc": 0.3,
+                "test_acc": 0.5,
+            }
+        ],
+        "final_test_acc": 0.5,
+        "step_time": stats,
+        "trial": trial,
+    }
     return {**result, **fields}
 
 
@@ -47,8 +76,15 @@ def samples_of(rng, row, slowdown=1.0, n=20) -> list[float]:
 
 def write_runs(path: Path, runs: list[dict]) -> Path:
     path.mkdir(parents=True, exist_ok=True)
-    doc = {"schema_version": 2, "run_id": path.name, "command": "python -m harness", "started": "then",
-           "preset": "quick", "data_source": "synthetic", "runs": runs}
+    doc = {
+        "schema_version": 2,
+        "run_id": path.name,
+        "command": "python -m harness",
+        "started": "then",
+        "preset": "quick",
+        "data_source": "synthetic",
+        "runs": runs,
+    }
     (path / "results.json").write_text(json.dumps(doc))
     return path
 
@@ -62,7 +98,11 @@ def two_sets(tmp_path, slow_row=None, repeat=3, **new_fields) -> tuple[Path, Pat
         for row in ROWS:
             old.append(run_dict(*row, samples_of(rng, row), trial))
             extra = new_fields if row[0] == "jax" else {}
-            new.append(run_dict(*row, samples_of(rng, row, 1.2 if row == slow_row else 1.0), trial, **extra))
+            new.append(
+                run_dict(
+                    *row, samples_of(rng, row, 1.2 if row == slow_row else 1.0), trial, **extra
+                )
+            )
     return write_runs(tmp_path / "old", old), write_runs(tmp_path / "new", new)
 
 
@@ -78,6 +118,7 @@ def marks(stdout: str) -> dict[tuple, str]:
 
 # ------------------------------------------------------------------------ the test
 
+
 def test_the_interval_spans_1_for_the_same_distribution_and_not_for_a_shift():
     rng = np.random.default_rng(0)
     old = [list(0.1 * (1 + 0.03 * rng.standard_normal(30))) for _ in range(3)]
@@ -87,7 +128,10 @@ def test_the_interval_spans_1_for_the_same_distribution_and_not_for_a_shift():
     assert low < 1 < high and high - low < 0.05
     low, high = compare.ratio_interval(old, slower, 0.05)
     assert 1.15 < low < 1.2 < high < 1.25
-    assert compare.ratio_interval(old, slower, 0.05) == (low, high)        # seeded: the same verdict every time
+    assert compare.ratio_interval(old, slower, 0.05) == (
+        low,
+        high,
+    )  # seeded: the same verdict every time
 
 
 def test_the_spread_between_trials_counts_not_only_the_steps_within_them():
@@ -99,18 +143,28 @@ def test_the_spread_between_trials_counts_not_only_the_steps_within_them():
     old, new = trials([0.045, 0.055, 0.065]), trials([0.044, 0.050, 0.056])
     low, high = compare.ratio_interval(old, new, 0.05)
     assert low < 1 < high
-    pooled = compare.ratio_interval([sum(old, [])], [sum(new, [])], 0.05)    # one "trial" each: steps only
+    pooled = compare.ratio_interval(
+        [sum(old, [])], [sum(new, [])], 0.05
+    )  # one "trial" each: steps only
     assert pooled[1] < 1
 
 
 # ------------------------------------------------------------------------ compare, end to end
 
+
 def test_a_20_percent_slowdown_in_one_row_exits_1_naming_that_row(tmp_path):
     old, new = two_sets(tmp_path, slow_row=("jax", "pmap", 2))
     out = run_harness("compare", str(old), str(new))
     assert out.returncode == 1, out.stderr
-    assert marks(out.stdout) == {("torch", "scratch", 1): "~", ("torch", "scratch", 2): "~", ("jax", "pmap", 2): "-"}
-    assert "REGRESSION: jax pmap on 2 device(s): step time +2" in out.stdout and "(interval 1.1" in out.stdout
+    assert marks(out.stdout) == {
+        ("torch", "scratch", 1): "~",
+        ("torch", "scratch", 2): "~",
+        ("jax", "pmap", 2): "-",
+    }
+    assert (
+        "REGRESSION: jax pmap on 2 device(s): step time +2" in out.stdout
+        and "(interval 1.1" in out.stdout
+    )
     assert out.stdout.count("REGRESSION") == 1
     # the other way round it is an improvement: exit 0
     back = run_harness("compare", str(new), str(old))
@@ -121,8 +175,12 @@ def test_the_same_samples_shuffled_across_trials_are_no_change(tmp_path):
     old, _ = two_sets(tmp_path)
     runs = json.loads((old / "results.json").read_text())["runs"]
     rng = np.random.default_rng(1)
-    for row in ROWS:     # every step time of the row's trials, dealt out again in another order
-        mine = [r for r in runs if (r["config"]["backend"], r["config"]["strategy"], r["config"]["devices"]) == row]
+    for row in ROWS:  # every step time of the row's trials, dealt out again in another order
+        mine = [
+            r
+            for r in runs
+            if (r["config"]["backend"], r["config"]["strategy"], r["config"]["devices"]) == row
+        ]
         pooled = rng.permutation([s for r in mine for s in r["step_time"]["samples_s"]])
         for r, part in zip(mine, np.split(pooled, len(mine))):
             r["step_time"] = step_statistics(list(part), 32)
@@ -135,21 +193,45 @@ def test_the_same_samples_shuffled_across_trials_are_no_change(tmp_path):
 def test_rows_with_other_initial_weights_are_flagged_not_compared(tmp_path):
     old, new = two_sets(tmp_path, slow_row=("jax", "pmap", 2), weights_hash="x" * 64)
     out = run_harness("compare", str(old), str(new))
-    assert out.returncode == 0, out.stdout       # the slow row is not comparable: no verdict on it
+    assert out.returncode == 0, out.stdout  # the slow row is not comparable: no verdict on it
     assert marks(out.stdout)[("jax", "pmap", 2)] == "!"
     assert "not comparable: initial weights hash wwwwwwwwwwww vs xxxxxxxxxxxx" in out.stdout
 
 
-@pytest.mark.parametrize("field,value,why", [
-    ("data_hash", "e" * 64, "batch sequence hash"),
-    ("environment", {**ENVIRONMENT["jax"], "framework_version": "0.11.0", "devices": ["cpu (simulated device 0)",
-                                                                                     "cpu (simulated device 1)"],
-                     "precision": {"mode": "fp32"}}, "jax 0.10.2 vs 0.11.0"),
-    ("environment", {**ENVIRONMENT["jax"], "devices": ["NVIDIA H200", "NVIDIA H200"], "precision": {"mode": "fp32"}},
-     "devices cpu"),
-    ("environment", {**ENVIRONMENT["jax"], "devices": ["cpu (simulated device 0)", "cpu (simulated device 1)"],
-                     "precision": {"mode": "tf32"}}, "precision fp32 vs tf32"),
-])
+@pytest.mark.parametrize(
+    "field,value,why",
+    [
+        ("data_hash", "e" * 64, "batch sequence hash"),
+        (
+            "environment",
+            {
+                **ENVIRONMENT["jax"],
+                "framework_version": "0.11.0",
+                "devices": ["cpu (simulated device 0)", "cpu (simulated device 1)"],
+                "precision": {"mode": "fp32"},
+            },
+            "jax 0.10.2 vs 0.11.0",
+        ),
+        (
+            "environment",
+            {
+                **ENVIRONMENT["jax"],
+                "devices": ["NVIDIA H200", "NVIDIA H200"],
+                "precision": {"mode": "fp32"},
+            },
+            "devices cpu",
+        ),
+        (
+            "environment",
+            {
+                **ENVIRONMENT["jax"],
+                "devices": ["cpu (simulated device 0)", "cpu (simulated device 1)"],
+                "precision": {"mode": "tf32"},
+            },
+            "precision fp32 vs tf32",
+        ),
+    ],
+)
 def test_each_difference_that_makes_rows_incomparable_is_named(tmp_path, field, value, why):
     old, new = two_sets(tmp_path, **{field: value})
     out = run_harness("compare", str(old), str(new))
@@ -158,8 +240,12 @@ def test_each_difference_that_makes_rows_incomparable_is_named(tmp_path, field, 
 
 
 def test_accept_versions_compares_a_framework_upgrade(tmp_path):
-    env = {**ENVIRONMENT["jax"], "framework_version": "0.11.0",
-           "devices": ["cpu (simulated device 0)", "cpu (simulated device 1)"], "precision": {"mode": "fp32"}}
+    env = {
+        **ENVIRONMENT["jax"],
+        "framework_version": "0.11.0",
+        "devices": ["cpu (simulated device 0)", "cpu (simulated device 1)"],
+        "precision": {"mode": "fp32"},
+    }
     old, new = two_sets(tmp_path, slow_row=("jax", "pmap", 2), environment=env)
     out = run_harness("compare", str(old), str(new), "--accept", "versions")
     assert out.returncode == 1 and marks(out.stdout)[("jax", "pmap", 2)] == "-"
@@ -170,7 +256,9 @@ def test_accuracy_drift_is_flagged(tmp_path):
     runs = json.loads((new / "results.json").read_text())["runs"]
     for r in runs:
         if r["config"]["backend"] == "jax":
-            r["epochs"] = [{**run_dict("jax", "pmap", 2, [0.06] * 3)["epochs"][0], "test_acc": 0.45}]
+            r["epochs"] = [
+                {**run_dict("jax", "pmap", 2, [0.06] * 3)["epochs"][0], "test_acc": 0.45}
+            ]
     write_runs(new, runs)
     out = run_harness("compare", str(old), str(new), "--accuracy-tolerance", "0.02")
     assert "accuracy drift 0.5000 -> 0.4500 (beyond 0.02)" in out.stdout
@@ -178,9 +266,17 @@ def test_accuracy_drift_is_flagged(tmp_path):
 
 def test_rows_in_one_run_only_are_listed(tmp_path):
     old, new = two_sets(tmp_path)
-    runs = [r for r in json.loads((new / "results.json").read_text())["runs"] if r["config"]["backend"] == "torch"]
+    runs = [
+        r
+        for r in json.loads((new / "results.json").read_text())["runs"]
+        if r["config"]["backend"] == "torch"
+    ]
     out = run_harness("compare", str(old), str(write_runs(new, runs)))
-    assert out.returncode == 0 and marks(out.stdout)[("jax", "pmap", 2)] == "?" and "only in OLD" in out.stdout
+    assert (
+        out.returncode == 0
+        and marks(out.stdout)[("jax", "pmap", 2)] == "?"
+        and "only in OLD" in out.stdout
+    )
 
 
 def test_a_committed_report_of_schema_v1_compares_with_itself(tmp_path):
@@ -190,11 +286,14 @@ def test_a_committed_report_of_schema_v1_compares_with_itself(tmp_path):
     assert "too few samples for the test" in out.stdout and "REGRESSION" not in out.stdout
 
 
-@pytest.mark.parametrize("content,message", [
-    ("{not json", "not a JSON file"),
-    ('{"schema_version": 9, "runs": []}', "not a results.json of schema v1 or v2"),
-    (None, "cannot be read"),
-])
+@pytest.mark.parametrize(
+    "content,message",
+    [
+        ("{not json", "not a JSON file"),
+        ('{"schema_version": 9, "runs": []}', "not a results.json of schema v1 or v2"),
+        (None, "cannot be read"),
+    ],
+)
 def test_a_corrupt_or_missing_results_file_is_one_line_and_exit_2(tmp_path, content, message):
     old, _ = two_sets(tmp_path)
     bad = tmp_path / "bad.json"
@@ -202,12 +301,21 @@ def test_a_corrupt_or_missing_results_file_is_one_line_and_exit_2(tmp_path, cont
         bad.write_text(content)
     out = run_harness("compare", str(old), str(bad))
     assert out.returncode == 2 and out.stdout == ""
-    assert out.stderr.startswith("harness: error: ") and message in out.stderr and len(out.stderr.splitlines()) == 1
+    assert (
+        out.stderr.startswith("harness: error: ")
+        and message in out.stderr
+        and len(out.stderr.splitlines()) == 1
+    )
 
 
-@pytest.mark.parametrize("flags,message", [(("--factor", "0.9"), "--factor must be at least 1"),
-                                           (("--alpha", "1.5"), "--alpha must be between 0 and 1"),
-                                           (("--accept", "colours"), "--accept takes versions and/or devices")])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (("--factor", "0.9"), "--factor must be at least 1"),
+        (("--alpha", "1.5"), "--alpha must be between 0 and 1"),
+        (("--accept", "colours"), "--accept takes versions and/or devices"),
+    ],
+)
 def test_bad_compare_flags_exit_2(tmp_path, flags, message):
     old, new = two_sets(tmp_path)
     out = run_harness("compare", str(old), str(new), *flags)
@@ -215,6 +323,7 @@ def test_bad_compare_flags_exit_2(tmp_path, flags, message):
 
 
 # ------------------------------------------------------------------------ trials
+
 
 def results_of(runs: list[dict]) -> list[Result]:
     return [Result.from_dict(r) for r in runs]
@@ -227,8 +336,10 @@ def test_trials_drop_the_failed_and_of_five_the_fastest_and_slowest():
     (t,) = trials.group(results_of(runs))
     assert [r.trial for r in t.kept] == [1, 3, 6]
     assert {r.trial: why for r, why in t.dropped} == {
-        2: "failed", 4: "the slowest of the finished trials (MLPerf's rule)",
-        5: "the fastest of the finished trials (MLPerf's rule)"}
+        2: "failed",
+        4: "the slowest of the finished trials (MLPerf's rule)",
+        5: "the fastest of the finished trials (MLPerf's rule)",
+    }
     assert t.median("images_per_s") == pytest.approx(256 / (8 * 0.10))
     assert sorted(t.step_samples()) == [0.09] * 4 + [0.10] * 8
     assert t.representative().trial in (1, 6)
@@ -238,7 +349,10 @@ def test_trials_drop_the_failed_and_of_five_the_fastest_and_slowest():
 
 
 def test_the_summary_gives_the_median_and_range_of_the_trials_kept():
-    runs = [run_dict("torch", "scratch", 1, [s] * 4, trial=i + 1) for i, s in enumerate([0.10, 0.08, 0.125])]
+    runs = [
+        run_dict("torch", "scratch", 1, [s] * 4, trial=i + 1)
+        for i, s in enumerate([0.10, 0.08, 0.125])
+    ]
     (row,) = with_scaling(results_of(runs))
     assert row.images_per_s == pytest.approx(320.0) and row.trials and len(row.trials.kept) == 3
     line = summary_table([row])[2]
@@ -249,59 +363,153 @@ def test_the_summary_gives_the_median_and_range_of_the_trials_kept():
 
 
 def test_repeat_interleaves_the_trials_of_every_configuration():
-    plan = build_plan(parse(["--backend", "torch", "--strategy", "scratch", "--device", "cpu", "--gpus", "1,2",
-                             "--dataset", "synthetic", "--repeat", "3", "--no-check"]))
-    assert [(c.devices, t) for c, t in plan.runs] == [(1, 1), (2, 1), (1, 2), (2, 2), (1, 3), (2, 3)]
-    single = build_plan(parse(["--backend", "torch", "--strategy", "scratch", "--device", "cpu", "--gpus", "1",
-                               "--dataset", "synthetic", "--no-check"]))
+    plan = build_plan(
+        parse(
+            [
+                "--backend",
+                "torch",
+                "--strategy",
+                "scratch",
+                "--device",
+                "cpu",
+                "--gpus",
+                "1,2",
+                "--dataset",
+                "synthetic",
+                "--repeat",
+                "3",
+                "--no-check",
+            ]
+        )
+    )
+    assert [(c.devices, t) for c, t in plan.runs] == [
+        (1, 1),
+        (2, 1),
+        (1, 2),
+        (2, 2),
+        (1, 3),
+        (2, 3),
+    ]
+    single = build_plan(
+        parse(
+            [
+                "--backend",
+                "torch",
+                "--strategy",
+                "scratch",
+                "--device",
+                "cpu",
+                "--gpus",
+                "1",
+                "--dataset",
+                "synthetic",
+                "--no-check",
+            ]
+        )
+    )
     assert [t for _, t in single.runs] == [None]
 
 
-@pytest.mark.parametrize("flags,message", [(("--repeat", "0"), "--repeat must be between 1 and 100"),
-                                           (("--repeat", "2", "--save-weights", "w.npz"),
-                                            "--save-weights needs exactly one run (this request has 2)")])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (("--repeat", "0"), "--repeat must be between 1 and 100"),
+        (
+            ("--repeat", "2", "--save-weights", "w.npz"),
+            "--save-weights needs exactly one run (this request has 2)",
+        ),
+    ],
+)
 def test_bad_repeat_requests_exit_2(tmp_path, flags, message):
-    out = run_harness("--backend", "torch", "--strategy", "scratch", "--device", "cpu", "--gpus", "1",
-                      "--dataset", "synthetic", "--out", str(tmp_path), *flags, cwd=tmp_path)
+    out = run_harness(
+        "--backend",
+        "torch",
+        "--strategy",
+        "scratch",
+        "--device",
+        "cpu",
+        "--gpus",
+        "1",
+        "--dataset",
+        "synthetic",
+        "--out",
+        str(tmp_path),
+        *flags,
+        cwd=tmp_path,
+    )
     assert out.returncode == 2 and message in out.stderr
 
 
 def test_every_trial_runs_in_its_own_process_and_log(tmp_path):
     python = fake_python(tmp_path, 'echo "trial crash" >&2; exit 3')
     out = tmp_path / "reports"
-    result = run_harness("--backend", "torch", "--strategy", "scratch", "--device", "cpu", "--gpus", "1,2",
-                         "--dataset", "synthetic", "--quiet", "--no-check", "--repeat", "2",
-                         "--python", f"torch={python}", "--out", str(out))
+    result = run_harness(
+        "--backend",
+        "torch",
+        "--strategy",
+        "scratch",
+        "--device",
+        "cpu",
+        "--gpus",
+        "1,2",
+        "--dataset",
+        "synthetic",
+        "--quiet",
+        "--no-check",
+        "--repeat",
+        "2",
+        "--python",
+        f"torch={python}",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 1
     (report,) = out.iterdir()
     runs = json.loads((report / "results.json").read_text())["runs"]
     assert [(r["config"]["devices"], r["trial"]) for r in runs] == [(1, 1), (2, 1), (1, 2), (2, 2)]
     assert sorted(p.name for p in (report / "logs").iterdir()) == [
-        "torch-scratch-x1-trial1.log", "torch-scratch-x1-trial2.log",
-        "torch-scratch-x2-trial1.log", "torch-scratch-x2-trial2.log"]
+        "torch-scratch-x1-trial1.log",
+        "torch-scratch-x1-trial2.log",
+        "torch-scratch-x2-trial1.log",
+        "torch-scratch-x2-trial2.log",
+    ]
     text = (report / "report.md").read_text()
-    assert "## Trials" in text and "**torch scratch**, 2 device(s), trial 2: failed — trial crash" in text
+    assert (
+        "## Trials" in text
+        and "**torch scratch**, 2 device(s), trial 2: failed — trial crash" in text
+    )
 
 
 # ------------------------------------------------------------------------ results: the samples
+
 
 def test_step_statistics_keep_every_sample():
     stats = step_statistics([0.3, 0.1, 0.2], 32)
     assert stats["samples_s"] == [0.3, 0.1, 0.2] and stats["median_s"] == 0.2
 
 
-@pytest.mark.parametrize("bad,problem", [({"step_time": {**step_statistics([0.1], 8), "samples_s": [0.1, -1]}},
-                                          "step_time.samples_s is not a list of positive numbers"),
-                                         ({"step_time": {**step_statistics([0.1], 8), "samples_s": "0.1"}},
-                                          "step_time.samples_s is not a list of positive numbers"),
-                                         ({"trial": 0}, "trial is not a positive whole number"),
-                                         ({"trial": True}, "trial is not a positive whole number")])
+@pytest.mark.parametrize(
+    "bad,problem",
+    [
+        (
+            {"step_time": {**step_statistics([0.1], 8), "samples_s": [0.1, -1]}},
+            "step_time.samples_s is not a list of positive numbers",
+        ),
+        (
+            {"step_time": {**step_statistics([0.1], 8), "samples_s": "0.1"}},
+            "step_time.samples_s is not a list of positive numbers",
+        ),
+        ({"trial": 0}, "trial is not a positive whole number"),
+        ({"trial": True}, "trial is not a positive whole number"),
+    ],
+)
 def test_untrusted_samples_and_trial_numbers_are_refused(bad, problem):
     assert result_problem(run_dict("torch", "scratch", 1, [0.1] * 3, **bad)) == problem
     assert result_problem(run_dict("torch", "scratch", 1, [0.1] * 3, trial=2)) is None
 
 
 # ------------------------------------------------------------------------ report DIR
+
 
 def test_report_re_renders_from_results_json_and_leaves_it_alone(tmp_path):
     report = tmp_path / "report"
@@ -311,7 +519,10 @@ def test_report_re_renders_from_results_json_and_leaves_it_alone(tmp_path):
     out = run_harness("report", str(report))
     assert out.returncode == 0, out.stderr
     text = (report / "report.md").read_text()
-    assert text.startswith(f"# Data-parallel training report `{COMMITTED.name}`") and "## Summary" in text
+    assert (
+        text.startswith(f"# Data-parallel training report `{COMMITTED.name}`")
+        and "## Summary" in text
+    )
     assert (report / "results.json").read_bytes() == raw
     assert not [p for p in report.iterdir() if p.name.startswith(".")]
 
@@ -324,14 +535,23 @@ def test_report_exports_the_summary_as_csv_json_and_markdown(tmp_path):
     assert len(lines) == 1 + len(ROWS) and lines[1].startswith("jax,pmap,2,1,")
     records = json.loads(run_harness("report", str(old), "--format", "json").stdout)
     assert [(r["backend"], r["devices"], r["trials"], r["trials_kept"]) for r in records] == [
-        ("jax", 2, 3, 3), ("torch", 1, 3, 3), ("torch", 2, 3, 3)]
-    assert records[2]["speedup"] == pytest.approx(records[2]["images_per_s"] / records[1]["images_per_s"])
+        ("jax", 2, 3, 3),
+        ("torch", 1, 3, 3),
+        ("torch", 2, 3, 3),
+    ]
+    assert records[2]["speedup"] == pytest.approx(
+        records[2]["images_per_s"] / records[1]["images_per_s"]
+    )
     md = run_harness("report", str(old), "--format", "md").stdout
     assert md.startswith("| backend | strategy |") and "trials kept" in md
-    assert not (old / "report.md").exists()      # an export writes nothing
+    assert not (old / "report.md").exists()  # an export writes nothing
 
 
 def test_report_of_a_corrupt_results_file_is_exit_2(tmp_path):
     (tmp_path / "results.json").write_text('{"schema_version": 2, "runs": "all of them"}')
     out = run_harness("report", str(tmp_path))
-    assert out.returncode == 2 and "it has no list of runs" in out.stderr and len(out.stderr.splitlines()) == 1
+    assert (
+        out.returncode == 2
+        and "it has no list of runs" in out.stderr
+        and len(out.stderr.splitlines()) == 1
+    )

@@ -19,14 +19,17 @@ def test_round_trip(tmp_path):
     assert c.per_device_batch == 32
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"devices": 0}, "at least 1"),
-    ({"batch_size": 63}, "cannot be split evenly across 2 devices"),
-    ({"batch_size": 1}, "smaller than the 2 devices"),
-    ({"model": "vgg"}, "unknown model"),
-    ({"train_size": 32}, "smaller than one batch"),
-    ({"test_size": 0}, "--test-size must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"devices": 0}, "at least 1"),
+        ({"batch_size": 63}, "cannot be split evenly across 2 devices"),
+        ({"batch_size": 1}, "smaller than the 2 devices"),
+        ({"model": "vgg"}, "unknown model"),
+        ({"train_size": 32}, "smaller than one batch"),
+        ({"test_size": 0}, "--test-size must be at least 1"),
+    ],
+)
 def test_invalid(kw, match):
     with pytest.raises(ConfigError, match=match):
         cfg(**kw).validate()

@@ -14,23 +14,33 @@ def test_stamp_follows_requirements(tmp_path, monkeypatch):
     python = envs.venv_python("torch")
     python.parent.mkdir(parents=True)
     python.write_text("")
-    assert not envs.is_current("torch", req)                     # no stamp: half-built, rebuild
+    assert not envs.is_current("torch", req)  # no stamp: half-built, rebuild
     (tmp_path / "venvs" / "torch" / envs.STAMP).write_text(envs.stamp_for(req, envs.BASE_PYTHON))
     assert envs.is_current("torch", req)
     req.write_text("torch==2.14.0\n")
-    assert not envs.is_current("torch", req)                     # pins changed: rebuild
+    assert not envs.is_current("torch", req)  # pins changed: rebuild
 
 
 def test_a_package_on_the_callers_pythonpath_is_importable_in_a_worker(tmp_path, monkeypatch):
     """Packages carried to a host without network (PYTHONPATH) stay importable next to the project."""
     import subprocess
     import sys
+
     (tmp_path / "carried_package.py").write_text("VALUE = 42\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     env = envs.worker_env(EXTRA="1")
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(envs.ROOT), str(tmp_path)] and env["EXTRA"] == "1"
-    out = subprocess.run([sys.executable, "-c", "import carried_package, common; print(carried_package.VALUE)"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert (
+        env["PYTHONPATH"].split(os.pathsep) == [str(envs.ROOT), str(tmp_path)]
+        and env["EXTRA"] == "1"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", "import carried_package, common; print(carried_package.VALUE)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "42", out.stderr
 
 
@@ -43,18 +53,21 @@ def test_a_child_harness_bootstraps_again(monkeypatch):
 
 # ------------------------------------------------------------------ CPU or CUDA builds
 
+
 def test_the_newest_cuda_a_driver_runs_picks_the_pins():
     assert envs.cuda_major((580, 65, 6)) == 13
     assert envs.cuda_major((575, 51, 3)) == 12
     assert envs.cuda_major((525, 60, 13)) == 12
-    assert envs.cuda_major((525, 60, 12)) is None      # older than CUDA 12's: the CPU pins
+    assert envs.cuda_major((525, 60, 12)) is None  # older than CUDA 12's: the CPU pins
     assert envs.cuda_major(None) is None
     backends = envs.ROOT / "backends"
     pins = {name: backends / name / "requirements.txt" for name in ("jax", "torch", "mxnet")}
     assert envs.requirements_for(pins["jax"], (580, 65, 6)).name == "requirements-cuda13.txt"
     assert envs.requirements_for(pins["jax"], (550, 54, 15)).name == "requirements-cuda12.txt"
     assert envs.requirements_for(pins["torch"], (550, 54, 15)).name == "requirements-cuda.txt"
-    assert envs.requirements_for(pins["mxnet"], (580, 65, 6)).name == "requirements.txt"   # no CUDA build
+    assert (
+        envs.requirements_for(pins["mxnet"], (580, 65, 6)).name == "requirements.txt"
+    )  # no CUDA build
     assert all(envs.requirements_for(p, None) == p for p in pins.values())
 
 
@@ -63,6 +76,7 @@ def test_the_cuda_pins_are_the_cpu_pins_with_the_cuda_build():
 
     def pins(path):
         return {line for line in path.read_text().splitlines() if line and not line.startswith("#")}
+
     for major in (12, 13):
         cuda = pins(jax / f"requirements-cuda{major}.txt")
         assert cuda - pins(jax / "requirements.txt") == {f"jax[cuda{major}]==0.10.2"}
@@ -73,6 +87,7 @@ def test_the_cuda_pins_are_the_cpu_pins_with_the_cuda_build():
 
 def test_the_driver_version_comes_from_nvidia_smi_else_the_drivers_proc_file(tmp_path, monkeypatch):
     from harness import devices
+
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 550.54.15\n")
@@ -81,11 +96,15 @@ def test_the_driver_version_comes_from_nvidia_smi_else_the_drivers_proc_file(tmp
     assert devices.driver_version() == (550, 54, 15)
     (bin_dir / "nvidia-smi").unlink()
     proc = tmp_path / "version"
-    proc.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build\n")
+    proc.write_text(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build\n"
+    )
     monkeypatch.setattr(devices, "PROC_VERSION", proc)
     assert devices.driver_version() == (580, 65, 6)
     monkeypatch.setattr(devices, "PROC_VERSION", tmp_path / "absent")
     assert devices.driver_version() is None
-    proc.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n")
+    proc.write_text(
+        "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
+    )
     monkeypatch.setattr(devices, "PROC_VERSION", proc)
     assert devices.driver_version() == (550, 54, 15)

@@ -21,14 +21,34 @@ import pytest
 from harness import cli, envs, report
 from tests.harness.helpers import ROOT, fake_python
 
-BASE = ("--backend", "torch", "--strategy", "scratch", "--model", "lenet", "--dataset", "synthetic",
-        "--train-size", "64", "--test-size", "32", "--batch-size", "32", "--epochs", "1", "--device", "cpu",
-        "--timed-steps", "0", "--quiet")
+BASE = (
+    "--backend",
+    "torch",
+    "--strategy",
+    "scratch",
+    "--model",
+    "lenet",
+    "--dataset",
+    "synthetic",
+    "--train-size",
+    "64",
+    "--test-size",
+    "32",
+    "--batch-size",
+    "32",
+    "--epochs",
+    "1",
+    "--device",
+    "cpu",
+    "--timed-steps",
+    "0",
+    "--quiet",
+)
 
 # Succeeds at once in a 1-device run; a 2-device run (or the equivalence check, with FAKE_HANG_CHECK) hangs
 # with a child process of its own, after writing both pids to $FAKE_STATE/pids. With FAKE_IGNORE_TERM the
 # worker and its child ignore SIGTERM: only SIGKILL ends them.
-FAKE_WORKER = r'''
+FAKE_WORKER = r"""
 import json, os, signal, subprocess, sys, time
 from common.worker import watch_lifeline   # as every real worker does first
 watch_lifeline()
@@ -54,7 +74,7 @@ epochs = [{"epoch": 1, "time_s": 1.0, "steps": 2, "images": 64, "images_per_s": 
 json.dump({"schema_version": 1, "status": "ok", "config": cfg, "environment": {}, "epochs": epochs,
            "compile_s": 0.1, "params": 1, "weights_hash": "w" * 64, "data_hash": "d" * 64, "error": None,
            "memory": {}}, open(result, "w"))
-'''
+"""
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -68,12 +88,20 @@ def fake_worker(tmp_path: Path) -> str:
 def start_harness(*args: str, env: dict | None = None, ignored: tuple = ()) -> subprocess.Popen:
     """`python -m harness ARGS` in the background, with the stop signals at their defaults whatever the
     test runner inherited (a background job may ignore SIGINT), except those `ignored` (as nohup does)."""
+
     def default_signals():
         for s in SIGNALS:
             signal.signal(s, signal.SIG_IGN if s in ignored else signal.SIG_DFL)
-    return subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=ROOT, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_signals)
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "harness", *args],
+        cwd=ROOT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=default_signals,
+    )
 
 
 def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60) -> None:
@@ -92,7 +120,9 @@ def finish(proc: subprocess.Popen, timeout: float = 60) -> tuple[int, str]:
         _, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        pytest.fail(f"the harness did not exit within {timeout} s of the signal: {proc.communicate()}")
+        pytest.fail(
+            f"the harness did not exit within {timeout} s of the signal: {proc.communicate()}"
+        )
     return proc.returncode, stderr
 
 
@@ -115,14 +145,16 @@ def assert_none_survive(pids: list[int], within: float = 10) -> None:
     while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     survivors = alive(pids)
-    for pid in survivors:   # do not leave them behind when the test fails
+    for pid in survivors:  # do not leave them behind when the test fails
         os.kill(pid, signal.SIGKILL)
     assert survivors == [], f"processes of the worker's group outlived the harness: {survivors}"
 
 
 def only_report(out: Path) -> Path:
     entries = list(out.iterdir())
-    assert len(entries) == 1 and not entries[0].name.startswith("."), entries   # no .tmp-<run-id> left
+    assert len(entries) == 1 and not entries[0].name.startswith("."), (
+        entries
+    )  # no .tmp-<run-id> left
     return entries[0]
 
 
@@ -133,14 +165,26 @@ def statuses(report_dir: Path) -> list[tuple[int, str]]:
 
 # ------------------------------------------------------------------------- signals
 
+
 @pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
-def test_a_stop_signal_during_training_writes_the_partial_report_and_kills_the_workers(tmp_path, signum):
+def test_a_stop_signal_during_training_writes_the_partial_report_and_kills_the_workers(
+    tmp_path, signum
+):
     """SIGTERM (timeout, systemd, scancel) and SIGHUP (a closed terminal) do what Ctrl-C does."""
     out, state = tmp_path / "reports", tmp_path / "state"
     state.mkdir()
-    proc = start_harness(*BASE, "--no-check", "--gpus", "1,2", "--python", f"torch={fake_worker(tmp_path)}",
-                         "--out", str(out), env={"FAKE_STATE": str(state)})
-    wait_for(state / "pids", proc)          # the 1-device run is done, the 2-device one hangs
+    proc = start_harness(
+        *BASE,
+        "--no-check",
+        "--gpus",
+        "1,2",
+        "--python",
+        f"torch={fake_worker(tmp_path)}",
+        "--out",
+        str(out),
+        env={"FAKE_STATE": str(state)},
+    )
+    wait_for(state / "pids", proc)  # the 1-device run is done, the 2-device one hangs
     proc.send_signal(signum)
     code, stderr = finish(proc)
     assert_none_survive([int(p) for p in (state / "pids").read_text().split()])
@@ -155,12 +199,22 @@ def test_a_stop_signal_during_training_writes_the_partial_report_and_kills_the_w
 def test_sighup_stays_ignored_under_nohup(tmp_path):
     out, state = tmp_path / "reports", tmp_path / "state"
     state.mkdir()
-    proc = start_harness(*BASE, "--no-check", "--gpus", "2", "--python", f"torch={fake_worker(tmp_path)}",
-                         "--out", str(out), env={"FAKE_STATE": str(state)}, ignored=(signal.SIGHUP,))
+    proc = start_harness(
+        *BASE,
+        "--no-check",
+        "--gpus",
+        "2",
+        "--python",
+        f"torch={fake_worker(tmp_path)}",
+        "--out",
+        str(out),
+        env={"FAKE_STATE": str(state)},
+        ignored=(signal.SIGHUP,),
+    )
     wait_for(state / "pids", proc)
     proc.send_signal(signal.SIGHUP)
     time.sleep(1.0)
-    assert proc.poll() is None               # still running
+    assert proc.poll() is None  # still running
     proc.send_signal(signal.SIGTERM)
     code, stderr = finish(proc)
     assert_none_survive([int(p) for p in (state / "pids").read_text().split()])
@@ -172,11 +226,20 @@ def test_a_second_ctrl_c_does_not_stop_the_kill_of_a_worker_that_ignores_sigterm
     """The SIGKILL after the grace period must come even if the user presses Ctrl-C again meanwhile."""
     out, state = tmp_path / "reports", tmp_path / "state"
     state.mkdir()
-    proc = start_harness(*BASE, "--no-check", "--gpus", "2", "--python", f"torch={fake_worker(tmp_path)}",
-                         "--out", str(out), env={"FAKE_STATE": str(state), "FAKE_IGNORE_TERM": "1"})
+    proc = start_harness(
+        *BASE,
+        "--no-check",
+        "--gpus",
+        "2",
+        "--python",
+        f"torch={fake_worker(tmp_path)}",
+        "--out",
+        str(out),
+        env={"FAKE_STATE": str(state), "FAKE_IGNORE_TERM": "1"},
+    )
     wait_for(state / "pids", proc)
     proc.send_signal(signal.SIGINT)
-    time.sleep(1.0)                          # inside kill_group's 5 s grace: the worker ignored SIGTERM
+    time.sleep(1.0)  # inside kill_group's 5 s grace: the worker ignored SIGTERM
     proc.send_signal(signal.SIGINT)
     code, stderr = finish(proc)
     assert_none_survive([int(p) for p in (state / "pids").read_text().split()], within=2)
@@ -188,9 +251,17 @@ def test_a_second_ctrl_c_does_not_stop_the_kill_of_a_worker_that_ignores_sigterm
 def test_ctrl_c_during_the_equivalence_check_still_writes_the_report(tmp_path):
     out, state = tmp_path / "reports", tmp_path / "state"
     state.mkdir()
-    proc = start_harness(*BASE, "--gpus", "1", "--python", f"torch={fake_worker(tmp_path)}", "--out", str(out),
-                         env={"FAKE_STATE": str(state), "FAKE_HANG_CHECK": "1"})
-    wait_for(state / "pids", proc)          # the check's worker hangs
+    proc = start_harness(
+        *BASE,
+        "--gpus",
+        "1",
+        "--python",
+        f"torch={fake_worker(tmp_path)}",
+        "--out",
+        str(out),
+        env={"FAKE_STATE": str(state), "FAKE_HANG_CHECK": "1"},
+    )
+    wait_for(state / "pids", proc)  # the check's worker hangs
     proc.send_signal(signal.SIGINT)
     code, stderr = finish(proc)
     assert_none_survive([int(p) for p in (state / "pids").read_text().split()])
@@ -201,32 +272,58 @@ def test_ctrl_c_during_the_equivalence_check_still_writes_the_report(tmp_path):
     assert "Interrupted before the check finished" in (report_dir / "report.md").read_text()
 
 
-def test_a_harness_killed_with_sigkill_takes_its_workers_along_and_the_next_run_keeps_what_finished(tmp_path):
+def test_a_harness_killed_with_sigkill_takes_its_workers_along_and_the_next_run_keeps_what_finished(
+    tmp_path,
+):
     """SIGKILL cannot be handled: the workers watch their lifeline (common/worker.py) and end their process
     groups; the killed run's staging folder is found by the next run and kept as a report of its finished
     runs (harness/leftovers.py)."""
     out, state = tmp_path / "reports", tmp_path / "state"
     state.mkdir()
     python = fake_worker(tmp_path)
-    proc = start_harness(*BASE, "--no-check", "--gpus", "1,2", "--python", f"torch={python}", "--out", str(out),
-                         env={"FAKE_STATE": str(state)})
-    wait_for(state / "pids", proc)          # the 1-device run is done, the 2-device one hangs with a child
+    proc = start_harness(
+        *BASE,
+        "--no-check",
+        "--gpus",
+        "1,2",
+        "--python",
+        f"torch={python}",
+        "--out",
+        str(out),
+        env={"FAKE_STATE": str(state)},
+    )
+    wait_for(state / "pids", proc)  # the 1-device run is done, the 2-device one hangs with a child
     proc.kill()
     proc.communicate()
     assert_none_survive([int(p) for p in (state / "pids").read_text().split()], within=5)
-    staging, = out.iterdir()
+    (staging,) = out.iterdir()
     assert staging.name.startswith(".tmp-")
-    run_id = staging.name[len(".tmp-"):]
+    run_id = staging.name[len(".tmp-") :]
 
     (state / "pids").unlink()
-    proc = start_harness(*BASE, "--no-check", "--gpus", "1", "--python", f"torch={python}", "--out", str(out),
-                         env={"FAKE_STATE": str(state)})
+    proc = start_harness(
+        *BASE,
+        "--no-check",
+        "--gpus",
+        "1",
+        "--python",
+        f"torch={python}",
+        "--out",
+        str(out),
+        env={"FAKE_STATE": str(state)},
+    )
     code, stderr = finish(proc)
     assert code == 0, stderr
-    assert (f"harness: the run {run_id} was killed before it finished; kept as {out / run_id}-killed, with the "
-            "report of its 1 finished run(s)") in stderr
+    assert (
+        f"harness: the run {run_id} was killed before it finished; kept as {out / run_id}-killed, with the "
+        "report of its 1 finished run(s)"
+    ) in stderr
     kept = out / f"{run_id}-killed"
-    assert statuses(kept) == [(1, "ok")] and (kept / "report.md").is_file() and (kept / "logs").is_dir()
+    assert (
+        statuses(kept) == [(1, "ok")]
+        and (kept / "report.md").is_file()
+        and (kept / "logs").is_dir()
+    )
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
 
 
@@ -236,7 +333,7 @@ def test_an_interrupt_while_the_report_is_written_loses_nothing(tmp_path, monkey
 
     def write_interrupted(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.2)                      # the handler runs here, in the main thread
+        time.sleep(0.2)  # the handler runs here, in the main thread
         return real_write(*args, **kwargs)
 
     monkeypatch.setattr(report, "write", write_interrupted)
@@ -246,8 +343,18 @@ def test_an_interrupt_while_the_report_is_written_loses_nothing(tmp_path, monkey
     out = tmp_path / "reports"
     monkeypatch.setenv("FAKE_STATE", str(tmp_path))
     try:
-        code = cli.main([*BASE, "--no-check", "--gpus", "1", "--python", f"torch={fake_worker(tmp_path)}",
-                         "--out", str(out)])
+        code = cli.main(
+            [
+                *BASE,
+                "--no-check",
+                "--gpus",
+                "1",
+                "--python",
+                f"torch={fake_worker(tmp_path)}",
+                "--out",
+                str(out),
+            ]
+        )
     except KeyboardInterrupt:
         pytest.fail("the interrupt escaped while the report was written")
     finally:
@@ -261,11 +368,24 @@ def test_an_interrupt_while_the_report_is_written_loses_nothing(tmp_path, monkey
 
 # -------------------------------------------------------------------- same second
 
+
 def test_two_runs_started_together_give_two_reports(tmp_path):
     out = tmp_path / "reports"
     python = fake_worker(tmp_path)
-    procs = [start_harness(*BASE, "--no-check", "--gpus", "1", "--python", f"torch={python}", "--out", str(out),
-                           env={"FAKE_STATE": str(tmp_path)}) for _ in range(2)]
+    procs = [
+        start_harness(
+            *BASE,
+            "--no-check",
+            "--gpus",
+            "1",
+            "--python",
+            f"torch={python}",
+            "--out",
+            str(out),
+            env={"FAKE_STATE": str(tmp_path)},
+        )
+        for _ in range(2)
+    ]
     for proc in procs:
         code, stderr = finish(proc)
         assert code == 0, stderr
@@ -284,21 +404,26 @@ def test_run_ids_claimed_in_the_same_second_get_a_suffix(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------- --out
 
+
 def refused_out(tmp_path: Path, out: Path, capfd) -> str:
     """Run in-process with a worker that marks that it started; return the one error line."""
-    python = fake_python(tmp_path, f"touch {tmp_path / 'worker-started'}; exit 1", name="marking-python")
-    code = cli.main([*BASE, "--no-check", "--gpus", "1", "--python", f"torch={python}", "--out", str(out)])
+    python = fake_python(
+        tmp_path, f"touch {tmp_path / 'worker-started'}; exit 1", name="marking-python"
+    )
+    code = cli.main(
+        [*BASE, "--no-check", "--gpus", "1", "--python", f"torch={python}", "--out", str(out)]
+    )
     err = capfd.readouterr().err
     assert code == 2, err
     assert "Traceback" not in err
-    assert not (tmp_path / "worker-started").exists()   # refused before any work
+    assert not (tmp_path / "worker-started").exists()  # refused before any work
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
     return lines[0]
 
 
 def assert_refused(line: str, out: Path, reason: str) -> None:
-    """"harness: error: --out OUT: could not write OUT...: REASON (N free there)": what, where, why, the space."""
+    """ "harness: error: --out OUT: could not write OUT...: REASON (N free there)": what, where, why, the space."""
     assert line.startswith(f"harness: error: --out {out}: could not write {out}"), line
     assert line.endswith(" free there)") and f": {reason} (" in line, line
 
@@ -318,13 +443,14 @@ def test_out_in_a_read_only_directory_is_refused_before_any_work(tmp_path, monke
     read_only = tmp_path / "read-only"
     read_only.mkdir()
     read_only.chmod(0o555)
-    if os.geteuid() == 0:   # root writes anywhere: answer as the kernel answers anyone else
+    if os.geteuid() == 0:  # root writes anywhere: answer as the kernel answers anyone else
         real_mkdir = Path.mkdir
 
         def mkdir(self, *args, **kwargs):
             if read_only in self.parents:
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
             return real_mkdir(self, *args, **kwargs)
+
         monkeypatch.setattr(Path, "mkdir", mkdir)
     out = read_only / "reports"
     try:
@@ -333,10 +459,15 @@ def test_out_in_a_read_only_directory_is_refused_before_any_work(tmp_path, monke
         read_only.chmod(0o755)
 
 
-@pytest.mark.parametrize("temp_dir_writable", [True, False], ids=["kept-in-temp-dir", "kept-in-staging-dir"])
-def test_a_full_disk_at_the_end_keeps_the_results_and_says_where(tmp_path, monkeypatch, capfd, temp_dir_writable):
+@pytest.mark.parametrize(
+    "temp_dir_writable", [True, False], ids=["kept-in-temp-dir", "kept-in-staging-dir"]
+)
+def test_a_full_disk_at_the_end_keeps_the_results_and_says_where(
+    tmp_path, monkeypatch, capfd, temp_dir_writable
+):
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
     monkeypatch.setattr(report, "write", full_disk)
     temp_dir = tmp_path / "temp"
     if not temp_dir_writable:
@@ -346,10 +477,20 @@ def test_a_full_disk_at_the_end_keeps_the_results_and_says_where(tmp_path, monke
     monkeypatch.setenv("FAKE_STATE", str(tmp_path))
     out = tmp_path / "reports"
     try:
-        code = cli.main([*BASE, "--no-check", "--gpus", "1", "--python", f"torch={fake_worker(tmp_path)}",
-                         "--out", str(out)])
+        code = cli.main(
+            [
+                *BASE,
+                "--no-check",
+                "--gpus",
+                "1",
+                "--python",
+                f"torch={fake_worker(tmp_path)}",
+                "--out",
+                str(out),
+            ]
+        )
     finally:
-        monkeypatch.undo()                   # pytest's own capture needs the real temp dir
+        monkeypatch.undo()  # pytest's own capture needs the real temp dir
     err = capfd.readouterr().err
     assert code == 1
     assert "Traceback" not in err
@@ -361,10 +502,10 @@ def test_a_full_disk_at_the_end_keeps_the_results_and_says_where(tmp_path, monke
     if temp_dir_writable:
         assert kept.parent == temp_dir and kept.name.startswith("dpbench-")
         assert [r["status"] for r in json.loads(kept.read_text())["runs"]] == ["ok"]
-        assert list(out.iterdir()) == []                  # nothing half-written left in --out
+        assert list(out.iterdir()) == []  # nothing half-written left in --out
     else:
         assert kept.parent == out and kept.name.startswith(".tmp-")
-        result, = (kept / "runs").glob("*.result.json")
+        (result,) = (kept / "runs").glob("*.result.json")
         assert json.loads(result.read_text())["status"] == "ok"
 
 
@@ -380,16 +521,51 @@ def test_a_ddp_worker_killed_at_its_timeout_leaves_nothing_in_the_temp_dir(tmp_p
     temp_dir, out = tmp_path / "temp", tmp_path / "reports"
     temp_dir.mkdir()
     result = subprocess.run(
-        [sys.executable, "-m", "harness", "--backend", "torch", "--strategy", "ddp", "--model", "lenet",
-         "--dataset", "synthetic", "--train-size", "8192", "--test-size", "64", "--epochs", "100", "--gpus", "2",
-         "--device", "cpu", "--no-check", "--timed-steps", "0", "--quiet", "--timeout", "30",
-         "--python", f"torch={TORCH}", "--out", str(out)],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp_dir)},
-        capture_output=True, text=True, timeout=180)
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "--backend",
+            "torch",
+            "--strategy",
+            "ddp",
+            "--model",
+            "lenet",
+            "--dataset",
+            "synthetic",
+            "--train-size",
+            "8192",
+            "--test-size",
+            "64",
+            "--epochs",
+            "100",
+            "--gpus",
+            "2",
+            "--device",
+            "cpu",
+            "--no-check",
+            "--timed-steps",
+            "0",
+            "--quiet",
+            "--timeout",
+            "30",
+            "--python",
+            f"torch={TORCH}",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(temp_dir)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 1, result.stderr
     report_dir = only_report(out)
     assert statuses(report_dir) == [(2, "timeout")]
     if '"event": "warmup"' not in (report_dir / "logs" / "torch-ddp-x2.log").read_text():
-        pytest.skip("the DDP ranks did not start training within the timeout on this (busy) machine")
+        pytest.skip(
+            "the DDP ranks did not start training within the timeout on this (busy) machine"
+        )
     # torch's own compile cache (torchinductor_<user>) is meant to outlive a run; anything else is a leak
     assert [p.name for p in temp_dir.iterdir() if not p.name.startswith("torchinductor_")] == []

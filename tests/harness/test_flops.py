@@ -12,9 +12,11 @@ from harness.tables import flops_cell, model_flops, with_scaling
 
 
 def test_lenet_is_counted_as_by_hand():
-    conv1 = 2 * 3 * 3 * 1 * 20 * 26 * 26       # 3x3 over 28x28 without padding: 26x26 outputs of 20 channels
-    conv2 = 2 * 5 * 5 * 20 * 50 * 9 * 9        # after a 2x2 pool (13x13), 5x5: 9x9 outputs of 50 channels
-    fc1, fc2 = 2 * 800 * 128, 2 * 128 * 10     # 50 x 4 x 4 after the second pool
+    conv1 = (
+        2 * 3 * 3 * 1 * 20 * 26 * 26
+    )  # 3x3 over 28x28 without padding: 26x26 outputs of 20 channels
+    conv2 = 2 * 5 * 5 * 20 * 50 * 9 * 9  # after a 2x2 pool (13x13), 5x5: 9x9 outputs of 50 channels
+    fc1, fc2 = 2 * 800 * 128, 2 * 128 * 10  # 50 x 4 x 4 after the second pool
     assert flops.forward_flops("lenet", 28) == conv1 + conv2 + fc1 + fc2 == 4_500_720
     assert flops.training_flops("lenet", 28) == 3 * 4_500_720
 
@@ -33,12 +35,33 @@ def test_a_peak_is_known_only_for_a_named_gpu_and_precision():
     assert flops.peak_tflops("cpu (simulated device 0)", "fp32") is None
 
 
-def row_of(devices: int, images_per_s: float, device: str, simulated: bool, precision: str = "bf16"):
-    cfg = RunConfig(backend="torch", strategy="ddp", devices=devices, batch_size=32 * devices, simulated=simulated,
-                    precision=precision, device_kind="cpu" if simulated else "gpu").to_dict()
-    epoch = {"epoch": 1, "time_s": 1.0, "steps": 1, "images": images_per_s, "images_per_s": images_per_s,
-             "train_loss": 1.0, "train_acc": 0.5, "test_acc": 0.5}
-    result = {**new_result(cfg, "ok"), "epochs": [epoch], "environment": {"devices": [device] * devices}}
+def row_of(
+    devices: int, images_per_s: float, device: str, simulated: bool, precision: str = "bf16"
+):
+    cfg = RunConfig(
+        backend="torch",
+        strategy="ddp",
+        devices=devices,
+        batch_size=32 * devices,
+        simulated=simulated,
+        precision=precision,
+        device_kind="cpu" if simulated else "gpu",
+    ).to_dict()
+    epoch = {
+        "epoch": 1,
+        "time_s": 1.0,
+        "steps": 1,
+        "images": images_per_s,
+        "images_per_s": images_per_s,
+        "train_loss": 1.0,
+        "train_acc": 0.5,
+        "test_acc": 0.5,
+    }
+    result = {
+        **new_result(cfg, "ok"),
+        "epochs": [epoch],
+        "environment": {"devices": [device] * devices},
+    }
     return with_scaling([Result.from_dict(result)])[0]
 
 

@@ -1,4 +1,4 @@
-"""The project's shape, read from its source (no framework is imported): backends side by side, small files."""
+"""The project's shape, read from its source (no framework is imported): backends side by side."""
 
 from __future__ import annotations
 
@@ -11,10 +11,18 @@ from common import manifest
 from common.trainer import METHODS
 
 ROOT = Path(__file__).resolve().parents[2]
-MAX_LINES = 400
 # What every backend package holds, under the same names (a backend may add files of its own).
-BACKEND_FILES = {"__init__.py", "__main__.py", "backend.toml", "environment.py", "models.py", "parallel.py",
-                 "requirements.txt", "strategies.py"}
+BACKEND_FILES = {
+    "__init__.py",
+    "__main__.py",
+    "backend.toml",
+    "distributed.py",
+    "environment.py",
+    "models.py",
+    "parallel.py",
+    "requirements.txt",
+    "strategies.py",
+}
 
 
 def trainer_classes(path: Path) -> dict[str, list[str]]:
@@ -24,7 +32,9 @@ def trainer_classes(path: Path) -> dict[str, list[str]]:
     trainers: dict[str, list[str]] = {}
     for node in tree.body:
         if isinstance(node, ast.ClassDef):
-            bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+            bases = {
+                b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases
+            }
             if "Trainer" in bases or bases & set(trainers):
                 trainers[node.name] = [f.name for f in node.body if isinstance(f, ast.FunctionDef)]
     return trainers
@@ -47,23 +57,20 @@ def test_strategy_classes_use_the_glossary_in_its_order(backend):
     for name, methods in trainers.items():
         public = [m for m in methods if not m.startswith("_") or m == "__init__"]
         unknown = [m for m in public if m not in METHODS]
-        assert not unknown, f"{backend} {name}: public methods outside the glossary (make them private): {unknown}"
-        assert in_glossary_order(public), f"{backend} {name}: {public} are not in common.trainer.METHODS' order"
+        assert not unknown, (
+            f"{backend} {name}: public methods outside the glossary (make them private): {unknown}"
+        )
+        assert in_glossary_order(public), (
+            f"{backend} {name}: {public} are not in common.trainer.METHODS' order"
+        )
 
 
 def test_the_order_check_can_fail(tmp_path):
     source = tmp_path / "strategies.py"
-    source.write_text("class A(Trainer):\n    def step(self): ...\n    def reset(self): ...\n"
-                      "class B(A):\n    def helper(self): ...\n")
+    source.write_text(
+        "class A(Trainer):\n    def step(self): ...\n    def reset(self): ...\n"
+        "class B(A):\n    def helper(self): ...\n"
+    )
     trainers = trainer_classes(source)
     assert trainers == {"A": ["step", "reset"], "B": ["helper"]}
     assert not in_glossary_order(trainers["A"]) and in_glossary_order(["reset", "step"])
-
-
-def python_files() -> list[Path]:
-    return sorted(p for top in ("harness", "common", "backends", "benchmarks") for p in (ROOT / top).rglob("*.py"))
-
-
-def test_no_source_file_is_over_400_lines():
-    long = {str(p.relative_to(ROOT)): n for p in python_files() if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"files over {MAX_LINES} lines: {long}"

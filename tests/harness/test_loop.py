@@ -6,6 +6,7 @@ import numpy as np
 
 from common import data as datalib
 from common import loop
+from common import trainer as trainerlib
 from common.config import RunConfig
 
 
@@ -28,7 +29,7 @@ class RecordingTrainer:
 
     def __init__(self, events: list):
         self.events, self.weights = events, {"w": np.zeros(1, np.float32)}
-        self.stepped = []   # the labels of every batch step() received, in order
+        self.stepped = []  # the labels of every batch step() received, in order
 
     def put(self, x, y):
         self.events.append("put")
@@ -39,7 +40,7 @@ class RecordingTrainer:
 
     def step(self, x, y):
         self.events.append("step")
-        if isinstance(y, tuple):   # put() made it
+        if isinstance(y, tuple):  # put() made it
             x, y = x[1], y[1]
         self.stepped.append(y.tobytes())
         return (float(len(y)), 0.0)
@@ -87,13 +88,21 @@ def timed_epochs(events: list) -> list[list[str]]:
             return epochs
         start = max(j for j in range(i, first_step) if events[j] == "sync")
         end = events.index("sync", first_step)
-        epochs.append(events[start:end + 1])
+        epochs.append(events[start : end + 1])
         i = end + 1
 
 
 def config(**overrides) -> RunConfig:
-    values = dict(backend="fake", strategy="fake", devices=1, model="lenet", epochs=2, batch_size=8,
-                  timed_steps=0, dataset="synthetic")
+    values = dict(
+        backend="fake",
+        strategy="fake",
+        devices=1,
+        model="lenet",
+        epochs=2,
+        batch_size=8,
+        timed_steps=0,
+        dataset="synthetic",
+    )
     return RunConfig(**{**values, **overrides}).validate()
 
 
@@ -101,9 +110,11 @@ def test_an_epochs_batches_are_assembled_before_its_timer_starts():
     events = []
     loop.run_training(RecordingTrainer(events), config(prefetch=0), recording_dataset(events))
     epochs = timed_epochs(events)
-    assert len(epochs) == 3                                      # the warm-up step, then two epochs
-    assert epochs[1] == epochs[2] == ["sync"] + ["step"] * 6 + ["sync"]   # no gather inside a timed interval
-    assert events.count("gather") >= 3                          # each epoch's shuffle happened, outside
+    assert len(epochs) == 3  # the warm-up step, then two epochs
+    assert (
+        epochs[1] == epochs[2] == ["sync"] + ["step"] * 6 + ["sync"]
+    )  # no gather inside a timed interval
+    assert events.count("gather") >= 3  # each epoch's shuffle happened, outside
 
 
 def test_with_prefetch_each_batch_is_put_ahead_of_its_step_inside_the_timer():
@@ -115,16 +126,20 @@ def test_with_prefetch_each_batch_is_put_ahead_of_its_step_inside_the_timer():
     assert len(epochs) == 3
     expected = ["sync"] + ["put"] * 3 + ["step", "put"] * 3 + ["step"] * 3 + ["sync"]
     assert epochs[1] == epochs[2] == expected
-    assert epochs[0] == ["sync", "put", "step", "sync"]          # the warm-up step goes through put() too
+    assert epochs[0] == ["sync", "put", "step", "sync"]  # the warm-up step goes through put() too
 
 
 def test_prefetch_gives_every_step_the_same_batches_in_the_same_order():
     """Whatever the depth (0 = no put at all, more than an epoch's 6 steps included), the steps receive
     the same batches, in the same order, timed steps included."""
+
     def stepped(depth):
         trainer = RecordingTrainer([])
-        loop.run_training(trainer, config(prefetch=depth, timed_steps=5), datalib.synthetic(48, 8, 0))
+        loop.run_training(
+            trainer, config(prefetch=depth, timed_steps=5), datalib.synthetic(48, 8, 0)
+        )
         return trainer.stepped
+
     plain = stepped(0)
     assert len(plain) == 1 + 2 * 6 + 5 and len(set(plain[1:7])) == 6
     for depth in (1, 2, 5, 16):
@@ -135,7 +150,7 @@ def test_prefetched_puts_depth_batches_ahead():
     events = []
     trainer = RecordingTrainer(events)
     batches = [(np.zeros(1), np.full(1, i)) for i in range(4)]
-    for x, y in loop.prefetched(trainer, batches, 1):
+    for x, y in trainerlib.prefetched(trainer, batches, 1):
         trainer.step(x, y)
     assert events == ["put", "put", "step", "put", "step", "put", "step", "step"]
     assert trainer.stepped == [batch_y.tobytes() for _, batch_y in batches]
@@ -144,6 +159,7 @@ def test_prefetched_puts_depth_batches_ahead():
 def test_the_input_line_names_what_runs():
     def line(**kw):
         return loop.input_copies(config(**kw), ahead="copied ahead", in_step="copied in the step")
+
     assert line(prefetch=2) == "2 batches ahead of their step: copied ahead"
     assert line(prefetch=0) == "in the step (--prefetch 0): copied in the step"
     assert line(prefetch=2, resident_data=True).startswith("none timed")

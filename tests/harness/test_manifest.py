@@ -29,17 +29,23 @@ def test_a_manifest_holds_what_its_toml_declares(name):
     for key, s in m.strategies.items():
         assert s.bn == tuple(d["strategies"][key].get("bn", ["local"]))
         assert s.requires == d["strategies"][key].get("requires")
-    assert {k: (o.values, o.default) for k, o in m.options.items()} == \
-        {k: (tuple(v["values"]), v["default"]) for k, v in d.get("options", {}).items()}
-    assert {k: (lv.values, lv.refused) for k, lv in m.levers.items()} == \
-        {k: (tuple(v["values"]) if "values" in v else None, v.get("refused", "")) for k, v in d["levers"].items()}
+    assert {k: (o.values, o.default) for k, o in m.options.items()} == {
+        k: (tuple(v["values"]), v["default"]) for k, v in d.get("options", {}).items()
+    }
+    assert {k: (lv.values, lv.refused) for k, lv in m.levers.items()} == {
+        k: (tuple(v["values"]) if "values" in v else None, v.get("refused", ""))
+        for k, v in d["levers"].items()
+    }
     assert m.requirements.is_file()
     assert m.kernels == tuple(d.get("kernels", [name]))
 
 
 def pins(name: str) -> dict[str, str]:
     """{package: exact version} of a backend's requirements.txt (its == pins)."""
-    lines = (line.split("#")[0].strip() for line in manifest.load(name).requirements.read_text().splitlines())
+    lines = (
+        line.split("#")[0].strip()
+        for line in manifest.load(name).requirements.read_text().splitlines()
+    )
     return dict(line.split("==") for line in lines if "==" in line and ";" not in line)
 
 
@@ -47,7 +53,9 @@ def test_keras_runs_the_torch_and_jax_the_torch_and_jax_backends_pin():
     """Keras's ddp is torch's DDP and its distribution is jax's jit: the same framework versions, so that a
     difference between the backends is Keras's, not another release's."""
     keras = pins("keras")
-    assert {k: keras[k] for k in ("jax", "jaxlib")} == {k: pins("jax")[k] for k in ("jax", "jaxlib")}
+    assert {k: keras[k] for k in ("jax", "jaxlib")} == {
+        k: pins("jax")[k] for k in ("jax", "jaxlib")
+    }
     assert keras["torch"] == pins("torch")["torch"]
 
 
@@ -55,8 +63,13 @@ def test_aliases_come_from_the_toml(monkeypatch):
     assert manifest.canonical_name(" PyTorch ") == "torch" == manifest.canonical_name("TORCH")
     assert manifest.canonical_name("tensorflow") is None
     real = manifest.load
-    monkeypatch.setattr(manifest, "load", lambda name: dataclasses.replace(real(name), aliases=("flax",))
-                        if name == "jax" else real(name))
+    monkeypatch.setattr(
+        manifest,
+        "load",
+        lambda name: (
+            dataclasses.replace(real(name), aliases=("flax",)) if name == "jax" else real(name)
+        ),
+    )
     assert manifest.canonical_name("flax") == "jax"
 
 
@@ -64,4 +77,38 @@ def test_an_option_is_the_asked_value_else_the_declared_default():
     m = manifest.load("mxnet")
     assert m.option({}, "kvstore") == m.options["kvstore"].default == "device"
     assert m.option({"kvstore": "local"}, "kvstore") == "local"
-    assert list(m.options_for("scratch")) == ["hybridize"] and list(m.options_for("gluon")) == ["kvstore", "hybridize"]
+    assert list(m.options_for("scratch")) == ["hybridize"] and list(m.options_for("gluon")) == [
+        "kvstore",
+        "hybridize",
+    ]
+
+
+def test_the_refusals_backend_toml_states_are_worded_once_for_the_planner_and_the_workers():
+    """common/manifest.py's strategy_refusal is what the harness plans with and what every backend's worker
+    refuses with first (common/backend.py): an unknown strategy, several nodes without an engine, CUDA only,
+    a BatchNorm mode the strategy does not run (with the reason backend.toml gives)."""
+    torch, keras, mxnet = (manifest.load(n) for n in ("torch", "keras", "mxnet"))
+    refusal = manifest.strategy_refusal
+    assert (
+        refusal(torch, "fsdp", "cpu", "local", 1)
+        == "torch has no strategy 'fsdp'; it has scratch, dp, ddp"
+    )
+    assert refusal(torch, "dp", "cpu", "local", 2).startswith(
+        "torch dp runs in one process; --nodes 2 needs a "
+        "strategy with a distributed engine (torch: ddp)"
+    )
+    assert refusal(torch, "dp", "cpu", "local", 1).startswith(
+        "torch dp needs CUDA GPUs; none is present ("
+    )
+    assert refusal(torch, "dp", "gpu", "local", 1) is None
+    assert refusal(torch, "scratch", "cpu", "sync", 1) == (
+        "torch scratch has no sync BatchNorm (it runs: local; --bn sync runs with: ddp)"
+    )
+    assert refusal(keras, "ddp", "cpu", "sync", 1).startswith(
+        "keras ddp has no sync BatchNorm: Keras's `synchronized` BatchNormalization is TensorFlow's"
+    )
+    assert (
+        refusal(mxnet, "gluon", "cpu", "sync", 1) is None
+    )  # (its CPU deadlock is the worker's own refusal)
+    assert "separate network per context" in refusal(mxnet, "scratch", "cpu", "sync", 1)
+    assert refusal(mxnet, "gluon", "cpu", "local", 2) is None

@@ -36,7 +36,8 @@ def test_planning_a_full_run_loads_no_framework():
         "'--dataset', 'synthetic'])\n"
         "plan = cli.build_plan(args)\n"
         "assert plan.configs, 'nothing planned'\n"
-        f"print(sorted(set({sorted(FRAMEWORKS)!r}) & set(m.split('.')[0] for m in sys.modules)))\n")
+        f"print(sorted(set({sorted(FRAMEWORKS)!r}) & set(m.split('.')[0] for m in sys.modules)))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

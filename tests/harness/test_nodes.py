@@ -17,13 +17,38 @@ from harness import cli, nodes, runner
 from harness.arguments import UsageError
 from tests.harness.helpers import fake_python
 
-BASE = ["--backend", "all", "--model", "lenet", "--dataset", "synthetic", "--train-size", "64", "--test-size", "32",
-        "--batch-size", "32", "--epochs", "1", "--device", "cpu"]
+BASE = [
+    "--backend",
+    "all",
+    "--model",
+    "lenet",
+    "--dataset",
+    "synthetic",
+    "--train-size",
+    "64",
+    "--test-size",
+    "32",
+    "--batch-size",
+    "32",
+    "--epochs",
+    "1",
+    "--device",
+    "cpu",
+]
 
 
 def args(**given):
-    return SimpleNamespace(**{"nodes": None, "node_rank": None, "coordinator": None, "join_timeout": 300.0,
-                              "local_addr": None, "interface": None, **given})
+    return SimpleNamespace(
+        **{
+            "nodes": None,
+            "node_rank": None,
+            "coordinator": None,
+            "join_timeout": 300.0,
+            "local_addr": None,
+            "interface": None,
+            **given,
+        }
+    )
 
 
 def test_without_flags_or_slurm_one_node_runs():
@@ -43,26 +68,41 @@ def test_slurm_tasks_are_the_nodes_and_the_first_host_the_coordinator():
     assert not topology.runs_here(3) and topology.runs_here(4)
 
 
-@pytest.mark.parametrize("nodelist, first", [("n1", "n1"), ("a[1-3]", "a1"), ("x[05]", "x05"), ("h1,h2", "h1")])
+@pytest.mark.parametrize(
+    "nodelist, first", [("n1", "n1"), ("a[1-3]", "a1"), ("x[05]", "x05"), ("h1,h2", "h1")]
+)
 def test_first_slurm_host(nodelist, first):
     assert nodes.first_slurm_host(nodelist) == first
 
 
-@pytest.mark.parametrize("given, message", [
-    (dict(node_rank=1), "--node-rank needs --coordinator"),
-    (dict(coordinator="h:1"), "--coordinator goes with --node-rank"),
-    (dict(nodes="2", node_rank=2, coordinator="h:1"), "--node-rank must be between 0 and 1"),
-    (dict(nodes="2", node_rank=0, coordinator="h"), "--coordinator takes HOST:PORT"),
-    (dict(nodes="1,2", node_rank=0, coordinator="h:1"), "one --nodes count"),
-    (dict(nodes="2", node_rank=1, coordinator="h:1", interface="nosuch0"),
-     r"--interface nosuch0: this host has no such interface with an IPv4 address \(it has: lo 127.0.0.1"),
-    (dict(nodes="2", node_rank=1, coordinator="h:1", local_addr="198.51.100.254"),
-     r"--local-addr 198.51.100.254 is not an address of this host \(it has: lo 127.0.0.1"),
-    (dict(nodes="2", interface="lo"), r"--interface goes with runs across hosts \(--node-rank, or Slurm\); loopback"),
-    (dict(nodes="2", node_rank=1, coordinator="h:1", join_timeout=0.0), "--join-timeout must be positive and finite"),
-    (dict(nodes="0"), "--nodes must be at least 1"),
-    (dict(nodes="two"), "--nodes takes a node count"),
-])
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        (dict(node_rank=1), "--node-rank needs --coordinator"),
+        (dict(coordinator="h:1"), "--coordinator goes with --node-rank"),
+        (dict(nodes="2", node_rank=2, coordinator="h:1"), "--node-rank must be between 0 and 1"),
+        (dict(nodes="2", node_rank=0, coordinator="h"), "--coordinator takes HOST:PORT"),
+        (dict(nodes="1,2", node_rank=0, coordinator="h:1"), "one --nodes count"),
+        (
+            dict(nodes="2", node_rank=1, coordinator="h:1", interface="nosuch0"),
+            r"--interface nosuch0: this host has no such interface with an IPv4 address \(it has: lo 127.0.0.1",
+        ),
+        (
+            dict(nodes="2", node_rank=1, coordinator="h:1", local_addr="198.51.100.254"),
+            r"--local-addr 198.51.100.254 is not an address of this host \(it has: lo 127.0.0.1",
+        ),
+        (
+            dict(nodes="2", interface="lo"),
+            r"--interface goes with runs across hosts \(--node-rank, or Slurm\); loopback",
+        ),
+        (
+            dict(nodes="2", node_rank=1, coordinator="h:1", join_timeout=0.0),
+            "--join-timeout must be positive and finite",
+        ),
+        (dict(nodes="0"), "--nodes must be at least 1"),
+        (dict(nodes="two"), "--nodes takes a node count"),
+    ],
+)
 def test_bad_node_flags_are_refused_in_one_line(given, message):
     with pytest.raises(UsageError, match=message):
         nodes.from_args(args(**given), environ={})
@@ -75,9 +115,15 @@ def test_bad_node_flags_exit_2(capfd):
 
 def test_the_plan_runs_the_strategies_with_an_engine_on_several_nodes():
     plan = cli.build_plan(cli.parse([*BASE, "--nodes", "1,2", "--gpus", "1"]))
-    several = {(c.backend, c.strategy, c.options.get("kvstore")) for c in plan.configs if c.nodes == 2}
+    several = {
+        (c.backend, c.strategy, c.options.get("kvstore")) for c in plan.configs if c.nodes == 2
+    }
     assert ("torch", "ddp", None) in several and ("mxnet", "gluon", "dist_sync") in several
-    assert all(c.devices == 2 and c.local_devices == 1 and c.loopback_nodes for c in plan.configs if c.nodes == 2)
+    assert all(
+        c.devices == 2 and c.local_devices == 1 and c.loopback_nodes
+        for c in plan.configs
+        if c.nodes == 2
+    )
     refused = {(c.backend, c.strategy): why for c, why in plan.not_run if c.nodes == 2}
     assert "runs in one process; --nodes 2 needs" in refused[("torch", "scratch")]
     # MXNet's kvstore on one node is its own (dist_sync needs peers); the speed-up is still against it
@@ -91,15 +137,33 @@ def test_a_strategy_in_one_process_asked_for_on_several_nodes_is_refused(capfd):
 
 
 def test_a_host_runs_only_the_runs_it_takes_part_in():
-    plan = cli.build_plan(cli.parse([*BASE, "--backend", "torch", "--strategy", "ddp", "--nodes", "2",
-                                     "--node-rank", "1", "--coordinator", "10.0.0.1:29500", "--gpus", "1"]))
-    assert [(c.nodes, c.node_rank, c.coordinator, c.loopback_nodes) for c in plan.configs] == \
-        [(2, 1, "10.0.0.1:29500", False)]
+    plan = cli.build_plan(
+        cli.parse(
+            [
+                *BASE,
+                "--backend",
+                "torch",
+                "--strategy",
+                "ddp",
+                "--nodes",
+                "2",
+                "--node-rank",
+                "1",
+                "--coordinator",
+                "10.0.0.1:29500",
+                "--gpus",
+                "1",
+            ]
+        )
+    )
+    assert [(c.nodes, c.node_rank, c.coordinator, c.loopback_nodes) for c in plan.configs] == [
+        (2, 1, "10.0.0.1:29500", False)
+    ]
 
 
 # A node worker: node 1 fails at once with an error of its own; node 0 waits on it forever (as a ps-lite
 # worker does on a dead peer), after writing its pid.
-FAKE_NODE = r'''
+FAKE_NODE = r"""
 import json, os, sys, time
 cfg = json.load(open(sys.argv[sys.argv.index("--config") + 1]))
 result = sys.argv[sys.argv.index("--result") + 1]
@@ -110,39 +174,60 @@ if cfg["node_rank"] == 1:
               open(result, "w"))
     sys.exit(1)
 time.sleep(1000)
-'''
+"""
 
 
-def test_a_failing_node_fails_the_run_with_its_error_and_ends_the_waiting_node(tmp_path, monkeypatch):
+def test_a_failing_node_fails_the_run_with_its_error_and_ends_the_waiting_node(
+    tmp_path, monkeypatch
+):
     script = tmp_path / "node.py"
     script.write_text(FAKE_NODE)
     python = fake_python(tmp_path, f'exec {sys.executable} {script} "$@"')
     monkeypatch.setenv("FAKE_STATE", str(tmp_path))
-    monkeypatch.setattr(runner, "FAILED_NODE_GRACE_S", 2.0)   # (a failed node: the shorter grace)
-    cfg = RunConfig(backend="torch", strategy="ddp", devices=2, nodes=2, coordinator="127.0.0.1:1", model="lenet",
-                    batch_size=32, timeout=120).validate()
+    monkeypatch.setattr(runner, "FAILED_NODE_GRACE_S", 2.0)  # (a failed node: the shorter grace)
+    cfg = RunConfig(
+        backend="torch",
+        strategy="ddp",
+        devices=2,
+        nodes=2,
+        coordinator="127.0.0.1:1",
+        model="lenet",
+        batch_size=32,
+        timeout=120,
+    ).validate()
     started = time.monotonic()
     with open(os.devnull, "w") as quiet:
-        result = runner.run(cfg, python, tmp_path / "work", runner.Console(quiet=True, stream=quiet))
-    assert time.monotonic() - started < 60   # the grace, not the timeout, ended node 0
+        result = runner.run(
+            cfg, python, tmp_path / "work", runner.Console(quiet=True, stream=quiet)
+        )
+    assert time.monotonic() - started < 60  # the grace, not the timeout, ended node 0
     assert result["status"] == "failed"
     assert result["error"].startswith("RuntimeError: rank 1 lost its GPU")
     assert "(then node 0: timeout: stopped 2 s after another node had ended" in result["error"]
-    assert result["error"].splitlines()[-1] == "node 1 of 2 failed first: failed: RuntimeError: rank 1 lost its GPU"
-    assert result["config"]["coordinator"] != "127.0.0.1:1"   # a fresh loopback port per run
+    assert (
+        result["error"].splitlines()[-1]
+        == "node 1 of 2 failed first: failed: RuntimeError: rank 1 lost its GPU"
+    )
+    assert result["config"]["coordinator"] != "127.0.0.1:1"  # a fresh loopback port per run
     for rank in (0, 1):
         pid = int((tmp_path / f"node{rank}.pid").read_text())
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     logs = sorted(p.name for p in (tmp_path / "work" / "logs").iterdir())
     assert logs == ["torch-ddp-x2-2nodes.node0.log", "torch-ddp-x2-2nodes.node1.log"]
-    configs = [json.loads(p.read_text()) for p in sorted((tmp_path / "work" / "runs").glob("*.config.json"))]
-    assert [c["node_rank"] for c in configs] == [0, 1] and len({c["coordinator"] for c in configs}) == 1
+    configs = [
+        json.loads(p.read_text())
+        for p in sorted((tmp_path / "work" / "runs").glob("*.config.json"))
+    ]
+    assert [c["node_rank"] for c in configs] == [0, 1] and len(
+        {c["coordinator"] for c in configs}
+    ) == 1
 
 
 def _measured(rng, key: str, shift: float = 0.0) -> dict:
     """A run's arrays as common/measurements.py stores them, for LeNet: loss, losses, grad/first/final."""
     from common.architectures import spec
+
     arrays = {f"{key}|loss": np.float64(2.3 + shift), f"{key}|losses": np.array([2.3 + shift, 2.2])}
     for name, shape, _ in spec("lenet"):
         for part in ("grad", "first", "final"):
@@ -151,17 +236,26 @@ def _measured(rng, key: str, shift: float = 0.0) -> dict:
 
 
 def test_nodes_rows_pass_on_the_same_numbers_and_fail_on_a_different_step():
-    from harness.equivalence import compare_nodes
     from common.architectures import spec
+    from harness.equivalence import compare_nodes
+
     w0 = {"lenet": {name: np.zeros(shape) for name, shape, _ in spec("lenet")}}
-    single = {**_measured(np.random.default_rng(0), "lenet|ddp|2|local"),
-              **_measured(np.random.default_rng(1), "lenet|ddp:float64|2|local")}
+    single = {
+        **_measured(np.random.default_rng(0), "lenet|ddp|2|local"),
+        **_measured(np.random.default_rng(1), "lenet|ddp:float64|2|local"),
+    }
     same = compare_nodes("torch", single, dict(single), {}, 2, w0)
     assert [(r.check, r.devices, r.status) for r in same] == [
-        ("nodes vs 1 process (float64)", "2 = 2x1", "ok"), ("nodes vs 1 process", "2 = 2x1", "ok")]
+        ("nodes vs 1 process (float64)", "2 = 2x1", "ok"),
+        ("nodes vs 1 process", "2 = 2x1", "ok"),
+    ]
     wrong = dict(single)
-    wrong["lenet|ddp:float64|2|local|grad|fc1.weight"] = wrong["lenet|ddp:float64|2|local|grad|fc1.weight"] * 0.5
+    wrong["lenet|ddp:float64|2|local|grad|fc1.weight"] = (
+        wrong["lenet|ddp:float64|2|local|grad|fc1.weight"] * 0.5
+    )
     assert [r.status for r in compare_nodes("torch", single, wrong, {}, 2, w0)][0] == "FAIL"
     no_float64 = {k: v for k, v in single.items() if ":float64" not in k}
-    rows = compare_nodes("mxnet", single, no_float64, {"lenet|ddp|2|local": "the kvstore sends float32"}, 2, w0)
+    rows = compare_nodes(
+        "mxnet", single, no_float64, {"lenet|ddp|2|local": "the kvstore sends float32"}, 2, w0
+    )
     assert (rows[0].status, rows[0].note) == ("not run", "the kvstore sends float32")

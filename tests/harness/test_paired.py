@@ -8,7 +8,18 @@ import pytest
 
 from benchmarks import paired
 
-NOISY = [0.86, 1.21, 0.93, 1.08, 0.97, 1.12, 0.89, 1.04, 0.95, 1.15]  # per-pair ratios seen on a loaded host
+NOISY = [
+    0.86,
+    1.21,
+    0.93,
+    1.08,
+    0.97,
+    1.12,
+    0.89,
+    1.04,
+    0.95,
+    1.15,
+]  # per-pair ratios seen on a loaded host
 
 
 def test_ratio_is_b_over_a_per_pair():
@@ -50,7 +61,10 @@ def test_tight_set_around_one_is_within_three_percent():
     assert min(ratios) <= c.low <= c.median <= c.high <= max(ratios)
     assert c.median == pytest.approx(1.0005, abs=1e-12)
     assert c.verdict == "within" and c.exit_code == 0
-    assert c.sentence("harness", "standalone") == "within 3%: harness costs at most 3% of standalone's speed"
+    assert (
+        c.sentence("harness", "standalone")
+        == "within 3%: harness costs at most 3% of standalone's speed"
+    )
 
 
 def test_tight_set_around_point_nine_is_slower():
@@ -67,13 +81,16 @@ def test_wide_noisy_set_is_inconclusive():
     assert c.sentence() == "inconclusive: too noisy, 10 pairs; run more pairs"
 
 
-@pytest.mark.parametrize("low, high, expected", [
-    (0.97, 1.20, "within"),        # the lower bound may touch the limit
-    (1.04, 1.08, "within"),        # faster is also "costs at most 3%"
-    (0.90, 0.9699, "slower"),
-    (0.90, 0.97, "inconclusive"),  # the upper bound touches the limit: not shown slower
-    (0.96, 0.98, "inconclusive"),
-])
+@pytest.mark.parametrize(
+    "low, high, expected",
+    [
+        (0.97, 1.20, "within"),  # the lower bound may touch the limit
+        (1.04, 1.08, "within"),  # faster is also "costs at most 3%"
+        (0.90, 0.9699, "slower"),
+        (0.90, 0.97, "inconclusive"),  # the upper bound touches the limit: not shown slower
+        (0.96, 0.98, "inconclusive"),
+    ],
+)
 def test_verdict_is_read_off_the_interval(low, high, expected):
     assert paired.verdict(low, high, tolerance=0.03) == expected
 
@@ -86,8 +103,10 @@ def test_tolerance_moves_the_limit():
 
 def test_same_seed_same_interval_other_seed_other_resamples():
     assert paired.median_interval(NOISY, seed=7) == paired.median_interval(NOISY, seed=7)
+
     def medians(seed):
         return paired.bootstrap_medians(NOISY, resamples=200, seed=seed)
+
     assert medians(7) == medians(7)
     assert medians(7) != medians(8)
 
@@ -105,7 +124,13 @@ def test_fewest_pairs_whose_range_reaches_the_confidence():
 
 
 def test_too_few_pairs_are_inconclusive_even_when_all_are_slower():
-    ratios = [0.895, 0.902, 0.898, 0.904, 0.900]  # the range of 5 pairs misses the median 1 time in 16
+    ratios = [
+        0.895,
+        0.902,
+        0.898,
+        0.904,
+        0.900,
+    ]  # the range of 5 pairs misses the median 1 time in 16
     c = paired.compare(ratios, [1.0] * len(ratios))
     assert c.high < 0.97 and paired.verdict(c.low, c.high) == "slower"
     assert c.verdict == "inconclusive" and c.exit_code == 3

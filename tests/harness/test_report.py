@@ -13,29 +13,79 @@ from harness import report, sections, tables
 
 
 def result(backend="torch", strategy="scratch", devices=1, ips=100.0, status="ok", epochs=2):
-    cfg = {"backend": backend, "strategy": strategy, "devices": devices, "simulated": True, "batch_size": 32 * devices,
-           "lr": 0.05 * devices, "model": "resnet18", "epochs": epochs, "train_size": 2048, "test_size": 1000,
-           "seed": 0, "dataset": "fashion-mnist"}
-    eps = [{"epoch": e + 1, "time_s": 2048 / ips, "steps": 64, "images": 2048, "images_per_s": ips,
-            "train_loss": 1.0, "train_acc": 0.5, "test_acc": 0.7 + 0.01 * e}
-           for e in range(epochs)] if status == "ok" else []
-    return {"schema_version": 1, "status": status, "config": cfg, "environment": {}, "epochs": eps, "compile_s": 1.0,
-            "params": 11175818, "weights_hash": "a" * 64, "data_hash": "b" * 64,
-            "error": None if status == "ok" else "RuntimeError: boom", "memory": {}}
+    cfg = {
+        "backend": backend,
+        "strategy": strategy,
+        "devices": devices,
+        "simulated": True,
+        "batch_size": 32 * devices,
+        "lr": 0.05 * devices,
+        "model": "resnet18",
+        "epochs": epochs,
+        "train_size": 2048,
+        "test_size": 1000,
+        "seed": 0,
+        "dataset": "fashion-mnist",
+    }
+    eps = (
+        [
+            {
+                "epoch": e + 1,
+                "time_s": 2048 / ips,
+                "steps": 64,
+                "images": 2048,
+                "images_per_s": ips,
+                "train_loss": 1.0,
+                "train_acc": 0.5,
+                "test_acc": 0.7 + 0.01 * e,
+            }
+            for e in range(epochs)
+        ]
+        if status == "ok"
+        else []
+    )
+    return {
+        "schema_version": 1,
+        "status": status,
+        "config": cfg,
+        "environment": {},
+        "epochs": eps,
+        "compile_s": 1.0,
+        "params": 11175818,
+        "weights_hash": "a" * 64,
+        "data_hash": "b" * 64,
+        "error": None if status == "ok" else "RuntimeError: boom",
+        "memory": {},
+    }
 
 
 def test_speedup_and_efficiency_against_one_device():
-    rows = tables.with_scaling(tables.as_results([result(devices=2, ips=150.0), result(devices=1, ips=100.0),
-                                result(strategy="ddp", devices=2, ips=90.0)]))
+    rows = tables.with_scaling(
+        tables.as_results(
+            [
+                result(devices=2, ips=150.0),
+                result(devices=1, ips=100.0),
+                result(strategy="ddp", devices=2, ips=90.0),
+            ]
+        )
+    )
     by = {(r.result.config.strategy, r.result.config.devices): r for r in rows}
     assert by[("scratch", 2)].speedup == pytest.approx(1.5)
     assert by[("scratch", 2)].efficiency == pytest.approx(0.75)
     assert by[("scratch", 1)].speedup == pytest.approx(1.0)
-    assert by[("ddp", 2)].speedup is None              # no 1-device ddp run to compare with
+    assert by[("ddp", 2)].speedup is None  # no 1-device ddp run to compare with
 
 
-META = {"command": "python -m harness", "started": "t0", "finished": "t1", "preset": "p", "device_kind": "cpu",
-        "gpus": [], "data_source": "d", "backends": ["torch"]}
+META = {
+    "command": "python -m harness",
+    "started": "t0",
+    "finished": "t1",
+    "preset": "p",
+    "device_kind": "cpu",
+    "gpus": [],
+    "data_source": "d",
+    "backends": ["torch"],
+}
 
 
 def test_staging_commits_once_and_never_overwrites(tmp_path):
@@ -48,7 +98,9 @@ def test_staging_commits_once_and_never_overwrites(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fixed-id", "fixed-id-2"]
     saved = json.loads((dirs[0] / "results.json").read_text())
     assert saved["schema_version"] == SCHEMA_VERSION == 2 and saved["runs"][0]["params"] == 11175818
-    assert saved["runs"][0]["schema_version"] == 2 and saved["runs"][0]["config"]["prefetch"] == 0   # v1 in, v2 out
+    assert (
+        saved["runs"][0]["schema_version"] == 2 and saved["runs"][0]["config"]["prefetch"] == 0
+    )  # v1 in, v2 out
 
 
 def test_an_error_leaves_no_half_written_report(tmp_path):
@@ -60,10 +112,13 @@ def test_an_error_leaves_no_half_written_report(tmp_path):
 
 
 def test_render_lists_failures_and_reference_numbers():
-    text = report.render([result(), result(devices=2, status="failed")], {**META, "run_id": "r"},
-                         {"accuracy": True, "throughput": False})
+    text = report.render(
+        [result(), result(devices=2, status="failed")],
+        {**META, "run_id": "r"},
+        {"accuracy": True, "throughput": False},
+    )
     assert "**torch scratch**, 2 device(s): failed — RuntimeError: boom" in text
-    assert "13.1 s/epoch, 0.93" in text                   # d2l's figures beside ours
+    assert "13.1 s/epoch, 0.93" in text  # d2l's figures beside ours
     assert "**simulated**" in text
     assert "`aaaaaaaaaaaaaaaa` for every run" in text
 
@@ -71,36 +126,79 @@ def test_render_lists_failures_and_reference_numbers():
 def test_step_statistics_and_allreduce_figure_are_tabulated():
     r = result(devices=2)
     r["config"].update(precision="bf16", compile=True)
-    r["step_time"] = {"steps": 10, "median_s": 0.0125, "p10_s": 0.012, "p90_s": 0.014, "min_s": 0.011,
-                      "max_s": 0.02, "images_per_s": 5120.0}
-    r["allreduce"] = {"values": 11175818, "bytes": 44703272, "repeats": 10, "median_s": 0.0025, "p10_s": 0.002,
-                      "p90_s": 0.003, "gb_per_s": 17.88, "share_of_step": 0.2}
+    r["step_time"] = {
+        "steps": 10,
+        "median_s": 0.0125,
+        "p10_s": 0.012,
+        "p90_s": 0.014,
+        "min_s": 0.011,
+        "max_s": 0.02,
+        "images_per_s": 5120.0,
+    }
+    r["allreduce"] = {
+        "values": 11175818,
+        "bytes": 44703272,
+        "repeats": 10,
+        "median_s": 0.0025,
+        "p10_s": 0.002,
+        "p90_s": 0.003,
+        "gb_per_s": 17.88,
+        "share_of_step": 0.2,
+    }
     lines = tables.steps_table(tables.with_scaling(tables.as_results([r, result()])))
-    assert lines[0].startswith("| backend | strategy | devices | step ms (median) |") and "gradients MB" in lines[0]
-    assert lines[2] == "| torch | scratch[bf16,compile] | 2 | 12.5 | 12–14 | 10 | 5120.0 | 44.7 | 2.5 | 17.88 | 20% |"
-    assert len(lines) == 3                     # the run without step statistics has no row
-    r["config"]["devices"] = 1                 # nothing to send: no bandwidth figure
-    assert tables.steps_table(tables.with_scaling(tables.as_results([r])))[2].endswith("| 2.5 | — | 20% |")
+    assert (
+        lines[0].startswith("| backend | strategy | devices | step ms (median) |")
+        and "gradients MB" in lines[0]
+    )
+    assert (
+        lines[2]
+        == "| torch | scratch[bf16,compile] | 2 | 12.5 | 12–14 | 10 | 5120.0 | 44.7 | 2.5 | 17.88 | 20% |"
+    )
+    assert len(lines) == 3  # the run without step statistics has no row
+    r["config"]["devices"] = 1  # nothing to send: no bandwidth figure
+    assert tables.steps_table(tables.with_scaling(tables.as_results([r])))[2].endswith(
+        "| 2.5 | — | 20% |"
+    )
     text = report.render([r], {**META, "run_id": "x"}, {})
-    assert "## Step time and communication" in text and "bfloat16 compute" in text and "compile" in text
+    assert (
+        "## Step time and communication" in text
+        and "bfloat16 compute" in text
+        and "compile" in text
+    )
 
 
 def resnet50_on(gpu: str, ips: float) -> dict:
     r = result(ips=ips)
-    r["config"].update(model="resnet50", dataset="imagenet-synthetic", image_size=224, simulated=False,
-                       device_kind="gpu", precision="bf16", batch_size=256)
+    r["config"].update(
+        model="resnet50",
+        dataset="imagenet-synthetic",
+        image_size=224,
+        simulated=False,
+        device_kind="gpu",
+        precision="bf16",
+        batch_size=256,
+    )
     r["environment"] = {"devices": [gpu]}
     return r
 
 
 def test_a_resnet50_report_quotes_nvidias_figures_and_compares_a_gpu_it_names():
-    text = report.render([resnet50_on("NVIDIA A100-SXM4-80GB", 2223.0), resnet50_on("NVIDIA H200", 3000.0)],
-                         {**META, "run_id": "r"}, {})
-    assert "model resnet50 (25.6 M parameters: 102 MB of float32 gradients per step) on 224x224 images" in text
+    text = report.render(
+        [resnet50_on("NVIDIA A100-SXM4-80GB", 2223.0), resnet50_on("NVIDIA H200", 3000.0)],
+        {**META, "run_id": "r"},
+        {},
+    )
+    assert (
+        "model resnet50 (25.6 M parameters: 102 MB of float32 gradients per step) on 224x224 images"
+        in text
+    )
     assert "> **Synthetic data**: random images, not ImageNet." in text
     assert "## Published reference (ResNet-50 v1.5, one GPU)" in text and "13.1 s/epoch" not in text
     assert "| A100 | DGX A100 (A100 80GB) | mixed precision | 2,470 |" in text
-    assert "on NVIDIA A100-SXM4-80GB: 2,223 images/s, 90% of the published 2,470 (mixed precision)." in text
+    assert (
+        "on NVIDIA A100-SXM4-80GB: 2,223 images/s, 90% of the published 2,470 (mixed precision)."
+        in text
+    )
     assert "on NVIDIA H200: 3,000 images/s; the table has no figure for this GPU." in text
 
 
@@ -108,33 +206,48 @@ def test_the_devices_line_says_how_they_were_found_and_old_results_still_render(
     def devices_line(**meta):
         text = report.render([result()], {**META, "run_id": "r", **meta}, {})
         return next(line for line in text.splitlines() if line.startswith("- Devices: "))
-    assert devices_line(device_kind="gpu", gpus=["NVIDIA H200"], detection="found by nvidia-smi") == (
-        "- Devices: 1 GPU(s): NVIDIA H200, found by nvidia-smi")
+
+    assert devices_line(
+        device_kind="gpu", gpus=["NVIDIA H200"], detection="found by nvidia-smi"
+    ) == ("- Devices: 1 GPU(s): NVIDIA H200, found by nvidia-smi")
     assert devices_line(detection="no GPU found: nvidia-smi is not on PATH") == (
         "- Devices: **simulated** (no GPU found: nvidia-smi is not on PATH): each device is a replica on the host "
-        "CPU, so the figures measure the software path, not GPU scaling")
+        "CPU, so the figures measure the software path, not GPU scaling"
+    )
     # results.json written before the detection line existed
-    assert devices_line(device_kind="gpu", gpus=["NVIDIA H200"]) == "- Devices: 1 GPU(s): NVIDIA H200"
+    assert (
+        devices_line(device_kind="gpu", gpus=["NVIDIA H200"]) == "- Devices: 1 GPU(s): NVIDIA H200"
+    )
     assert devices_line().startswith("- Devices: **simulated** (no GPU was present): ")
 
 
 def test_environment_lines_say_how_batches_reach_the_devices_and_how_sgd_updates():
     r = result(devices=2)
-    r["environment"] = {"framework": "torch", "devices": ["NVIDIA H200", "NVIDIA H200"],
-                        "precision": {"mode": "fp32", "cudnn_benchmark": True},
-                        "input_copies": "asynchronous, 2 batches ahead: pinned host memory",
-                        "sgd_update": "torch._foreach_sub_", "compile": {"backend": "inductor", "mode": "max-autotune"}}
+    r["environment"] = {
+        "framework": "torch",
+        "devices": ["NVIDIA H200", "NVIDIA H200"],
+        "precision": {"mode": "fp32", "cudnn_benchmark": True},
+        "input_copies": "asynchronous, 2 batches ahead: pinned host memory",
+        "sgd_update": "torch._foreach_sub_",
+        "compile": {"backend": "inductor", "mode": "max-autotune"},
+    }
     lines = sections.environment_section(tables.as_results([r]))
     (line,) = [l for l in lines if l.startswith("- **torch scratch**")]
     assert "precision: mode=fp32, cudnn_benchmark=True" in line
-    assert line.endswith("; input copies: asynchronous, 2 batches ahead: pinned host memory; "
-                         "SGD update: torch._foreach_sub_; compile: backend=inductor, mode=max-autotune")
+    assert line.endswith(
+        "; input copies: asynchronous, 2 batches ahead: pinned host memory; "
+        "SGD update: torch._foreach_sub_; compile: backend=inductor, mode=max-autotune"
+    )
 
 
 def test_a_cpu_run_whose_framework_sees_gpus_says_so():
     r = result(devices=2)
     r["config"]["device_kind"] = "cpu"
-    r["environment"] = {"framework": "torch", "devices": ["cpu (simulated device 0)"], "framework_gpus": 1}
+    r["environment"] = {
+        "framework": "torch",
+        "devices": ["cpu (simulated device 0)"],
+        "framework_gpus": 1,
+    }
     lines = sections.environment_section(tables.as_results([r]))
     flag = "  - **torch itself sees 1 GPU(s), yet this run used simulated CPU devices**"
     assert any(l.startswith(flag) for l in lines)
@@ -143,12 +256,19 @@ def test_a_cpu_run_whose_framework_sees_gpus_says_so():
 
 
 def test_the_method_says_how_batches_reach_the_devices():
-    ahead, inside, resident = (RunConfig.from_dict({**result()["config"], **kw}) for kw in
-                               ({"prefetch": 2}, {"prefetch": 0}, {"prefetch": 2, "resident_data": True}))
+    ahead, inside, resident = (
+        RunConfig.from_dict({**result()["config"], **kw})
+        for kw in ({"prefetch": 2}, {"prefetch": 0}, {"prefetch": 2, "resident_data": True})
+    )
     assert "put on the devices 2 batches ahead of its step" in sections.input_line(ahead)
-    assert "each step copies its own batch to the devices (--prefetch 0)" in sections.input_line(inside)
+    assert "each step copies its own batch to the devices (--prefetch 0)" in sections.input_line(
+        inside
+    )
     assert "no copy is timed" in sections.input_line(resident)
-    assert all(sections.input_line(c).startswith("Input: each epoch's batches are assembled") for c in (ahead, inside))
+    assert all(
+        sections.input_line(c).startswith("Input: each epoch's batches are assembled")
+        for c in (ahead, inside)
+    )
 
 
 def test_a_committed_report_renders_again_from_its_results_json():
@@ -157,7 +277,12 @@ def test_a_committed_report_renders_again_from_its_results_json():
     line of the method, the equivalence prose, the note on its logs) and the step and summary tables, which have
     gained a column, differ."""
     from common.results import load_results_json
-    directory = next(p for p in sorted(Path(__file__).parents[2].glob("reports/*")) if (p / "results.json").exists())
+
+    directory = next(
+        p
+        for p in sorted(Path(__file__).parents[2].glob("reports/*"))
+        if (p / "results.json").exists()
+    )
     results, meta = load_results_json(directory)
     text = report.render(results, meta, {"accuracy": True, "throughput": True})
     assert "(schema v1)" in text
@@ -165,16 +290,28 @@ def test_a_committed_report_renders_again_from_its_results_json():
     committed = (directory / "report.md").read_text()
     steps = committed.split("## Step time and communication")[1].split("\n## ")[0].splitlines()
     summary = committed.split("## Summary")[1].split("\n## ")[0].splitlines()
-    changed = [l for l in committed.splitlines() if l not in lines and l not in steps and l not in summary]
-    reworded = ("- Devices:", "- Preset:", "Every backend and strategy of this report", "Raw numbers:")
+    changed = [
+        l for l in committed.splitlines() if l not in lines and l not in steps and l not in summary
+    ]
+    reworded = (
+        "- Devices:",
+        "- Preset:",
+        "Every backend and strategy of this report",
+        "Raw numbers:",
+    )
     assert all(l.startswith(reworded) for l in changed), changed
     rendered_steps = text.split("## Step time and communication")[1].split("\n## ")[0].splitlines()
-    assert sum(l.startswith("| ") for l in rendered_steps) == sum(l.startswith("| ") for l in steps) > 2
+    assert (
+        sum(l.startswith("| ") for l in rendered_steps)
+        == sum(l.startswith("| ") for l in steps)
+        > 2
+    )
     # the summary has gained the TFLOP/s column (the 8th): without it, every row is the committed one
     rendered_summary = text.split("## Summary")[1].split("\n## ")[0].splitlines()
 
     def without_flops(line: str) -> str:
         cells = line.split("|")
         return "|".join(cells[:8] + cells[9:])
+
     table_lines = [without_flops(l) for l in rendered_summary if l.startswith("|")]
     assert table_lines == [l for l in summary if l.startswith("|")] and len(table_lines) > 3

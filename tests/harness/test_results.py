@@ -9,26 +9,70 @@ from pathlib import Path
 import pytest
 
 from common.config import RunConfig
-from common.results import (SCHEMA_VERSION, Allreduce, Epoch, Memory, Result, StepTime, failed_result,
-                            load_result, load_results_json, new_result, write_json_atomic)
+from common.results import (
+    SCHEMA_VERSION,
+    Allreduce,
+    Epoch,
+    Memory,
+    Result,
+    StepTime,
+    failed_result,
+    load_result,
+    load_results_json,
+    new_result,
+    write_json_atomic,
+)
 
 REPORTS = Path(__file__).parents[2] / "reports"
 COMMITTED = next(p for p in sorted(REPORTS.glob("*")) if (p / "results.json").exists())
 
-CONFIG = RunConfig(backend="torch", strategy="ddp", devices=2, batch_size=64, train_size=2048).to_dict()
-EPOCH = {"epoch": 1, "time_s": 2.0, "steps": 32, "images": 2048, "images_per_s": 1024.0, "train_loss": 1.5,
-         "train_acc": 0.5, "test_acc": 0.7}
+CONFIG = RunConfig(
+    backend="torch", strategy="ddp", devices=2, batch_size=64, train_size=2048
+).to_dict()
+EPOCH = {
+    "epoch": 1,
+    "time_s": 2.0,
+    "steps": 32,
+    "images": 2048,
+    "images_per_s": 1024.0,
+    "train_loss": 1.5,
+    "train_acc": 0.5,
+    "test_acc": 0.7,
+}
 
 
 def ok_result(**fields) -> dict:
-    result = {**new_result(CONFIG, "ok"), "epochs": [EPOCH, {**EPOCH, "epoch": 2, "test_acc": 0.75}],
-              "final_test_acc": 0.75, "compile_s": 3.0, "params": 1000, "weights_hash": "a" * 64,
-              "step_time": {"steps": 10, "median_s": 0.01, "p10_s": 0.009, "p90_s": 0.012, "min_s": 0.008,
-                            "max_s": 0.02, "images_per_s": 6400.0},
-              "allreduce": {"values": 1000, "bytes": 4000, "repeats": 10, "median_s": 0.001, "p10_s": 0.001,
-                            "p90_s": 0.002, "gb_per_s": 4.0, "share_of_step": 0.1},
-              "memory": {"peak_host_rss_mb": 900.0}, "saved_weights": None, "test_examples": 1000,
-              "train_examples": 2048}
+    result = {
+        **new_result(CONFIG, "ok"),
+        "epochs": [EPOCH, {**EPOCH, "epoch": 2, "test_acc": 0.75}],
+        "final_test_acc": 0.75,
+        "compile_s": 3.0,
+        "params": 1000,
+        "weights_hash": "a" * 64,
+        "step_time": {
+            "steps": 10,
+            "median_s": 0.01,
+            "p10_s": 0.009,
+            "p90_s": 0.012,
+            "min_s": 0.008,
+            "max_s": 0.02,
+            "images_per_s": 6400.0,
+        },
+        "allreduce": {
+            "values": 1000,
+            "bytes": 4000,
+            "repeats": 10,
+            "median_s": 0.001,
+            "p10_s": 0.001,
+            "p90_s": 0.002,
+            "gb_per_s": 4.0,
+            "share_of_step": 0.1,
+        },
+        "memory": {"peak_host_rss_mb": 900.0},
+        "saved_weights": None,
+        "test_examples": 1000,
+        "train_examples": 2048,
+    }
     return {**result, **fields}
 
 
@@ -40,8 +84,9 @@ def test_a_result_dict_reads_by_attribute():
     assert isinstance(r.allreduce, Allreduce) and r.allreduce.bytes == 4000
     assert r.memory == Memory(peak_host_rss_mb=900.0) and r.memory.peak_device_mb is None
     assert r.log is None and r.error is None and r.extra == {}
-    assert r.summary() == pytest.approx({"sec_per_epoch": 2.0, "images_per_s": 1024.0, "test_acc": 0.75,
-                                         "train_loss": 1.5})
+    assert r.summary() == pytest.approx(
+        {"sec_per_epoch": 2.0, "images_per_s": 1024.0, "test_acc": 0.75, "train_loss": 1.5}
+    )
 
 
 def test_to_dict_writes_schema_v2_and_round_trips():
@@ -49,38 +94,65 @@ def test_to_dict_writes_schema_v2_and_round_trips():
     d = r.to_dict()
     assert SCHEMA_VERSION == 2 and d["schema_version"] == 2
     assert d["config"] == CONFIG and d["log"] == "logs/x.log" and d["custom"] == {"kept": True}
-    assert d["memory"] == {"peak_device_mb": None, "peak_host_rss_mb": 900.0}     # every field, null where none
+    assert d["memory"] == {
+        "peak_device_mb": None,
+        "peak_host_rss_mb": 900.0,
+    }  # every field, null where none
     assert Result.from_dict(d) == r
     assert Result.from_dict(json.loads(json.dumps(d))) == r
 
 
 def test_non_finite_numbers_survive_the_file(tmp_path):
     """_finite writes NaN as "nan": a diverged run's epochs read back as floats."""
-    diverged = {**failed_result(CONFIG, "diverged", "loss is nan"), "epochs": [{**EPOCH, "train_loss": math.nan}]}
+    diverged = {
+        **failed_result(CONFIG, "diverged", "loss is nan"),
+        "epochs": [{**EPOCH, "train_loss": math.nan}],
+    }
     write_json_atomic(tmp_path / "r.json", diverged)
     r = Result.from_dict(json.loads((tmp_path / "r.json").read_text()))
-    assert r.status == "diverged" and math.isnan(r.epochs[0].train_loss) and r.error == "loss is nan"
+    assert (
+        r.status == "diverged" and math.isnan(r.epochs[0].train_loss) and r.error == "loss is nan"
+    )
 
 
 def test_a_schema_v1_result_still_loads(tmp_path):
     """v1: config without the fields added since (prefetch predates: 0), no memory/step/allreduce fields."""
     old_config = {k: v for k, v in CONFIG.items() if k not in ("prefetch", "compile_mode")}
-    v1 = {"schema_version": 1, "status": "ok", "config": old_config, "environment": {}, "epochs": [EPOCH],
-          "compile_s": None, "params": None, "weights_hash": None, "data_hash": None, "error": None}
+    v1 = {
+        "schema_version": 1,
+        "status": "ok",
+        "config": old_config,
+        "environment": {},
+        "epochs": [EPOCH],
+        "compile_s": None,
+        "params": None,
+        "weights_hash": None,
+        "data_hash": None,
+        "error": None,
+    }
     (tmp_path / "r.json").write_text(json.dumps(v1))
     assert load_result(tmp_path / "r.json", old_config) == v1
     r = Result.from_dict(v1)
     assert r.config.prefetch == 0 and r.config.compile_mode == "default"
-    assert r.step_time is None and r.allreduce is None and r.memory is None and r.final_test_acc is None
+    assert (
+        r.step_time is None
+        and r.allreduce is None
+        and r.memory is None
+        and r.final_test_acc is None
+    )
 
 
 def test_load_result_stays_strict(tmp_path):
     path = tmp_path / "r.json"
-    for bad, reason in [([], "not a schema v1 result"), ({**ok_result(), "schema_version": 3}, "not a schema"),
-                        (ok_result(status="fine"), "unknown status"),
-                        (ok_result(epochs=[{**EPOCH, "time_s": "2"}]), "an epoch record lacks"),
-                        (ok_result(step_time={"median_s": 1}), "step_time lacks a field"),
-                        (ok_result(log=3), "log is a int"), (ok_result(params=True), "params is not a number")]:
+    for bad, reason in [
+        ([], "not a schema v1 result"),
+        ({**ok_result(), "schema_version": 3}, "not a schema"),
+        (ok_result(status="fine"), "unknown status"),
+        (ok_result(epochs=[{**EPOCH, "time_s": "2"}]), "an epoch record lacks"),
+        (ok_result(step_time={"median_s": 1}), "step_time lacks a field"),
+        (ok_result(log=3), "log is a int"),
+        (ok_result(params=True), "params is not a number"),
+    ]:
         path.write_text(json.dumps(bad))
         with pytest.raises(ValueError, match=reason):
             load_result(path, CONFIG)
@@ -104,6 +176,7 @@ def test_load_results_json_reads_a_committed_report():
 
 def test_load_results_json_round_trips_through_the_report(tmp_path):
     from harness import report
+
     results, meta = load_results_json(COMMITTED)
     report.write(tmp_path, results, {k: v for k, v in meta.items() if k != "equivalence"})
     again, meta2 = load_results_json(tmp_path / "results.json")
@@ -111,16 +184,22 @@ def test_load_results_json_round_trips_through_the_report(tmp_path):
     assert "(schema v2)" in (tmp_path / "report.md").read_text()
 
 
-@pytest.mark.parametrize("mutate, reason", [
-    (lambda d: d.update(schema_version=7), "not a results.json of schema v1 or v2"),
-    (lambda d: d.pop("runs"), "no list of runs"),
-    (lambda d: d.update(run_id=None), "run_id is missing"),
-    (lambda d: d["runs"][1].update(status="weird"), "run 2: unknown status"),
-    (lambda d: d["runs"][0].update(config={"backend": "torch"}), "run 1: its config lacks strategy"),
-    (lambda d: d["runs"][0]["config"].update(devices="2"), "run 1: config.devices is a str"),
-    (lambda d: d["runs"][0]["config"].update(simulated=1), "run 1: config.simulated is a int"),
-    (lambda d: d["runs"][2]["epochs"][0].update(test_acc=None), "run 3: an epoch record lacks"),
-])
+@pytest.mark.parametrize(
+    "mutate, reason",
+    [
+        (lambda d: d.update(schema_version=7), "not a results.json of schema v1 or v2"),
+        (lambda d: d.pop("runs"), "no list of runs"),
+        (lambda d: d.update(run_id=None), "run_id is missing"),
+        (lambda d: d["runs"][1].update(status="weird"), "run 2: unknown status"),
+        (
+            lambda d: d["runs"][0].update(config={"backend": "torch"}),
+            "run 1: its config lacks strategy",
+        ),
+        (lambda d: d["runs"][0]["config"].update(devices="2"), "run 1: config.devices is a str"),
+        (lambda d: d["runs"][0]["config"].update(simulated=1), "run 1: config.simulated is a int"),
+        (lambda d: d["runs"][2]["epochs"][0].update(test_acc=None), "run 3: an epoch record lacks"),
+    ],
+)
 def test_load_results_json_refuses_what_it_cannot_use(tmp_path, mutate, reason):
     doc = json.loads((COMMITTED / "results.json").read_text())
     mutate(doc)

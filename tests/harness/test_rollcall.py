@@ -24,17 +24,29 @@ def fresh_harness(monkeypatch):
 
 
 def node(rank: int, nodes: int, port: int, wait: float = 5.0, **extra) -> RunConfig:
-    return RunConfig(backend="torch", strategy="ddp", devices=nodes, nodes=nodes, node_rank=rank, batch_size=6 * nodes,
-                     coordinator=f"127.0.0.1:{port}", loopback_nodes=False, join_timeout=wait, **extra).validate()
+    return RunConfig(
+        backend="torch",
+        strategy="ddp",
+        devices=nodes,
+        nodes=nodes,
+        node_rank=rank,
+        batch_size=6 * nodes,
+        coordinator=f"127.0.0.1:{port}",
+        loopback_nodes=False,
+        join_timeout=wait,
+        **extra,
+    ).validate()
 
 
 def meet_all(configs: list[RunConfig], runs: list[str]) -> list:
     """Every node's meeting (or the JoinError it raised), the nodes meeting at once from threads."""
+
     def attend(cfg, run):
         try:
             return rollcall.meet(cfg, run)
         except rollcall.JoinError as e:
             return e
+
     with ThreadPoolExecutor(len(configs)) as pool:
         return list(pool.map(attend, configs, runs))
 
@@ -52,12 +64,19 @@ def test_an_absent_node_fails_the_meeting_on_every_host_naming_it():
     port = free_port()
     started = time.monotonic()
     zero, one = meet_all([node(0, 3, port, wait=1.5), node(1, 3, port, wait=30)], ["run-a"] * 2)
-    expected = ("node 0: node 2 of 3 did not join at port {} within 1.5 s (--join-timeout): start the same command "
-                "on its host with --node-rank 2 and this host's address as --coordinator").format(port)
+    expected = (
+        "node 0: node 2 of 3 did not join at port {} within 1.5 s (--join-timeout): start the same command "
+        "on its host with --node-rank 2 and this host's address as --coordinator"
+    ).format(port)
     assert str(zero) == str(one) == expected
-    assert time.monotonic() - started < 25   # node 1 heard it from node 0, not from its own 30 s wait
-    with pytest.raises(rollcall.JoinError, match=r"^not run: the nodes did not meet before an earlier run \(node 0: "):
-        rollcall.meet(node(0, 3, port, wait=30), "run-b")   # at once: the hosts are out of step
+    assert (
+        time.monotonic() - started < 25
+    )  # node 1 heard it from node 0, not from its own 30 s wait
+    with pytest.raises(
+        rollcall.JoinError,
+        match=r"^not run: the nodes did not meet before an earlier run \(node 0: ",
+    ):
+        rollcall.meet(node(0, 3, port, wait=30), "run-b")  # at once: the hosts are out of step
 
 
 def test_a_node_without_node_0_fails_naming_the_address():
@@ -70,22 +89,40 @@ def test_a_node_without_node_0_fails_naming_the_address():
 
 def test_hosts_at_different_runs_both_fail_naming_both_runs():
     port = free_port()
-    zero, one = meet_all([node(0, 2, port), node(1, 2, port)], ["torch-ddp-x2-2nodes", "jax-pmap-x2-2nodes"])
-    assert str(zero) == str(one) == ("node 1 came to run 'jax-pmap-x2-2nodes' of 2 nodes, node 0 is at run "
-                                     "'torch-ddp-x2-2nodes' of 2: every host must run the same command, with its "
-                                     "own --node-rank")
+    zero, one = meet_all(
+        [node(0, 2, port), node(1, 2, port)], ["torch-ddp-x2-2nodes", "jax-pmap-x2-2nodes"]
+    )
+    assert (
+        str(zero)
+        == str(one)
+        == (
+            "node 1 came to run 'jax-pmap-x2-2nodes' of 2 nodes, node 0 is at run "
+            "'torch-ddp-x2-2nodes' of 2: every host must run the same command, with its "
+            "own --node-rank"
+        )
+    )
 
 
 def test_two_hosts_as_the_same_node_fail_the_meeting():
     port = free_port()
-    zero, one, again = meet_all([node(0, 3, port), node(1, 3, port), node(1, 3, port)], ["run-a"] * 3)
-    assert str(zero) == str(one) == str(again) == ("two hosts came as node 1 (127.0.0.1 and 127.0.0.1): give "
-                                                   "each host its own --node-rank")
+    zero, one, again = meet_all(
+        [node(0, 3, port), node(1, 3, port), node(1, 3, port)], ["run-a"] * 3
+    )
+    assert (
+        str(zero)
+        == str(one)
+        == str(again)
+        == (
+            "two hosts came as node 1 (127.0.0.1 and 127.0.0.1): give each host its own --node-rank"
+        )
+    )
 
 
 def test_a_stray_connection_is_ignored_and_a_port_held_by_another_program_is_retried():
     port = free_port()
-    impostor = socket.create_server(("127.0.0.1", port))   # another program on the port: answers garbage
+    impostor = socket.create_server(
+        ("127.0.0.1", port)
+    )  # another program on the port: answers garbage
 
     def answer_garbage_then_leave():
         for _ in range(2):
@@ -121,7 +158,9 @@ def test_a_host_whose_peer_never_starts_fails_the_run_in_one_line_without_a_work
     python = fake_python(tmp_path, f"touch {marker}; exit 1")
     cfg = node(0, 2, free_port(), wait=1.0, model="lenet")
     with open(os.devnull, "w") as quiet:
-        result = runner.run(cfg, python, tmp_path / "work", runner.Console(quiet=True, stream=quiet))
+        result = runner.run(
+            cfg, python, tmp_path / "work", runner.Console(quiet=True, stream=quiet)
+        )
     assert result["status"] == "failed"
     assert result["error"].startswith("node 0: node 1 of 2 did not join at port ")
     assert len(result["error"].splitlines()) == 1 and not marker.exists()

@@ -10,9 +10,27 @@ from pathlib import Path
 
 from tests.harness.helpers import fake_nvidia_smi, fake_python, run_harness
 
-ANY_DEVICE = ("--backend", "torch", "--strategy", "scratch", "--dataset", "synthetic", "--model", "lenet",
-              "--epochs", "1", "--train-size", "64", "--test-size", "32", "--batch-size", "32", "--quiet", "--no-check")
-BASE = (*ANY_DEVICE, "--device", "cpu")     # simulated devices, whatever GPUs the host has
+ANY_DEVICE = (
+    "--backend",
+    "torch",
+    "--strategy",
+    "scratch",
+    "--dataset",
+    "synthetic",
+    "--model",
+    "lenet",
+    "--epochs",
+    "1",
+    "--train-size",
+    "64",
+    "--test-size",
+    "32",
+    "--batch-size",
+    "32",
+    "--quiet",
+    "--no-check",
+)
+BASE = (*ANY_DEVICE, "--device", "cpu")  # simulated devices, whatever GPUs the host has
 
 
 def only_report(out: Path) -> Path:
@@ -53,19 +71,23 @@ def test_hanging_worker_is_killed_at_timeout_with_its_children(tmp_path):
     python = fake_python(tmp_path, f"echo 'loading the data'\nsleep {marker} &\nsleep {marker}")
     out = tmp_path / "reports"
     start = time.monotonic()
-    result = run_harness(*BASE, "--gpus", "1", "--timeout", "2", "--python", f"torch={python}", "--out", str(out))
+    result = run_harness(
+        *BASE, "--gpus", "1", "--timeout", "2", "--python", f"torch={python}", "--out", str(out)
+    )
     assert time.monotonic() - start < 60
     assert result.returncode == 1
     runs = json.loads((only_report(out) / "results.json").read_text())["runs"]
     assert [r["status"] for r in runs] == ["timeout"]
     assert runs[0]["error"].splitlines() == ["loading the data", "killed after --timeout 2 s"]
     text = (only_report(out) / "report.md").read_text()
-    assert "timed out — killed after --timeout 2 s" in text      # the reason is the headline, not the output
+    assert (
+        "timed out — killed after --timeout 2 s" in text
+    )  # the reason is the headline, not the output
     assert "[torch scratch x1] timeout: killed after --timeout 2 s" in result.stderr
     assert processes_with(f"sleep {marker}") == []
 
 
-FAKE_WORKER = r'''
+FAKE_WORKER = r"""
 import json, sys
 args = sys.argv[sys.argv.index("--config") + 1], sys.argv[sys.argv.index("--result") + 1]
 cfg = json.load(open(args[0]))
@@ -77,33 +99,44 @@ environment = {"framework": "fake", "devices": ["d"] * n}
 json.dump({"schema_version": 1, "status": "ok", "config": cfg, "environment": environment,
            "epochs": epochs, "compile_s": 0.5, "params": 129068, "weights_hash": "w" * 64, "data_hash": "d" * 64,
            "error": None, "memory": {}}, open(args[1], "w"))
-'''
+"""
 
 
 def test_successful_workers_give_speedup_in_report(tmp_path):
     worker = tmp_path / "fake_worker.py"
     worker.write_text(FAKE_WORKER)
     import sys
+
     python = fake_python(tmp_path, f'exec {sys.executable} {worker} "$@"')
     out = tmp_path / "reports"
-    result = run_harness(*BASE, "--epochs", "2", "--gpus", "1,4", "--python", f"torch={python}", "--out", str(out))
+    result = run_harness(
+        *BASE, "--epochs", "2", "--gpus", "1,4", "--python", f"torch={python}", "--out", str(out)
+    )
     assert result.returncode == 0, result.stderr
     report = only_report(out)
     text = (report / "report.md").read_text()
     # 4 devices: time / sqrt(4) -> twice the images/s: speed-up 2.00, efficiency 50%; TFLOP/s: LeNet's
     # 13.5 MFLOP a training image x images/s, no peak known for simulated devices
     flops = "(no peak known)"
-    assert f"| torch | scratch | 4 (sim.) | 32 | 0.2 | 1.00 | 64.0 | 0.000864 {flops} | 2.00 | 50% | 0.6000 |" in text
-    assert f"| torch | scratch | 1 (sim.) | 32 | 0.05 | 2.00 | 32.0 | 0.000432 {flops} | 1.00 | 100% | 0.6000 |" in text
+    assert (
+        f"| torch | scratch | 4 (sim.) | 32 | 0.2 | 1.00 | 64.0 | 0.000864 {flops} | 2.00 | 50% | 0.6000 |"
+        in text
+    )
+    assert (
+        f"| torch | scratch | 1 (sim.) | 32 | 0.05 | 2.00 | 32.0 | 0.000432 {flops} | 1.00 | 100% | 0.6000 |"
+        in text
+    )
     assert "Synthetic data" in text
-    assert "- Devices: **simulated** (--device cpu): each device is a replica on the host CPU" in text
+    assert (
+        "- Devices: **simulated** (--device cpu): each device is a replica on the host CPU" in text
+    )
     # the devices line is printed even with --quiet
     assert result.stderr.splitlines()[0] == "devices: simulated CPU devices (--device cpu)"
     assert (report / "accuracy.png").stat().st_size > 1000
     assert (report / "throughput.png").stat().st_size > 1000
 
 
-EVAL_ONLY_WORKER = r'''
+EVAL_ONLY_WORKER = r"""
 import json, sys
 args = sys.argv[sys.argv.index("--config") + 1], sys.argv[sys.argv.index("--result") + 1]
 cfg = json.load(open(args[0]))
@@ -111,20 +144,33 @@ print('@dpbench {"event": "evaluated", "test_acc": 0.625}', flush=True)
 json.dump({"schema_version": 1, "status": "ok", "config": cfg, "environment": {}, "epochs": [], "final_test_acc": 0.625,
            "compile_s": None, "params": 129068, "weights_hash": "w" * 64, "data_hash": None, "error": None,
            "memory": {}}, open(args[1], "w"))
-'''
+"""
 
 
 def test_evaluation_only_run_reports_its_accuracy(tmp_path):
     """--epochs 0 --load-weights: no training, one accuracy, a report all the same."""
     import sys
+
     from common import weights
+
     weights.save(tmp_path / "w.npz", weights.initial_weights("lenet", 0))
     worker = tmp_path / "eval_worker.py"
     worker.write_text(EVAL_ONLY_WORKER)
     python = fake_python(tmp_path, f'exec {sys.executable} {worker} "$@"')
     out = tmp_path / "reports"
-    result = run_harness(*BASE, "--gpus", "1", "--epochs", "0", "--load-weights", str(tmp_path / "w.npz"),
-                         "--python", f"torch={python}", "--out", str(out))
+    result = run_harness(
+        *BASE,
+        "--gpus",
+        "1",
+        "--epochs",
+        "0",
+        "--load-weights",
+        str(tmp_path / "w.npz"),
+        "--python",
+        f"torch={python}",
+        "--out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     text = (only_report(out) / "report.md").read_text()
     assert "| torch | scratch | 1 (sim.) | 32 | 0.05 | — | — | — | — | — | 0.6250 |" in text
@@ -134,19 +180,24 @@ def test_evaluation_only_run_reports_its_accuracy(tmp_path):
 def test_a_gpu_run_says_how_its_gpus_were_found(tmp_path):
     """The console line, the report and results.json all say which GPUs ran and how they were found."""
     import sys
+
     fake_nvidia_smi(tmp_path / "bin", ["0, GPU-8a1c2b3d-0000-1111-2222-333344445555, NVIDIA H200"])
     worker = tmp_path / "fake_worker.py"
     worker.write_text(FAKE_WORKER)
     python = fake_python(tmp_path, f'exec {sys.executable} {worker} "$@"')
     out = tmp_path / "reports"
     env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "CUDA_VISIBLE_DEVICES": "GPU-8a1c"}
-    result = run_harness(*ANY_DEVICE, "--gpus", "1", "--python", f"torch={python}", "--out", str(out), env=env)
+    result = run_harness(
+        *ANY_DEVICE, "--gpus", "1", "--python", f"torch={python}", "--out", str(out), env=env
+    )
     assert result.returncode == 0, result.stderr
     line = "1 GPU (NVIDIA H200), found by nvidia-smi (CUDA_VISIBLE_DEVICES=GPU-8a1c)"
     assert result.stderr.splitlines()[0] == f"devices: {line}"
     report = only_report(out)
-    assert "- Devices: 1 GPU(s): NVIDIA H200, found by nvidia-smi (CUDA_VISIBLE_DEVICES=GPU-8a1c)\n" in (
-        report / "report.md").read_text()
+    assert (
+        "- Devices: 1 GPU(s): NVIDIA H200, found by nvidia-smi (CUDA_VISIBLE_DEVICES=GPU-8a1c)\n"
+        in (report / "report.md").read_text()
+    )
     saved = json.loads((report / "results.json").read_text())
     assert saved["detection"] == "found by nvidia-smi (CUDA_VISIBLE_DEVICES=GPU-8a1c)"
     assert saved["gpus"] == ["NVIDIA H200"] and saved["device_kind"] == "gpu"
@@ -160,12 +211,32 @@ class Terminal(io.StringIO):
 def test_console_draws_a_bar_on_a_terminal_and_plain_lines_elsewhere():
     from common.config import RunConfig
     from harness import runner
-    cfg = RunConfig(backend="torch", strategy="ddp", devices=2, device_kind="cpu", simulated=True, model="lenet",
-                    epochs=1, batch_size=32, lr=0.1, dataset="synthetic")
-    epoch = {"event": "epoch", "epoch": 1, "epochs": 1, "time_s": 1.0, "images_per_s": 32.0, "train_loss": 1.0,
-             "test_acc": 0.5}
-    lines = ["[torch ddp x2] epoch 1/1: 1.00 s, 32.0 img/s, loss 1.0000, test acc 0.5000",
-             "[torch ddp x2] ok: test acc 0.5000"]
+
+    cfg = RunConfig(
+        backend="torch",
+        strategy="ddp",
+        devices=2,
+        device_kind="cpu",
+        simulated=True,
+        model="lenet",
+        epochs=1,
+        batch_size=32,
+        lr=0.1,
+        dataset="synthetic",
+    )
+    epoch = {
+        "event": "epoch",
+        "epoch": 1,
+        "epochs": 1,
+        "time_s": 1.0,
+        "images_per_s": 32.0,
+        "train_loss": 1.0,
+        "test_acc": 0.5,
+    }
+    lines = [
+        "[torch ddp x2] epoch 1/1: 1.00 s, 32.0 img/s, loss 1.0000, test acc 0.5000",
+        "[torch ddp x2] ok: test acc 0.5000",
+    ]
     for stream, quiet in ((Terminal(), False), (io.StringIO(), False), (Terminal(), True)):
         console = runner.Console(quiet=quiet, stream=stream)
         for step in (1, 2):
@@ -174,7 +245,9 @@ def test_console_draws_a_bar_on_a_terminal_and_plain_lines_elsewhere():
         console.finished(cfg, {"status": "ok", "final_test_acc": 0.5})
         text = stream.getvalue()
         if isinstance(stream, Terminal) and not quiet:
-            assert "[torch ddp x2] epoch 1/1:" in text and "step" in text and "\r" in text   # the bar, then cleared
+            assert (
+                "[torch ddp x2] epoch 1/1:" in text and "step" in text and "\r" in text
+            )  # the bar, then cleared
             assert text.rsplit("\r", 1)[1].splitlines() == lines
         else:
             assert text.splitlines() == lines[1:] if quiet else lines

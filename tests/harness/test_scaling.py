@@ -21,39 +21,57 @@ from tests.harness.test_results import COMMITTED, REPORTS
 SWEEP = REPORTS / "20261124-071528-all"
 NODES = REPORTS / "20261124-083120-all"
 # A prediction of the model (fitted at 2 devices) may be off the measured median step by this much at 4 and 8:
-# on this host one command's trial medians spread by +-15% (README, "Repeated trials"), and a prediction
+# on this host one command's trial medians spread by +-15% (docs/report.md, "Comparing runs"), and a prediction
 # compares two single trials (the fit's and the checked one's), plus ~10% for what the model leaves out (the
-# cores' caches as replicas multiply). README, "Scaling on paper".
+# cores' caches as replicas multiply). docs/scaling.md, "Scaling on paper".
 CHECK_BOUND = 0.25
-# Predictions the model misses, each for a measured reason it does not describe (README, "Scaling on paper").
+# Predictions the model misses, each for a measured reason it does not describe (docs/scaling.md, "Scaling on paper").
 OUTSIDE = {
-    ("jax pmap", 4): "XLA's CPU client at 4 simulated devices on 2 cores: 3.5 s a replica, against 2.3 at 2, 2.9 at 8",
-    ("keras distribution", 4): "the same XLA client (Keras on jax): 5.2 s a replica, against 2.6 at 2, 3.5 at 8",
-    ("mxnet gluon[hybridize=on,kvstore=device]", 8): "erratic steps on 8 contexts: 21 to 101 s, median 34",
-    ("jax pmap across nodes", 4): "4 jax processes on 2 cores: 3.9 s a replica, against 2.6 at 2 processes",
+    (
+        "jax pmap",
+        4,
+    ): "XLA's CPU client at 4 simulated devices on 2 cores: 3.5 s a replica, against 2.3 at 2, 2.9 at 8",
+    (
+        "keras distribution",
+        4,
+    ): "the same XLA client (Keras on jax): 5.2 s a replica, against 2.6 at 2, 3.5 at 8",
+    (
+        "mxnet gluon[hybridize=on,kvstore=device]",
+        8,
+    ): "erratic steps on 8 contexts: 21 to 101 s, median 34",
+    (
+        "jax pmap across nodes",
+        4,
+    ): "4 jax processes on 2 cores: 3.9 s a replica, against 2.6 at 2 processes",
     ("keras ddp across nodes", 4): "faster a replica at 4 processes than at 2: 1.4 s against 2.1",
 }
 
 
 def test_a_ring_allreduce_costs_2_n_minus_1_over_n_of_the_bytes_and_2_n_minus_1_latencies():
-    link = Link(10, 1e-5)                                                     # 10 GB/s one way, 10 us a step
+    link = Link(10, 1e-5)  # 10 GB/s one way, 10 us a step
     assert scaling.ring_seconds(1e9, 4, link) == pytest.approx(2 * 3 / 4 * 0.1 + 6e-5, rel=1e-12)
     assert scaling.ring_seconds(1e9, 2, link) == pytest.approx(0.1 + 2e-5, rel=1e-12)
     one_host = Profile("p", "", 8, link)
-    assert scaling.allreduce_seconds(1e9, 1, one_host) == 0.0                 # one device sends nothing
+    assert scaling.allreduce_seconds(1e9, 1, one_host) == 0.0  # one device sends nothing
 
 
 def test_the_hierarchical_allreduce_is_a_ring_inside_the_host_and_a_ring_of_shards_between_hosts():
     inside, nic = Link(100, 0.0), Link(10, 0.0)
     # 4 hosts of 8: 2*7/8 * 0.8 GB / 100 GB/s inside; each device's 0.1 GB shard over 1/8 of one 10 GB/s NIC
     expected = 2 * 7 / 8 * 8e8 / 100e9 + 2 * 3 / 4 * 1e8 / (10e9 / 8)
-    assert scaling.hierarchical_seconds(8e8, 4, 8, inside, nic, 1) == pytest.approx(expected, rel=1e-12)
+    assert scaling.hierarchical_seconds(8e8, 4, 8, inside, nic, 1) == pytest.approx(
+        expected, rel=1e-12
+    )
     # a NIC per device: the shard has a whole NIC, eight times faster between hosts
     faster = 2 * 7 / 8 * 8e8 / 100e9 + 2 * 3 / 4 * 1e8 / 10e9
-    assert scaling.hierarchical_seconds(8e8, 4, 8, inside, nic, 8) == pytest.approx(faster, rel=1e-12)
+    assert scaling.hierarchical_seconds(8e8, 4, 8, inside, nic, 8) == pytest.approx(
+        faster, rel=1e-12
+    )
     profile = Profile("p", "", 8, inside, nic, 1)
     assert scaling.allreduce_seconds(8e8, 32, profile) == pytest.approx(expected, rel=1e-12)
-    assert scaling.allreduce_seconds(8e8, 8, profile) == pytest.approx(scaling.ring_seconds(8e8, 8, inside))
+    assert scaling.allreduce_seconds(8e8, 8, profile) == pytest.approx(
+        scaling.ring_seconds(8e8, 8, inside)
+    )
     with pytest.raises(ValueError, match="not whole hosts"):
         scaling.allreduce_seconds(8e8, 12, profile)
 
@@ -65,8 +83,15 @@ def test_a_shared_host_pays_every_link_of_the_ring_on_one_bus():
 
 def shared_runs(c: float, bw: float, nbytes: float, counts) -> list[Measured]:
     """What the shared-host model says k simulated devices measure: k replicas' compute and the bus's ring."""
-    return [Measured(k, 1, k * c + scaling.shared_ring_seconds(nbytes, k, Link(bw, 0.0)),
-                     scaling.shared_ring_seconds(nbytes, k, Link(bw, 0.0))) for k in counts]
+    return [
+        Measured(
+            k,
+            1,
+            k * c + scaling.shared_ring_seconds(nbytes, k, Link(bw, 0.0)),
+            scaling.shared_ring_seconds(nbytes, k, Link(bw, 0.0)),
+        )
+        for k in counts
+    ]
 
 
 def test_the_shared_host_fit_recovers_the_compute_and_bus_that_made_its_input():
@@ -77,14 +102,20 @@ def test_the_shared_host_fit_recovers_the_compute_and_bus_that_made_its_input():
     assert p.fitted_at == 2 and p.overlap == 0.0
     profile = scaling.host_profile(p, shared=True)
     for m in runs:
-        assert scaling.project(p, profile, [m.devices])[0].step_s == pytest.approx(m.step_s, rel=1e-12)
+        assert scaling.project(p, profile, [m.devices])[0].step_s == pytest.approx(
+            m.step_s, rel=1e-12
+        )
 
 
 def test_overlap_is_the_share_of_the_allreduce_the_step_does_not_pay_on_real_devices():
     one, eight = Measured(1, 1, 1.00, 0.0), Measured(8, 1, 1.05, 0.20)
     assert scaling.measured_overlap(one, eight) == pytest.approx(0.75)
-    assert scaling.measured_overlap(one, Measured(8, 1, 0.98, 0.2)) == 1.0     # faster than 1 device: all hidden
-    assert scaling.measured_overlap(one, Measured(8, 1, 1.50, 0.2)) == 0.0     # slower than the allreduce: none
+    assert (
+        scaling.measured_overlap(one, Measured(8, 1, 0.98, 0.2)) == 1.0
+    )  # faster than 1 device: all hidden
+    assert (
+        scaling.measured_overlap(one, Measured(8, 1, 1.50, 0.2)) == 0.0
+    )  # slower than the allreduce: none
     p = scaling.pieces("x", 32, 1_000_000, [one, eight], shared=False)
     assert p.overlap == pytest.approx(0.75) and p.compute_s == 1.0
     # the measured profile's ring gives back the allreduce figure it was fitted on
@@ -99,7 +130,9 @@ def test_efficiency_is_per_device_throughput_against_one_device():
     points = scaling.project(p, profile, [1, 8])
     assert points[1].allreduce_s == pytest.approx(2 * 7 / 8 * 0.5, rel=1e-12)
     assert points[1].efficiency == pytest.approx(1 / (1 + 0.875), rel=1e-12)
-    hidden = scaling.project(scaling.Pieces("x", 32, 4_000_000_000, 1.0, 1.0, "", ()), profile, [1, 8])
+    hidden = scaling.project(
+        scaling.Pieces("x", 32, 4_000_000_000, 1.0, 1.0, "", ()), profile, [1, 8]
+    )
     assert hidden[1].efficiency == pytest.approx(1.0)
 
 
@@ -113,43 +146,68 @@ def test_nvidias_8_gpu_table_is_within_the_models_optimism_and_bandwidth_is_not_
         gap = r["projected"] - r["scaling"].efficiency
         assert 0 < gap < (0.04 if r["scaling"].precision != "mixed precision" else 0.16)
         assert r["tenth"] > 0.94
-    dgx1_fp32 = next(r for r in rows if r["scaling"].system.startswith("DGX-1 (8x V100 16GB)")
-                     and r["scaling"].precision == "FP32")
+    dgx1_fp32 = next(
+        r
+        for r in rows
+        if r["scaling"].system.startswith("DGX-1 (8x V100 16GB)")
+        and r["scaling"].precision == "FP32"
+    )
     # 25,557,032 float32 gradients over 8 V100 on NVLink 2 (150 GB/s one way, 5.7 us a step), 256 / 367 s a step
     ring_ms = 1e3 * (2 * 7 / 8 * 4 * 25_557_032 / 150e9 + 2 * 7 * 5.7e-6)
     assert dgx1_fp32["allreduce_ms"] == pytest.approx(ring_ms, rel=1e-12)
-    assert dgx1_fp32["projected"] == pytest.approx((256 / 367) / (256 / 367 + ring_ms / 1e3), rel=1e-12)
+    assert dgx1_fp32["projected"] == pytest.approx(
+        (256 / 367) / (256 / 367 + ring_ms / 1e3), rel=1e-12
+    )
 
 
 @pytest.mark.parametrize("report", [SWEEP, NODES], ids=["devices", "nodes"])
 def test_the_model_fitted_at_2_predicts_the_committed_sweeps_larger_counts_within_the_bound(report):
     results, _ = projection.load_results_json(report)
     rows = projection.check_rows(projection.run_pieces(results))
-    predictions = [(name, m.devices, projection.error(q.step_s, m.step_s)) for name, m, q, fit in rows if not fit]
+    predictions = [
+        (name, m.devices, projection.error(q.step_s, m.step_s))
+        for name, m, q, fit in rows
+        if not fit
+    ]
     assert len(predictions) >= 5, "the sweep must hold runs beyond the fit point"
-    off = [(name, k, f"{e:+.0%}") for name, k, e in predictions if abs(e) > CHECK_BOUND and (name, k) not in OUTSIDE]
+    off = [
+        (name, k, f"{e:+.0%}")
+        for name, k, e in predictions
+        if abs(e) > CHECK_BOUND and (name, k) not in OUTSIDE
+    ]
     assert not off, f"predictions off by more than {CHECK_BOUND:.0%}: {off}"
 
 
 def test_project_writes_the_projection_beside_the_report(tmp_path):
     report = tmp_path / "run"
     shutil.copytree(COMMITTED, report)
-    out = run_harness("project", str(report), "--profile", "nvlink8-400g,pcie4-25g", "--max-devices", "64",
-                      "--faster", "100")
+    out = run_harness(
+        "project",
+        str(report),
+        "--profile",
+        "nvlink8-400g,pcie4-25g",
+        "--max-devices",
+        "64",
+        "--faster",
+        "100",
+    )
     assert out.returncode == 0, out.stderr
     text = (report / "projection.md").read_text()
     assert "A projection, not a measurement" in text and "## Projected on pcie4-25g" in text
     assert "Compute: this run's one-device step / 100" in text
     assert "| torch ddp | 32 |" in text and "N=64" in text and "N=128" not in text
     assert (report / "projection.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert not [p.name for p in report.iterdir() if p.name.startswith(".")]   # no temp file left
+    assert not [p.name for p in report.iterdir() if p.name.startswith(".")]  # no temp file left
 
 
-@pytest.mark.parametrize("args, match", [
-    (["--profile", "nvlink9"], "--profile nvlink9: unknown"),
-    (["--max-devices", "0"], "--max-devices must be 1 to"),
-    (["--faster", "nan"], "--faster must be a positive number"),
-])
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (["--profile", "nvlink9"], "--profile nvlink9: unknown"),
+        (["--max-devices", "0"], "--max-devices must be 1 to"),
+        (["--faster", "nan"], "--faster must be a positive number"),
+    ],
+)
 def test_bad_flags_are_refused_in_one_line(tmp_path, args, match):
     out = run_harness("project", str(COMMITTED), *args)
     assert out.returncode == 2 and match in out.stderr and "Traceback" not in out.stderr
@@ -171,22 +229,44 @@ def test_a_report_with_nothing_to_project_or_no_report_is_refused_in_one_line(tm
     assert out.returncode == 2 and "cannot be read" in out.stderr
 
 
-def result(devices: int, step_s: float, allreduce_s: float, nodes: int = 1, trial=None, strategy="ddp"):
-    cfg = RunConfig(backend="torch", strategy=strategy, devices=devices, nodes=nodes, batch_size=32 * devices,
-                    coordinator="127.0.0.1:29500" if nodes > 1 else None).to_dict()
-    return Result.from_dict({**new_result(cfg, "ok"), "step_time": {"median_s": step_s},
-                             "allreduce": {"bytes": 4_000_000, "median_s": allreduce_s}, "trial": trial})
+def result(
+    devices: int, step_s: float, allreduce_s: float, nodes: int = 1, trial=None, strategy="ddp"
+):
+    cfg = RunConfig(
+        backend="torch",
+        strategy=strategy,
+        devices=devices,
+        nodes=nodes,
+        batch_size=32 * devices,
+        coordinator="127.0.0.1:29500" if nodes > 1 else None,
+    ).to_dict()
+    return Result.from_dict(
+        {
+            **new_result(cfg, "ok"),
+            "step_time": {"median_s": step_s},
+            "allreduce": {"bytes": 4_000_000, "median_s": allreduce_s},
+            "trial": trial,
+        }
+    )
 
 
 def test_runs_are_grouped_per_strategy_with_node_runs_apart_and_trials_by_their_median():
-    results = [result(1, 0.30, 0.0), result(2, 0.70, 0.02, trial=1), result(2, 0.64, 0.03, trial=2),
-               result(2, 0.66, 0.04, trial=3), result(2, 0.9, 0.05, nodes=2), result(4, 2.0, 0.15, nodes=2),
-               result(2, 0.5, 0.01, strategy="scratch")]
+    results = [
+        result(1, 0.30, 0.0),
+        result(2, 0.70, 0.02, trial=1),
+        result(2, 0.64, 0.03, trial=2),
+        result(2, 0.66, 0.04, trial=3),
+        result(2, 0.9, 0.05, nodes=2),
+        result(4, 2.0, 0.15, nodes=2),
+        result(2, 0.5, 0.01, strategy="scratch"),
+    ]
     items = {p.name: (p, shared) for p, shared in projection.run_pieces(results)}
     assert sorted(items) == ["torch ddp", "torch ddp across nodes", "torch scratch"]
     ddp, shared = items["torch ddp"]
-    assert shared and [(m.devices, m.step_s, m.allreduce_s) for m in ddp.measured] == [(1, 0.30, 0.0),
-                                                                                      (2, 0.66, 0.03)]
+    assert shared and [(m.devices, m.step_s, m.allreduce_s) for m in ddp.measured] == [
+        (1, 0.30, 0.0),
+        (2, 0.66, 0.03),
+    ]
     assert ddp.compute_s == 0.30 and ddp.shared_compute_s == pytest.approx((0.66 - 0.03) / 2)
     nodes, _ = items["torch ddp across nodes"]
     assert [m.devices for m in nodes.measured] == [2, 4] and nodes.fitted_at == 2

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from common import trainer as trainerlib
+from common.backend import Probe
 from common.config import RunConfig
 
 
@@ -47,8 +48,16 @@ class LeastSquares(trainerlib.Trainer):
 
 
 def make(resident_data=False, prefetch=2):
-    cfg = RunConfig(backend="torch", strategy="scratch", devices=1, batch_size=4, lr=0.1, train_size=8,
-                    resident_data=resident_data, prefetch=prefetch).validate()
+    cfg = RunConfig(
+        backend="torch",
+        strategy="scratch",
+        devices=1,
+        batch_size=4,
+        lr=0.1,
+        train_size=8,
+        resident_data=resident_data,
+        prefetch=prefetch,
+    ).validate()
     t = LeastSquares(cfg, {"w": np.array([0.5, -1.0])})
     t.reset()
     return t
@@ -77,8 +86,12 @@ def test_trace_is_the_steps_losses_and_weights(resident_data, prefetch):
     assert out["losses"] == losses
     assert np.array_equal(out["first"]["w"], ws[0]) and np.array_equal(out["final"]["w"], ws[-1])
     # resident data: every batch placed, then one barrier, before the first step; prefetch 0: step places nothing
-    assert t.events == {(False, 0): [], (False, 2): ["place"] * 3, (True, 2): ["place"] * 3 + ["sync"]}[
-        (resident_data, prefetch)]
+    assert (
+        t.events
+        == {(False, 0): [], (False, 2): ["place"] * 3, (True, 2): ["place"] * 3 + ["sync"]}[
+            (resident_data, prefetch)
+        ]
+    )
 
 
 def test_first_gradients_are_of_the_mean_loss_and_leave_the_weights():
@@ -96,9 +109,14 @@ def test_the_base_step_is_reduce_then_update_and_slowest_is_itself():
     assert t.slowest(1.5) == 1.5 and t.memory() == {} and t.n_devices == 1 and t.rank == 0
 
 
-def test_probe_config_is_validated():
-    cfg = trainerlib.probe_config("mxnet", "gluon", "lenet", 2, 12, 0.1, "local", "cpu", {"kvstore": "local"},
-                                  {"resident_data": True})
-    assert (cfg.devices, cfg.batch_size, cfg.options, cfg.resident_data) == (2, 12, {"kvstore": "local"}, True)
+def test_a_probes_config_is_validated():
+    probe = Probe("gluon", "lenet", 2, options={"kvstore": "local"}, levers={"resident_data": True})
+    cfg = probe.config("mxnet", 12, 0.1)
+    assert (cfg.devices, cfg.batch_size, cfg.options, cfg.resident_data) == (
+        2,
+        12,
+        {"kvstore": "local"},
+        True,
+    )
     with pytest.raises(ValueError):
-        trainerlib.probe_config("torch", "scratch", "lenet", 2, 12, -1.0, "local", "cpu", None, {})
+        Probe("scratch", "lenet", 2).config("torch", 12, -1.0)

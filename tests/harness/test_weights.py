@@ -29,7 +29,9 @@ def test_initialisation_follows_d2l():
     conv = w["stage4.0.conv1.weight"]
     assert conv.shape == (512, 256, 3, 3) and conv.dtype == np.float32
     assert abs(float(conv.std()) - 0.01) < 2e-4 and abs(float(conv.mean())) < 1e-4
-    assert not w["fc.bias"].any() and (w["bn.running_var"] == 1).all() and (w["bn.weight"] == 1).all()
+    assert (
+        not w["fc.bias"].any() and (w["bn.running_var"] == 1).all() and (w["bn.weight"] == 1).all()
+    )
 
 
 def test_values_do_not_depend_on_parameter_order():
@@ -48,7 +50,9 @@ def test_weights_file_round_trip_and_tamper_check(tmp_path):
     with pytest.raises(weights.WeightsError, match="does not hold resnet18 weights"):
         weights.load(tmp_path / "w.npz", model="resnet18")
     w["fc2.bias"][0] = 1.0
-    np.savez(tmp_path / "bad.npz", **w, **{weights.HASH_KEY: np.frombuffer(digest.encode(), np.uint8)})
+    np.savez(
+        tmp_path / "bad.npz", **w, **{weights.HASH_KEY: np.frombuffer(digest.encode(), np.uint8)}
+    )
     with pytest.raises(weights.WeightsError, match="does not match its recorded fingerprint"):
         weights.load(tmp_path / "bad.npz")
     with pytest.raises(weights.WeightsError, match="cannot read"):
@@ -59,7 +63,9 @@ def test_checkpoints_and_results_get_the_mode_of_a_plainly_created_file(tmp_path
     """0644 under umask 022 (mkstemp alone gives 0600): readable where report.md beside them is."""
     import os
     import stat
+
     from common.results import write_json_atomic
+
     old = os.umask(0o022)
     try:
         weights.save(tmp_path / "w.npz", weights.init_canonical(architectures.spec("lenet"), 0))

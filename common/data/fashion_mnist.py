@@ -1,11 +1,6 @@
-"""Fashion-MNIST: find, verify and read the IDX files; the dataset of a run (ImageNet-shaped ones are in
-common/imagenet.py); and the batches.
-
-Batching lives here, in numpy, so that every backend and strategy sees the same
-batches in the same order: one seeded permutation per epoch, global batches of
-`batch_size` images, the last partial batch dropped (so every batch splits evenly
-across the devices).
-"""
+"""Fashion-MNIST: find, verify and read the IDX files (the Debian package, FASHION_MNIST_DIR, --data-dir in the
+original or torchvision's layout, or a download), and the synthetic stand-in of the same shape (by flag only,
+and labelled as synthetic)."""
 
 from __future__ import annotations
 
@@ -13,15 +8,14 @@ import gzip
 import hashlib
 import os
 import struct
-import tempfile
 import urllib.request
 import zlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from common.config import imagenet_shaped
+from common.data.dataset import DataError, Dataset
+from common.results import write_atomic
 
 OFFICIAL_MIRROR = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -30,20 +24,29 @@ ENV_VAR = "FASHION_MNIST_DIR"
 # SHA-256 of the *decompressed* IDX content: it holds however the files were
 # compressed (the Debian package recompresses them, so the official .gz MD5s differ).
 FILES = {
-    "train_images": ("train-images-idx3-ubyte", "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888"),
-    "train_labels": ("train-labels-idx1-ubyte", "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9"),
-    "test_images": ("t10k-images-idx3-ubyte", "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b"),
-    "test_labels": ("t10k-labels-idx1-ubyte", "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"),
+    "train_images": (
+        "train-images-idx3-ubyte",
+        "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+    ),
+    "train_labels": (
+        "train-labels-idx1-ubyte",
+        "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+    ),
+    "test_images": (
+        "t10k-images-idx3-ubyte",
+        "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+    ),
+    "test_labels": (
+        "t10k-labels-idx1-ubyte",
+        "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+    ),
 }
 
 IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
-class DataError(Exception):
-    """The dataset is missing, corrupt or cannot be fetched. The message says what to do."""
-
-
 # --------------------------------------------------------------------------- IDX
+
 
 def read_idx_bytes(raw: bytes) -> np.ndarray:
     """Parse one IDX file (the MNIST format): magic 0x0000 <type> <ndim>, big-endian dims, data."""
@@ -59,7 +62,9 @@ def read_idx_bytes(raw: bytes) -> np.ndarray:
     dtype = np.dtype(IDX_DTYPES[type_code])
     expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(raw) - header != expected:
-        raise DataError(f"IDX size mismatch: header says {shape}, file holds {len(raw) - header} data bytes")
+        raise DataError(
+            f"IDX size mismatch: header says {shape}, file holds {len(raw) - header} data bytes"
+        )
     return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
 
 
@@ -71,7 +76,7 @@ def read_raw(path: Path) -> bytes:
         opener = gzip.open if head == b"\x1f\x8b" else open
         with opener(path, "rb") as f:
             return f.read()
-    except (OSError, EOFError, zlib.error) as e:   # unreadable, truncated or corrupt .gz
+    except (OSError, EOFError, zlib.error) as e:  # unreadable, truncated or corrupt .gz
         raise DataError(f"cannot read {path}: {e}") from None
 
 
@@ -80,6 +85,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------- locating
+
 
 def _file_in(directory: Path, stem: str) -> Path | None:
     for name in (stem, stem + ".gz"):
@@ -92,7 +98,10 @@ def has_all_files(directory: Path) -> bool:
     return all(_file_in(directory, stem) for stem, _ in FILES.values())
 
 
-TORCHVISION_LAYOUT = ("FashionMNIST/raw", "raw")   # torchvision's download: ROOT/FashionMNIST/raw/*.gz
+TORCHVISION_LAYOUT = (
+    "FashionMNIST/raw",
+    "raw",
+)  # torchvision's download: ROOT/FashionMNIST/raw/*.gz
 
 
 def files_dir(directory: Path) -> Path | None:
@@ -126,12 +135,17 @@ def locate(data_dir: str | None = None) -> Path:
     if data_dir is not None:
         d = Path(data_dir)
         if not d.is_dir():
-            raise DataError(f"--data-dir {data_dir} " + ("is not a directory" if d.exists() else "does not exist"))
+            raise DataError(
+                f"--data-dir {data_dir} "
+                + ("is not a directory" if d.exists() else "does not exist")
+            )
         found = files_dir(d)
         if found is None:
             missing = [stem for stem, _ in FILES.values() if not _file_in(d, stem)]
-            raise DataError(f"--data-dir {data_dir} lacks Fashion-MNIST files: {', '.join(missing)} "
-                            "(nor does it hold them in torchvision's layout, FashionMNIST/raw/)")
+            raise DataError(
+                f"--data-dir {data_dir} lacks Fashion-MNIST files: {', '.join(missing)} "
+                "(nor does it hold them in torchvision's layout, FashionMNIST/raw/)"
+            )
         return found
     for _, d in candidate_dirs():
         found = files_dir(d)
@@ -140,7 +154,8 @@ def locate(data_dir: str | None = None) -> Path:
     raise DataError(
         "Fashion-MNIST not found (looked in $FASHION_MNIST_DIR, "
         f"{DEBIAN_DIR}, {cache_dir()}); install it with `apt-get install dataset-fashion-mnist`, "
-        "pass --data-dir, or let the harness download it (needs network)")
+        "pass --data-dir, or let the harness download it (needs network)"
+    )
 
 
 def download(dest: Path | None = None, mirror: str = OFFICIAL_MIRROR) -> Path:
@@ -156,14 +171,13 @@ def download(dest: Path | None = None, mirror: str = OFFICIAL_MIRROR) -> Path:
             with urllib.request.urlopen(url, timeout=60) as r:
                 payload = r.read()
         except OSError as e:
-            raise DataError(f"could not download {url}: {e}; install `dataset-fashion-mnist` or pass --data-dir") from e
+            raise DataError(
+                f"could not download {url}: {e}; install `dataset-fashion-mnist` or pass --data-dir"
+            ) from e
         actual = hashlib.sha256(gzip.decompress(payload)).hexdigest()
         if actual != sha:
             raise DataError(f"checksum mismatch for downloaded {url}: {actual} != {sha}")
-        fd, tmp = tempfile.mkstemp(dir=dest, suffix=".part")
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, target)
+        write_atomic(target, lambda f: f.write(payload), mode="wb")
     return dest
 
 
@@ -179,20 +193,6 @@ def locate_or_download(data_dir: str | None = None) -> Path:
             raise DataError(f"{not_found}. Download failed too: {e}") from None
 
 
-# ---------------------------------------------------------------------- loading
-
-@dataclass(frozen=True)
-class Dataset:
-    """Images as float32 NCHW (Fashion-MNIST in [0, 1] as d2l's ToTensor, ImageNet normalised as torchvision's
-    reference scripts do), labels as int32."""
-    name: str
-    source: str
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-
-
 def _load_verified(directory: Path, key: str, verify: bool) -> np.ndarray:
     stem, sha = FILES[key]
     path = _file_in(directory, stem)
@@ -202,7 +202,9 @@ def _load_verified(directory: Path, key: str, verify: bool) -> np.ndarray:
     if verify:
         actual = hashlib.sha256(raw).hexdigest()
         if actual != sha:
-            raise DataError(f"checksum mismatch for {path}: got {actual[:16]}..., expected {sha[:16]}...")
+            raise DataError(
+                f"checksum mismatch for {path}: got {actual[:16]}..., expected {sha[:16]}..."
+            )
     try:
         return read_idx_bytes(raw)
     except DataError as e:
@@ -215,8 +217,10 @@ def _read_parts(directory: Path, verify: bool) -> dict[str, np.ndarray]:
     for split in ("train", "test"):
         images, labels = parts[f"{split}_images"], parts[f"{split}_labels"]
         if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.ndim != 1:
-            raise DataError(f"{directory}: the {split} files hold arrays of shape {images.shape} and "
-                            f"{labels.shape}, not 28x28 images and their labels")
+            raise DataError(
+                f"{directory}: the {split} files hold arrays of shape {images.shape} and "
+                f"{labels.shape}, not 28x28 images and their labels"
+            )
         if len(images) != len(labels):
             raise DataError(f"{directory}: {len(images)} {split} images but {len(labels)} labels")
     return parts
@@ -233,16 +237,22 @@ def _images(u8: np.ndarray) -> np.ndarray:
     return (u8.astype(np.float32) / 255.0)[:, None, :, :]
 
 
-def load_fashion_mnist(directory: Path, train_size: int | None = None, test_size: int | None = None,
-                       verify: bool = True) -> Dataset:
+def load_fashion_mnist(
+    directory: Path,
+    train_size: int | None = None,
+    test_size: int | None = None,
+    verify: bool = True,
+) -> Dataset:
     """Read and verify the four files; keep the first train_size / test_size examples."""
     parts = _read_parts(directory, verify)
     return Dataset(
-        name="fashion-mnist", source=str(directory),
+        name="fashion-mnist",
+        source=str(directory),
         x_train=_images(parts["train_images"][:train_size]),
         y_train=parts["train_labels"][:train_size].astype(np.int32),
         x_test=_images(parts["test_images"][:test_size]),
-        y_test=parts["test_labels"][:test_size].astype(np.int32))
+        y_test=parts["test_labels"][:test_size].astype(np.int32),
+    )
 
 
 def synthetic(train_size: int, test_size: int, seed: int = 0) -> Dataset:
@@ -255,66 +265,14 @@ def synthetic(train_size: int, test_size: int, seed: int = 0) -> Dataset:
         x = rng.random((n, 1, 28, 28), dtype=np.float32) * 0.5
         for label in range(10):
             row, col = 4 + 14 * (label // 5), 1 + 5 * (label % 5)
-            x[y == label, 0, row:row + 5, col:col + 5] += 0.5
+            x[y == label, 0, row : row + 5, col : col + 5] += 0.5
         return x, y
 
     x_train, y_train = make(train_size, 0)
     x_test, y_test = make(test_size, 1)
-    return Dataset("synthetic", "generated (synthetic; not Fashion-MNIST)", x_train, y_train, x_test, y_test)
+    return Dataset(
+        "synthetic", "generated (synthetic; not Fashion-MNIST)", x_train, y_train, x_test, y_test
+    )
 
 
-SYNTHETIC_SIZES = (60000, 10000)   # as many images as Fashion-MNIST
-
-
-def load(cfg) -> Dataset:
-    """The dataset a run config asks for."""
-    if cfg.dataset == "synthetic":
-        return synthetic(cfg.train_size or SYNTHETIC_SIZES[0], cfg.test_size or SYNTHETIC_SIZES[1], cfg.seed)
-    if imagenet_shaped(cfg.dataset):
-        from common import imagenet   # (which builds on this module's Dataset)
-        return imagenet.load(cfg)
-    return load_fashion_mnist(Path(cfg.data_dir), cfg.train_size, cfg.test_size)
-
-
-# ---------------------------------------------------------------------- batching
-
-def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
-    """The order of training examples in one epoch: a function of (seed, epoch) only."""
-    return np.random.default_rng([seed, epoch]).permutation(n)
-
-
-def check_divisible(batch: int, n: int) -> None:
-    """The documented behaviour for a batch the devices cannot split, in every backend: refuse it."""
-    if batch % n:
-        raise ValueError(f"batch of {batch} examples cannot be split evenly across {n} devices")
-
-
-def steps_per_epoch(n: int, batch_size: int) -> int:
-    return n // batch_size
-
-
-def train_batches(data: Dataset, batch_size: int, seed: int, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """One epoch's (x, y) global batches, assembled now: the shuffled copy (a gather of the whole epoch)
-    is made here, before the caller starts its timer, and each batch is a contiguous slice of it."""
-    order = epoch_permutation(len(data.y_train), seed, epoch)
-    x, y = data.x_train[order], data.y_train[order]
-    return [(x[i * batch_size:(i + 1) * batch_size], y[i * batch_size:(i + 1) * batch_size])
-            for i in range(steps_per_epoch(len(y), batch_size))]
-
-
-def test_batches(data: Dataset, batch_size: int):
-    for i in range(0, len(data.y_test), batch_size):
-        yield data.x_test[i:i + batch_size], data.y_test[i:i + batch_size]
-
-
-def batch_sequence_hash(data: Dataset, batch_size: int, seed: int, epochs: int) -> str:
-    """Fingerprint of the training examples in the order they are consumed (content and order;
-    the batch size matters only through the examples a dropped partial batch leaves out)."""
-    h = hashlib.sha256()
-    h.update(f"{data.name}|{data.x_train.shape}|{epochs}".encode())
-    h.update(np.ascontiguousarray(data.x_train).tobytes())
-    h.update(data.y_train.tobytes())
-    n_used = steps_per_epoch(len(data.y_train), batch_size) * batch_size
-    for epoch in range(epochs):
-        h.update(epoch_permutation(len(data.y_train), seed, epoch)[:n_used].astype(np.int64).tobytes())
-    return h.hexdigest()
+SYNTHETIC_SIZES = (60000, 10000)  # as many images as Fashion-MNIST

@@ -1,0 +1,189 @@
+"""`python -m harness run`, the default command: every planned (backend, strategy, devices) run in turn, the
+equivalence check first, then the report; and `list` (run's --list), what would run.
+
+Parsing and planning are harness/plan.py's; the command line, harness/cli.py's.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from common import manifest
+from harness import check, disk, envs, interrupts, leftovers, report, runner, tables
+from harness.arguments import UsageError
+from harness.plan import Devices, Plan, build_plan, choose_devices
+
+
+def main(args) -> int:
+    """`python -m harness run` (or no subcommand), its flags parsed (cli.parse); with --list, `list`."""
+    if args.list:
+        return list_main(args)
+    return run_benchmark(args, args.argv)
+
+
+def list_main(args) -> int:
+    """`python -m harness list`: the devices that would run, and every backend's strategies, options and levers."""
+    print_listing(choose_devices(args))
+    return 0
+
+
+def print_listing(devices: Devices) -> None:
+    print(devices.line)
+    for b in map(manifest.load, manifest.known()):
+        for s in b.strategies.values():
+            needs = f" [needs {s.requires}]" if s.requires else ""
+            nodes = f" [--nodes: {s.engine}]" if s.engine else " [one process]"
+            print(f"  {b.name:6} {s.name:8} {s.summary}{needs}{nodes}")
+        for o in b.options.values():
+            where = f" ({', '.join(o.strategies)})" if o.strategies else ""
+            print(
+                f"  {b.name:6} --option {o.name}={'|'.join(o.values)} (default {o.default}){where}: {o.summary}"
+            )
+        for lever in b.levers.values():
+            flag = (
+                "--"
+                + lever.name.replace("_", "-")
+                + (f" {'|'.join(lever.values)}" if lever.values else "")
+            )
+            what = lever.summary or ""
+            if lever.refused:
+                what += (
+                    "; " if what else ""
+                ) + f"refused{' otherwise' if lever.values else ''}: {lever.refused}"
+            print(f"  {b.name:6} {flag}: {what}")
+
+
+def backend_python(name: str, plan: Plan, say) -> str:
+    if name in plan.pythons:
+        return plan.pythons[name]
+    return str(envs.ensure_backend(name, plan.backends[name].requirements, say=say))
+
+
+def execute(plan: Plan, workdir: Path, console: runner.Console, results: list[dict]) -> None:
+    """Run the planned runs (plan.runs: each config, and each trial with --repeat) in order, appending each one's
+    result to `results` as it ends; never lets one failure stop the others. An interrupt propagates: `results`
+    then holds the runs that finished, and plan.runs[len(results):] are the ones that did not."""
+    pythons: dict[str, str | Exception] = {}
+    for cfg, trial in plan.runs:
+        if cfg.backend not in pythons:
+            try:
+                pythons[cfg.backend] = backend_python(cfg.backend, plan, console.say)
+            except envs.EnvError as e:
+                pythons[cfg.backend] = e
+        python = pythons[cfg.backend]
+        if isinstance(python, Exception):
+            result = not_run(cfg, trial, "failed", f"environment setup failed: {python}")
+            console.finished(cfg, result)
+        else:
+            result = runner.run(cfg, python, workdir, console, trial)
+        results.append(result)
+
+
+def not_run(cfg, trial: int | None, status: str, reason: str) -> dict:
+    result = runner.not_run_result(cfg, status, reason)
+    return result if trial is None else {**result, "trial": trial}
+
+
+def run_benchmark(args, argv: list[str]) -> int:
+    plan = build_plan(args)
+    console = runner.Console(quiet=args.quiet)
+    meta = {
+        "command": "python -m harness " + " ".join(shlex.quote(a) for a in argv),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "preset": plan.preset,
+        "device_kind": plan.device_kind,
+        "gpus": plan.gpus,
+        "detection": plan.detection,
+        "data_source": plan.data_source,
+        "backends": sorted(plan.backends),
+        "topology": plan.topology.how,
+    }
+    for line in leftovers.keep_left_behind(Path(args.out), report.write):
+        console.say(line)
+    with create_staging(args.out, sorted(plan.backends), meta) as staging:
+        results = run_all(plan, args, console, meta, staging.path)
+        meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        interrupts.finishing()  # from here on a signal must not lose the results: it only sets the exit status
+        final = save_report(staging, results, meta)
+    console.say(
+        "\n" + "\n".join(tables.summary_table(tables.with_scaling(tables.as_results(results))))
+    )
+    if final is None:
+        return interrupts.exit_status() or 1
+    console.say(f"\nReport: {final / 'report.md'}")
+    bad = [r for r in results if r["status"] not in ("ok", "unavailable")]
+    return interrupts.exit_status() or (1 if bad else 0)
+
+
+def create_staging(out: str, backends: list[str], meta: dict) -> report.Staging:
+    """The report's staging directory, with its owner and the run's header, made before any work starts: an
+    --out that cannot hold a report (under a file, read-only, full, a name too long) fails now, in one line,
+    not after hours of training, and leaves nothing behind."""
+    staging = report.Staging(Path(out), backends)
+    try:
+        staging.create()
+        staging.save_meta(meta)
+    except OSError as e:
+        if staging.path is not None:
+            shutil.rmtree(staging.path, ignore_errors=True)
+        raise UsageError(f"--out {out}: {disk.not_written(out, e)}") from None
+    return staging
+
+
+def run_all(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path) -> list[dict]:
+    """The equivalence check, then every run. An interrupt (Ctrl-C, SIGTERM, SIGHUP) at any point ends
+    them: the runs that finished keep their results, the others are reported as interrupted."""
+    results = [runner.not_run_result(cfg, "unavailable", reason) for cfg, reason in plan.not_run]
+    finished: list[dict] = []
+    try:
+        # Printed even with --quiet: which devices ran is what a result means, and it is one line.
+        console.say(Devices(plan.device_kind, plan.gpus, plan.detection).line)
+        if plan.topology.how:
+            console.say(f"Nodes: {plan.topology.how}")
+        if not plan.topology.loopback and plan.topology.node_rank:
+            console.say(
+                f"This host is node {plan.topology.node_rank}: node 0's host writes the run's report; this "
+                "one keeps its own logs and per-node results"
+            )
+        cfg0 = (plan.configs or [c for c, _ in plan.not_run])[0]
+        console.say(
+            f"Preset: {plan.preset}: {cfg0.model}, {cfg0.epochs} epoch(s), "
+            f"train {cfg0.train_size or 'all'} / test {cfg0.test_size or 'all'} images; "
+            f"{len(plan.runs)} run(s)"
+            + (f" ({plan.repeat} trials each)" if plan.repeat > 1 else "")
+        )
+        if args.check:
+            meta["equivalence"] = {
+                "interrupted": True
+            }  # replaced by the table if the check finishes
+            meta["equivalence"] = check.equivalence(plan, console.say, workdir / "logs")
+        execute(plan, workdir, console, finished)
+    except KeyboardInterrupt as e:
+        why = f"interrupted by {e}" if str(e) else "interrupted by the user"
+        console.say(
+            f"Interrupted ({str(e) or 'SIGINT'}): writing the report with the runs finished so far"
+        )
+        # execute() appends one result per config, in order: the rest never finished
+        finished += [
+            not_run(cfg, trial, "interrupted", why) for cfg, trial in plan.runs[len(finished) :]
+        ]
+    return results + finished
+
+
+def save_report(staging: report.Staging, results: list[dict], meta: dict) -> Path | None:
+    """The report's directory; None if it could not be written (a full disk, say), after one line
+    saying where the results were kept instead."""
+    try:
+        return staging.commit(results, meta)
+    except OSError as e:
+        kept = staging.rescue(results, meta)
+        print(
+            f"harness: error: could not write the report in {staging.out}: {e.strerror or e} "
+            f"({disk.free_at(staging.out)} free there); the results are kept in {kept}",
+            file=sys.stderr,
+        )
+        return None
