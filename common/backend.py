@@ -88,34 +88,8 @@ def check_supported(cfg: RunConfig, own_refusal=None, dtype: str = "float32") ->
         raise Unsupported(reason)
 
 
-# What a backend package exports (its __all__), in this order; tests/backends/test_contract.py holds every
-# backend to it. The entry points among them are a Backend's (entry_points()); the rest is the backend's own.
-INTERFACE = (
-    "NAME",
-    "resnet18",
-    "lenet",
-    "resnet50",
-    "initial_weights",
-    "param_count",
-    "devices",
-    "split",
-    "allreduce",
-    "predict",
-    "run",
-    "environment",
-    "gradients",
-    "train_trace",
-    "train_steps",
-    "float64_gradients",
-    "float64_reference",
-    "check_supported",
-    "session",
-    "TRAINERS",
-    "array",
-    "to_numpy",
-    "device_of",
-    "BACKEND",
-)
+# The entry points a Backend gives its backend package, as backends.<name>.<entry point> (the package's
+# module __getattr__ asks Backend.entry_point for them).
 ENTRY_POINTS = (
     "initial_weights",
     "param_count",
@@ -128,6 +102,24 @@ ENTRY_POINTS = (
     "float64_reference",
     "check_supported",
     "session",
+)
+# What a backend package exports (its __all__), in this order: its own names, then the entry points.
+# tests/backends/test_contract.py holds every backend to it.
+INTERFACE = (
+    "NAME",
+    "resnet18",
+    "lenet",
+    "resnet50",
+    "devices",
+    "split",
+    "allreduce",
+    "environment",
+    "TRAINERS",
+    "array",
+    "to_numpy",
+    "device_of",
+    "BACKEND",
+    *ENTRY_POINTS,
 )
 
 
@@ -153,9 +145,11 @@ class Backend:
             0  # sessions open in this process (a probe inside a run's joins nothing again)
         )
 
-    def entry_points(self) -> tuple:
-        """The bound methods a backend package exports, in ENTRY_POINTS' order."""
-        return tuple(getattr(self, name) for name in ENTRY_POINTS)
+    def entry_point(self, name: str):
+        """The bound method `name`, one of ENTRY_POINTS: a backend package's module __getattr__ (PEP 562)."""
+        if name not in ENTRY_POINTS:
+            raise AttributeError(f"module 'backends.{self.name}' has no attribute {name!r}")
+        return getattr(self, name)
 
     def check_supported(self, cfg: RunConfig, dtype: str = "float32") -> None:
         check_supported(cfg, self.refusal, dtype)

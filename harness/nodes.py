@@ -71,6 +71,10 @@ def parse_counts(text: str) -> tuple[int, ...]:
 
 def from_args(args, environ=os.environ) -> Topology:
     """The nodes asked for: the flags, else Slurm's variables (srun with one task per node), else one node."""
+    try:  # a bad value is refused wherever it would not be used, too (one host: nobody to wait for)
+        check_join_timeout(args.join_timeout)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
     slurm = "SLURM_PROCID" in environ and int(environ.get("SLURM_NTASKS", "1") or 1) > 1
     if args.nodes is None and slurm and args.node_rank is None:
         host = first_slurm_host(
@@ -117,7 +121,6 @@ def from_args(args, environ=os.environ) -> Topology:
         )
     try:
         parse_address(topology.coordinator)
-        check_join_timeout(args.join_timeout)
     except ConfigError as e:
         raise UsageError(str(e)) from None
     return dataclasses.replace(topology, join_timeout=args.join_timeout, **this_host(args))

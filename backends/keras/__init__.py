@@ -34,52 +34,32 @@ from backends.keras.environment import environment, refusal  # noqa: E402
 from backends.keras.models import lenet, resnet18, resnet50  # noqa: E402
 from backends.keras.parallel import allreduce, device_of, devices, split  # noqa: E402
 from backends.keras.strategies import TRAINERS  # noqa: E402
-from common.backend import Backend  # noqa: E402
+from common.backend import ENTRY_POINTS, Backend  # noqa: E402
 
 NAME = "keras"
 BACKEND = Backend(NAME, models, strategies, distributed, refusal)
-# Its entry points, as module names (the worker, the check and the tests call backends.<name>.<entry point>).
-(
-    initial_weights,
-    param_count,
-    predict,
-    run,
-    gradients,
-    train_trace,
-    train_steps,
-    float64_gradients,
-    float64_reference,
-    check_supported,
-    session,
-) = BACKEND.entry_points()
-
-# The backend interface (common/backend.py's INTERFACE): the same names, in the same order, in every backend.
+# The backend interface (common/backend.py's INTERFACE): its own names, then the entry points, which
+# __getattr__ below gives as backends.keras.<entry point>.
 __all__ = [
     "NAME",
     "resnet18",
     "lenet",
     "resnet50",
-    "initial_weights",
-    "param_count",
     "devices",
     "split",
     "allreduce",
-    "predict",
-    "run",
     "environment",
-    "gradients",
-    "train_trace",
-    "train_steps",
-    "float64_gradients",
-    "float64_reference",
-    "check_supported",
-    "session",
     "TRAINERS",
     "array",
     "to_numpy",
     "device_of",
     "BACKEND",
+    *ENTRY_POINTS,
 ]
+
+
+def __getattr__(name: str):
+    return BACKEND.entry_point(name)
 
 
 def to_numpy(a):

@@ -19,52 +19,32 @@ from backends.mxnet.environment import environment, refusal
 from backends.mxnet.models import lenet, resnet18, resnet50
 from backends.mxnet.parallel import allreduce, devices, split
 from backends.mxnet.strategies import TRAINERS
-from common.backend import Backend
+from common.backend import ENTRY_POINTS, Backend
 
 NAME = "mxnet"
 BACKEND = Backend(NAME, models, strategies, distributed, refusal)
-# Its entry points, as module names (the worker, the check and the tests call backends.<name>.<entry point>).
-(
-    initial_weights,
-    param_count,
-    predict,
-    run,
-    gradients,
-    train_trace,
-    train_steps,
-    float64_gradients,
-    float64_reference,
-    check_supported,
-    session,
-) = BACKEND.entry_points()
-
-# The backend interface (common/backend.py's INTERFACE): the same names, in the same order, in every backend.
+# The backend interface (common/backend.py's INTERFACE): its own names, then the entry points, which
+# __getattr__ below gives as backends.mxnet.<entry point>.
 __all__ = [
     "NAME",
     "resnet18",
     "lenet",
     "resnet50",
-    "initial_weights",
-    "param_count",
     "devices",
     "split",
     "allreduce",
-    "predict",
-    "run",
     "environment",
-    "gradients",
-    "train_trace",
-    "train_steps",
-    "float64_gradients",
-    "float64_reference",
-    "check_supported",
-    "session",
     "TRAINERS",
     "array",
     "to_numpy",
     "device_of",
     "BACKEND",
+    *ENTRY_POINTS,
 ]
+
+
+def __getattr__(name: str):
+    return BACKEND.entry_point(name)
 
 
 def to_numpy(a):

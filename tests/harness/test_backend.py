@@ -94,6 +94,10 @@ def test_a_probe_runs_its_config_inside_a_session_and_float64_gradients_use_the_
     assert backend.float64_gradients("lenet", {}, x, y) == ("gradients", "float64")
 
 
-def test_the_entry_points_are_the_backends_bound_methods_in_their_order():
+def test_the_entry_points_are_the_backends_bound_methods_and_nothing_else():
     backend = backend_with(Engine())
-    assert [f.__name__ for f in backend.entry_points()] == list(ENTRY_POINTS)
+    assert [backend.entry_point(name).__name__ for name in ENTRY_POINTS] == list(ENTRY_POINTS)
+    with pytest.raises(
+        AttributeError, match="module 'backends.torch' has no attribute 'strategies'"
+    ):
+        backend.entry_point("strategies")  # (a package's own names are its own, not the Backend's)

@@ -99,6 +99,7 @@ def test_first_slurm_host(nodelist, first):
             dict(nodes="2", node_rank=1, coordinator="h:1", join_timeout=0.0),
             "--join-timeout must be positive and finite",
         ),
+        (dict(join_timeout=-1.0), "--join-timeout must be positive and finite"),  # one host too
         (dict(nodes="0"), "--nodes must be at least 1"),
         (dict(nodes="two"), "--nodes takes a node count"),
     ],
