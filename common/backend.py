@@ -54,9 +54,8 @@ class Probe:
 
     def config(self, backend: str, batch_size: int, lr: float) -> RunConfig:
         """The run config of this probe on `backend`, validated (bad values raise ConfigError)."""
-        dataset = datasets_for(self.model)[
-            0
-        ]  # the batches are the caller's: a dataset of the model's images
+        # The batches are the caller's: the config names a dataset of the images the model takes.
+        dataset = datasets_for(self.model)[0]
         return RunConfig(
             backend=backend,
             strategy=self.strategy,
@@ -134,16 +133,14 @@ class Backend:
         distributed: ModuleType,
         refusal,
     ):
-        self.name, self.models, self.strategies, self.distributed = (
-            name,
-            models,
-            strategies,
-            distributed,
-        )
-        self.refusal = refusal  # environment.py's: what the framework cannot run here that backend.toml cannot say
-        self._sessions = (
-            0  # sessions open in this process (a probe inside a run's joins nothing again)
-        )
+        self.name = name
+        self.models = models
+        self.strategies = strategies
+        self.distributed = distributed
+        # environment.py's refusal: what the framework cannot run here that backend.toml cannot say
+        self.refusal = refusal
+        # The sessions open in this process: a probe inside a run's session joins nothing again.
+        self._sessions = 0
 
     def entry_point(self, name: str):
         """The bound method `name`, one of ENTRY_POINTS: a backend package's module __getattr__ (PEP 562)."""
