@@ -1,6 +1,6 @@
-"""`python -m harness`: the command line. Each subcommand (run, check, test, list, compare, report, project) is its
-module's function (`main`), chosen by the parser (`set_defaults(func=...)`): harness/run.py, check.py, testing.py,
-compare.py, report.py, projection.py.
+"""`python -m harness`: the command line. Each subcommand (run, check, parity, test, list, compare, report, project) is
+its module's function (`main`), chosen by the parser (`set_defaults(func=...)`): harness/run.py, check.py, parity.py,
+testing.py, compare.py, report.py, projection.py.
 
 Without a subcommand the flags are `run`'s: `python -m harness --backend jax --gpus 2` is
 `python -m harness run --backend jax --gpus 2`. Parsing and planning are harness/plan.py's.
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness import arguments, check, compare, interrupts, projection, report, run, testing
+from harness import arguments, check, compare, interrupts, parity, projection, report, run, testing
 from harness.arguments import HelpFormatter, Parser, UsageError
 from harness.plan import build_plan, choose_devices, parse_pythons
 
@@ -27,7 +27,7 @@ __all__ = [
     "parse_pythons",
 ]
 
-COMMANDS = ("run", "check", "test", "list", "compare", "report", "project")
+COMMANDS = ("run", "check", "parity", "test", "list", "compare", "report", "project")
 
 EPILOG = (
     "`python -m harness COMMAND --help` shows a subcommand's flags. Examples: "
@@ -94,6 +94,13 @@ def build_parser() -> Parser:
         check.parents(),
         "the equivalence table: the backends compute the same thing",
         check.DESCRIPTION,
+    )
+    add(
+        "parity",
+        Stoppable(parity.main),
+        parity.parents(),
+        "each strategy's speed against its framework's own idiom, on one device",
+        parity.DESCRIPTION,
     )
     add(
         "test",

@@ -88,3 +88,29 @@ def plot_throughput(rows: list[Row], path: Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def plot_parity(rows: list[dict], limit: float, path: Path) -> bool:
+    """Each strategy's step over its idiom's, with its 95% interval, beside 1 (parity) and the limit."""
+    measured = [r for r in rows if "ratio" in r]
+    if not measured:
+        return False
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 0.9 + 0.45 * len(measured)))
+    names = [f"{r['backend']} {r['strategy']} / {r['idiom']}" for r in measured]
+    ratios = [r["ratio"] for r in measured]
+    below = [r["ratio"] - r["interval"][0] for r in measured]
+    above = [r["interval"][1] - r["ratio"] for r in measured]
+    ax.errorbar(ratios, range(len(measured)), xerr=[below, above], fmt="o", capsize=4)
+    ax.axvline(1.0, color="grey", linewidth=1)
+    ax.axvline(limit, color="tab:red", linestyle="--", linewidth=1, label=f"limit {limit:.2f}")
+    ax.set_yticks(range(len(measured)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("strategy step time / idiom step time (95% interval)")
+    ax.set_title("Speed parity on one device")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -29,7 +29,7 @@ from common.results import (
 )
 from harness import leftovers
 from harness.arguments import Parser, UsageError
-from harness.plots import plot_accuracy, plot_throughput
+from harness.plots import plot_accuracy, plot_parity, plot_throughput
 from harness.published import d2l_section, resnet50_section
 from harness.sections import (
     devices_line,
@@ -38,6 +38,8 @@ from harness.sections import (
     hashes_section,
     input_line,
     nodes_section,
+    parity_rows,
+    parity_section,
     precision_line,
 )
 from harness.tables import (
@@ -118,6 +120,8 @@ class Staging:
             final = self.out / f"{self.run_id}-{n}"
             n += 1
         self.path.rename(final)
+        for staged in (leftovers.OWNER, leftovers.META):  # the staging's, not the report's
+            (final / staged).unlink(missing_ok=True)
         return final
 
 
@@ -185,6 +189,7 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
         "Test acc: after the last epoch.",
         "",
     ]
+    L += parity_section(meta.get("parity"), plots.get("parity", False))
     trials = trials_table(rows)
     if trials:
         L += ["## Trials", ""] + trials + [""]
@@ -259,11 +264,18 @@ def results_document(results: list[dict | Result], meta: dict) -> dict:
     }
 
 
-def draw_plots(rows, directory: Path) -> dict[str, bool]:
-    """accuracy.png and throughput.png in `directory`; which of them there was anything to draw for."""
+def draw_plots(rows, directory: Path, parity=None) -> dict[str, bool]:
+    """accuracy.png, throughput.png and (for `parity`'s figures) parity.png in `directory`; which of them
+    there was anything to draw for."""
+    limit = parity.get("limit") if isinstance(parity, dict) else None
     return {
         "accuracy": plot_accuracy(rows, directory / "accuracy.png"),
         "throughput": plot_throughput(rows, directory / "throughput.png"),
+        "parity": plot_parity(
+            parity_rows(parity),
+            limit if isinstance(limit, (int, float)) else 1.10,
+            directory / "parity.png",
+        ),
     }
 
 
@@ -274,12 +286,12 @@ def write(directory: Path, results: list[dict | Result], meta: dict) -> None:
         "schema_version": SCHEMA_VERSION,
     }  # that of the results.json written beside report.md
     rows = with_scaling(results)
-    plots = draw_plots(rows, directory)
+    plots = draw_plots(rows, directory, meta.get("parity"))
     write_json_atomic(directory / "results.json", results_document(results, meta))
     (directory / "report.md").write_text(render(results, meta, plots))
-    runs = directory / "runs"
-    if runs.exists():
-        shutil.rmtree(runs)  # configs and results are in results.json
+    for staged in ("runs", "idioms"):  # configs and results are in results.json
+        if (directory / staged).exists():
+            shutil.rmtree(directory / staged)
 
 
 # ------------------------------------------------------------------------ `python -m harness report DIR`
@@ -323,7 +335,8 @@ def export(results: list[Result], form: str) -> str:
 def rerender(directory: Path, results: list[Result], meta: dict) -> None:
     """report.md and the plots written anew beside results.json, which is left as it is (the raw numbers)."""
     write_text_atomic(
-        directory / "report.md", render(results, meta, draw_plots(with_scaling(results), directory))
+        directory / "report.md",
+        render(results, meta, draw_plots(with_scaling(results), directory, meta.get("parity"))),
     )
 
 

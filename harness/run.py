@@ -67,20 +67,37 @@ def execute(plan: Plan, workdir: Path, console: runner.Console, results: list[di
     """Run the planned runs (plan.runs: each config, and each trial with --repeat) in order, appending each one's
     result to `results` as it ends; never lets one failure stop the others. An interrupt propagates: `results`
     then holds the runs that finished, and plan.runs[len(results):] are the ones that did not."""
-    pythons: dict[str, str | Exception] = {}
+    pythons = Pythons(plan, console.say)
     for cfg, trial in plan.runs:
-        if cfg.backend not in pythons:
+        results.append(run_one(cfg, trial, pythons, workdir, console))
+
+
+class Pythons:
+    """Each backend's interpreter, its environment built on first use; a build that failed is not retried."""
+
+    def __init__(self, plan: Plan, say):
+        self.plan, self.say = plan, say
+        self.known: dict[str, str | envs.EnvError] = {}
+
+    def __call__(self, name: str) -> str | envs.EnvError:
+        if name not in self.known:
             try:
-                pythons[cfg.backend] = backend_python(cfg.backend, plan, console.say)
+                self.known[name] = backend_python(name, self.plan, self.say)
             except envs.EnvError as e:
-                pythons[cfg.backend] = e
-        python = pythons[cfg.backend]
-        if isinstance(python, Exception):
-            result = not_run(cfg, trial, "failed", f"environment setup failed: {python}")
-            console.finished(cfg, result)
-        else:
-            result = runner.run(cfg, python, workdir, console, trial)
-        results.append(result)
+                self.known[name] = e
+        return self.known[name]
+
+
+def run_one(
+    cfg, trial: int | None, pythons: Pythons, workdir: Path, console: runner.Console
+) -> dict:
+    """One planned run's result: the worker's, or a failed row if its environment could not be built."""
+    python = pythons(cfg.backend)
+    if isinstance(python, Exception):
+        result = not_run(cfg, trial, "failed", f"environment setup failed: {python}")
+        console.finished(cfg, result)
+        return result
+    return runner.run(cfg, python, workdir, console, trial)
 
 
 def not_run(cfg, trial: int | None, status: str, reason: str) -> dict:
@@ -88,7 +105,9 @@ def not_run(cfg, trial: int | None, status: str, reason: str) -> dict:
     return result if trial is None else {**result, "trial": trial}
 
 
-def run_benchmark(args, argv: list[str]) -> int:
+def run_benchmark(args, argv: list[str], carry_out=None) -> int:
+    """Plan, run and report. `carry_out(plan, args, console, meta, workdir) -> results` runs the plan: this
+    module's `run_all`, or parity's, which adds the idioms' runs and puts the parity figures in `meta`."""
     plan = build_plan(args)
     console = runner.Console(quiet=args.quiet)
     meta = {
@@ -105,7 +124,7 @@ def run_benchmark(args, argv: list[str]) -> int:
     for line in leftovers.keep_left_behind(Path(args.out), report.write):
         console.say(line)
     with create_staging(args.out, sorted(plan.backends), meta) as staging:
-        results = run_all(plan, args, console, meta, staging.path)
+        results = (carry_out or run_all)(plan, args, console, meta, staging.path)
         meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         interrupts.finishing()  # from here on a signal must not lose the results: it only sets the exit status
         final = save_report(staging, results, meta)

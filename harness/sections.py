@@ -247,3 +247,81 @@ def equivalence_section(eq: dict | None) -> list[str]:
     for name, reason in (eq.get("failures") or {}).items():
         lines.append(f"\n- {name}: could not be checked: {reason}")
     return lines
+
+
+def parity_rows(parity) -> list[dict]:
+    """The well-formed rows of results.json's "parity" (a file read back is untrusted input)."""
+    rows = parity.get("rows") if isinstance(parity, dict) else None
+    numbers = ("suite_step_s", "idiom_step_s", "ratio")
+    return [
+        r
+        for r in (rows if isinstance(rows, list) else [])
+        if isinstance(r, dict)
+        and all(isinstance(r.get(k), str) for k in ("backend", "strategy", "idiom", "verdict"))
+        and (
+            all(k not in r for k in numbers)
+            or all(isinstance(r.get(k), (int, float)) for k in numbers)
+            and isinstance(r.get("interval"), list)
+            and len(r["interval"]) == 2
+            and all(isinstance(v, (int, float)) for v in r["interval"])
+        )
+    ]
+
+
+def parity_section(parity, plotted: bool) -> list[str]:
+    """`python -m harness parity`'s figures: each strategy's step time over its framework's idiom's."""
+    if parity is None:
+        return []
+    rows = parity_rows(parity)
+    limit = parity.get("limit") if isinstance(parity, dict) else None
+    limit = limit if isinstance(limit, (int, float)) else 1.10
+    lines = ["## Speed parity", ""]
+    cells = []
+    for r in rows:
+        ratio, (low, high) = (r["ratio"], r["interval"]) if "ratio" in r else (None, (None, None))
+        cells.append(
+            [
+                r["backend"],
+                r["strategy"],
+                f"{r['idiom']} ({r.get('framework') or '—'})",
+                milliseconds(r.get("suite_step_s")),
+                milliseconds(r.get("idiom_step_s")),
+                fmt(ratio, ".2f"),
+                f"[{low:.2f}, {high:.2f}]" if low is not None else "—",
+                "/".join(map(str, r["trials"])) if isinstance(r.get("trials"), list) else "—",
+                r["verdict"],
+            ]
+        )
+    lines += table(
+        [
+            "backend",
+            "strategy",
+            "idiom",
+            "strategy step ms",
+            "idiom step ms",
+            "ratio",
+            "95% interval",
+            "trials",
+            "verdict",
+        ],
+        cells,
+    )
+    lines += [""]
+    reasons = [r for r in rows if r.get("reason")]
+    for r in reasons:
+        lines.append(f"- {r['backend']} {r['strategy']}: {str(r['reason'])[:600]}")
+    lines += [""] if reasons else []
+    if plotted:
+        lines += ["![Strategy step over idiom step](parity.png)", ""]
+    lines += [
+        "Each strategy ran on one device beside its framework's own idiom (`benchmarks/idioms/`: the same "
+        "ResNet-18, canonical weights, batches, batch size, learning rate and threads, written as the "
+        "framework's examples write a training step), each side in fresh processes, trials interleaved. "
+        "Both time the same steps the same way: one warm-up step, then each step alone, its batch on the "
+        "device before its timer starts. Ratio: the strategy's median step over the idiom's (1.00 is "
+        f"parity; at most {limit:.2f} is the goal). Interval: the two-level bootstrap of `compare` (trials "
+        "drawn, then each trial's steps). The verdict reads the interval, not the point: an interval across "
+        f"{limit:.2f} is inconclusive, and more trials (`--repeat`) narrow it.",
+        "",
+    ]
+    return lines

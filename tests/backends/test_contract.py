@@ -242,6 +242,62 @@ def test_strategies_agree_in_float64(backend, meta):
                 assert relative(other, first) <= IDENTICAL, (model, k)
 
 
+# The framework each idiom of this backend runs on (benchmarks/idioms/; harness/parity.py's idiom_of): Keras's
+# ddp is measured against Keras on torch, its distribution against Keras on jax.
+IDIOM_ENVS = {"keras": [{"KERAS_BACKEND": "torch"}, {"KERAS_BACKEND": "jax"}]}
+
+
+@pytest.mark.parametrize(
+    "idiom_env", IDIOM_ENVS.get(NAME, [{}]), ids=lambda e: "-".join(e.values())
+)
+def test_the_idiom_takes_the_suites_steps_in_float64(backend, idiom_env, tmp_path):
+    """`harness parity` times the same work on both sides: the framework's idiom (its own network and
+    training step, benchmarks/idioms/) takes the same 3 SGD steps of ResNet-18 as the suite, in float64. A
+    step's loss depends on every update before it, so equal losses prove the forward pass and the updates."""
+    import json
+    import subprocess
+    import sys
+
+    from common import data as datalib
+    from common.config import RunConfig
+    from harness.envs import worker_env
+
+    cfg = RunConfig(
+        backend=NAME,
+        strategy=backend.strategies.REFERENCE,
+        devices=1,
+        batch_size=RESNET_BATCH,
+        lr=RESNET_LR,
+        dataset="synthetic",
+        train_size=3 * RESNET_BATCH,
+        test_size=RESNET_BATCH,
+    ).validate()
+    cfg.save(tmp_path / "run.json")
+    idiom = [
+        sys.executable,
+        "-m",
+        f"benchmarks.idioms.{NAME}",
+        "--config",
+        str(tmp_path / "run.json"),
+    ]
+    proc = subprocess.run(
+        [*idiom, "--result", str(tmp_path / "idiom.json"), "--trace", "3", "--dtype", "float64"],
+        cwd=ROOT,
+        env=worker_env(**idiom_env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    theirs = json.loads((tmp_path / "idiom.json").read_text())["losses"]
+    batches = datalib.train_batches(datalib.load(cfg), cfg.batch_size, cfg.seed, 0)
+    probe = Probe(cfg.strategy, "resnet18", 1, dtype="float64")
+    ours = backend.train_trace(probe, backend.initial_weights("resnet18", 0), batches, cfg.lr)
+    ours = [float(loss) for loss in ours["losses"]]
+    assert len(theirs) == len(ours) == 3 and len(set(ours)) == 3  # three different steps
+    assert np.max(np.abs(np.subtract(theirs, ours))) <= IDENTICAL * max(map(abs, ours))
+
+
 def test_train_mode_forward_normalises_with_the_batch_statistics(backend):
     """Training mode normalises with the batch's statistics: the running statistics are not read there."""
     x, _ = batch(6)

@@ -227,3 +227,31 @@ def test_checkpoint_from_one_backend_evaluates_the_same_everywhere(tmp_path):
             accuracies[f"{backend} {r['config']['strategy']}"] = r["final_test_acc"]
     assert 0.3 < accuracies["torch (trained)"] <= 1.0, accuracies  # it learned something
     assert len(set(accuracies.values())) == 1, accuracies
+
+
+def test_parity_times_a_strategy_beside_its_idiom_and_reports_the_ratio(tmp_path):
+    """`python -m harness parity` end to end, on the real framework (torch, the quickest): both sides
+    finish every trial, the ratio and its interval are in the report and in results.json, and the report's
+    folder keeps nothing of its staging."""
+    out = tmp_path / "reports"
+    proc = harness(
+        "parity",
+        *("--backend", "torch", "--strategy", "scratch", "--device", "cpu"),
+        *("--repeat", "2", "--timed-steps", "3", "--batch-size", "8", "--dataset", "synthetic"),
+        *("--out", str(out), "--quiet"),
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (folder,) = out.iterdir()
+    (row,) = json.loads((folder / "results.json").read_text())["parity"]["rows"]
+    assert row["trials"] == [2, 2] and row["idiom"] == "torch"
+    low, high = row["interval"]
+    assert 0 < low <= row["ratio"] <= high
+    text = (folder / "report.md").read_text()
+    assert f"| torch | scratch | torch ({row['framework']}) |" in text
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "accuracy.png",
+        "logs",
+        "parity.png",
+        "report.md",
+        "results.json",
+    ]

@@ -1,0 +1,392 @@
+"""`python -m harness parity`: is each strategy as fast as its framework's own idiom?
+
+Each backend's strategies run on one device beside a short training loop written the way that framework's own
+examples write it (benchmarks/idioms/), on the same ResNet-18, canonical weights, batches, batch size,
+learning rate and threads. Every side runs `--repeat` times in fresh processes, interleaved (the order
+reversed every other trial, so slow drifts of the machine's load hit both sides alike), and times the same
+steps the same way: one warm-up step, then each step alone, its batch put before its timer starts.
+
+The figure of a strategy is its median step time over its idiom's: 1.00 is parity, 1.10 is 10% slower. Its
+interval is the two-level bootstrap `compare` uses (trials drawn, then each trial's steps). The report's
+"Speed parity" section and plot give them, with the reason for each strategy slower than LIMIT where one
+is known and measured; results.json holds the figures under "parity".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from common import weights as weightslib
+from common.config import RunConfig
+from common.results import Result
+from harness import arguments, compare, envs, run, runner
+from harness.arguments import Parser, UsageError
+from harness.plan import Devices, Plan, choose_devices, parse_gpus
+from harness.presets import PRESETS
+from harness.tables import as_results
+
+LIMIT = 1.10  # the most a strategy's step may cost over its idiom's
+ALPHA = 0.05  # the interval's: 95%
+DEFAULT_REPEAT = (
+    6  # interleaved trials per side: with fewer, a bootstrap interval of a median means little
+)
+DEFAULT_TIMED_STEPS = 20
+SUITE_STEPS = 2  # the suite run's one training epoch: its steps are not what parity times
+
+# Where a strategy is slower than LIMIT for a reason the suite chooses or the framework imposes, measured:
+# (backend, strategy) -> the reason and its measured cost. The report prints it beside the row.
+KNOWN_COSTS: dict[tuple[str, str], str] = {}
+
+DESCRIPTION = (
+    "Time each backend's strategies on one device against a short training loop written as the framework's "
+    "own examples write it (benchmarks/idioms/), on the same model, weights, batches and threads, in "
+    f"interleaved trials; report each strategy's step time over its idiom's with a 95% interval "
+    f"(at most {LIMIT:.2f}, or the measured reason). Writes a report with a 'Speed parity' section."
+)
+
+
+# ------------------------------------------------------------------------ the idioms
+
+
+@dataclass(frozen=True)
+class Idiom:
+    """A framework's idiomatic loop: its name in the report, its module, the environment it needs."""
+
+    name: str
+    module: str
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def idiom_of(cfg: RunConfig) -> Idiom:
+    """The loop a strategy is measured against. Keras's ddp runs Keras on torch (one process per device,
+    as Keras's guide does); its distribution runs Keras on jax: each against Keras on the same framework."""
+    if cfg.backend == "keras":
+        framework = "torch" if cfg.strategy == "ddp" else "jax"
+        return Idiom(
+            f"keras on {framework}", "benchmarks.idioms.keras", (("KERAS_BACKEND", framework),)
+        )
+    return Idiom(cfg.backend, f"benchmarks.idioms.{cfg.backend}")
+
+
+@dataclass(frozen=True)
+class IdiomRun:
+    """One trial of an idiom, with the run config whose weights, batches and threads it takes."""
+
+    idiom: Idiom
+    cfg: RunConfig
+
+
+class IdiomFailed(Exception):
+    """An idiom's process failed, or wrote a result that is not one; the message says why."""
+
+
+def run_idiom(job: IdiomRun, trial: int, python: str, workdir: Path) -> dict:
+    """One idiom trial's record: its step seconds (status ok), or the reason it has none (status failed)."""
+    record = {"idiom": job.idiom.name, "backend": job.cfg.backend, "trial": trial}
+    try:
+        return {**record, "status": "ok", **measure_idiom(job, trial, python, workdir)}
+    except IdiomFailed as e:
+        return {**record, "status": "failed", "error": str(e)}
+
+
+def measure_idiom(job: IdiomRun, trial: int, python: str, workdir: Path) -> dict:
+    name = job.idiom.name.replace(" ", "-")
+    folder = workdir / "idioms"
+    config, result = (
+        folder / f"{name}-trial{trial}.json",
+        folder / f"{name}-trial{trial}.result.json",
+    )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (workdir / "logs").mkdir(parents=True, exist_ok=True)
+        job.cfg.save(config)
+    except OSError as e:
+        raise IdiomFailed(f"cannot write its config: {e.strerror or e}") from None
+    cmd = [python, "-m", job.idiom.module, "--config", str(config), "--result", str(result)]
+    try:
+        code, output = runner.launch(
+            cmd,
+            idiom_env(job),
+            workdir / "logs" / f"idiom-{name}-trial{trial}.log",
+            job.cfg.timeout,
+        )
+    except OSError as e:
+        raise IdiomFailed(f"could not start {python}: {e}") from None
+    if code != 0:
+        ended = f"timed out after {job.cfg.timeout:g} s" if code is None else f"exited {code}"
+        raise IdiomFailed(f"{ended}: {''.join(output[-3:]).strip()[-400:]}")
+    return checked_result(result, job.cfg)
+
+
+def idiom_env(job: IdiomRun) -> dict:
+    """The worker's environment, with the run's threads where the framework reads them (at its import)."""
+    threads = str(job.cfg.threads) if job.cfg.threads else None
+    return envs.worker_env(
+        PYTHONUNBUFFERED="1",
+        **dict(job.idiom.env),
+        **({"OMP_NUM_THREADS": threads} if threads else {}),
+    )
+
+
+def checked_result(path: Path, cfg: RunConfig) -> dict:
+    """The idiom's result file, read as untrusted input: its framework, warm-up and step seconds, checked
+    against the run it stands beside (the same initial weights, as many steps)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise IdiomFailed(f"its result {path.name} cannot be read: {e}") from None
+    steps = doc.get("steps_s") if isinstance(doc, dict) else None
+    if not isinstance(steps, list) or len(steps) != cfg.timed_steps or not all(map(seconds, steps)):
+        raise IdiomFailed(f"its result holds no {cfg.timed_steps} step times (steps_s)")
+    if doc.get("weights_hash") != weightslib.fingerprint(weightslib.for_run(cfg)):
+        raise IdiomFailed("it did not start from the run's canonical weights (weights_hash)")
+    if not isinstance(doc.get("framework"), str) or not seconds(doc.get("warmup_s")):
+        raise IdiomFailed("its result lacks its framework or warm-up time")
+    return {"framework": doc["framework"][:80], "warmup_s": doc["warmup_s"], "steps_s": steps}
+
+
+def seconds(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+
+
+# ------------------------------------------------------------------------ the schedule
+
+
+def schedule(plan: Plan) -> list[tuple[int, RunConfig | IdiomRun]]:
+    """Every trial of every side, interleaved: per trial, each backend's idioms then its strategies, the
+    order reversed every other trial."""
+    runs = []
+    for trial in range(1, plan.repeat + 1):
+        for backend in sorted(plan.backends):
+            configs = [c for c in plan.configs if c.backend == backend]
+            idioms = {idiom_of(c): IdiomRun(idiom_of(c), c) for c in configs}
+            sides = [*idioms.values(), *configs]
+            runs += [(trial, side) for side in (sides if trial % 2 else sides[::-1])]
+    return runs
+
+
+def carry_out(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path) -> list[dict]:
+    """run.run_benchmark's `carry_out`: the schedule, then the parity figures into `meta` (and printed). An
+    interrupt ends it; the figures are made from what finished."""
+    results = [runner.not_run_result(cfg, "unavailable", reason) for cfg, reason in plan.not_run]
+    finished, idioms = [], []
+    runs = schedule(plan)
+    pythons = run.Pythons(plan, console.say)
+    console.say(Devices(plan.device_kind, plan.gpus, plan.detection).line)
+    console.say(
+        f"Parity: {len(plan.configs)} strategies beside their idioms, {plan.repeat} interleaved trials, "
+        f"{plan.configs[0].timed_steps if plan.configs else 0} timed steps each; {len(runs)} runs"
+    )
+    try:
+        for trial, side in runs:
+            if isinstance(side, RunConfig):
+                finished.append(run.run_one(side, trial, pythons, workdir, console))
+                continue
+            python = pythons(side.cfg.backend)
+            if isinstance(python, Exception):
+                idioms.append(failed_idiom(side, trial, f"environment setup failed: {python}"))
+            else:
+                idioms.append(announce(console, run_idiom(side, trial, python, workdir)))
+    except KeyboardInterrupt as e:
+        console.say(f"Interrupted ({str(e) or 'SIGINT'}): the parity figures of the runs finished")
+        done = len(finished)
+        finished += [
+            run.not_run(side, trial, "interrupted", f"interrupted by {e or 'the user'}")
+            for trial, side in runs
+            if isinstance(side, RunConfig)
+        ][done:]
+    meta["parity"] = figures(finished, idioms)
+    for line in table(meta["parity"]["rows"]):
+        console.say(line)
+    return results + finished
+
+
+def failed_idiom(job: IdiomRun, trial: int, error: str) -> dict:
+    return {
+        "idiom": job.idiom.name,
+        "backend": job.cfg.backend,
+        "trial": trial,
+        "status": "failed",
+        "error": error,
+    }
+
+
+def announce(console: runner.Console, record: dict) -> dict:
+    if record["status"] == "ok":
+        step = statistics.median(record["steps_s"])
+        console.say(
+            f"idiom {record['idiom']} trial {record['trial']}: median step {step * 1000:.1f} ms"
+        )
+    else:
+        console.say(f"idiom {record['idiom']} trial {record['trial']}: failed: {record['error']}")
+    return record
+
+
+# ------------------------------------------------------------------------ the figures
+
+
+def figures(results: list[dict], idioms: list[dict]) -> dict:
+    """What results.json keeps under "parity": the limit, every idiom trial, and a row per strategy."""
+    rows = []
+    by_strategy: dict[tuple[str, str], list[Result]] = {}
+    for r in as_results(results):
+        by_strategy.setdefault((r.config.backend, r.config.variant), []).append(r)
+    for (backend, variant), trials in by_strategy.items():
+        idiom = idiom_of(trials[0].config).name
+        rows.append(
+            row(backend, variant, idiom, trials, [i for i in idioms if i["idiom"] == idiom])
+        )
+    return {"limit": LIMIT, "alpha": ALPHA, "rows": rows, "idioms": idioms}
+
+
+def step_trials(trials: list[Result]) -> list[list[float]]:
+    return [
+        list(r.step_time.samples_s)
+        for r in trials
+        if r.ok and r.step_time and r.step_time.samples_s
+    ]
+
+
+def row(backend: str, variant: str, idiom: str, suite: list[Result], idioms: list[dict]) -> dict:
+    """One strategy against its idiom: medians, the ratio, its interval, the verdict, a known reason."""
+    mine, theirs = step_trials(suite), [i["steps_s"] for i in idioms if i["status"] == "ok"]
+    frameworks = sorted({i["framework"] for i in idioms if i["status"] == "ok"})
+    out = {
+        "backend": backend,
+        "strategy": variant,
+        "idiom": idiom,
+        "framework": frameworks[0] if frameworks else None,
+        "trials": [len(mine), len(theirs)],
+        "reason": KNOWN_COSTS.get((backend, variant.split("[")[0])),
+    }
+    if not mine or not theirs:
+        why = "the strategy" if not mine else "the idiom"
+        return {**out, "verdict": f"not measured: {why} finished no trial"}
+    suite_step = statistics.median(s for t in mine for s in t)
+    idiom_step = statistics.median(s for t in theirs for s in t)
+    low, high = compare.ratio_interval(theirs, mine, ALPHA)
+    return {
+        **out,
+        "suite_step_s": suite_step,
+        "idiom_step_s": idiom_step,
+        "ratio": suite_step / idiom_step,
+        "interval": [low, high],
+        "verdict": verdict(low, high),
+    }
+
+
+def verdict(low: float, high: float) -> str:
+    """Read off the interval, never the point: a noisy machine gives "inconclusive", not a wrong answer."""
+    if high < 1:
+        return "faster than the idiom"
+    if high <= LIMIT:
+        return f"at parity (within {LIMIT:.2f})"
+    if low > LIMIT:
+        return f"slower than {LIMIT:.2f}"
+    return "inconclusive: more trials narrow the interval"
+
+
+def table(rows: list[dict]) -> list[str]:
+    """The parity table as plain lines, for the console."""
+    lines = ["", "Speed parity (strategy step / idiom step, one device):"]
+    for r in rows:
+        if "ratio" not in r:
+            lines.append(f"  {r['backend']:6} {r['strategy']:14} vs {r['idiom']:15} {r['verdict']}")
+            continue
+        low, high = r["interval"]
+        lines.append(
+            f"  {r['backend']:6} {r['strategy']:14} vs {r['idiom']:15} {r['ratio']:.2f} "
+            f"[{low:.2f}, {high:.2f}]  {r['verdict']}"
+        )
+    return lines
+
+
+# ------------------------------------------------------------------------ the command line
+
+
+def parents() -> list[Parser]:
+    return [
+        arguments.backends_flags(),
+        arguments.devices_flags(
+            "1", "data-parallel devices: 1, the idioms' loops (the only count)"
+        ),
+        arguments.training_flags(
+            None,
+            "SGD learning rate (default: the preset's, 0.05 on the CPU, 0.1 on a GPU)",
+            None,
+            "batch (default: the preset's per-device batch, 32 on the CPU, 256 on a GPU)",
+            "initial weights (see run's --help)",
+        ),
+        arguments.data_flags(),
+        arguments.python_flags(),
+        arguments.timeout_flags(arguments.DEFAULT_TIMEOUT, "seconds before one process is killed"),
+        arguments.threads_flags(),
+        parity_flags(),
+    ]
+
+
+def parity_flags() -> Parser:
+    p = Parser(add_help=False)
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=DEFAULT_REPEAT,
+        metavar="K",
+        help=f"interleaved trials of every strategy and idiom, each a fresh process (default {DEFAULT_REPEAT})",
+    )
+    p.add_argument(
+        "--timed-steps",
+        type=int,
+        default=DEFAULT_TIMED_STEPS,
+        help=f"steps timed one by one in each trial (default {DEFAULT_TIMED_STEPS})",
+    )
+    p.add_argument(
+        "--option",
+        action="append",
+        type=arguments.nonempty,
+        default=[],
+        metavar="NAME=VALUE[,VALUE]",
+        help="a backend-specific option (see `list`); several values are measured one variant each",
+    )
+    p.add_argument(
+        "--out",
+        type=arguments.absolute_path,
+        default="reports",
+        help="the report goes to OUT/<run-id>/",
+    )
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress bar, only a line per finished run"
+    )
+    return p
+
+
+def run_flags_defaults() -> dict:
+    """run's flags that parity does not take, at their defaults: the plan is run's plan."""
+    return vars(Parser(parents=arguments.run_parents()).parse_args([]))
+
+
+def settle(args) -> argparse.Namespace:
+    """parity's flags, completed into run's: one device, one short epoch, timed steps, no equivalence check."""
+    if parse_gpus(args.gpus) != [1]:
+        raise UsageError(f"--gpus {args.gpus}: parity measures one-device loops: --gpus 1")
+    if args.timed_steps < 3:
+        raise UsageError(
+            f"--timed-steps must be at least 3 for an interval (got {args.timed_steps})"
+        )
+    settled = argparse.Namespace(**{**run_flags_defaults(), **vars(args)})
+    kind = choose_devices(settled).kind
+    batch = args.batch_size or PRESETS["d2l" if kind == "gpu" else "quick"].batch(1)
+    settled.epochs, settled.check = 1, False
+    settled.train_size = settled.train_size or SUITE_STEPS * batch
+    settled.test_size = settled.test_size or batch
+    return settled
+
+
+def main(args) -> int:
+    """`python -m harness parity`, its flags parsed (cli.build_parser)."""
+    return run.run_benchmark(settle(args), args.argv, carry_out=carry_out)

@@ -1,0 +1,232 @@
+"""`python -m harness parity`: its bad input, the interleaved schedule, the idiom's result read as untrusted input,
+the figures read off the interval, and the report's section. No framework: the idioms' own proof (they take the
+suite's steps, in float64) is the contract suite's `test_the_idiom_takes_the_suites_steps_in_float64`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from common import weights as weightslib
+from common.config import RunConfig
+from common.loop import step_statistics
+from harness import parity, report
+from harness.plan import Plan
+from tests.harness.helpers import assert_refused, fake_python
+from tests.harness.test_report import result
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (("--gpus", "2"), "--gpus 2: parity measures one-device loops: --gpus 1"),
+        (("--gpus", "1,2"), "parity measures one-device loops"),
+        (("--timed-steps", "2"), "--timed-steps must be at least 3"),
+        (("--repeat", "0"), "--repeat must be between 1 and"),
+        (("--backend", "tensorflow"), "tensorflow"),
+        (("--strategy", "pmap", "--backend", "torch"), "pmap"),
+        (("--batch-size", "0"), "--batch-size"),
+        (("--python", "torch=/nonexistent/python"), "/nonexistent/python"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, match):
+    assert_refused(
+        tmp_path, *args, "--out", str(tmp_path / "reports"), command=("parity",), match=match
+    )
+    assert not (tmp_path / "reports").exists()
+
+
+def config(backend: str, strategy: str, **fields) -> RunConfig:
+    return RunConfig(
+        backend=backend,
+        strategy=strategy,
+        devices=1,
+        batch_size=8,
+        dataset="synthetic",
+        train_size=16,
+        test_size=8,
+        timed_steps=4,
+        **fields,
+    ).validate()
+
+
+def test_the_sides_are_interleaved_and_reversed_every_other_trial():
+    """Per trial each backend's idioms and strategies, the order reversed every other trial; Keras's two
+    strategies each beside Keras on the framework it runs on."""
+    configs = [config("torch", "scratch"), config("torch", "ddp"), config("keras", "ddp")]
+    configs.append(config("keras", "distribution"))
+    plan = Plan(backends={"torch": None, "keras": None}, configs=configs, repeat=2)
+    names = [
+        (t, s.idiom.name if isinstance(s, parity.IdiomRun) else f"{s.backend} {s.strategy}")
+        for t, s in parity.schedule(plan)
+    ]
+    first = [
+        "keras on torch",
+        "keras on jax",
+        "keras ddp",
+        "keras distribution",
+        "torch",
+        "torch scratch",
+        "torch ddp",
+    ]
+    second = first[3::-1] + first[:3:-1]
+    assert names == [(1, n) for n in first] + [(2, n) for n in second]
+
+
+def write_idiom_result(path, cfg: RunConfig, **changes) -> None:
+    doc = {
+        "framework": "torch 2.x",
+        "weights_hash": weightslib.fingerprint(weightslib.for_run(cfg)),
+        "warmup_s": 0.5,
+        "steps_s": [0.1] * cfg.timed_steps,
+        **changes,
+    }
+    path.write_text(json.dumps(doc) if not isinstance(changes.get("raw"), str) else changes["raw"])
+
+
+@pytest.mark.parametrize(
+    "changes, reason",
+    [
+        ({"raw": "{not json"}, "cannot be read"),
+        ({"raw": "[1, 2]"}, "holds no 4 step times"),
+        ({"steps_s": [0.1, 0.1, 0.1]}, "holds no 4 step times"),
+        ({"steps_s": [0.1, 0.1, 0.1, -1]}, "holds no 4 step times"),
+        ({"steps_s": [0.1, 0.1, 0.1, "0.1"]}, "holds no 4 step times"),
+        ({"steps_s": [0.1, 0.1, 0.1, True]}, "holds no 4 step times"),
+        ({"weights_hash": "0" * 64}, "did not start from the run's canonical weights"),
+        ({"framework": 3}, "lacks its framework or warm-up time"),
+        ({"warmup_s": float("nan")}, "lacks its framework or warm-up time"),
+    ],
+)
+def test_an_idiom_result_is_untrusted_input(tmp_path, changes, reason):
+    cfg = config("torch", "scratch")
+    write_idiom_result(tmp_path / "r.json", cfg)
+    assert parity.checked_result(tmp_path / "r.json", cfg)["steps_s"] == [0.1] * 4
+    write_idiom_result(tmp_path / "bad.json", cfg, **changes)
+    with pytest.raises(parity.IdiomFailed, match=reason):
+        parity.checked_result(tmp_path / "bad.json", cfg)
+
+
+def test_an_idiom_that_fails_is_a_failed_record_with_its_output(tmp_path):
+    cfg = config("torch", "scratch")
+    python = fake_python(tmp_path, "echo 'RuntimeError: out of memory'; exit 3")
+    job = parity.IdiomRun(parity.idiom_of(cfg), cfg)
+    record = parity.run_idiom(job, 1, python, tmp_path / "work")
+    assert record["status"] == "failed" and record["idiom"] == "torch" and record["trial"] == 1
+    assert record["error"] == "exited 3: RuntimeError: out of memory"
+    assert (tmp_path / "work" / "logs" / "idiom-torch-trial1.log").exists()
+
+
+def test_an_idiom_that_writes_a_bad_result_is_a_failed_record(tmp_path):
+    cfg = config("torch", "scratch")
+    body = 'while [ "$1" != --result ]; do shift; done; echo \'{"steps_s": [1]}\' > "$2"'
+    job = parity.IdiomRun(parity.idiom_of(cfg), cfg)
+    record = parity.run_idiom(job, 2, fake_python(tmp_path, body), tmp_path / "work")
+    assert record["status"] == "failed" and "holds no 4 step times" in record["error"]
+
+
+def suite_trial(steps: list[float], strategy: str = "scratch") -> dict:
+    r = result(strategy=strategy)
+    return {**r, "step_time": step_statistics(steps, 32)}
+
+
+def idiom_trial(steps: list[float], trial: int) -> dict:
+    return {
+        "idiom": "torch",
+        "backend": "torch",
+        "trial": trial,
+        "status": "ok",
+        "framework": "torch 2.x",
+        "warmup_s": 0.1,
+        "steps_s": steps,
+    }
+
+
+def noisy(median: float, seed: int, n: int = 20) -> list[float]:
+    return list(median * np.random.default_rng(seed).uniform(0.97, 1.03, n))
+
+
+@pytest.mark.parametrize(
+    "factor, verdict",
+    [
+        (1.0, "at parity (within 1.10)"),
+        (0.8, "faster than the idiom"),
+        (1.3, "slower than 1.10"),
+        (1.1, "inconclusive: more trials narrow the interval"),
+    ],
+)
+def test_the_verdict_is_read_off_the_interval(factor, verdict):
+    suite = [suite_trial(noisy(0.1 * factor, seed)) for seed in range(6)]
+    idioms = [idiom_trial(noisy(0.1, 10 + seed), seed + 1) for seed in range(6)]
+    (row,) = parity.figures(suite, idioms)["rows"]
+    assert row["verdict"] == verdict
+    assert row["ratio"] == pytest.approx(factor, rel=0.03)
+    low, high = row["interval"]
+    assert low <= row["ratio"] <= high and high - low < 0.1
+    assert row["trials"] == [6, 6] and row["idiom"] == "torch"
+
+
+def test_a_strategy_or_idiom_without_a_finished_trial_is_not_measured():
+    failed = {**idiom_trial([], 1), "status": "failed", "error": "boom"}
+    rows = parity.figures([suite_trial([0.1, 0.1, 0.1])], [failed])["rows"]
+    assert rows[0]["verdict"] == "not measured: the idiom finished no trial"
+    assert "ratio" not in rows[0]
+    rows = parity.figures([result(status="failed")], [idiom_trial([0.1] * 3, 1)])["rows"]
+    assert rows[0]["verdict"] == "not measured: the strategy finished no trial"
+
+
+def test_the_report_has_a_speed_parity_section_and_plot(tmp_path):
+    suite = [suite_trial(noisy(0.13, seed)) for seed in range(6)]
+    idioms = [idiom_trial(noisy(0.1, 10 + seed), seed + 1) for seed in range(6)]
+    meta = {
+        "run_id": "x",
+        "command": "python -m harness parity",
+        "started": "now",
+        "preset": "quick",
+        "data_source": "synthetic",
+        "parity": parity.figures(suite, idioms),
+    }
+    report.write(tmp_path, suite, meta)
+    text = (tmp_path / "report.md").read_text()
+    section = text.split("## Speed parity")[1].split("\n## ")[0]
+    assert "| torch | scratch | torch (torch 2.x) | 130 | 100 | 1.30 | [1.2" in section
+    assert (
+        "slower than 1.10 |" in section
+        and "![Strategy step over idiom step](parity.png)" in section
+    )
+    assert (tmp_path / "parity.png").stat().st_size > 1000
+    stored = json.loads((tmp_path / "results.json").read_text())["parity"]
+    assert stored["rows"][0]["ratio"] == pytest.approx(1.3, rel=0.03) and len(stored["idioms"]) == 6
+
+
+@pytest.mark.parametrize(
+    "parity_field",
+    [
+        "not a dict",
+        {"rows": "no"},
+        {"rows": [{"backend": "torch"}, 3, {"backend": "torch", "strategy": "scratch"}]},
+        {"limit": "x", "rows": [{"backend": "t", "strategy": "s", "idiom": "i", "verdict": "v"}]},
+        {
+            "rows": [
+                {
+                    "backend": "t",
+                    "strategy": "s",
+                    "idiom": "i",
+                    "verdict": "v",
+                    "ratio": 1.0,
+                    "suite_step_s": 1,
+                    "idiom_step_s": 1,
+                    "interval": ["a", "b"],
+                }
+            ]
+        },
+    ],
+)
+def test_a_malformed_parity_field_in_results_json_still_renders(tmp_path, parity_field):
+    """results.json is untrusted when read back (`python -m harness report DIR`): malformed rows are left out."""
+    meta = {"run_id": "x", "command": "c", "started": "s", "preset": "p", "data_source": "d"}
+    report.write(tmp_path, [result()], {**meta, "parity": parity_field})
+    assert "## Speed parity" in (tmp_path / "report.md").read_text()
+    assert not (tmp_path / "parity.png").exists()
