@@ -1,6 +1,6 @@
 """The GPU reference: the d2l recipe (ResNet-18, 10 epochs, all of Fashion-MNIST, batch 256, lr 0.1) on one GPU,
-torch and JAX, fp32 / tf32 / bf16 and the speed levers, then the GPU tests and check, in pieces of at most ten
-minutes each, on a host without network.
+torch and JAX, fp32 / tf32 / bf16 and the speed levers, then the check, parity and the GPU tests, in pieces of
+at most ten minutes each, on a host without network.
 
     python3 benchmarks/gpu_reference.py prepare            # where there is network: .data/ and .whl/ to carry
     python3 benchmarks/gpu_reference.py list               # the pieces and their commands
@@ -62,6 +62,7 @@ PIECES = [
     ),
     ("bf16-jax-levers", ["--backend", "jax", *TRAIN, "--precision", "bf16", "--resident-data"]),
     ("check", ["check", "--backend", "torch,jax", "--gpus", "1"]),
+    ("parity", ["parity", "--backend", "torch,jax", "--gpus", "1"]),
     ("test-torch", ["test", "--backend", "torch"]),
     ("test-jax", ["test", "--backend", "jax"]),
 ]
@@ -78,12 +79,15 @@ SMOKE = [
     "--timed-steps",
     "2",
 ]
+# parity: each strategy beside its framework's own loop, 4 trials of each side at batch 256 (10 minutes)
+PARITY_GPU = ["--device", "gpu", "--repeat", "4"]
+PARITY_SMOKE = ["--device", "cpu", "--batch-size", "8", "--repeat", "2", "--timed-steps", "3"]
 
 
 def command(args: list[str], python: str | None, smoke: bool) -> list[str]:
     """The harness command of a piece, with the host's interpreter for torch and JAX (None: the backends' own
     environments, for a smoke run) and the carried data."""
-    sub = args[0] if args[0] in ("check", "test") else None
+    sub = args[0] if args[0] in ("check", "parity", "test") else None
     harness = [python or sys.executable, "-m", "harness", *args]
     # (a backend a piece does not run ignores its --python)
     pythons = ["--python", f"torch={python}", "--python", f"jax={python}"] if python else []
@@ -92,6 +96,8 @@ def command(args: list[str], python: str | None, smoke: bool) -> list[str]:
     data = ["--data-dir", str(DATA)] if DATA.is_dir() else []
     if sub == "check":
         return harness + pythons + (["--device", "cpu"] if smoke else [])
+    if sub == "parity":
+        return harness + pythons + data + (PARITY_SMOKE if smoke else PARITY_GPU)
     return harness + pythons + data + (SMOKE if smoke else ["--device", "gpu"])
 
 

@@ -366,7 +366,8 @@ def run_flags() -> Parser:
     p.add_argument(
         "--channels-last",
         action="store_true",
-        help="NHWC: torch's memory format for model and batches, Keras's channels_last layers and batches",
+        help="NHWC: torch's memory format for model and batches (Keras's models are NHWC, its own default, "
+        "with or without it)",
     )
     p.add_argument(
         "--resident-data",

@@ -21,6 +21,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from common import sysinfo
 from common import weights as weightslib
 from common.config import RunConfig
 from common.results import Result
@@ -124,13 +125,10 @@ def measure_idiom(job: IdiomRun, trial: int, python: str, workdir: Path) -> dict
 
 
 def idiom_env(job: IdiomRun) -> dict:
-    """The worker's environment, with the run's threads where the framework reads them (at its import)."""
-    threads = str(job.cfg.threads) if job.cfg.threads else None
-    return envs.worker_env(
-        PYTHONUNBUFFERED="1",
-        **dict(job.idiom.env),
-        **({"OMP_NUM_THREADS": threads} if threads else {}),
-    )
+    """The worker's environment, with the run's threads where torch and MXNet read them (at their import):
+    --threads, else every usable core, as the suite's one-process runs take (MXNet's own default is fewer)."""
+    threads = str(job.cfg.threads or sysinfo.usable_cpus())
+    return envs.worker_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS=threads, **dict(job.idiom.env))
 
 
 def checked_result(path: Path, cfg: RunConfig) -> dict:

@@ -15,7 +15,8 @@ running statistics before evaluation; distribution's step sees the global batch 
 each device's slice of it (local) or the whole of it (sync).
 dtype "float64" (the equivalence API): the dtype policy float64, with Keras's floatx and jax_enable_x64 for the call.
 Levers: --precision bf16 is the dtype policy mixed_bfloat16; --compile is torch.compile of the DDP-wrapped model (ddp)
-or inherent (distribution); --channels-last builds the models channels_last and transposes the batches.
+or inherent (distribution). The models are channels_last, Keras's default (environment.DATA_FORMAT), the batches
+transposed to it; --channels-last changes nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from torch.nn import functional as F
 
 from backends.keras import models, programs
 from backends.keras.distributed import RankCollectives, launch_ddp, rank_device
-from backends.keras.environment import computing_in, configure_precision, refusal
+from backends.keras.environment import DATA_FORMAT, computing_in, configure_precision, refusal
 from backends.keras.parallel import devices
 from common import data as datalib
 from common.backend import check_supported
@@ -52,7 +53,7 @@ class KerasTrainer(Trainer):
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
         self.np_dtype = np.dtype(dtype)
-        self.data_format = "channels_last" if cfg.channels_last else "channels_first"
+        self.data_format = DATA_FORMAT
         self.policy = models.policy(cfg.precision, dtype)
 
     def param_count(self) -> int:

@@ -11,7 +11,7 @@ import pytest
 
 from tests.harness.helpers import ROOT, fake_python
 
-SCRIPTS = ["benchmarks/profile_torch_step.py", "benchmarks/harness_overhead.py"]
+SCRIPTS = ["benchmarks/profile_torch_step.py"]
 
 
 def run_script(script: str, *args: str) -> subprocess.CompletedProcess:
