@@ -96,7 +96,7 @@ def plot_parity(rows: list[dict], limit: float, path: Path) -> bool:
     if not measured:
         return False
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 0.9 + 0.45 * len(measured)))
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.45 * len(measured)))
     names = [f"{r['backend']} {r['strategy']} / {r['idiom']}" for r in measured]
     ratios = [r["ratio"] for r in measured]
     below = [r["ratio"] - r["interval"][0] for r in measured]
@@ -106,7 +106,7 @@ def plot_parity(rows: list[dict], limit: float, path: Path) -> bool:
     ax.axvline(limit, color="tab:red", linestyle="--", linewidth=1, label=f"limit {limit:.2f}")
     ax.set_yticks(range(len(measured)), names)
     ax.invert_yaxis()
-    ax.set_xlabel("strategy step time / idiom step time (95% interval)")
+    ax.set_xlabel("strategy step / idiom step, with its 95% interval")
     ax.set_title("Speed parity on one device")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=8, loc="lower right")

@@ -42,7 +42,7 @@ def lint_imports(*args, cwd=ROOT, path=ROOT) -> subprocess.CompletedProcess:
 def test_the_import_contracts_hold():
     out = lint_imports()
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-2000:]
-    assert len(CONTRACTS) == 7
+    assert len(CONTRACTS) == 9
     for name in CONTRACTS:
         assert f"{name} KEPT" in out.stdout, name
 
@@ -72,12 +72,12 @@ def test_a_cycle_hidden_in_a_function_breaks_the_contract(tmp_path):
 def test_the_contracts_would_catch_the_old_cli_check_testing_cycle(tmp_path):
     """The cycle the harness had: cli imported check and testing, which imported cli's helpers inside functions.
     Put it back into a copy of the harness and the project's own contracts fail, naming it; so do torch's rank
-    jobs importing its strategies again, a framework imported inside a function of the report and a backend
-    importing another."""
+    jobs importing its strategies again, a framework imported inside a function of the report, a backend
+    importing another and an idiom borrowing a backend's code."""
     shutil.copytree(
         ROOT / "harness", tmp_path / "harness", ignore=shutil.ignore_patterns("__pycache__")
     )
-    for name in ("common", "backends"):
+    for name in ("common", "backends", "benchmarks"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     cli = (tmp_path / "harness" / "cli.py").read_text()
@@ -87,6 +87,10 @@ def test_the_contracts_would_catch_the_old_cli_check_testing_cycle(tmp_path):
             f.write("\n\ndef _old_cycle():\n    from harness.cli import main\n    return main\n")
     with open(tmp_path / "harness" / "report.py", "a") as f:
         f.write("\n\ndef _gpu_memory():\n    import torch\n    return torch\n")
+    with open(
+        tmp_path / "benchmarks" / "idioms" / "jax.py", "a"
+    ) as f:  # an idiom borrowing the suite's code
+        f.write("\n\ndef _borrowed():\n    from backends.jax import models\n    return models\n")
     with open(tmp_path / "backends" / "jax" / "models.py", "a") as f:
         f.write("\n\ndef _borrowed():\n    from backends.torch import models\n    return models\n")
     with open(
@@ -101,6 +105,8 @@ def test_the_contracts_would_catch_the_old_cli_check_testing_cycle(tmp_path):
     assert "harness.report -> torch" in out.stdout
     assert "no backend imports another BROKEN" in out.stdout
     assert "backends never import the harness KEPT" in out.stdout
+    assert "the idioms import no backend and no harness BROKEN" in out.stdout
+    assert "benchmarks.idioms.jax -> backends.jax.models" in out.stdout
     assert "no import cycle anywhere BROKEN" in out.stdout
     assert "No cycles are allowed in harness." in out.stdout
     assert "No cycles are allowed in backends.torch." in out.stdout

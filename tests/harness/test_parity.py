@@ -12,7 +12,7 @@ import pytest
 from common import weights as weightslib
 from common.config import RunConfig
 from common.loop import step_statistics
-from harness import parity, report
+from harness import parity, report, sections
 from harness.plan import Plan
 from tests.harness.helpers import assert_refused, fake_python
 from tests.harness.test_report import result
@@ -166,6 +166,8 @@ def test_the_verdict_is_read_off_the_interval(factor, verdict):
     low, high = row["interval"]
     assert low <= row["ratio"] <= high and high - low < 0.1
     assert row["trials"] == [6, 6] and row["idiom"] == "torch"
+    faster = sections.faster_idioms(parity.figures(suite, idioms)["rows"])
+    assert faster == ([("torch", row["ratio"])] if low > 1 else [])
 
 
 def test_a_strategy_or_idiom_without_a_finished_trial_is_not_measured():
@@ -195,6 +197,10 @@ def test_the_report_has_a_speed_parity_section_and_plot(tmp_path):
     assert (
         "slower than 1.10 |" in section
         and "![Strategy step over idiom step](parity.png)" in section
+    )
+    assert (
+        "- **torch: the framework's own loop is faster than every strategy** (the fastest strategy "
+        "takes 1.3" in section
     )
     assert (tmp_path / "parity.png").stat().st_size > 1000
     stored = json.loads((tmp_path / "results.json").read_text())["parity"]
