@@ -15,7 +15,7 @@ import sys
 import threading
 import traceback
 
-from common.config import RunConfig
+from common.config import MAX_SIMULATED_DEVICES, RunConfig
 from common.errors import Diverged, Unsupported
 from common.results import new_result, tail, write_json_atomic
 
@@ -26,6 +26,21 @@ SCRATCH_ENV = "DPBENCH_SCRATCH_DIR"
 # puts it in the worker's environment, because `python -m backends.<name>` imports the backend, and so its
 # framework, before any of the worker's code can read the run config.
 THREADS_ENV = "DPBENCH_THREADS"
+# The simulated CPU devices a training run uses on this host, for a framework that makes them when it is imported
+# (XLA: --xla_force_host_platform_device_count), put in a one-node run's environment by the harness for the same
+# reason. XLA's CPU steps are slower with more devices than a run uses (8 cost a 1-device ResNet-18 step about 8%,
+# `harness parity`); without it a backend makes MAX_SIMULATED_DEVICES, as the tests and the check use several counts.
+DEVICES_ENV = "DPBENCH_DEVICES"
+
+
+def simulated_devices() -> int:
+    """The CPU devices a backend asks XLA for: the run's (DEVICES_ENV), else the most --gpus may ask for."""
+    value = os.environ.get(DEVICES_ENV, "")
+    return (
+        int(value)
+        if value.isdigit() and 1 <= int(value) <= MAX_SIMULATED_DEVICES
+        else MAX_SIMULATED_DEVICES
+    )
 
 
 # The read end of a pipe whose write end only the harness holds: when the harness dies, even by SIGKILL, the

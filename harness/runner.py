@@ -25,7 +25,7 @@ from common import progress
 from common.config import RunConfig
 from common.network import free_port, interface_of
 from common.results import failed_result, load_result, tail
-from common.worker import LIFELINE_ENV, THREADS_ENV
+from common.worker import DEVICES_ENV, LIFELINE_ENV, THREADS_ENV
 from harness import disk, envs, interrupts, rollcall
 from harness.envs import ROOT
 from harness.logs import LogNotWritten, WorkerLogs
@@ -327,7 +327,9 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
     ) as e:  # a full disk, say: this run fails in one line; the ones that finished are kept
         return _not_started(cfg, console, disk.not_written(workdir, e))
     env = envs.worker_env(
-        PYTHONUNBUFFERED="1", **({THREADS_ENV: str(cfg.threads)} if cfg.threads else {})
+        PYTHONUNBUFFERED="1",
+        **({THREADS_ENV: str(cfg.threads)} if cfg.threads else {}),
+        **({DEVICES_ENV: str(cfg.devices)} if cfg.device_kind == "cpu" and cfg.nodes == 1 else {}),
     )
 
     def on_line(line: str) -> bool:

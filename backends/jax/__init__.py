@@ -10,17 +10,16 @@
   run, the probes,       common/backend.py: written once for every backend
   predict, ...
 
-Simulated devices: without GPUs, a run uses the first N of SIMULATED_DEVICES CPU
-devices that XLA is asked for here. The flag is read once, when jax initialises its
-CPU backend, so it is set before anything in this package imports jax (a count already
-in XLA_FLAGS is kept). It changes nothing on the GPUs.
+Simulated devices: without GPUs, a run uses the first N of the CPU devices XLA is asked
+for here: a training run's own count (common.worker.DEVICES_ENV), else the most --gpus
+may ask for. The flag is read once, when jax initialises its CPU backend, so it is set
+before anything in this package imports jax (a count already in XLA_FLAGS is kept). It
+changes nothing on the GPUs.
 """
 
 import os
 
-from common.config import (
-    MAX_SIMULATED_DEVICES as SIMULATED_DEVICES,  # the limit of --gpus on a CPU-only host
-)
+from common.worker import simulated_devices
 
 
 def _ask_xla_for_cpu_devices(count: int) -> None:
@@ -29,7 +28,7 @@ def _ask_xla_for_cpu_devices(count: int) -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
-_ask_xla_for_cpu_devices(SIMULATED_DEVICES)
+_ask_xla_for_cpu_devices(simulated_devices())
 
 from backends.jax import distributed, models, strategies  # noqa: E402  (after the XLA flag)
 from backends.jax.environment import environment, refusal  # noqa: E402

@@ -12,21 +12,20 @@
 
 Keras picks its framework once, when it is imported (KERAS_BACKEND): jax in the worker's process, torch in the
 ddp ranks, which distributed.py starts with KERAS_BACKEND=torch. So it is set here, before anything in this package
-imports Keras, unless the environment chose already. Simulated devices: as the jax backend's, the first N of
-SIMULATED_DEVICES CPU devices XLA is asked for before jax is imported (a count already in XLA_FLAGS is kept).
+imports Keras, unless the environment chose already. Simulated devices: as the jax backend's, the first N of the
+CPU devices XLA is asked for before jax is imported (common.worker.simulated_devices; a count already in XLA_FLAGS
+is kept).
 """
 
 import os
 
-from common.config import (
-    MAX_SIMULATED_DEVICES as SIMULATED_DEVICES,  # the limit of --gpus on a CPU-only host
-)
+from common.worker import simulated_devices
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "")
-        + f" --xla_force_host_platform_device_count={SIMULATED_DEVICES}"
+        + f" --xla_force_host_platform_device_count={simulated_devices()}"
     ).strip()
 
 from backends.keras import distributed, models, strategies  # noqa: E402  (after KERAS_BACKEND and the XLA flag)

@@ -990,3 +990,27 @@ def test_a_strategy_without_an_engine_refuses_several_nodes(monkeypatch):
     ):
         check_supported(cfg)
     assert distributed._joined is None
+
+
+def test_a_training_worker_asks_xla_for_its_runs_devices():
+    """XLA makes its simulated CPU devices when jax is imported; a step is slower with more than the run uses, so
+    a worker the harness started for a run of 3 devices (common.worker.DEVICES_ENV) has 3, and one without it the
+    most --gpus may ask for."""
+    import subprocess
+    import sys
+
+    from common.config import MAX_SIMULATED_DEVICES
+    from common.worker import DEVICES_ENV
+    from harness.envs import worker_env
+
+    def devices(**env) -> int:
+        code = "import backends.jax, jax; print(jax.local_device_count())"
+        env = worker_env(**env)
+        env.pop("XLA_FLAGS", None)  # (a count of the caller's there would win)
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+        return int(out.stdout.strip().splitlines()[-1])
+
+    assert devices(**{DEVICES_ENV: "3"}) == 3
+    assert devices(**{DEVICES_ENV: ""}) == MAX_SIMULATED_DEVICES

@@ -8,6 +8,8 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.harness.helpers import fake_nvidia_smi, fake_python, run_harness
 
 ANY_DEVICE = (
@@ -64,6 +66,28 @@ def test_crashing_worker_gives_failed_row_and_report(tmp_path):
     text = (report / "report.md").read_text()
     assert "## Failed or not run" in text and "simulated crash: CUDA error 700" in text
     assert (report / "logs" / "torch-scratch-x1.log").is_file()
+
+
+def test_a_worker_is_told_the_simulated_devices_its_run_uses(tmp_path):
+    """XLA makes its CPU devices when jax is imported, and a step is slower with more of them than the run uses:
+    each one-node CPU run's worker gets its own device count (common.worker.DEVICES_ENV)."""
+    from common.worker import DEVICES_ENV
+
+    python = fake_python(tmp_path, f'echo "devices=${DEVICES_ENV}" >&2; exit 3')
+    out = tmp_path / "reports"
+    run_harness(*BASE, "--gpus", "1,2", "--python", f"torch={python}", "--out", str(out))
+    runs = json.loads((only_report(out) / "results.json").read_text())["runs"]
+    assert ["devices=1" in runs[0]["error"], "devices=2" in runs[1]["error"]] == [True, True]
+
+
+@pytest.mark.parametrize("value, devices", [("3", 3), ("", 16), ("0", 16), ("x", 16), ("17", 16)])
+def test_a_backend_asks_xla_for_the_runs_devices_or_the_most_gpus_may_ask(
+    monkeypatch, value, devices
+):
+    from common import worker
+
+    monkeypatch.setenv(worker.DEVICES_ENV, value)
+    assert worker.simulated_devices() == devices
 
 
 def test_hanging_worker_is_killed_at_timeout_with_its_children(tmp_path):
