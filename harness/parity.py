@@ -33,9 +33,8 @@ from harness.tables import as_results
 
 LIMIT = 1.10  # the most a strategy's step may cost over its idiom's
 ALPHA = 0.05  # the interval's: 95%
-DEFAULT_REPEAT = (
-    6  # interleaved trials per side: with fewer, a bootstrap interval of a median means little
-)
+# Interleaved trials per side: with fewer, a bootstrap interval of a median means little.
+DEFAULT_REPEAT = 6
 DEFAULT_TIMED_STEPS = 20
 SUITE_STEPS = 2  # the suite run's one training epoch: its steps are not what parity times
 
@@ -194,7 +193,7 @@ def carry_out(plan: Plan, args, console: runner.Console, meta: dict, workdir: Pa
         console.say(f"Interrupted ({str(e) or 'SIGINT'}): the parity figures of the runs finished")
         done = len(finished)
         finished += [
-            run.not_run(side, trial, "interrupted", f"interrupted by {e or 'the user'}")
+            run.not_run(side, trial, "interrupted", f"interrupted by {str(e) or 'the user'}")
             for trial, side in runs
             if isinstance(side, RunConfig)
         ][done:]
