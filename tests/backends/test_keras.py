@@ -191,7 +191,7 @@ def test_bf16_policy_computes_in_bfloat16_and_keeps_variables_float32():
     keras = models.keras
     model = models.build("resnet18", policy=models.policy("bf16", "float32"))
     assert {v.dtype for v in model.variables} == {"float32"}
-    assert model(np.zeros((2, 1, 28, 28), np.float32), training=False).dtype == "bfloat16"
+    assert model(np.zeros((2, 28, 28, 1), np.float32), training=False).dtype == "bfloat16"
     assert keras.config.floatx() == "float32"
 
 
