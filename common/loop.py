@@ -20,7 +20,10 @@ A backend supplies a Trainer (common/trainer.py); this module decides what is ti
 * after training (and after --save-weights), step statistics: --timed-steps further steps,
   each between two barriers, so each step's time is known (epoch times cannot give a spread);
 * then the communication figure: the strategy's own allreduce of a gradient-sized float32
-  buffer, timed alone, and its share of the median step.
+  buffer, timed alone, and its share of the median step;
+* two figures say whether the epochs are their steps: what the framework compiled in each timed
+  part (only the warm-up should; trainer.compiles()), and the mean epoch over (its steps x the
+  median timed step), which the report shows where it exceeds CONSISTENCY_LIMIT.
 """
 
 from __future__ import annotations
@@ -45,8 +48,45 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
     if cfg.epochs == 0:
         return evaluate_only(trainer, cfg, dataset)
     report = trainer.rank == 0
-    steps = datalib.steps_per_epoch(len(dataset.y_train), cfg.batch_size)
 
+    compiles = CompileCount(trainer)
+    compile_s = warm_up(trainer, cfg, dataset)
+    compiles.close("warmup")
+    if report:
+        progress.emit("warmup", seconds=compile_s)
+
+    epochs = []
+    for epoch in range(cfg.epochs):
+        record = train_epoch(trainer, cfg, dataset, epoch, compiles)
+        epochs.append(record)
+        if report:
+            progress.emit("epoch", **record, epochs=cfg.epochs)
+
+    saved = save_weights(trainer, cfg)
+    compiles.open()
+    step_time = step_statistics(time_steps(trainer, cfg, dataset), cfg.batch_size)
+    compiles.close("timed_steps")
+    return {
+        "epochs": epochs,
+        "final_test_acc": epochs[-1]["test_acc"],
+        "saved_weights": saved,
+        "compile_s": compile_s,
+        "compiles": compiles.counts,
+        "step_time": step_time,
+        "epoch_over_steps": epoch_over_steps(epochs, step_time),
+        "allreduce": allreduce_figure(trainer, cfg, step_time),
+        "params": trainer.param_count(),
+        "weights_hash": weightslib.fingerprint(trainer.weights),
+        "memory": {**trainer.memory(), "peak_host_rss_mb": sysinfo.peak_rss_mb()},
+        "data_hash": datalib.batch_sequence_hash(dataset, cfg.batch_size, cfg.seed, cfg.epochs),
+        "test_examples": len(dataset.y_test),
+        "train_examples": len(dataset.y_train),
+    }
+
+
+def warm_up(trainer: Trainer, cfg, dataset: datalib.Dataset) -> float:
+    """One step on the first batch, between barriers (the compile, where the framework compiles), then the
+    trainer reset to the initial weights: the slowest rank's seconds."""
     trainer.reset()
     first = datalib.train_batches(dataset, cfg.batch_size, cfg.seed, 0)[:1]
     if cfg.resident_data:
@@ -56,69 +96,86 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
     for x0, y0 in feed(trainer, first, cfg):
         trainer.step(x0, y0)
     trainer.sync()
-    compile_s = trainer.slowest(time.perf_counter() - start)
+    seconds = trainer.slowest(time.perf_counter() - start)
     trainer.reset()
-    if report:
-        progress.emit("warmup", seconds=compile_s)
+    return seconds
 
-    epochs = []
-    for epoch in range(cfg.epochs):
-        batches = datalib.train_batches(
-            dataset, cfg.batch_size, cfg.seed, epoch
-        )  # assembled before the timer
-        if cfg.resident_data:
-            batches = trainer.stage(batches)
-        handles = []
-        last_emit = 0.0
-        trainer.sync()
-        start = time.perf_counter()
-        for i, (x, y) in enumerate(feed(trainer, batches, cfg)):
-            handles.append(trainer.step(x, y))
-            now = time.perf_counter()
-            if report and now - last_emit > 0.5:
-                progress.emit("step", epoch=epoch + 1, epochs=cfg.epochs, step=i + 1, steps=steps)
-                last_emit = now
-        trainer.sync()
-        seconds = trainer.slowest(time.perf_counter() - start)
 
-        loss_sum, correct = trainer.collect(handles)
-        images = steps * cfg.batch_size
-        train_loss = loss_sum / images
-        if not math.isfinite(train_loss):
-            raise Diverged(f"training loss became {train_loss} in epoch {epoch + 1}")
-        test_correct, test_total = trainer.evaluate(
-            datalib.test_batches(dataset, cfg.eval_batch_size)
-        )
-        record = {
-            "epoch": epoch + 1,
-            "time_s": seconds,
-            "steps": steps,
-            "images": images,
-            "images_per_s": images / seconds,
-            "train_loss": train_loss,
-            "train_acc": correct / images,
-            "test_acc": test_correct / test_total,
-        }
-        epochs.append(record)
-        if report:
-            progress.emit("epoch", **record, epochs=cfg.epochs)
+def train_epoch(trainer: Trainer, cfg, dataset: datalib.Dataset, epoch: int, compiles) -> dict:
+    """One timed epoch, then its loss and accuracy read back and the test set evaluated: its record.
+    `compiles` counts what the framework compiled between the epoch's barriers."""
+    report = trainer.rank == 0
+    steps = datalib.steps_per_epoch(len(dataset.y_train), cfg.batch_size)
+    batches = datalib.train_batches(dataset, cfg.batch_size, cfg.seed, epoch)  # before the timer
+    if cfg.resident_data:
+        batches = trainer.stage(batches)
+    handles = []
+    last_emit = 0.0
+    trainer.sync()
+    compiles.open()
+    start = time.perf_counter()
+    for i, (x, y) in enumerate(feed(trainer, batches, cfg)):
+        handles.append(trainer.step(x, y))
+        now = time.perf_counter()
+        if report and now - last_emit > 0.5:
+            progress.emit("step", epoch=epoch + 1, epochs=cfg.epochs, step=i + 1, steps=steps)
+            last_emit = now
+    trainer.sync()
+    seconds = trainer.slowest(time.perf_counter() - start)
+    compiles.close("epochs")
 
-    saved = save_weights(trainer, cfg)
-    step_time = step_statistics(time_steps(trainer, cfg, dataset), cfg.batch_size)
+    loss_sum, correct = trainer.collect(handles)
+    images = steps * cfg.batch_size
+    train_loss = loss_sum / images
+    if not math.isfinite(train_loss):
+        raise Diverged(f"training loss became {train_loss} in epoch {epoch + 1}")
+    test_correct, test_total = trainer.evaluate(datalib.test_batches(dataset, cfg.eval_batch_size))
     return {
-        "epochs": epochs,
-        "final_test_acc": epochs[-1]["test_acc"],
-        "saved_weights": saved,
-        "compile_s": compile_s,
-        "step_time": step_time,
-        "allreduce": allreduce_figure(trainer, cfg, step_time),
-        "params": trainer.param_count(),
-        "weights_hash": weightslib.fingerprint(trainer.weights),
-        "memory": {**trainer.memory(), "peak_host_rss_mb": sysinfo.peak_rss_mb()},
-        "data_hash": datalib.batch_sequence_hash(dataset, cfg.batch_size, cfg.seed, cfg.epochs),
-        "test_examples": len(dataset.y_test),
-        "train_examples": len(dataset.y_train),
+        "epoch": epoch + 1,
+        "time_s": seconds,
+        "steps": steps,
+        "images": images,
+        "images_per_s": images / seconds,
+        "train_loss": train_loss,
+        "train_acc": correct / images,
+        "test_acc": test_correct / test_total,
     }
+
+
+class CompileCount:
+    """What the framework compiled in each timed part of a run (trainer.compiles()): {"warmup", "epochs",
+    "timed_steps"}, or None where the framework does not count. Only the warm-up should compile: a compile
+    in the epochs is paid by their time and never seen by the step time."""
+
+    def __init__(self, trainer: Trainer):
+        self.trainer = trainer
+        self.counts = None if trainer.compiles() is None else {}
+        self.open()
+
+    def open(self) -> None:
+        """Start counting a part (the count so far)."""
+        self.start = self.trainer.compiles()
+
+    def close(self, part: str) -> None:
+        """Add what was compiled since open() to `part`."""
+        if self.counts is not None:
+            compiled = self.trainer.compiles() - self.start
+            self.counts[part] = self.counts.get(part, 0) + compiled
+
+
+# Above this, a run's timed epochs took more than their steps, each timed alone, account for: the report shows
+# the figure (common/loop.py's epoch_over_steps). Every strategy measured 0.95-1.25 (2 steps an epoch, CPU).
+CONSISTENCY_LIMIT = 1.3
+
+
+def epoch_over_steps(epochs: list[dict], step_time: dict | None) -> float | None:
+    """The mean timed epoch over (its steps x the median timed step): about 1 when an epoch is its steps;
+    well above 1 when something is paid inside the epochs but not in a step timed alone (a compile, a
+    re-placement of the state, a host sync). None without timed steps."""
+    if not step_time or not epochs:
+        return None
+    mean_epoch = sum(e["time_s"] for e in epochs) / len(epochs)
+    return mean_epoch / (epochs[0]["steps"] * step_time["median_s"])
 
 
 def time_steps(trainer: Trainer, cfg, dataset: datalib.Dataset) -> list[float]:

@@ -32,6 +32,8 @@ backend's classes with `METHODS`. The glossary (docs/ARCHITECTURE.md) says the s
   evaluate(batches)              (correct, total) on the test batches, after average_bn_statistics()
   param_count()                  trainable and statistic values of the model
   memory()                       peak device memory where the framework exposes it ({} otherwise)
+  compiles()                     programs the framework has compiled in this process so far (None where it
+                                 does not count them): the loop tells a compile inside a timed epoch by it
 
 Below the class: the two probes of the equivalence API, the same for every backend.
 """
@@ -67,6 +69,7 @@ METHODS = (
     "evaluate",
     "param_count",
     "memory",
+    "compiles",
 )
 
 
@@ -139,6 +142,10 @@ class Trainer:
 
     def memory(self) -> dict:
         return {}
+
+    def compiles(self) -> int | None:
+        """Not counted: a framework that compiles says how often (common/loop.py records it)."""
+        return None
 
 
 # ----------------------------------------------------------------------- driving a trainer

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import jax
 import optax
 
 from backends.jax import models
@@ -25,6 +26,25 @@ DONATED = (0, 1, 2)
 # update()'s (params, opt_state) arguments, for the same reason. The kept gradients are not donated: they
 # stay readable by canonical_gradients() until the next reduce_gradients(), step() or reset().
 UPDATE_DONATED = (0, 1)
+
+# jax's event for one XLA compilation (or a load from a compilation cache): Trainer.compiles() counts them.
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_compiled = 0
+
+
+def _count_compile(event: str, seconds: float, **metadata) -> None:
+    global _compiled
+    if event == COMPILE_EVENT:
+        _compiled += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compile)
+
+
+def compiled() -> int:
+    """The programs XLA has compiled in this process since this module was imported."""
+    return _compiled
+
 
 # (net, optimizer, {attribute name: compiled program}) by what they were built for.
 _SHARED: dict[tuple, tuple] = {}

@@ -217,6 +217,9 @@ class JaxTrainer(Trainer):
         peaks = [p for p in peaks if p is not None]
         return {"peak_device_mb": max(peaks) / 2**20} if peaks else {}
 
+    def compiles(self) -> int:
+        return programs.compiled()
+
     def _on_devices(self, x, y):
         """The batch as the step takes it: a placed one as it is, a numpy one copied to the devices now."""
         return (x, y) if self._is_placed(x, y) else self.put(x, y)

@@ -44,6 +44,26 @@ class Programs:
     predict: object  # (trainable, statistics, x) -> classes
 
 
+# jax's event for one XLA compilation (or a load from a compilation cache): Trainer.compiles() counts them
+# (as backends/jax/programs.py does: a backend imports no other's jax code).
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_compiled = 0
+
+
+def _count_compile(event: str, seconds: float, **metadata) -> None:
+    global _compiled
+    if event == COMPILE_EVENT:
+        _compiled += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compile)
+
+
+def compiled() -> int:
+    """The programs XLA has compiled in this process since this module was imported."""
+    return _compiled
+
+
 # Programs by what they were built for.
 _SHARED: dict[tuple, Programs] = {}
 

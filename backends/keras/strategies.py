@@ -36,6 +36,7 @@ from backends.keras import models, programs
 from backends.keras.distributed import RankCollectives, launch_ddp, rank_device
 from backends.keras.environment import DATA_FORMAT, computing_in, configure_precision, refusal
 from backends.keras.parallel import devices
+from backends.torch.models import compiled_graphs
 from common import data as datalib
 from common.backend import check_supported
 from common.config import RunConfig
@@ -164,6 +165,9 @@ class DDPTrainer(RankCollectives, KerasTrainer):
             return {}
         return {"peak_device_mb": torch.cuda.max_memory_allocated(self.device) / 2**20}
 
+    def compiles(self) -> int:
+        return compiled_graphs(self.cfg)
+
 
 class DistributionTrainer(KerasTrainer):
     """keras.distribution.DataParallel (Keras on jax): one process, the variables replicated on every device, each
@@ -189,10 +193,14 @@ class DistributionTrainer(KerasTrainer):
         self._new_statistics = None
 
     def reset(self) -> None:
-        """The run's weights in the variables, and the state copied from them (the step donates its state)."""
+        """The run's weights in the variables, and the state copied from them (the step donates its state).
+
+        The copies are laid out as the step lays out its outputs (replicated): jit compiles a program per
+        input layout, so a state in another layout (on one device, a copy is a single-device array) made the
+        second step after every reset compile again, inside the timed epoch."""
         models.load_canonical(self.model, self.weights)
         copied = [
-            [jax.numpy.array(v.value, copy=True) for v in vs]
+            [jax.device_put(v.value, self.replicated, may_alias=False) for v in vs]
             for vs in (
                 self.model.trainable_variables,
                 self.model.non_trainable_variables,
@@ -294,6 +302,9 @@ class DistributionTrainer(KerasTrainer):
         peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in self.mesh.devices.flat]
         peaks = [p for p in peaks if p is not None]
         return {"peak_device_mb": max(peaks) / 2**20} if peaks else {}
+
+    def compiles(self) -> int:
+        return programs.compiled()
 
     def _on_devices(self, x, y):
         """The batch as the step takes it: a placed one as it is, a numpy one placed now."""

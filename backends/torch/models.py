@@ -240,6 +240,16 @@ def prepare(net: nn.Module, cfg) -> nn.Module:
     return net.to(memory_format=torch.channels_last) if cfg.channels_last else net
 
 
+def compiled_graphs(cfg) -> int:
+    """The graphs torch.compile has compiled in this process (dynamo's own count); 0 without --compile, where
+    nothing is compiled."""
+    if not cfg.compile:
+        return 0
+    from torch._dynamo.utils import counters  # dynamo's statistics: no public counter exists
+
+    return counters["stats"]["unique_graphs"]
+
+
 def compile_options(cfg) -> dict:
     """torch.compile's arguments for --compile-mode (none for the default mode)."""
     return {} if cfg.compile_mode == "default" else {"mode": cfg.compile_mode}

@@ -91,6 +91,9 @@ class TorchTrainer(Trainer):
             / 2**20
         }
 
+    def compiles(self) -> int:
+        return models.compiled_graphs(self.cfg)
+
     def _average_statistics_once(self) -> None:
         """average_bn_statistics(), unless no training forward ran since it last did."""
         if not self._statistics_averaged:

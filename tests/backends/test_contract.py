@@ -11,7 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from common import data as datalib
 from common.backend import INTERFACE, Probe
+from common.config import RunConfig
 from common.errors import Unsupported
 from common.trainer import METHODS, Trainer
 from common.weights import he_scaled
@@ -477,6 +479,54 @@ def test_a_gpu_run_the_framework_cannot_see_a_gpu_for_is_unavailable_with_the_re
     assert rc == 1 and r["status"] == "unavailable"
     assert "GPU" in r["error"] and len(r["error"].splitlines()) == 1
     assert r["environment"]["framework_gpus"] == 0
+
+
+# ------------------------------------------------------------------------------------- the timed parts
+
+
+def test_only_the_warm_up_compiles(backend, strategy, tmp_path, monkeypatch):
+    """Whatever the framework compiles, it compiles in the warm-up step: a compile inside a timed epoch is paid
+    by the epoch's time and never by a step timed alone, and the report's s/epoch would contradict its step
+    time (Keras's distribution did: reset() left its state in another layout than its step's, so its second
+    step compiled again). One device, a fresh worker process: the warm-up's compiles are this run's own."""
+    if backend.TRAINERS[strategy].compiles is Trainer.compiles:
+        pytest.skip(f"{NAME} does not count what it compiles")
+    rc, r = run_backend_worker(tmp_path, strategy=strategy, devices=1, epochs=2, timed_steps=2)
+    if r["status"] == "unavailable":
+        pytest.skip(r["error"])  # torch's dp without CUDA
+    assert rc == 0 and r["status"] == "ok", r["error"]
+    assert r["compiles"]["epochs"] == r["compiles"]["timed_steps"] == 0, r["compiles"]
+    assert r["epoch_over_steps"] > 0
+    if r["compiles"]["warmup"] == 0:
+        return  # it runs eagerly: nothing compiles, nothing to plant
+    # A planted fault, in this process: every epoch takes batches half the warm-up's, so the step compiles again
+    # inside the first epoch, and the same count must say so.
+    monkeypatch.setattr(datalib, "train_batches", halved_after_the_warm_up(datalib.train_batches))
+    planted = backend.run(
+        RunConfig.from_dict(
+            {
+                **r["config"],
+                "epochs": 1,
+                "timed_steps": 0,
+                "lr": 0.0625,  # no other test's: the programs (shared ones are keyed by the rate) are compiled here
+            }
+        )
+    )
+    assert planted["compiles"]["epochs"] > 0
+
+
+def halved_after_the_warm_up(train_batches):
+    """train_batches whose every call after the first (the warm-up's) gives batches of half the size."""
+    calls = []
+
+    def planted(*args):
+        calls.append(args)
+        batches = train_batches(*args)
+        if len(calls) == 1:
+            return batches
+        return [(x[: len(y) // 2], y[: len(y) // 2]) for x, y in batches]
+
+    return planted
 
 
 # ------------------------------------------------------------------------------------- several nodes
