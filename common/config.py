@@ -203,6 +203,9 @@ class RunConfig:
         "default"  # torch.compile's mode: default, reduce-overhead (CUDA graphs), max-autotune
     )
     prefetch: int = 2  # batches put on the devices ahead of their step (0: copied inside it)
+    # The folder every framework keeps its compile cache in, shared by every run (--compile-cache); None: each
+    # run starts its caches cold, in a folder of its own (common/caches.py).
+    compile_cache: str | None = None
     timed_steps: int = 20  # steady-state steps timed one by one after training (step statistics)
     # Several processes on one or more hosts ("nodes"): `devices` is the global count, devices // nodes on
     # each node; every node runs the same config with its own node_rank, and joins the framework's engine
@@ -298,6 +301,10 @@ class RunConfig:
         if not 0 <= self.prefetch <= MAX_PREFETCH:
             raise ConfigError(
                 f"--prefetch must be between 0 and {MAX_PREFETCH} (got {self.prefetch})"
+            )
+        if self.compile_cache is not None and not self.compile_cache.startswith("/"):
+            raise ConfigError(
+                f"--compile-cache takes an absolute folder (got {self.compile_cache!r})"
             )
         if self.timed_steps < 0:
             raise ConfigError(f"--timed-steps must be at least 0 (got {self.timed_steps})")

@@ -15,6 +15,7 @@ import sys
 import threading
 import traceback
 
+from common import caches
 from common.config import MAX_SIMULATED_DEVICES, RunConfig
 from common.errors import Diverged, Unsupported
 from common.results import new_result, tail, write_json_atomic
@@ -99,10 +100,11 @@ def main(backend, argv=None) -> int:
 
     cfg = RunConfig.load(args.config)
     result = new_result(cfg.to_dict())
+    compile_cache = caches.record()  # before anything compiles
     try:
         backend.check_supported(cfg)  # a run refused here joins no engine
         with backend.session(cfg):  # (jax lists its devices, for the record, only once joined)
-            result["environment"] = backend.environment(cfg)
+            result["environment"] = {**backend.environment(cfg), "compile_cache": compile_cache}
             result.update(backend.run(cfg))
         result["status"] = "ok"
     except Unsupported as e:

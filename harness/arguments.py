@@ -384,6 +384,15 @@ def run_flags() -> Parser:
         "stream on CUDA), so copies overlap compute; 0: each step copies its own batch",
     )
     p.add_argument(
+        "--compile-cache",
+        type=absolute_path,
+        default=None,
+        metavar="DIR",
+        help="keep every framework's compile cache (TorchInductor's and Triton's, JAX's) in DIR, shared by "
+        "every run and trial, and by later commands given the same DIR: warm-ups are then warm. Default: "
+        "each run starts cold, its caches in a fresh folder of its own",
+    )
+    p.add_argument(
         "--timed-steps",
         type=int,
         default=None,

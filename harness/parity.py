@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import sysinfo
+from common import caches, sysinfo
 from common import weights as weightslib
 from common.config import RunConfig
 from common.results import Result
@@ -111,7 +111,9 @@ def measure_idiom(job: IdiomRun, trial: int, python: str, workdir: Path) -> dict
     try:
         code, output = runner.launch(
             cmd,
-            idiom_env(job),
+            caches.apply(  # the strategies' rule: cold, or the shared folder
+                idiom_env(job), job.cfg.compile_cache, folder / f"{name}-trial{trial}.caches"
+            ),
             workdir / "logs" / f"idiom-{name}-trial{trial}.log",
             job.cfg.timeout,
         )

@@ -319,6 +319,7 @@ def make_config(
         resident_data=args.resident_data,
         compile_mode=args.compile_mode,
         prefetch=args.prefetch,
+        compile_cache=args.compile_cache,
         timed_steps=preset.timed_steps,
         load_weights=os.path.abspath(args.load_weights) if args.load_weights else None,
         save_weights=os.path.abspath(args.save_weights) if args.save_weights else None,

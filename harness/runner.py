@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from common import progress
+from common import caches, progress
 from common.config import RunConfig
 from common.network import free_port, interface_of
 from common.results import failed_result, load_result, tail
@@ -331,6 +331,9 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
         **({THREADS_ENV: str(cfg.threads)} if cfg.threads else {}),
         **({DEVICES_ENV: str(cfg.devices)} if cfg.device_kind == "cpu" and cfg.nodes == 1 else {}),
     )
+    # Each run's compile caches in a folder of its own (its nodes share it), inside runs/, which the report
+    # does not keep; or the user's shared folder (common/caches.py).
+    env = caches.apply(env, cfg.compile_cache, workdir / "runs" / f"{name}.caches")
 
     def on_line(line: str) -> bool:
         record = progress.parse(line)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from common import manifest
 from common.config import RunConfig
 from common.results import Result
@@ -153,6 +155,7 @@ def environment_section(results: list[Result]) -> list[str]:
     lines = [
         f"- **Host**: {first.get('cpu')} ({first.get('cpus')} usable cores), {first.get('platform')}"
     ]
+    lines += compile_cache_lines(results)
     for (backend, strategy), r in sorted(largest.items()):
         env = r.environment
         precision = ", ".join(f"{k}={v}" for k, v in (env.get("precision") or {}).items())
@@ -172,6 +175,34 @@ def environment_section(results: list[Result]) -> list[str]:
                 f"  - **{env.get('framework')} itself sees {env['framework_gpus']} GPU(s), yet this run used "
                 f"simulated CPU devices**: the harness found no GPU (see Devices above, or pass --device gpu)"
             )
+    return lines
+
+
+def compile_cache_lines(results: list[Result]) -> list[str]:
+    """How the runs' compile caches started (common/caches.py): cold, or shared, and the runs that found files
+    already there; nothing for results that predate the record."""
+    records = [(r, r.environment.get("compile_cache")) for r in results if r.environment]
+    records = [(r, c) for r, c in records if isinstance(c, dict)]
+    if not records:
+        return []
+    modes = {c.get("mode") for _, c in records}
+    warm = [r for r, c in records if c.get("files_at_start")]
+    if modes == {"cold"}:
+        line = (
+            "cold: every run (each trial, each node) compiled from nothing, its caches (TorchInductor's, "
+            "Triton's) in a fresh folder of its own; JAX kept none"
+        )
+    elif modes == {"shared"}:
+        folder = next(iter(records))[1].get("folders", {}).get("JAX_COMPILATION_CACHE_DIR", "")
+        line = (
+            f"shared (--compile-cache {str(Path(folder).parent)}): each run's warm-up could reuse what "
+            f"earlier runs compiled; {len(warm)} of {len(records)} runs found a cache there already"
+        )
+    else:
+        line = "not set by the harness for every run (workers started by hand?)"
+    lines = [f"- **Compile caches**: {line}"]
+    if modes == {"cold"} and warm:  # a cold folder must be empty: say so if one was not
+        lines.append(f"  - **{len(warm)} run(s) found files in their cold folder**")
     return lines
 
 
