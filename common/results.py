@@ -9,9 +9,11 @@ status is one of:
   interrupted  the user stopped the run
 
 Schema versions: workers write a plain dict on the wire (new_result + the loop's metrics); the report converts it
-once with Result.from_dict and reads attributes after that. v2 (written from now on) is what Result.to_dict writes:
-every field present (null where a run has none) and the config with every RunConfig field. v1 files (older
-reports' results.json) may lack fields and config fields added since (prefetch, compile_mode, ...): they still load.
+once with Result.from_dict and reads attributes after that. Since v2, a run is what Result.to_dict writes: every
+field present (null where a run has none) and the config with every RunConfig field. v1 files (older reports'
+results.json) may lack fields and config fields added since (prefetch, compile_mode, ...): they still load. v3 (written
+from now on) adds to results.json's meta the `provenance` of the report: the suite's version, the git commit, whether
+the checkout had uncommitted changes, the host (harness/provenance.py); v1 and v2 files have none (unknown).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 import typing
 from dataclasses import dataclass, field, fields
@@ -26,8 +29,8 @@ from pathlib import Path
 
 from common.config import RunConfig
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # what load_result and load_results_json accept
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # what load_result and load_results_json accept
 STATUSES = ("ok", "failed", "diverged", "timeout", "unavailable", "interrupted")
 ERROR_TAIL_CHARS = 2000
 
@@ -170,7 +173,7 @@ class SavedWeights(_Record):
 
 @dataclass(frozen=True)
 class Result:
-    """One worker run as the report reads it. Build with Result.from_dict (schema v1 or v2)."""
+    """One worker run as the report reads it. Build with Result.from_dict (any readable schema)."""
 
     status: str
     config: RunConfig
@@ -203,7 +206,7 @@ class Result:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Result":
-        """A validated result dict (see result_problem) of schema v1 or v2."""
+        """A validated result dict (see result_problem) of any readable schema."""
         if not isinstance(d, dict) or not isinstance(d.get("config"), dict) or "status" not in d:
             raise ValueError("not a result: it needs a status and a config")
         names = {f.name for f in fields(cls)} - {"extra"}
@@ -225,7 +228,7 @@ class Result:
         return cls(**kw, extra=extra)
 
     def to_dict(self) -> dict:
-        """Schema v2: every field, in the order the worker writes them."""
+        """The current schema: every field, in the order the worker writes them."""
         out = {"schema_version": SCHEMA_VERSION}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -306,12 +309,40 @@ def load_result(path, config: dict) -> dict:
     return result
 
 
-# The meta fields the report's header reads.
+# The meta fields the report's header reads (in every schema; `provenance` is checked apart: v1 and v2 lack it).
 META_FIELDS = ("run_id", "command", "started", "preset", "data_source")
+# results.json's meta["provenance"] (v3; null or absent: unknown), each field null where it could not be found.
+PROVENANCE_TYPES = {"version": str, "commit": str, "uncommitted_changes": bool, "host": str}
+
+
+def readable_versions() -> str:
+    """The readable schemas in words, e.g. "v1, v2 or v3"."""
+    names = [f"v{v}" for v in READABLE_VERSIONS]
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def provenance_problem(provenance) -> str | None:
+    """Why `provenance` is not a record the report and compare can print (None: it is, or it is unknown)."""
+    if provenance is None:
+        return None
+    if not isinstance(provenance, dict):
+        return f"provenance is a {type(provenance).__name__}, not an object"
+    for name, kind in PROVENANCE_TYPES.items():
+        value = provenance.get(name)
+        if value is not None and not isinstance(value, kind):
+            return f"provenance.{name} is a {type(value).__name__}"
+    commit = provenance.get("commit")
+    if commit is not None and not re.fullmatch(r"[0-9a-f]{7,64}", commit):
+        return "provenance.commit is not a git commit id"
+    for name in ("version", "host"):  # printed in one line of the header
+        value = provenance.get(name)
+        if value is not None and not (value and value.isprintable()):
+            return f"provenance.{name} is not one line of printable text"
+    return None
 
 
 def load_results_json(path) -> tuple[list[Result], dict]:
-    """A report directory's results.json (or the file itself), schema v1 or v2: its runs as Results, and its
+    """A report directory's results.json (or the file itself), of a readable schema: its runs as Results, and its
     meta (everything else, schema_version included). ValueError, with a one-line reason, otherwise."""
     path = Path(path)
     if path.is_dir():
@@ -321,14 +352,15 @@ def load_results_json(path) -> tuple[list[Result], dict]:
     except OSError as e:
         raise ValueError(f"{path}: cannot be read ({e.strerror or type(e).__name__})") from None
     if not isinstance(doc, dict) or doc.get("schema_version") not in READABLE_VERSIONS:
-        raise ValueError(
-            f"{path}: not a results.json of schema {' or '.join(f'v{v}' for v in READABLE_VERSIONS)}"
-        )
+        raise ValueError(f"{path}: not a results.json of schema {readable_versions()}")
     if not isinstance(doc.get("runs"), list):
         raise ValueError(f"{path}: it has no list of runs")
     for name in META_FIELDS:
         if not isinstance(doc.get(name), str):
             raise ValueError(f"{path}: {name} is missing or is not a string")
+    problem = provenance_problem(doc.get("provenance"))
+    if problem:
+        raise ValueError(f"{path}: {problem}")
     results = []
     for i, run in enumerate(doc["runs"]):
         problem = result_problem(run)
@@ -358,7 +390,7 @@ def result_problem(result, config: dict | None = None) -> str | None:
     """Why `result` is not a usable result of the run given `config` (None: of a run its own config
     describes), or None."""
     if not isinstance(result, dict) or result.get("schema_version") not in READABLE_VERSIONS:
-        return "not a schema v1 result (nor v2)"
+        return f"not a result of schema {readable_versions()}"
     if not isinstance(result.get("status"), str) or result["status"] not in STATUSES:
         return f"unknown status {result.get('status')!r}"
     if config is not None and result.get("config") != config:

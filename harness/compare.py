@@ -4,14 +4,19 @@ Each NEW is compared with OLD, row by row: a row is a configuration (backend, st
 levers, devices, nodes), its figures the medians over its kept trials (harness/trials.py). The test is a
 two-level bootstrap of the ratio of the median step times: the kept trials resampled with replacement, then
 each resampled trial's timed steps, so that the spread between processes (which on a shared host is larger
-than the spread within one) counts. A row is marked, as asv does, `-` (slower) when its median step time grew
-by more than --factor and the bootstrap's (1 - --alpha) interval of the ratio lies above 1, `+` (faster) for
-the mirror case, `~` otherwise. The exit status is 1 if any row is slower, 2 on bad input.
+than the spread within one) counts. A row is marked as `asv compare` marks a benchmark: `+` (slower: worse)
+when its median step time grew by more than --factor and the bootstrap's (1 - --alpha) interval of the ratio
+lies above 1, `-` (faster: better) for the mirror case, `~` otherwise (no significant change), `x` when the rows
+are not comparable; `?` (this suite's own) marks a row present in one run only. The exit status is 1 if any row
+is slower, 2 on bad input.
 
 Rows are compared only where the comparison means something: the same initial weights and batch sequence
 (hashes), the same training recipe (the config fields of COMPARABLE), framework versions, device kind and
 effective precision. Other rows are flagged with the reason, not compared; `--accept versions` (a framework
 upgrade) or `--accept devices` (another machine) compares across what the user means to change.
+
+Above each table, one line says where the two runs' code or host differ (results.json's provenance: another
+commit, uncommitted changes, another host), or that a side's is unknown (written before schema v3).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.results import Result, load_results_json
+from harness import provenance
 from harness.arguments import Parser, UsageError
 from harness.tables import table
 from harness.trials import Trials, group
@@ -52,6 +58,8 @@ COMPARABLE = (
 ACCEPTABLE = ("versions", "devices")
 MIN_SAMPLES = 3  # step samples per side: below this no interval means anything
 RESAMPLES = 2000  # bootstrap resamples of each side
+# The marks, asv's: a step time that grew is worse, `+`, as in `asv compare`.
+SLOWER, FASTER, NO_CHANGE, NOT_COMPARABLE, ONE_SIDE = "+", "-", "~", "x", "?"
 
 
 def parents() -> list[Parser]:
@@ -158,7 +166,7 @@ def incomparable(old: Trials, new: Trials, accept: set[str]) -> list[str]:
 @dataclass
 class Verdict:
     key: tuple
-    mark: str  # "-" slower, "+" faster, "~" no significant change, "!" not compared, "?" one side
+    mark: str  # SLOWER, FASTER, NO_CHANGE, NOT_COMPARABLE or ONE_SIDE
     old_step: float | None = None
     new_step: float | None = None
     old_images: float | None = None
@@ -176,12 +184,12 @@ def judge(old: Trials, new: Trials, args, accept: set[str]) -> Verdict:
     key = row_key(old)
     why = incomparable(old, new, accept)
     if why:
-        return Verdict(key, "!", note="not comparable: " + "; ".join(why))
+        return Verdict(key, NOT_COMPARABLE, note="not comparable: " + "; ".join(why))
     a, b = old.step_samples(by_trial=True), new.step_samples(by_trial=True)
     na, nb = sum(map(len, a)), sum(map(len, b))
     v = Verdict(
         key,
-        "~",
+        NO_CHANGE,
         old_images=old.median("images_per_s"),
         new_images=new.median("images_per_s"),
         samples=(na, nb),
@@ -200,9 +208,9 @@ def judge(old: Trials, new: Trials, args, accept: set[str]) -> Verdict:
         v.interval = ratio_interval(a, b, args.alpha)
         low, high = v.interval
         if low > 1 and v.ratio > args.factor:
-            v.mark = "-"
+            v.mark = SLOWER
         elif high < 1 and v.ratio < 1 / args.factor:
-            v.mark = "+"
+            v.mark = FASTER
         elif low > 1 or high < 1:
             notes.append(f"significant but within the factor {args.factor:g}")
     acc_old, acc_new = old.median("test_acc"), new.median("test_acc")
@@ -223,10 +231,12 @@ def compare(old: list[Result], new: list[Result], args) -> list[Verdict]:
     olds = {row_key(t): t for t in group(old)}
     news = {row_key(t): t for t in group(new)}
     verdicts = [
-        judge(olds[k], news[k], args, accept) if k in news else Verdict(k, "?", note="only in OLD")
+        judge(olds[k], news[k], args, accept)
+        if k in news
+        else Verdict(k, ONE_SIDE, note="only in OLD")
         for k in olds
     ]
-    return verdicts + [Verdict(k, "?", note="only in NEW") for k in news if k not in olds]
+    return verdicts + [Verdict(k, ONE_SIDE, note="only in NEW") for k in news if k not in olds]
 
 
 # ------------------------------------------------------------------------ output
@@ -294,28 +304,38 @@ def check_args(args) -> None:
         raise UsageError("compare needs at least two runs: OLD NEW")
 
 
-def load(path: str) -> list[Result]:
+def load(path: str) -> tuple[list[Result], dict]:
+    """A run's results and its meta (provenance included, where recorded); bad input is a UsageError."""
     try:
-        return load_results_json(path)[0]
+        return load_results_json(path)
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+def legend(args) -> str:
+    return (
+        f"Marks: {SLOWER} slower, {FASTER} faster (median step time beyond x{args.factor:g}, and the "
+        f"bootstrap's {100 * (1 - args.alpha):g}% interval of the step-time ratio, over trials and their steps, "
+        f"excludes 1), {NO_CHANGE} no significant change, {NOT_COMPARABLE} not comparable, {ONE_SIDE} in one "
+        "run only."
+    )
 
 
 def main(args) -> int:
     """`python -m harness compare`, its flags parsed (cli.build_parser)."""
     check_args(args)
-    old = load(args.runs[0])
+    old, old_meta = load(args.runs[0])
     slower = []
     for path in args.runs[1:]:
-        verdicts = compare(old, load(path), args)
+        new, new_meta = load(path)
+        verdicts = compare(old, new, args)
         print(f"\n## {args.runs[0]} (OLD) -> {path} (NEW)\n")
+        note = provenance.difference(old_meta.get("provenance"), new_meta.get("provenance"))
+        if note:
+            print(note + "\n")
         print("\n".join(verdict_table(verdicts)))
-        slower += [(path, v) for v in verdicts if v.mark == "-"]
-    print(
-        f"\nMarks: - slower, + faster (median step time beyond x{args.factor:g}, and the bootstrap's "
-        f"{100 * (1 - args.alpha):g}% interval of the step-time ratio, over trials and their steps, excludes 1), "
-        "~ no significant change, ! not compared, ? in one run only."
-    )
+        slower += [(path, v) for v in verdicts if v.mark == SLOWER]
+    print("\n" + legend(args))
     for path, v in slower:
         print(
             f"REGRESSION: {v.key[0]} {v.key[1]} on {devices_cell_key(v.key)}: step time "

@@ -27,7 +27,7 @@ from common.results import (
     write_json_atomic,
     write_text_atomic,
 )
-from harness import leftovers
+from harness import leftovers, provenance
 from harness.arguments import Parser, UsageError
 from harness.plots import plot_accuracy, plot_parity, plot_throughput
 from harness.published import d2l_section, resnet50_section
@@ -152,6 +152,7 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
     L = [f"# Data-parallel training report `{meta['run_id']}`", ""]
     L += [
         f"- Command: `{meta['command']}`",
+        provenance.header_line(meta.get("provenance")),
         f"- Started {meta['started']}, finished {meta.get('finished', '—')}",
         f"- Preset: {meta['preset']}; model {model_line(cfg)}, {get('epochs')} epoch(s), "
         f"train {get('train_size') or all_images(cfg, 0)} / test {get('test_size') or all_images(cfg, 1)} images, "
@@ -255,11 +256,13 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
 
 def results_document(results: list[dict | Result], meta: dict) -> dict:
     """What results.json holds: every number of the report, written in the current schema
-    (common.results.load_results_json reads it back)."""
+    (common.results.load_results_json reads it back). A provenance it could not read back (a killed harness's
+    meta.json is untrusted) is written as unknown."""
     meta = {k: v for k, v in meta.items() if k not in ("schema_version", "runs")}
     return {
         "schema_version": SCHEMA_VERSION,
         **meta,
+        "provenance": provenance.known(meta.get("provenance")),
         "runs": [r.to_dict() for r in as_results(results)],
     }
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from common import manifest
-from harness import check, disk, envs, interrupts, leftovers, report, runner, tables
+from harness import check, disk, envs, interrupts, leftovers, provenance, report, runner, tables
 from harness.arguments import UsageError
 from harness.plan import Devices, Plan, build_plan, choose_devices
 
@@ -120,6 +120,7 @@ def run_benchmark(args, argv: list[str], carry_out=None) -> int:
         "data_source": plan.data_source,
         "backends": sorted(plan.backends),
         "topology": plan.topology.how,
+        "provenance": provenance.record(),  # the code and host as the run starts
     }
     for line in leftovers.keep_left_behind(Path(args.out), report.write):
         console.say(line)

@@ -122,7 +122,7 @@ def test_malformed_progress_lines_are_ignored(tmp_path):
     [
         ("del result['config']", "its config is missing"),
         ("result['config'] = 'torch'", "its config is missing or is not the one"),
-        ("result = [result]", "not a schema v1 result"),
+        ("result = [result]", "not a result of schema v1, v2 or v3"),
         ("result['status'] = ['ok']", "unknown status"),
         ("result['epochs'] = 'many'", "epochs is a str"),
         ("result['epochs'][0]['time_s'] = '2'", "an epoch record lacks"),

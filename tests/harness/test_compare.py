@@ -13,7 +13,7 @@ import pytest
 from common.config import RunConfig
 from common.loop import step_statistics
 from common.results import Result, new_result, result_problem
-from harness import compare, trials
+from harness import compare, provenance, trials
 from harness.cli import build_plan, parse
 from harness.tables import summary_table, with_scaling
 from tests.harness.helpers import fake_python, run_harness
@@ -74,36 +74,48 @@ def samples_of(rng, row, slowdown=1.0, n=20) -> list[float]:
     return list(STEP_S[row[2]] * slowdown * (1 + 0.03 * rng.standard_normal(n)))
 
 
-def write_runs(path: Path, runs: list[dict]) -> Path:
+PROVENANCE = {"version": "0.1.0", "commit": "a" * 40, "uncommitted_changes": False, "host": "alpha"}
+
+
+def write_runs(path: Path, runs: list[dict], provenance: dict | None = PROVENANCE) -> Path:
+    """A results.json of `runs`: schema v3 with `provenance`, or v2 (which has none) if it is None."""
     path.mkdir(parents=True, exist_ok=True)
     doc = {
-        "schema_version": 2,
+        "schema_version": 2 if provenance is None else 3,
         "run_id": path.name,
         "command": "python -m harness",
         "started": "then",
         "preset": "quick",
         "data_source": "synthetic",
+        **({} if provenance is None else {"provenance": provenance}),
         "runs": runs,
     }
     (path / "results.json").write_text(json.dumps(doc))
     return path
 
 
-def two_sets(tmp_path, slow_row=None, repeat=3, **new_fields) -> tuple[Path, Path]:
-    """OLD and NEW result sets of ROWS, `repeat` trials each; NEW's `slow_row` 20% slower, `new_fields` set on
-    NEW's jax row."""
+def two_sets(
+    tmp_path,
+    slow_row=None,
+    repeat=3,
+    fast_row=None,
+    provenance=(PROVENANCE, PROVENANCE),
+    **new_fields,
+) -> tuple[Path, Path]:
+    """OLD and NEW result sets of ROWS, `repeat` trials each; NEW's `slow_row` 20% slower and its `fast_row` 20%
+    faster, `new_fields` set on NEW's jax row; `provenance` OLD's and NEW's."""
     rng = np.random.default_rng(0)
+    pace = {slow_row: 1.2, fast_row: 0.8}
     old, new = [], []
     for trial in range(1, repeat + 1):
         for row in ROWS:
             old.append(run_dict(*row, samples_of(rng, row), trial))
             extra = new_fields if row[0] == "jax" else {}
-            new.append(
-                run_dict(
-                    *row, samples_of(rng, row, 1.2 if row == slow_row else 1.0), trial, **extra
-                )
-            )
-    return write_runs(tmp_path / "old", old), write_runs(tmp_path / "new", new)
+            new.append(run_dict(*row, samples_of(rng, row, pace.get(row, 1.0)), trial, **extra))
+    return (
+        write_runs(tmp_path / "old", old, provenance[0]),
+        write_runs(tmp_path / "new", new, provenance[1]),
+    )
 
 
 def marks(stdout: str) -> dict[tuple, str]:
@@ -152,23 +164,57 @@ def test_the_spread_between_trials_counts_not_only_the_steps_within_them():
 # ------------------------------------------------------------------------ compare, end to end
 
 
-def test_a_20_percent_slowdown_in_one_row_exits_1_naming_that_row(tmp_path):
-    old, new = two_sets(tmp_path, slow_row=("jax", "pmap", 2))
+def test_a_20_percent_slowdown_in_one_row_is_marked_plus_as_asv_does_and_exits_1(tmp_path):
+    """asv's marks: a longer step time is worse, `+`; a shorter one better, `-`."""
+    old, new = two_sets(tmp_path, slow_row=("jax", "pmap", 2), fast_row=("torch", "scratch", 1))
     out = run_harness("compare", str(old), str(new))
     assert out.returncode == 1, out.stderr
     assert marks(out.stdout) == {
-        ("torch", "scratch", 1): "~",
+        ("torch", "scratch", 1): "-",  # 20% faster
         ("torch", "scratch", 2): "~",
-        ("jax", "pmap", 2): "-",
+        ("jax", "pmap", 2): "+",  # 20% slower
     }
     assert (
         "REGRESSION: jax pmap on 2 device(s): step time +2" in out.stdout
         and "(interval 1.1" in out.stdout
     )
     assert out.stdout.count("REGRESSION") == 1
-    # the other way round it is an improvement: exit 0
+    # the other way round the slow row is an improvement and the fast one a regression
     back = run_harness("compare", str(new), str(old))
-    assert back.returncode == 0 and marks(back.stdout)[("jax", "pmap", 2)] == "+"
+    assert back.returncode == 1 and marks(back.stdout) == {
+        ("torch", "scratch", 1): "+",
+        ("torch", "scratch", 2): "~",
+        ("jax", "pmap", 2): "-",
+    }
+    assert "REGRESSION: torch scratch on 1 device(s)" in back.stdout
+
+
+def test_the_legend_says_what_each_mark_means(tmp_path):
+    old, new = two_sets(tmp_path)
+    out = run_harness("compare", str(old), str(new), "--factor", "1.2", "--alpha", "0.1")
+    (legend,) = [line for line in out.stdout.splitlines() if line.startswith("Marks:")]
+    assert legend == (
+        "Marks: + slower, - faster (median step time beyond x1.2, and the bootstrap's 90% interval of the "
+        "step-time ratio, over trials and their steps, excludes 1), ~ no significant change, "
+        "x not comparable, ? in one run only."
+    )
+
+
+def verdicts_of(old: Path, new: Path) -> dict[tuple, str]:
+    """compare.compare's marks, in this process: {(backend, strategy, devices): mark}."""
+    args = parse(["compare", str(old), str(new)])
+    results = [compare.load(str(p))[0] for p in (old, new)]
+    return {v.key[:3]: v.mark for v in compare.compare(*results, args)}
+
+
+def test_the_marks_are_asvs_in_the_verdicts_themselves(tmp_path):
+    old, new = two_sets(tmp_path, slow_row=("jax", "pmap", 2), fast_row=("torch", "scratch", 2))
+    assert (compare.SLOWER, compare.FASTER, compare.NOT_COMPARABLE) == ("+", "-", "x")
+    assert verdicts_of(old, new) == {
+        ("torch", "scratch", 1): "~",
+        ("torch", "scratch", 2): "-",
+        ("jax", "pmap", 2): "+",
+    }
 
 
 def test_the_same_samples_shuffled_across_trials_are_no_change(tmp_path):
@@ -190,11 +236,69 @@ def test_the_same_samples_shuffled_across_trials_are_no_change(tmp_path):
     assert set(marks(out.stdout).values()) == {"~"} and "REGRESSION" not in out.stdout
 
 
+# ------------------------------------------------------------------------ provenance
+
+
+def test_a_line_above_the_table_names_other_commits_uncommitted_changes_and_hosts(tmp_path):
+    other = {**PROVENANCE, "commit": "b" * 40, "uncommitted_changes": True, "host": "beta"}
+    old, new = two_sets(tmp_path, provenance=(PROVENANCE, other))
+    out = run_harness("compare", str(old), str(new))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    (note,) = [i for i, line in enumerate(lines) if line.startswith("Code")]
+    assert lines[note] == (
+        "Code or host differ: commits aaaaaaa vs bbbbbbb; uncommitted changes in NEW; hosts alpha vs beta"
+    )
+    assert lines[note - 2].startswith("## ") and lines[note + 2].startswith("|  | backend |")
+
+
+def test_runs_of_the_same_code_and_host_get_no_line(tmp_path):
+    out = run_harness("compare", *map(str, two_sets(tmp_path)))
+    assert out.returncode == 0 and "Code" not in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize(
+    "old,new,line",
+    [
+        (PROVENANCE, PROVENANCE, None),
+        (PROVENANCE, {**PROVENANCE, "host": "beta"}, "Code or host differ: hosts alpha vs beta"),
+        (
+            PROVENANCE,
+            {**PROVENANCE, "commit": "c" * 40},
+            "Code or host differ: commits aaaaaaa vs ccccccc",
+        ),
+        (
+            {**PROVENANCE, "uncommitted_changes": True},
+            {**PROVENANCE, "uncommitted_changes": True},
+            "Code or host differ: uncommitted changes in OLD and NEW",
+        ),
+        (
+            {**PROVENANCE, "commit": None},
+            {**PROVENANCE, "version": "0.2.0"},
+            "Code or host differ: dpbench 0.1.0 vs 0.2.0; commits unknown vs aaaaaaa",
+        ),
+        (None, PROVENANCE, "Code and host: unknown for OLD"),
+        (None, None, "Code and host: unknown for OLD and NEW"),
+    ],
+)
+def test_the_provenance_line_says_what_differs_or_nothing(old, new, line):
+    assert provenance.difference(old, new) == line
+
+
+def test_a_schema_v2_run_compares_with_a_v3_one_saying_its_provenance_is_unknown(tmp_path):
+    old, new = two_sets(tmp_path, provenance=(None, PROVENANCE))
+    out = run_harness("compare", str(old), str(new))
+    assert out.returncode == 0 and set(marks(out.stdout).values()) == {"~"}, out.stderr
+    assert [line for line in out.stdout.splitlines() if line.startswith("Code")] == [
+        "Code and host: unknown for OLD"
+    ]
+
+
 def test_rows_with_other_initial_weights_are_flagged_not_compared(tmp_path):
     old, new = two_sets(tmp_path, slow_row=("jax", "pmap", 2), weights_hash="x" * 64)
     out = run_harness("compare", str(old), str(new))
     assert out.returncode == 0, out.stdout  # the slow row is not comparable: no verdict on it
-    assert marks(out.stdout)[("jax", "pmap", 2)] == "!"
+    assert marks(out.stdout)[("jax", "pmap", 2)] == "x"
     assert "not comparable: initial weights hash wwwwwwwwwwww vs xxxxxxxxxxxx" in out.stdout
 
 
@@ -235,7 +339,7 @@ def test_rows_with_other_initial_weights_are_flagged_not_compared(tmp_path):
 def test_each_difference_that_makes_rows_incomparable_is_named(tmp_path, field, value, why):
     old, new = two_sets(tmp_path, **{field: value})
     out = run_harness("compare", str(old), str(new))
-    assert out.returncode == 0 and marks(out.stdout)[("jax", "pmap", 2)] == "!", out.stdout
+    assert out.returncode == 0 and marks(out.stdout)[("jax", "pmap", 2)] == "x", out.stdout
     assert why in out.stdout
 
 
@@ -248,7 +352,7 @@ def test_accept_versions_compares_a_framework_upgrade(tmp_path):
     }
     old, new = two_sets(tmp_path, slow_row=("jax", "pmap", 2), environment=env)
     out = run_harness("compare", str(old), str(new), "--accept", "versions")
-    assert out.returncode == 1 and marks(out.stdout)[("jax", "pmap", 2)] == "-"
+    assert out.returncode == 1 and marks(out.stdout)[("jax", "pmap", 2)] == "+"
 
 
 def test_accuracy_drift_is_flagged(tmp_path):
@@ -290,7 +394,12 @@ def test_a_committed_report_of_schema_v1_compares_with_itself(tmp_path):
     "content,message",
     [
         ("{not json", "not a JSON file"),
-        ('{"schema_version": 9, "runs": []}', "not a results.json of schema v1 or v2"),
+        ('{"schema_version": 9, "runs": []}', "not a results.json of schema v1, v2 or v3"),
+        (
+            '{"schema_version": 3, "run_id": "r", "command": "c", "started": "s", "preset": "p", '
+            '"data_source": "d", "provenance": {"host": 7}, "runs": []}',
+            "provenance.host is a int",
+        ),
         (None, "cannot be read"),
     ],
 )

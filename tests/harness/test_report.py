@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import shutil
+import socket
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from common.config import RunConfig
 from common.results import SCHEMA_VERSION
-from harness import report, sections, tables
+from harness import provenance, report, sections, tables
+from tests.harness.helpers import ROOT, fake_python, run_harness
 
 
 def result(backend="torch", strategy="scratch", devices=1, ips=100.0, status="ok", epochs=2):
@@ -97,10 +101,10 @@ def test_staging_commits_once_and_never_overwrites(tmp_path):
     assert [d.name for d in dirs] == ["fixed-id", "fixed-id-2"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fixed-id", "fixed-id-2"]
     saved = json.loads((dirs[0] / "results.json").read_text())
-    assert saved["schema_version"] == SCHEMA_VERSION == 2 and saved["runs"][0]["params"] == 11175818
+    assert saved["schema_version"] == SCHEMA_VERSION == 3 and saved["runs"][0]["params"] == 11175818
     assert (
-        saved["runs"][0]["schema_version"] == 2 and saved["runs"][0]["config"]["prefetch"] == 0
-    )  # v1 in, v2 out
+        saved["runs"][0]["schema_version"] == 3 and saved["runs"][0]["config"]["prefetch"] == 0
+    )  # v1 in, v3 out
 
 
 def test_an_error_leaves_no_half_written_report(tmp_path):
@@ -200,6 +204,74 @@ def test_a_resnet50_report_quotes_nvidias_figures_and_compares_a_gpu_it_names():
         in text
     )
     assert "on NVIDIA H200: 3,000 images/s; the table has no figure for this GPU." in text
+
+
+def code_line(provenance) -> str:
+    meta = (
+        {**META, "run_id": "r"}
+        if provenance is None
+        else {**META, "run_id": "r", "provenance": provenance}
+    )
+    text = report.render([result()], meta, {})
+    (line,) = [line for line in text.splitlines() if line.startswith("- Code:")]
+    return line
+
+
+def test_the_header_says_which_code_made_the_report_and_where():
+    recorded = {"version": "0.1.0", "commit": "abc1234" + "0" * 33, "host": "gpu-7"}
+    assert code_line({**recorded, "uncommitted_changes": True}) == (
+        "- Code: dpbench 0.1.0, commit abc1234 (uncommitted changes), host gpu-7"
+    )
+    assert code_line({**recorded, "uncommitted_changes": False}) == (
+        "- Code: dpbench 0.1.0, commit abc1234, host gpu-7"
+    )
+    assert code_line({**recorded, "uncommitted_changes": None}) == (
+        "- Code: dpbench 0.1.0, commit abc1234 (uncommitted changes unknown), host gpu-7"
+    )
+    unknown = {"version": None, "commit": None, "uncommitted_changes": None, "host": "gpu-7"}
+    assert code_line(unknown) == "- Code: dpbench unknown, commit unknown, host gpu-7"
+    # results.json written before schema v3 (or a killed harness's unreadable record)
+    assert code_line(None) == code_line({"host": ["a"]}) == "- Code: not recorded"
+
+
+def test_a_run_records_its_provenance_in_results_json_and_its_header(tmp_path):
+    """The whole path: run.py's meta, results.json's `provenance`, report.md's line."""
+    python = fake_python(tmp_path, 'echo "no worker here" >&2; exit 3')
+    out = tmp_path / "reports"
+    args = ("--backend", "torch", "--strategy", "scratch", "--device", "cpu", "--gpus", "1")
+    args += ("--dataset", "synthetic", "--quiet", "--no-check", "--python", f"torch={python}")
+    before = provenance.git_commit(ROOT)
+    assert run_harness(*args, "--out", str(out)).returncode == 1
+    after = provenance.git_commit(ROOT)  # (someone may commit meanwhile)
+    (directory,) = out.iterdir()
+    recorded = json.loads((directory / "results.json").read_text())["provenance"]
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert recorded["commit"] in (before, after)
+    assert recorded == {
+        "version": version,
+        "commit": recorded["commit"],
+        "uncommitted_changes": recorded["uncommitted_changes"],  # whatever the tree holds now
+        "host": socket.gethostname(),
+    }
+    assert recorded["uncommitted_changes"] in ((True, False) if recorded["commit"] else (None,))
+    text = (directory / "report.md").read_text()
+    assert f"- Code: dpbench {version}, commit {provenance.short(recorded['commit'])}" in text
+
+
+def test_a_committed_v2_report_re_renders_saying_its_code_was_not_recorded(tmp_path):
+    v2 = next(
+        p
+        for p in sorted(ROOT.glob("reports/*"))
+        if (p / "results.json").exists()
+        and json.loads((p / "results.json").read_text())["schema_version"] == 2
+    )
+    copy = tmp_path / v2.name
+    shutil.copytree(v2, copy)
+    out = run_harness("report", str(copy))
+    assert out.returncode == 0, out.stderr
+    text = (copy / "report.md").read_text()
+    assert "- Code: not recorded" in text and "(schema v2)" in text
+    assert (copy / "results.json").read_bytes() == (v2 / "results.json").read_bytes()
 
 
 def test_the_devices_line_says_how_they_were_found_and_old_results_still_render():

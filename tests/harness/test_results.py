@@ -1,4 +1,5 @@
-"""Results as typed dataclasses: v1 and v2 dicts in, attributes out, v2 out; report directories read back."""
+"""Results as typed dataclasses: v1, v2 and v3 dicts in, attributes out, v3 out; report directories read back,
+their provenance (v3) checked as untrusted input."""
 
 from __future__ import annotations
 
@@ -89,10 +90,10 @@ def test_a_result_dict_reads_by_attribute():
     )
 
 
-def test_to_dict_writes_schema_v2_and_round_trips():
+def test_to_dict_writes_schema_v3_and_round_trips():
     r = Result.from_dict({**ok_result(), "log": "logs/x.log", "custom": {"kept": True}})
     d = r.to_dict()
-    assert SCHEMA_VERSION == 2 and d["schema_version"] == 2
+    assert SCHEMA_VERSION == 3 and d["schema_version"] == 3
     assert d["config"] == CONFIG and d["log"] == "logs/x.log" and d["custom"] == {"kept": True}
     assert d["memory"] == {
         "peak_device_mb": None,
@@ -145,8 +146,8 @@ def test_a_schema_v1_result_still_loads(tmp_path):
 def test_load_result_stays_strict(tmp_path):
     path = tmp_path / "r.json"
     for bad, reason in [
-        ([], "not a schema v1 result"),
-        ({**ok_result(), "schema_version": 3}, "not a schema"),
+        ([], "not a result of schema"),
+        ({**ok_result(), "schema_version": 4}, "not a result of schema v1, v2 or v3"),
         (ok_result(status="fine"), "unknown status"),
         (ok_result(epochs=[{**EPOCH, "time_s": "2"}]), "an epoch record lacks"),
         (ok_result(step_time={"median_s": 1}), "step_time lacks a field"),
@@ -170,7 +171,7 @@ def test_load_results_json_reads_a_committed_report():
     ok = [r for r in results if r.ok]
     assert ok and all(r.epochs and r.step_time and r.config.prefetch == 0 for r in ok)
     assert {r.status for r in results} <= {"ok", "unavailable"}
-    # and what v2 writes reads back the same
+    # and what v3 writes reads back the same
     assert [Result.from_dict(r.to_dict()) for r in results] == results
 
 
@@ -180,14 +181,58 @@ def test_load_results_json_round_trips_through_the_report(tmp_path):
     results, meta = load_results_json(COMMITTED)
     report.write(tmp_path, results, {k: v for k, v in meta.items() if k != "equivalence"})
     again, meta2 = load_results_json(tmp_path / "results.json")
-    assert again == results and meta2["schema_version"] == 2
-    assert "(schema v2)" in (tmp_path / "report.md").read_text()
+    assert again == results and meta2["schema_version"] == 3
+    assert meta2["provenance"] is None  # a v1 file's meta has none: written as unknown
+    assert "(schema v3)" in (tmp_path / "report.md").read_text()
+
+
+PROVENANCE = {
+    "version": "0.1.0",
+    "commit": "0123abc" * 5 + "de01f",
+    "uncommitted_changes": True,
+    "host": "h1",
+}
+
+
+def test_a_v3_results_json_keeps_its_provenance(tmp_path):
+    from harness import report
+
+    results, meta = load_results_json(COMMITTED)
+    report.write(tmp_path, results, {**meta, "provenance": PROVENANCE})
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["schema_version"] == 3 and doc["provenance"] == PROVENANCE
+    assert load_results_json(tmp_path)[1]["provenance"] == PROVENANCE
+
+
+def test_a_committed_schema_v2_report_loads_with_its_provenance_unknown():
+    v2 = next(
+        p
+        for p in sorted(REPORTS.glob("*"))
+        if (p / "results.json").exists()
+        and json.loads((p / "results.json").read_text())["schema_version"] == 2
+    )
+    results, meta = load_results_json(v2)
+    assert results and meta["schema_version"] == 2 and "provenance" not in meta
 
 
 @pytest.mark.parametrize(
     "mutate, reason",
     [
-        (lambda d: d.update(schema_version=7), "not a results.json of schema v1 or v2"),
+        (lambda d: d.update(schema_version=7), "not a results.json of schema v1, v2 or v3"),
+        (lambda d: d.update(provenance="abc1234"), "provenance is a str, not an object"),
+        (
+            lambda d: d.update(provenance={**PROVENANCE, "uncommitted_changes": "no"}),
+            "provenance.uncommitted_changes is a str",
+        ),
+        (lambda d: d.update(provenance={**PROVENANCE, "commit": 7}), "provenance.commit is a int"),
+        (
+            lambda d: d.update(provenance={**PROVENANCE, "commit": "HEAD; rm"}),
+            "provenance.commit is not a git commit id",
+        ),
+        (
+            lambda d: d.update(provenance={**PROVENANCE, "host": "a\nb"}),
+            "provenance.host is not one line of printable text",
+        ),
         (lambda d: d.pop("runs"), "no list of runs"),
         (lambda d: d.update(run_id=None), "run_id is missing"),
         (lambda d: d["runs"][1].update(status="weird"), "run 2: unknown status"),
