@@ -23,7 +23,7 @@ A backend supplies a Trainer (common/trainer.py); this module decides what is ti
   buffer, timed alone, and its share of the median step;
 * two figures say whether the epochs are their steps: what the framework compiled in each timed
   part (only the warm-up should; trainer.compiles()), and the mean epoch over (its steps x the
-  median timed step), which the report shows where it exceeds CONSISTENCY_LIMIT.
+  median timed step), which the report shows where it exceeds common/results.py's CONSISTENCY_LIMIT.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from common import data as datalib
 from common import progress, sysinfo
 from common import weights as weightslib
 from common.errors import Diverged
+from common.results import epoch_over_steps
 from common.trainer import Trainer, feed
 
 
@@ -73,7 +74,9 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
         "compile_s": compile_s,
         "compiles": compiles.counts,
         "step_time": step_time,
-        "epoch_over_steps": epoch_over_steps(epochs, step_time),
+        "epoch_over_steps": epoch_over_steps(
+            [e["time_s"] for e in epochs], epochs[0]["steps"], step_time and step_time["median_s"]
+        ),
         "allreduce": allreduce_figure(trainer, cfg, step_time),
         "params": trainer.param_count(),
         "weights_hash": weightslib.fingerprint(trainer.weights),
@@ -161,21 +164,6 @@ class CompileCount:
         if self.counts is not None:
             compiled = self.trainer.compiles() - self.start
             self.counts[part] = self.counts.get(part, 0) + compiled
-
-
-# Above this, a run's timed epochs took more than their steps, each timed alone, account for: the report shows
-# the figure (common/loop.py's epoch_over_steps). Every strategy measured 0.95-1.25 (2 steps an epoch, CPU).
-CONSISTENCY_LIMIT = 1.3
-
-
-def epoch_over_steps(epochs: list[dict], step_time: dict | None) -> float | None:
-    """The mean timed epoch over (its steps x the median timed step): about 1 when an epoch is its steps;
-    well above 1 when something is paid inside the epochs but not in a step timed alone (a compile, a
-    re-placement of the state, a host sync). None without timed steps."""
-    if not step_time or not epochs:
-        return None
-    mean_epoch = sum(e["time_s"] for e in epochs) / len(epochs)
-    return mean_epoch / (epochs[0]["steps"] * step_time["median_s"])
 
 
 def time_steps(trainer: Trainer, cfg, dataset: datalib.Dataset) -> list[float]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from common import architectures, flops
 from common.config import imagenet_shaped
 from common.results import (
+    CONSISTENCY_LIMIT,
     SCHEMA_VERSION,
     Result,
     load_results_json,
@@ -45,6 +46,7 @@ from harness.sections import (
 from harness.tables import (
     accuracy_table,
     as_results,
+    consistency_notes,
     failures,
     steps_table,
     summary_records,
@@ -211,9 +213,14 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
             "little below the epoch figure). Allreduce: the strategy's own reduction of a float32 buffer as "
             "large as the gradients, timed alone (median of 10); GB/s = bytes / time (algorithm bandwidth). "
             "Allreduce / step is an upper bound on what communication costs a step: DDP overlaps its bucketed "
-            "allreduces with the backward pass, and simulated CPU devices share one memory.",
+            "allreduces with the backward pass, and simulated CPU devices share one memory. Epoch / steps: "
+            f"the s/epoch above over (steps per epoch x the median step); beyond {CONSISTENCY_LIMIT:g} (bold) "
+            "the two figures disagree, and the run is named below.",
             "",
         ]
+        notes = consistency_notes(rows)
+        if notes:
+            L += ["**Figures that disagree**:", ""] + notes + [""]
     if plots.get("accuracy"):
         L += ["![Test accuracy per epoch](accuracy.png)", ""]
     if plots.get("throughput"):

@@ -7,7 +7,8 @@ import statistics
 from dataclasses import dataclass
 
 from common import flops, manifest
-from common.results import Result
+from common.results import CONSISTENCY_LIMIT, Result
+from common.results import epoch_over_steps as epoch_over_steps_of
 from harness.trials import Trials, group
 
 STATUS_NOTE = {
@@ -228,6 +229,7 @@ def summary_records(rows: list[Row]) -> list[dict]:
                 "test_acc": row.test_acc,
                 "warmup_s": r.compile_s,
                 "step_median_s": step,
+                "epoch_over_steps": epoch_over_steps(row, step),
                 "params": r.params,
                 "trials": len(row.trials.runs) if row.trials else 1,
                 "trials_kept": len(row.trials.kept) if row.trials else int(r.ok),
@@ -246,6 +248,17 @@ def milliseconds(seconds: float | None) -> str:
     return f"{ms:.3g}" if ms >= 1 else f"{ms:.2g}"
 
 
+def step_statistics(row: Row) -> tuple[float, float, float, int]:
+    """(median, p10, p90, steps) of the row's timed steps: its run's, or with several trials every kept
+    trial's steps together."""
+    step = row.result.step_time
+    samples = row.trials.step_samples() if row.repeated else []
+    if len(samples) < 2:
+        return step.median_s, step.p10_s, step.p90_s, step.steps
+    deciles = statistics.quantiles(samples, n=10, method="inclusive")
+    return statistics.median(samples), deciles[0], deciles[-1], len(samples)
+
+
 def steps_table(rows: list[Row]) -> list[str]:
     """Step statistics and the communication figure of every run that has them."""
     body = []
@@ -257,16 +270,7 @@ def steps_table(rows: list[Row]) -> list[str]:
         c = r.config
         ms = milliseconds
         several = c.devices > 1  # on one device there is nothing to send: no bandwidth to speak of
-        median, p10, p90, steps = step.median_s, step.p10_s, step.p90_s, step.steps
-        samples = row.trials.step_samples() if row.repeated else []
-        if len(samples) >= 2:  # several trials: the statistics of every kept trial's steps together
-            deciles = statistics.quantiles(samples, n=10, method="inclusive")
-            median, p10, p90, steps = (
-                statistics.median(samples),
-                deciles[0],
-                deciles[-1],
-                len(samples),
-            )
+        median, p10, p90, steps = step_statistics(row)
         body.append(
             [
                 c.backend,
@@ -280,6 +284,7 @@ def steps_table(rows: list[Row]) -> list[str]:
                 ms(ar and ar.median_s),
                 fmt(ar.gb_per_s if ar and several else None, ".2f"),
                 fmt(ar and ar.share_of_step, ".0%"),
+                consistency_cell(epoch_over_steps(row, median)),
             ]
         )
     if not body:
@@ -297,9 +302,52 @@ def steps_table(rows: list[Row]) -> list[str]:
             "allreduce ms",
             "allreduce GB/s",
             "allreduce / step",
+            "epoch / steps",
         ],
         body,
     )
+
+
+def epoch_over_steps(row: Row, median_step_s: float | None) -> float | None:
+    """The row's s/epoch (the summary's) over its steps at the median step time (the table's): the two
+    figures agree when this is about 1 (common/results.py's epoch_over_steps)."""
+    epochs = row.result.epochs
+    if not row.sec_per_epoch or not epochs:
+        return None
+    return epoch_over_steps_of([row.sec_per_epoch], epochs[0].steps, median_step_s)
+
+
+def consistency_cell(ratio: float | None) -> str:
+    """The ratio, in bold beyond the limit."""
+    if ratio is None:
+        return "—"
+    return f"**{ratio:.2f}**" if ratio > CONSISTENCY_LIMIT else f"{ratio:.2f}"
+
+
+def consistency_notes(rows: list[Row]) -> list[str]:
+    """A line for each configuration whose figures disagree: its epochs took more than CONSISTENCY_LIMIT
+    times its steps at the median step time, or its framework compiled inside a timed epoch; [] if none."""
+    notes = []
+    for row in rows:
+        r = row.result
+        runs = row.trials.runs if row.trials else [r]
+        compiled = sum((run.compiles or {}).get("epochs", 0) for run in runs if run.ok)
+        ratio = epoch_over_steps(row, step_statistics(row)[0]) if r.ok and r.step_time else None
+        if (ratio is None or ratio <= CONSISTENCY_LIMIT) and not compiled:
+            continue
+        what = f"- **{r.config.backend} {r.config.variant}** on {devices_cell(r.config)}: "
+        if ratio is not None and ratio > CONSISTENCY_LIMIT:
+            what += (
+                f"its s/epoch is {ratio:.2f}x its steps at the median step time (limit "
+                f"{CONSISTENCY_LIMIT:g}): something inside the timed epochs is not in a step timed alone"
+            )
+        if compiled:
+            what += ("; " if ratio and ratio > CONSISTENCY_LIMIT else "") + (
+                f"the framework compiled {compiled} program(s) inside the timed epochs"
+                f"{' of its trials' if len(runs) > 1 else ''}"
+            )
+        notes.append(what)
+    return notes
 
 
 def accuracy_table(rows: list[Row]) -> list[str]:

@@ -210,7 +210,9 @@ def test_a_framework_that_counts_no_compiles_records_none():
     assert metrics["compiles"] is None
 
 
-def test_epoch_over_steps_is_the_mean_epoch_over_its_steps_at_the_median_step():
-    epochs = [{"time_s": 3.0, "steps": 2}, {"time_s": 5.0, "steps": 2}]
-    assert loop.epoch_over_steps(epochs, {"median_s": 0.5}) == 4.0
-    assert loop.epoch_over_steps(epochs, None) is None
+def test_the_run_records_its_mean_epoch_over_its_steps_at_the_median_step():
+    metrics = loop.run_training(
+        RecordingTrainer([]), config(timed_steps=3), datalib.synthetic(48, 8, 0)
+    )
+    mean_epoch = sum(e["time_s"] for e in metrics["epochs"]) / 2
+    assert metrics["epoch_over_steps"] == mean_epoch / (6 * metrics["step_time"]["median_s"])

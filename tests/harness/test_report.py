@@ -128,7 +128,7 @@ def test_render_lists_failures_and_reference_numbers():
 
 
 def test_step_statistics_and_allreduce_figure_are_tabulated():
-    r = result(devices=2)
+    r = result(devices=2, ips=2560.0)  # 0.8 s epochs of 64 steps: 12.5 ms each, as the median step
     r["config"].update(precision="bf16", compile=True)
     r["step_time"] = {
         "steps": 10,
@@ -156,12 +156,12 @@ def test_step_statistics_and_allreduce_figure_are_tabulated():
     )
     assert (
         lines[2]
-        == "| torch | scratch[bf16,compile] | 2 | 12.5 | 12–14 | 10 | 5120.0 | 44.7 | 2.5 | 17.88 | 20% |"
+        == "| torch | scratch[bf16,compile] | 2 | 12.5 | 12–14 | 10 | 5120.0 | 44.7 | 2.5 | 17.88 | 20% | 1.00 |"
     )
     assert len(lines) == 3  # the run without step statistics has no row
     r["config"]["devices"] = 1  # nothing to send: no bandwidth figure
     assert tables.steps_table(tables.with_scaling(tables.as_results([r])))[2].endswith(
-        "| 2.5 | — | 20% |"
+        "| 2.5 | — | 20% | 1.00 |"
     )
     text = report.render([r], {**META, "run_id": "x"}, {})
     assert (
@@ -169,6 +169,24 @@ def test_step_statistics_and_allreduce_figure_are_tabulated():
         and "bfloat16 compute" in text
         and "compile" in text
     )
+
+
+def test_a_run_whose_epochs_are_not_its_steps_is_named_with_its_figures():
+    """Keras's distribution before its fix: 2-step epochs of 4.35 s at a 0.83 s median step, one program
+    compiled inside its epoch. The summary's s/epoch and the step time disagree: the report says by how much."""
+    slow, fine = result(backend="keras", strategy="distribution", ips=2048 / 4.35), result()
+    for r, median in ((slow, 0.83), (fine, 2048 / 100 / 2)):
+        r["epochs"] = [{**e, "steps": 2} for e in r["epochs"]]
+        r["step_time"] = {"steps": 3, "median_s": median, "p10_s": median, "p90_s": median}
+    slow["compiles"] = {"warmup": 1, "epochs": 1, "timed_steps": 0}
+    rows = tables.with_scaling(tables.as_results([slow, fine]))
+    assert tables.consistency_notes(rows) == [
+        "- **keras distribution** on 1 (sim.): its s/epoch is 2.62x its steps at the median step time "
+        "(limit 1.3): something inside the timed epochs is not in a step timed alone; the framework "
+        "compiled 1 program(s) inside the timed epochs"
+    ]
+    assert "| **2.62** |" in "\n".join(tables.steps_table(rows))
+    assert "**Figures that disagree**" in report.render([slow, fine], {**META, "run_id": "x"}, {})
 
 
 def resnet50_on(gpu: str, ips: float) -> dict:

@@ -21,6 +21,7 @@ from common.results import (
     load_result,
     load_results_json,
     new_result,
+    result_problem,
     write_json_atomic,
 )
 
@@ -260,3 +261,30 @@ def test_load_results_json_names_unreadable_files(tmp_path):
     (tmp_path / "results.json").write_text("{")
     with pytest.raises(ValueError, match="not a JSON file"):
         load_results_json(tmp_path)
+
+
+def test_epoch_over_steps_is_the_mean_epoch_over_its_steps_at_the_median_step():
+    from common.results import epoch_over_steps
+
+    assert epoch_over_steps([3.0, 5.0], 2, 0.5) == 4.0
+    assert epoch_over_steps([3.0], 2, None) is None  # no timed steps
+
+
+def test_a_result_without_the_figure_gets_it_from_its_epochs_and_steps():
+    """Results written before the figure was recorded: the same figure from the same fields (2 s epochs of
+    32 steps at a 10 ms median step)."""
+    assert Result.from_dict(ok_result()).epoch_over_steps == 2.0 / (32 * 0.01)
+    assert Result.from_dict(ok_result(epoch_over_steps=1.1)).epoch_over_steps == 1.1
+
+
+@pytest.mark.parametrize(
+    "fields, reason",
+    [
+        ({"compiles": {"warmup": 1, "epochs": "1"}}, "compiles holds something other than counts"),
+        ({"compiles": {"epochs": -1}}, "compiles holds something other than counts"),
+        ({"compiles": [1]}, "compiles is a list"),
+        ({"epoch_over_steps": "fast"}, "epoch_over_steps is not a number"),
+    ],
+)
+def test_a_workers_compile_counts_and_consistency_figure_are_checked(fields, reason):
+    assert result_problem(ok_result(**fields)) == reason
