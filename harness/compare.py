@@ -30,7 +30,7 @@ import numpy as np
 from common.results import Result, load_results_json
 from harness import provenance
 from harness.arguments import Parser, UsageError
-from harness.tables import table
+from harness.tables import milliseconds, table
 from harness.trials import Trials, group
 
 DESCRIPTION = (
@@ -247,7 +247,7 @@ def change(old: float | None, new: float | None) -> str:
 
 
 def verdict_table(verdicts: list[Verdict]) -> list[str]:
-    ms = lambda s: "—" if s is None else f"{1e3 * s:.3g}"
+    ms = milliseconds  # the report's: 2340, not 2.34e+03
     body = [
         [
             v.mark,
