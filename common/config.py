@@ -71,6 +71,11 @@ def check_join_timeout(seconds) -> None:
         raise ConfigError(f"--join-timeout must be positive and finite, in seconds (got {seconds})")
 
 
+def check_peer_timeout(seconds) -> None:
+    if not is_number(seconds) or not math.isfinite(seconds) or seconds < 1:
+        raise ConfigError(f"--peer-timeout must be at least 1 second, and finite (got {seconds})")
+
+
 def check_local_addr(address) -> None:
     try:
         address is None or ipaddress.ip_address(address)
@@ -219,6 +224,9 @@ class RunConfig:
     join_timeout: float = (
         300.0  # across hosts: the longest wait for the other nodes before a run (roll call)
     )
+    # Across hosts: how long a node may go unheard mid-run (no heartbeat: harness/watch.py) before the others
+    # stop their workers and fail the run naming it; the engines' own timeouts are set from it too.
+    peer_timeout: float = 30.0
     # This node's address as the other nodes reach it, and the interface that holds it, for the engines'
     # transports (gloo, NCCL, ps-lite), which would otherwise take whatever the host's name resolves to.
     local_addr: str | None = None
@@ -227,6 +235,13 @@ class RunConfig:
         None  # start from this canonical weights file instead of the seeded init
     )
     save_weights: str | None = None  # write the canonical weights here after training
+
+    @property
+    def engine_timeout(self) -> float:
+        """Across nodes, the longest an engine may wait on a peer (a collective, a heartbeat): the second line
+        behind the harness's heartbeats (harness/watch.py), which name a lost node within peer_timeout, so
+        twice that, and never more than the run's timeout."""
+        return min(self.timeout, 2 * self.peer_timeout)
 
     @property
     def levers(self) -> list[str]:
@@ -302,6 +317,7 @@ class RunConfig:
             raise ConfigError(
                 f"--prefetch must be between 0 and {MAX_PREFETCH} (got {self.prefetch})"
             )
+        check_peer_timeout(self.peer_timeout)
         if self.compile_cache is not None and not self.compile_cache.startswith("/"):
             raise ConfigError(
                 f"--compile-cache takes an absolute folder (got {self.compile_cache!r})"

@@ -205,6 +205,15 @@ def nodes_flags(hosts: bool = True) -> Parser:
             "the run fails naming the node that did not come (default: %(default)g)",
         )
         p.add_argument(
+            "--peer-timeout",
+            type=float,
+            default=configlib.RunConfig.peer_timeout,
+            metavar="S",
+            help="across hosts: how long a node may go unheard mid-run (the harnesses exchange heartbeats) "
+            "before every other host stops its workers and fails the run naming it; the engines' own "
+            "timeouts are set from it (default: %(default)g)",
+        )
+        p.add_argument(
             "--interface",
             type=nonempty,
             default=None,

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 
 from common import network
-from common.config import ConfigError, check_join_timeout, parse_address
+from common.config import ConfigError, check_join_timeout, check_peer_timeout, parse_address
 from harness.arguments import UsageError
 
 DEFAULT_PORT = (
@@ -34,6 +34,9 @@ class Topology:
     coordinator: str | None = None  # HOST:PORT of node 0 (None: a free loopback port per run)
     how: str = ""  # one line for the console and the report
     join_timeout: float = 300.0  # across hosts: the longest wait for the other nodes before a run
+    peer_timeout: float = (
+        30.0  # across hosts: the longest a node may go unheard mid-run (harness/watch.py)
+    )
     local_addr: str | None = (
         None  # across hosts: this host's address and interface, if given (else found)
     )
@@ -73,6 +76,7 @@ def from_args(args, environ=os.environ) -> Topology:
     """The nodes asked for: the flags, else Slurm's variables (srun with one task per node), else one node."""
     try:  # a bad value is refused wherever it would not be used, too (one host: nobody to wait for)
         check_join_timeout(args.join_timeout)
+        check_peer_timeout(args.peer_timeout)
     except ConfigError as e:
         raise UsageError(str(e)) from None
     slurm = "SLURM_PROCID" in environ and int(environ.get("SLURM_NTASKS", "1") or 1) > 1
@@ -123,7 +127,9 @@ def from_args(args, environ=os.environ) -> Topology:
         parse_address(topology.coordinator)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    return dataclasses.replace(topology, join_timeout=args.join_timeout, **this_host(args))
+    return dataclasses.replace(
+        topology, join_timeout=args.join_timeout, peer_timeout=args.peer_timeout, **this_host(args)
+    )
 
 
 def this_host(args) -> dict:

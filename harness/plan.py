@@ -296,6 +296,7 @@ def make_config(
         coordinator=coordinator,
         loopback_nodes=loopback,
         join_timeout=topology.join_timeout,
+        peer_timeout=topology.peer_timeout,
         local_addr=topology.local_addr,
         interface=topology.interface,
         model=preset.model,

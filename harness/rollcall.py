@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from common.config import RunConfig
 from common.network import RETRY_S, interface_address, interface_of
+from harness import watch as watchlib
 
 ACK_S = 5.0  # how long a node waits for node 0's acknowledgement before it tries again
 LINE_BYTES = 4096  # the longest message read (a stray connection sends anything)
@@ -42,6 +43,7 @@ class JoinError(Exception):
 class Meeting:
     address: str  # this node's address as the other nodes reach it
     peers: dict[int, str]  # node 0: every other node's address; other nodes: {0: node 0's}
+    watch: watchlib.Watch | None = None  # the run's heartbeats (harness/watch.py), started
 
 
 # Once the nodes failed to meet, the hosts are out of step (a host absent, or at another run): this harness's
@@ -58,11 +60,37 @@ def meet(cfg: RunConfig, run: str) -> Meeting:
     wait = min(cfg.join_timeout, cfg.timeout)
     try:
         if cfg.node_rank == 0:
-            return _call_roll(port, cfg.nodes, run, wait)
-        return _answer_roll(host, port, cfg.node_rank, cfg.nodes, run, wait)
+            meeting, server = _call_roll(port, cfg.nodes, run, wait)
+            connections = watchlib.gather(server, cfg.nodes, run, ACK_S)
+            missing = [r for r in range(1, cfg.nodes) if r not in connections]
+            if missing:
+                raise JoinError(
+                    f"node 0: node {missing[0]} met, but did not reach node 0's watch port within "
+                    f"{ACK_S:g} s (a firewall between the hosts?)"
+                )
+        else:
+            meeting, watch_port = _answer_roll(host, port, cfg.node_rank, cfg.nodes, run, wait)
+            connections = {0: _join_watch(host, watch_port, cfg.node_rank, run)}
     except JoinError as e:
         _failed = str(e)
         raise
+    watch = watchlib.Watch(cfg.node_rank, run, connections, cfg.peer_timeout).start()
+    return dataclasses.replace(meeting, watch=watch)
+
+
+def _join_watch(host: str, port, rank: int, run: str):
+    """Another node's watch connection to node 0, at the port its answer gave."""
+    if not isinstance(port, int) or not 0 < port < 65536:
+        raise JoinError(
+            f"node {rank}: node 0's answer gave no watch port (a harness of another version?)"
+        )
+    try:
+        return watchlib.join(host, port, rank, run, ACK_S)
+    except OSError as e:
+        raise JoinError(
+            f"node {rank} met node 0 but cannot reach its watch port {host}:{port}: {e} (a firewall between "
+            "the hosts?)"
+        ) from None
 
 
 def meet_and_tell(cfg: RunConfig, run: str, say) -> Meeting:
@@ -103,7 +131,7 @@ def addressed(cfg: RunConfig, meeting: Meeting) -> RunConfig:
 # Node 0
 
 
-def _call_roll(port: int, nodes: int, run: str, wait: float) -> Meeting:
+def _call_roll(port: int, nodes: int, run: str, wait: float) -> tuple[Meeting, socket.socket]:
     deadline = time.monotonic() + wait
     try:
         server = socket.create_server(("", port))  # every address, as the engines listen
@@ -127,10 +155,11 @@ def _call_roll(port: int, nodes: int, run: str, wait: float) -> Meeting:
         meeting = Meeting(
             joined[1].getsockname()[0], {r: c.getpeername()[0] for r, c in joined.items()}
         )
+        watch = watchlib.listen()  # before the answer: a node connects as soon as it has it
         for conn in joined.values():
-            _send(conn, {"run": run, "met": True})
+            _send(conn, {"run": run, "met": True, "watch": watch.getsockname()[1]})
         _await_goodbyes(joined.values())
-        return meeting
+        return meeting, watch
     except JoinError as e:
         for conn in joined.values():
             _send(conn, {"run": run, "error": str(e)})
@@ -210,7 +239,9 @@ def _closed(conn: socket.socket) -> bool:
 # The other nodes
 
 
-def _answer_roll(host: str, port: int, rank: int, nodes: int, run: str, wait: float) -> Meeting:
+def _answer_roll(
+    host: str, port: int, rank: int, nodes: int, run: str, wait: float
+) -> tuple[Meeting, int | None]:
     deadline = time.monotonic() + wait
     last = "no answer"
     while time.monotonic() < deadline:
@@ -223,9 +254,9 @@ def _answer_roll(host: str, port: int, rank: int, nodes: int, run: str, wait: fl
             time.sleep(RETRY_S)
             continue
         with conn:
-            meeting = _attend(conn, rank, nodes, run, deadline)
-        if meeting is not None:
-            return meeting
+            answer = _attend(conn, rank, nodes, run, deadline)
+        if answer is not None:
+            return answer
         last = "an answer that was not node 0's roll call (the port is still another program's?)"
         time.sleep(RETRY_S)
     raise JoinError(
@@ -235,8 +266,9 @@ def _answer_roll(host: str, port: int, rank: int, nodes: int, run: str, wait: fl
 
 def _attend(
     conn: socket.socket, rank: int, nodes: int, run: str, deadline: float
-) -> Meeting | None:
-    """Say who this node is and wait for node 0's answer; None if whoever listens is not node 0's roll call."""
+) -> tuple[Meeting, int | None] | None:
+    """Say who this node is and wait for node 0's answer: the meeting and node 0's watch port; None if whoever
+    listens is not node 0's roll call."""
     try:
         conn.sendall(json.dumps({"node": rank, "nodes": nodes, "run": run}).encode() + b"\n")
     except OSError:
@@ -256,7 +288,7 @@ def _attend(
         ack = answer
     if "error" in ack:
         raise JoinError(str(ack["error"]))
-    return Meeting(conn.getsockname()[0], {0: conn.getpeername()[0]})
+    return Meeting(conn.getsockname()[0], {0: conn.getpeername()[0]}), ack.get("watch")
 
 
 # One JSON line each way

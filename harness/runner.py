@@ -29,6 +29,7 @@ from common.worker import DEVICES_ENV, LIFELINE_ENV, THREADS_ENV
 from harness import disk, envs, interrupts, rollcall
 from harness.envs import ROOT
 from harness.logs import LogNotWritten, WorkerLogs
+from harness.watch import PeerLost
 
 KILL_GRACE_S = 5.0
 
@@ -207,12 +208,15 @@ def launch_all(
     on_line: Callable[[str], bool] | None = None,
     grace: float = 0.0,
     failed_grace: float | None = None,
+    lost: Callable[[], str | None] | None = None,
 ) -> list[tuple[int | None, list[str], float]]:
     """`launch` for processes that work together (the nodes of a run), started at once, one deadline for all.
 
     Once one has exited, the others get `grace` seconds to end too (`failed_grace`, if given, once one has
     failed), then their groups are killed: a node whose peer died must not wait on it until --timeout.
     `on_line` sees the first process's lines only; the others' progress records are left out of their output.
+    `lost` is asked every second whether a peer host was lost (harness/watch.py): if so every process's group
+    is killed and PeerLost raised with its line.
     Each process's (exit status, or None if still running at the deadline or after the grace; its output;
     when it was first seen ended, on the monotonic clock: the order in which they failed)."""
     # Made before any process starts: a log that cannot be made fails the launch.
@@ -236,13 +240,12 @@ def launch_all(
     open_streams, overdue, ended = set(range(len(procs))), set(), {}
     try:
         while open_streams:
-            for i, p in enumerate(procs):
-                if p.poll() is not None:
-                    ended.setdefault(i, time.monotonic())
-            exited = [procs[i] for i in ended]
+            exited = _note_exits(procs, ended)
             if exited and len(exited) < len(procs):
                 failed = failed_grace is not None and any(p.returncode != 0 for p in exited)
                 deadline = min(deadline, time.monotonic() + (failed_grace if failed else grace))
+            if lost is not None and lost():
+                raise PeerLost(lost())
             try:
                 i, line = lines.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
             except queue.Empty:
@@ -278,6 +281,14 @@ def launch_all(
     ]
 
 
+def _note_exits(procs: list[subprocess.Popen], ended: dict[int, float]) -> list[subprocess.Popen]:
+    """The processes that have exited, each first seen ended now (in `ended`, by index) if not before."""
+    for i, p in enumerate(procs):
+        if p.poll() is not None:
+            ended.setdefault(i, time.monotonic())
+    return [procs[i] for i in ended]
+
+
 def run(
     cfg: RunConfig, python: str, workdir: Path, console: Console, trial: int | None = None
 ) -> dict:
@@ -305,11 +316,24 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
             local_addr="127.0.0.1",
             interface=interface_of("127.0.0.1"),
         )
-    elif cfg.nodes > 1:
+    watch = None  # across hosts: the run's heartbeats with the other hosts (harness/watch.py)
+    if cfg.nodes > 1 and not cfg.loopback_nodes:
         try:
-            cfg = rollcall.addressed(cfg, rollcall.meet_and_tell(cfg, name, console.say))
+            meeting = rollcall.meet_and_tell(cfg, name, console.say)
         except rollcall.JoinError as e:
             return _not_started(cfg, console, str(e))
+        cfg, watch = rollcall.addressed(cfg, meeting), meeting.watch
+    try:
+        return _run_nodes(cfg, python, workdir, console, name, watch)
+    finally:
+        if watch is not None:
+            watch.finish()
+
+
+def _run_nodes(
+    cfg: RunConfig, python: str, workdir: Path, console: Console, name: str, watch
+) -> dict:
+    """This host's nodes of the run, started together; their result (node 0's, or the first failure)."""
     ranks = list(range(cfg.nodes)) if cfg.loopback_nodes else [cfg.node_rank]
     try:
         (workdir / "runs").mkdir(parents=True, exist_ok=True)
@@ -339,6 +363,10 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
         record = progress.parse(line)
         if record is not None:
             console.event(cfg, record)
+            if watch is not None:
+                watch.report(
+                    record
+                )  # the run's progress, for the other hosts' line if this one is lost
         return record is not None
 
     console.started(cfg)
@@ -351,7 +379,15 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
             on_line,
             grace=NODE_GRACE_S,
             failed_grace=FAILED_NODE_GRACE_S,
+            lost=watch.lost if watch is not None else None,
         )
+    except (
+        PeerLost
+    ) as e:  # this host's workers are stopped: the run fails in the line that names the node
+        result = not_run_result(cfg, "failed", str(e))
+        result["log"] = f"logs/{nodes[0].log.name}"
+        console.finished(cfg, result)
+        return result
     except OSError as e:
         what = (
             disk.not_written(e.filename, e)
@@ -369,6 +405,10 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
         if len(nodes) == 1
         else merge_nodes(cfg, nodes, results, [at for *_, at in ended])
     )
+    if watch is not None and result["status"] != "ok" and watch.lost():
+        # The engine failed on the lost host just before the heartbeats said so: the line that names the
+        # node is the headline (the last line), the engine's own words before it.
+        result["error"] = f"{result.get('error') or ''}\n{watch.lost()}".strip()
     result["log"] = f"logs/{nodes[0].log.name}"
     console.finished(cfg, result)
     return result
@@ -449,13 +489,38 @@ class Node:
                 error = (
                     tail("".join(output)) + "\n" + reason
                     if returncode == 0
-                    else reason + "\n" + tail("".join(output))
+                    else reason + "\n" + tail("".join(output)) + readable_cause(output)
                 )
                 result = failed_result(cfg.to_dict(), "failed", error)
         if result.get("error"):
             # Paths in the staging directory as they will be once it is renamed to the report's (runs/..., logs/...)
             result["error"] = result["error"].replace(f"{workdir}{os.sep}", "")
         return result
+
+
+# A native stack's lines (absl's and glibc's frames, a signal's banner, C++ frames): never a run's headline.
+NATIVE_FRAME = re.compile(
+    r"^\s*(@\s+0x[0-9a-f]+|PC:\s*@|\*\*\* |#\d+\s+0x|frame #\d+|\[bt\]|\d+\s+0x[0-9a-f]+)",
+    re.IGNORECASE,
+)
+# A line that says what happened: an error, a failed check, a connection closed or refused, a timeout.
+SAYS_WHAT = re.compile(
+    r"error|failed|fatal|closed|refused|reset by peer|timed out|timeout|abort|terminate|killed",
+    re.IGNORECASE,
+)
+
+
+def readable_cause(output: list[str]) -> str:
+    """The first line of a dead worker's output that says what happened (the gloo or gRPC error, a failed
+    check), as a last line of its own: a worker that dies in native code ends its output with stack frames,
+    which must not be the run's headline. "" if no line says."""
+    for line in output:
+        text = line.strip()
+        if "warning" in text.lower() or NATIVE_FRAME.match(text):
+            continue
+        if SAYS_WHAT.search(text):
+            return "\ncause: " + text[:400]
+    return ""
 
 
 def merge_nodes(

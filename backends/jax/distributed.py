@@ -24,9 +24,6 @@ from common.errors import Unsupported
 from common.network import wait_for_coordinator
 
 ENGINE = "jax.distributed"
-# A peer that stops answering is declared dead (and this process stopped) after this many seconds at most,
-# instead of jax's default 100: a node on a dead peer fails soon after it, with the service's error.
-HEARTBEAT_SECONDS = 30
 
 _joined: tuple | None = None  # (nodes, node_rank, coordinator, device kind) of this process's join
 
@@ -64,7 +61,9 @@ def join(cfg) -> None:
         process_id=cfg.node_rank,
         local_device_ids=local_gpu_ids(cfg),
         initialization_timeout=timeout,
-        heartbeat_timeout_seconds=min(HEARTBEAT_SECONDS, timeout),
+        # A peer that stops answering is declared dead (and this process stopped) after the run's engine bound
+        # (twice --peer-timeout) instead of jax's default 100 s: a second line behind the harness's heartbeats.
+        heartbeat_timeout_seconds=max(1, int(cfg.engine_timeout)),
     )
     bind_transport(cfg)
     _joined = topology(cfg)

@@ -134,7 +134,7 @@ def details(cfg) -> dict:
             "coordinator": cfg.coordinator,
             "node_rank": cfg.node_rank,
             "cpu_collectives": distributed.transport(cfg) if cfg.device_kind == "cpu" else None,
-            "heartbeat_timeout_s": min(distributed.HEARTBEAT_SECONDS, max(1, int(cfg.timeout))),
+            "heartbeat_timeout_s": max(1, int(cfg.engine_timeout)),
             "interface": f"{cfg.interface} (this node's address {cfg.local_addr})",
         }
     )

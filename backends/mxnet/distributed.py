@@ -51,6 +51,11 @@ def ps_environment(cfg: RunConfig, role: str) -> dict[str, str]:
         "DMLC_PS_ROOT_PORT": str(port),
         "DMLC_NUM_SERVER": str(cfg.nodes),
         "DMLC_NUM_WORKER": str(cfg.nodes),
+        # ps-lite's heartbeats, off by default: the scheduler then notes a node dead after the run's engine
+        # bound (twice --peer-timeout). It does not end a worker waiting on that node: the harness's heartbeats
+        # (harness/watch.py) do.
+        "PS_HEARTBEAT_INTERVAL": str(max(1, int(cfg.peer_timeout / 5))),
+        "PS_HEARTBEAT_TIMEOUT": str(max(1, int(cfg.engine_timeout))),
     }
     # The address this node's ps-lite processes advertise: the one the harness found (loopback nodes:
     # 127.0.0.1), unless the user chose with ps-lite's own variables.

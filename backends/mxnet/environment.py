@@ -194,4 +194,5 @@ def ps_lite(cfg) -> dict:
             f"node: DMLC_NUM_SERVER = DMLC_NUM_WORKER = {cfg.nodes}, DMLC_ROLE per process"
         ),
         "rendezvous": f"ps-lite scheduler at {cfg.coordinator}",
+        "heartbeat_timeout_s": max(1, int(cfg.engine_timeout)),  # PS_HEARTBEAT_TIMEOUT
     }

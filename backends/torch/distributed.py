@@ -53,6 +53,13 @@ def join_timeout(cfg: RunConfig) -> int:
     return max(1, int(cfg.timeout / 4))
 
 
+def collective_timeout(cfg: RunConfig) -> float:
+    """Seconds a collective waits on a rank before it fails: across nodes the run's engine bound (a lost host is
+    named by the harness first), else the run's timeout (a rank of this host that dies fails its peers'
+    collectives at once: gloo sees the closed connection), at least a minute."""
+    return cfg.engine_timeout if cfg.nodes > 1 else max(60, cfg.timeout)
+
+
 def rendezvous_address(cfg: RunConfig) -> tuple[str, int]:
     """cfg.coordinator; one node: a free loopback port of its own."""
     if cfg.nodes > 1:
@@ -269,7 +276,7 @@ def _rank_main(cfg_dict: dict, job, payload) -> bytes:
         store=_rank_store(cfg),
         rank=rank,
         world_size=int(os.environ["WORLD_SIZE"]),
-        timeout=datetime.timedelta(seconds=max(60, cfg.timeout)),
+        timeout=datetime.timedelta(seconds=collective_timeout(cfg)),
     )
     # A failing rank raises with its group still up: the agent's error file is written before the others
     # see this rank go, so the cause is the first failure.

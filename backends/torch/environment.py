@@ -198,6 +198,11 @@ def engine_details(cfg) -> dict:
         "rendezvous": rendezvous,
         "ranks_per_node": cfg.local_devices,
         **transport_interface(cfg),
+        **(
+            {"collective_timeout_s": cfg.engine_timeout}  # distributed.collective_timeout
+            if cfg.nodes > 1
+            else {}
+        ),
     }
 
 

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +112,83 @@ def test_two_hosts_train_the_same_weights_as_loopback_nodes_and_one_process(
         assert across_hosts[name].tobytes() == one_process[name].tobytes(), (
             f"{name}: hosts vs 1 process"
         )
+
+
+# ------------------------------------------------------------------------------ a host lost mid-run
+
+PEER_TIMEOUT = 5  # short in tests: CI time
+MARGIN_S = (
+    30  # the stated margin over the bound: the survivor stops its workers and writes its report
+)
+
+
+def cut_link(host) -> None:
+    """The host's network gone: its end of the link down (the other host sees silence, not a closed end)."""
+    subprocess.run(["ip", "-n", host.namespace, "link", "set", host.interface, "down"], check=True)
+
+
+def kill_harness(proc) -> None:
+    """The host's harness killed, as by the OOM killer or a crash: its workers follow it (their lifeline)."""
+    os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("fault", ["link cut", "harness killed"])
+@pytest.mark.parametrize("engine_strategy", ENGINE_STRATEGIES)
+def test_a_host_lost_mid_run_ends_the_other_within_the_bound_naming_it(
+    engine_strategy, fault, tmp_path
+):
+    """Host b lost mid-epoch (its link cut, or its harness killed): every surviving host ends within
+    --peer-timeout and a margin, in one line naming node 1 and its address, with its report written, and
+    nothing of the run left running."""
+    with two_hosts(NAME) as hosts:
+        outs = [tmp_path / f"host-{r}" for r in range(2)]
+        logs = [tmp_path / f"host-{r}.log" for r in range(2)]
+        procs = []
+        for rank, (host, out, log) in enumerate(zip(hosts, outs, logs)):
+            out.mkdir()
+            args = small_run(NAME, engine_strategy, out)
+            args.remove("--quiet")  # the epochs' lines: the fault comes once training is under way
+            procs.append(
+                start_harness(
+                    host,
+                    [
+                        *args,
+                        *("--epochs", "400", "--nodes", "2", "--gpus", "1"),
+                        *("--node-rank", str(rank), "--coordinator", f"{hosts[0].address}:{PORT}"),
+                        *("--join-timeout", "120", "--peer-timeout", str(PEER_TIMEOUT)),
+                    ],
+                    log,
+                )
+            )
+        assert wait_until(lambda: "epoch 2/400" in logs[0].read_text(), WAIT_S), logs[0].read_text()
+        time.sleep(1.0)  # node 1 has heard of that epoch
+        cut_link(hosts[1]) if fault == "link cut" else kill_harness(procs[1])
+        started = time.monotonic()
+        survivors = procs if fault == "link cut" else procs[:1]
+        codes = wait_all(survivors, logs, PEER_TIMEOUT + MARGIN_S)
+        ended = time.monotonic() - started
+        if fault == "harness killed":
+            procs[1].wait()
+    assert codes == [1] * len(survivors) and ended <= PEER_TIMEOUT + MARGIN_S
+    for rank, out in enumerate(outs[: len(survivors)]):
+        headline = run_row(out)["error"].splitlines()[
+            -1
+        ]  # (the engine's own words may come before it)
+        lost = 1 - rank
+        assert headline.startswith(f"node {lost} ({hosts[lost].address}) lost mid-run: "), headline
+        assert "the run was at epoch" in headline
+    assert wait_until(lambda: not running(tmp_path), 15), running(tmp_path)
+
+
+def wait_until(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return condition()
+
+
+def running(marker) -> list[str]:
+    found = subprocess.run(["pgrep", "-f", str(marker)], capture_output=True, text=True)
+    return found.stdout.split()

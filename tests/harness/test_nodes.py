@@ -44,6 +44,7 @@ def args(**given):
             "node_rank": None,
             "coordinator": None,
             "join_timeout": 300.0,
+            "peer_timeout": 30.0,
             "local_addr": None,
             "interface": None,
             **given,
@@ -100,6 +101,7 @@ def test_first_slurm_host(nodelist, first):
             "--join-timeout must be positive and finite",
         ),
         (dict(join_timeout=-1.0), "--join-timeout must be positive and finite"),  # one host too
+        (dict(peer_timeout=0.5), "--peer-timeout must be at least 1 second"),  # one host too
         (dict(nodes="0"), "--nodes must be at least 1"),
         (dict(nodes="two"), "--nodes takes a node count"),
     ],

@@ -54,8 +54,12 @@ def meet_all(configs: list[RunConfig], runs: list[str]) -> list:
 def test_the_nodes_meet_and_each_learns_its_address():
     port = free_port()
     zero, one, two = meet_all([node(r, 3, port) for r in range(3)], ["torch-ddp-x3-3nodes"] * 3)
-    assert zero == rollcall.Meeting("127.0.0.1", {1: "127.0.0.1", 2: "127.0.0.1"})
-    assert one == two == rollcall.Meeting("127.0.0.1", {0: "127.0.0.1"})
+    assert (zero.address, zero.peers) == ("127.0.0.1", {1: "127.0.0.1", 2: "127.0.0.1"})
+    assert (one.address, one.peers) == (two.address, two.peers) == ("127.0.0.1", {0: "127.0.0.1"})
+    # and each keeps in touch with node 0 for the run (harness/watch.py): node 0 with both others
+    assert sorted(zero.watch.connections) == [1, 2] and list(one.watch.connections) == [0]
+    for meeting in (zero, one, two):
+        meeting.watch.finish()
     placed = rollcall.addressed(node(1, 3, port), one)
     assert (placed.local_addr, placed.interface) == ("127.0.0.1", "lo")
 
