@@ -219,13 +219,19 @@ class Backend:
         batches: list,
         lr: float,
         bn: str = "local",
+        device_kind: str = "cpu",
     ) -> tuple[float, dict, dict]:
-        """The math every strategy implements, in float64 on the CPU by the reference strategy: (mean loss,
-        gradients) of the first batch and the trace of SGD steps (`sync` BatchNorm: 1-device training).
-        `harness check` measures each float32 implementation's distance from it, to tell rounding apart from
-        different math."""
+        """The math every strategy implements, in float64 by the reference strategy (on the CPU unless
+        `device_kind` says otherwise): (mean loss, gradients) of the first batch and the trace of SGD steps
+        (`sync` BatchNorm: 1-device training). `harness check` measures each float32 implementation's
+        distance from it, to tell rounding apart from different math, and its own float64 rounding with it
+        (common/measurements.py's float64 floor, on the devices the strategies ran on)."""
         probe = Probe(
-            self.strategies.REFERENCE, model, 1 if bn == "sync" else devices, dtype="float64"
+            self.strategies.REFERENCE,
+            model,
+            1 if bn == "sync" else devices,
+            device_kind=device_kind,
+            dtype="float64",
         )
         loss, grads = self.gradients(probe, weights, *batches[0])
         return loss, grads, self.train_trace(probe, weights, batches, lr)

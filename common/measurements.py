@@ -15,6 +15,9 @@ harness, and stores flat arrays in an .npz (readable whatever numpy the harness 
   <model>|float64|forward|train, ...|eval             the logits in float64 (the reference backend only)
   <model>|float64|<k>|<bn>|...                        loss, grad, first, final, losses in float64 over the whole
                                                       trace (the reference backend only: the float32 floor)
+  <model>|float64-in-order|<k>|<bn>|...               the same over the first FLOAT64_STEPS steps, and again with
+  <model>|float64-permuted|<k>|<bn>|...               the images of every device's shard permuted (the reference
+                                                      backend only: the float64 floor, FLOOR_RUNS)
 and a JSON of what could not run here, with the reason.
 
 A job with "nodes" > 1 is one node of a multi-process measurement: every node runs the same job with its
@@ -37,9 +40,16 @@ from common.backend import Probe
 from common.errors import Unsupported
 
 # Steps of each strategy's float64 trace. A trace amplifies a difference by ~2x per step (ResNet-18 at
-# lr 0.1): float64 rounding (1e-16) stays far below the check's 1e-10 over a few steps, while a different
-# rule (a BatchNorm convention, a reduction) shows at once.
+# lr 0.1): a different rule (a BatchNorm convention, a reduction) shows at once, while float64 rounding
+# mostly stays below 1e-10 over a few steps (where it does not, the float64 floor below says how far).
 FLOAT64_STEPS = 3
+
+# The float64 floor: how far float64 rounding alone moves each quantity the float64 rows compare. The reference
+# runs the same math twice over FLOAT64_STEPS steps, once as the batches come and once with the images of every
+# device's shard permuted (labels with them): the mean loss, the summed gradients and BatchNorm's batch
+# statistics do not change in exact arithmetic, only the order of their sums. Reserved names, never a strategy.
+IN_ORDER, PERMUTED = "float64-in-order", "float64-permuted"
+FLOOR_RUNS = (IN_ORDER, PERMUTED)
 
 
 def topology(job: dict) -> dict:
@@ -105,17 +115,43 @@ def measure(backend, job: dict) -> tuple[dict[str, np.ndarray], dict[str, str]]:
                         )
                     except Unsupported as e:
                         skipped[key] = str(e)
-        if (
-            job.get("float64") and not nodes
-        ):  # the float32 floor: the same math in float64, the whole trace
-            for k in job["devices"]:
-                for bn in job["bn"]:
-                    if not (bn == "sync" and model == "lenet"):
-                        loss, grads, trace = backend.float64_reference(
-                            model, k, w, batches, job["lr"], bn=bn
-                        )
-                        out.update(_flat(f"{model}|float64|{k}|{bn}", loss, grads, trace))
+        if job.get("float64") and not nodes:
+            out.update(_reference_runs(backend, model, w, batches, job))
     return out, skipped
+
+
+def _reference_runs(backend, model: str, w, batches: list, job: dict) -> dict[str, np.ndarray]:
+    """The reference backend's float64 runs of every device count and BatchNorm mode: the whole trace on the CPU
+    (the float32 floor), and FLOAT64_STEPS as they come and permuted on the strategies' devices (the float64
+    floor)."""
+    out = {}
+    for k in job["devices"]:
+        for bn in job["bn"]:
+            if bn == "sync" and model == "lenet":
+                continue  # no BatchNorm: the same as local
+            loss, grads, trace = backend.float64_reference(model, k, w, batches, job["lr"], bn=bn)
+            out.update(_flat(f"{model}|float64|{k}|{bn}", loss, grads, trace))
+            for name, run in (
+                (IN_ORDER, batches[:FLOAT64_STEPS]),
+                (PERMUTED, permuted_within_shards(batches[:FLOAT64_STEPS], k)),
+            ):
+                loss, grads, trace = backend.float64_reference(
+                    model, k, w, run, job["lr"], bn=bn, device_kind=job["device_kind"]
+                )
+                out.update(_flat(f"{model}|{name}|{k}|{bn}", loss, grads, trace))
+    return out
+
+
+def permuted_within_shards(batches: list, devices: int) -> list:
+    """Each batch with the images of every device's shard (a contiguous 1/devices of it, as every backend's
+    split takes it) rotated by one, labels with them: each device sees the same images, summed in another order.
+    A rotation moves every image, and changes the pairs a pairwise sum adds first (a reversal would not)."""
+    out = []
+    for x, y in batches:
+        shard = len(y) // devices
+        index = np.roll(np.arange(len(y)).reshape(devices, shard), 1, axis=1).ravel()
+        out.append((x[index], y[index]))
+    return out
 
 
 def _run(backend, key: str, probe: Probe, w, batches, lr) -> dict[str, np.ndarray]:

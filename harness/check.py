@@ -286,7 +286,9 @@ def run_checks(
                 return [], failures, shared["weights_hash"]
             rows = asked_rows(compare(results, w0), counts)
             for name, (arrays, skipped) in node_runs.items():
-                rows += compare_nodes(name, results[name][0], arrays, skipped, nodes, w0)
+                rows += compare_nodes(
+                    name, results[name][0], arrays, skipped, nodes, w0, results["torch"][0]
+                )
             return rows, failures, shared["weights_hash"]
         finally:
             for arrays, _ in [*results.values(), *node_runs.values()]:

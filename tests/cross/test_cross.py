@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,7 +87,8 @@ def test_every_backends_resnet50_computes_torchs_in_float64():
     and gradients in MXNet's gluon and Keras's ddp as in torch, in float64, on synthetic 64x64 images. Only the
     float64 rows are judged here (float32 is a rounding claim, tested on LeNet above), and only the strategies
     that run eagerly: XLA takes minutes to compile each of ResNet-50's programs on a small CPU, so the XLA
-    strategies (jax's, Keras's distribution) are proven by `harness check --model resnet50` on demand."""
+    strategies (jax's, Keras's distribution) are proven by `harness check --model resnet50` on demand. Each
+    row names the float64 floor torch measured by running again with its images permuted: a real one, not 0."""
     backends = [b for b in BACKENDS if b != "jax"]
     out = harness(
         "check",
@@ -114,6 +116,8 @@ def test_every_backends_resnet50_computes_torchs_in_float64():
     others = {b for b in backends if b != "torch"}
     assert {cells[2] for cells in rows} == others, out.stdout[-3000:]
     assert all(float(cells[6]) <= 1e-10 and cells[8].startswith("ok") for cells in rows), rows
+    floors = [re.search(r"float64 floor ([-+.e0-9]+)\)", cells[8]) for cells in rows]
+    assert all(f and 0 < float(f.group(1)) < 1e-10 for f in floors), rows
 
 
 @pytest.mark.skipif(not detect().gpus, reason="needs a GPU")

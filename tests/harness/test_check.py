@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from common import architectures, weights
+from common import measurements as measurements_lib
 from common.backend import Probe
 from harness import check, equivalence
 from tests.harness.helpers import fake_python
@@ -269,7 +270,7 @@ def test_an_injected_gradient_difference_of_1e_3_fails():
     assert len(same) == 2 and all(
         r.status == "FAIL" and abs(r.value - 1e-3) < 1e-9 for r in same
     ), same
-    assert all("largest: gradients" in r.note for r in same)
+    assert all("nearest its tolerance: gradients" in r.note for r in same)
     assert by(rows, backend="jax", check="math (float64)")[0].status == "FAIL"
     # and without the injected difference, every one of those rows is ok
     clean = resnet_pair(runs)
@@ -288,11 +289,155 @@ def test_an_injected_batchnorm_convention_difference_fails():
     (state,) = by(rows, backend="jax", check="BatchNorm state, one step")
     assert state.status == "FAIL" and state.value > 1e-4
     (same,) = by(rows, backend="jax", check="same math (float64)")
-    assert same.status == "FAIL" and "largest: state" in same.note
+    assert same.status == "FAIL" and "nearest its tolerance: state" in same.note
     assert by(rows, backend="jax", check="gradients")[0].status == "ok"
     clean = resnet_pair(runs)
     assert by(clean, backend="jax", check="BatchNorm state, one step")[0].status == "ok"
     assert by(clean, backend="jax", check="same math (float64)")[0].status == "ok"
+
+
+# ------------------------------------------------------------- the float64 rows' measured floor
+
+
+def with_float64_floor(arrays: dict, model: str, runs, rounding: dict[str, float]) -> dict:
+    """Add the reference's float64 floor runs (common/measurements.py's FLOOR_RUNS) of each configuration: the
+    permuted run `rounding[part]` (relative) from the in-order one in that part ("grad", "loss")."""
+    out = dict(arrays)
+    for strategy, k, bn in runs:
+        key = f"{model}|{strategy}|{k}|{bn}"
+        for name, scale in ((measurements_lib.IN_ORDER, {}), (measurements_lib.PERMUTED, rounding)):
+            for stored in [s for s in arrays if s.startswith(f"{key}|")]:
+                part = stored.split("|")[4]
+                out[f"{model}|{name}|{k}|{bn}|{stored.split('|', 4)[4]}"] = arrays[stored] * (
+                    1 + scale.get(part, 0.0)
+                )
+    return out
+
+
+def float64_pair(
+    gap: dict[str, float], rounding: dict[str, float] | None, runs=(("ddp", 2, "local"),)
+):
+    """torch and jax on LeNet: jax's float64 runs `gap[part]` (relative) from torch's; torch's float64 floor
+    measured as `rounding` (None: not measured)."""
+    w0 = {"lenet": weights.initial_weights("lenet", 0)}
+    torch = measurements("lenet", w0["lenet"], runs=runs)
+    torch.update(as_float64_runs(torch))
+    if rounding is not None:
+        torch = with_float64_floor(torch, "lenet", runs, rounding)
+    other = measurements("lenet", w0["lenet"], runs=runs)
+    float64 = as_float64_runs(other)
+    for key in float64:
+        float64[key] = float64[key] * (1 + gap.get(key.split("|")[4], 0.0))
+    other.update(float64)
+    return equivalence.compare({"torch": (torch, {}), "jax": (other, {})}, w0)
+
+
+def same_math_row(gap, rounding):
+    (row,) = by(float64_pair(gap, rounding), backend="jax", check="same math (float64)")
+    return row
+
+
+FACTOR = equivalence.FLOAT64_FACTOR
+
+
+def test_a_float64_row_allows_the_factor_times_its_measured_floor():
+    """torch's float64 gradients move by 5e-10 when its shards are summed in another order: a gap of 0.6x the
+    factor times that floor passes, and the row says where its tolerance comes from."""
+    row = same_math_row({"grad": 0.6 * FACTOR * 5e-10}, {"grad": 5e-10})
+    assert row.status == "ok" and row.value == pytest.approx(0.6 * FACTOR * 5e-10, rel=1e-6)
+    assert row.tolerance == pytest.approx(FACTOR * 5e-10)
+    assert (
+        f"nearest its tolerance: gradients; tolerance {FACTOR}x float64 floor 5.0e-10" in row.note
+    )
+
+
+def test_a_float64_gap_beyond_the_factor_times_its_floor_fails():
+    assert same_math_row({"grad": 1.2 * FACTOR * 5e-10}, {"grad": 5e-10}).status == "FAIL"
+    far = same_math_row({"grad": 1e-6}, {"grad": 5e-10})
+    assert far.status == "FAIL" and far.value == pytest.approx(1e-6, rel=1e-6)
+
+
+def test_one_quantitys_floor_does_not_widen_another():
+    """A rounding of 5e-10 in the gradients allows nothing more in the loss: a loss 3e-9 off fails at 1e-10."""
+    row = same_math_row({"loss": 3e-9}, {"grad": 5e-10})
+    assert row.status == "FAIL" and row.tolerance == equivalence.TOLERANCE["same math"]
+    assert (
+        f"nearest its tolerance: loss; tolerance 1e-10, above {FACTOR}x float64 floor 0.0e+00"
+        in (row.note)
+    )
+
+
+def test_a_float64_tolerance_is_never_below_1e_10():
+    row = same_math_row({"grad": 5e-11}, {"grad": 1e-13})
+    assert row.status == "ok" and row.tolerance == 1e-10
+    assert f"tolerance 1e-10, above {FACTOR}x float64 floor 1.0e-13" in row.note
+    assert same_math_row({"grad": 3e-10}, {"grad": 1e-13}).status == "FAIL"
+
+
+def test_without_a_measured_floor_a_float64_row_keeps_1e_10_and_says_so():
+    row = same_math_row({"grad": 3e-9}, None)
+    assert row.status == "FAIL" and row.tolerance == 1e-10
+    assert row.note.endswith("tolerance 1e-10: no float64 floor measured")
+
+
+def test_the_floor_runs_are_not_runs_of_a_strategy():
+    rows = float64_pair({}, {"grad": 5e-10})
+    assert {r.strategy for r in rows if r.check == "same math (float64)"} == {"ddp"}
+    assert not [r for r in rows if "float64-" in r.strategy]
+
+
+def test_the_one_device_float64_row_allows_the_factor_times_the_one_device_floor():
+    w0 = {"lenet": weights.initial_weights("lenet", 0)}
+    runs = (("ddp", 1, "local"),)
+    torch = with_float64(measurements("lenet", w0["lenet"], runs=runs), "lenet", runs, 0)
+    torch = with_float64_floor(torch, "lenet", runs, {"grad": 4e-10})
+
+    def math_row(error):
+        other = with_float64(
+            measurements("lenet", w0["lenet"], runs=runs), "lenet", runs, 0, math_error=error
+        )
+        compared = equivalence.compare({"torch": (torch, {}), "jax": (other, {})}, w0)
+        return by(compared, backend="jax", check="math (float64)")[0]
+
+    row = math_row(2e-9)  # loss and gradients 2e-9 off: the loss has no floor above 1e-10
+    assert row.status == "FAIL" and "nearest its tolerance: loss" in row.note
+    torch = with_float64_floor(torch, "lenet", runs, {"grad": 4e-10, "loss": 5e-10})
+    row = math_row(2e-9)
+    assert row.status == "ok" and row.tolerance == pytest.approx(FACTOR * 4e-10)
+    assert row.note.endswith(
+        f"nearest its tolerance: gradients; tolerance {FACTOR}x float64 floor 4.0e-10"
+    )
+    assert math_row(1e-7).status == "FAIL"
+
+
+def test_the_nodes_float64_row_allows_the_factor_times_the_references_floor():
+    w0 = {"lenet": weights.initial_weights("lenet", 0)}
+    runs = (("ddp", 2, "local"),)
+    single = measurements("lenet", w0["lenet"], runs=runs)
+    single.update(as_float64_runs(single))
+    multi = dict(single)
+    for key in [k for k in multi if k.startswith("lenet|ddp:float64|2|local|grad|")]:
+        multi[key] = multi[key] * (1 + 3e-9)
+    reference = with_float64_floor(single, "lenet", runs, {"grad": 5e-10})
+
+    def nodes_row(reference):
+        rows = equivalence.compare_nodes("torch", single, multi, {}, 2, w0, reference)
+        return by(rows, check="nodes vs 1 process (float64)")[0]
+
+    row = nodes_row(reference)
+    assert row.status == "ok" and row.tolerance == pytest.approx(FACTOR * 5e-10)
+    assert f"tolerance {FACTOR}x float64 floor 5.0e-10" in row.note
+    assert nodes_row(None).status == "FAIL" and "no float64 floor measured" in nodes_row(None).note
+
+
+def test_the_permuted_floor_run_sums_every_shard_in_another_order():
+    """Each device keeps its own images (the same statistics in exact arithmetic), labels with their images,
+    and every image moves within its shard."""
+    x = np.arange(8, dtype=np.float64).reshape(8, 1) * 10
+    y = np.arange(8)
+    ((px, py),) = measurements_lib.permuted_within_shards([(x, y)], 2)
+    assert py.tolist() == [3, 0, 1, 2, 7, 4, 5, 6]
+    assert np.array_equal(px[:, 0], py * 10)
 
 
 # ------------------------------------------------------------- the references are always measured
@@ -302,7 +447,7 @@ class RecordingBackend:
     """A check worker's backend that records what it is asked for and returns fixed numbers."""
 
     def __init__(self, model: str):
-        self.model, self.calls = model, []
+        self.model, self.calls, self.reference_labels = model, [], []
         self.w = weights.initial_weights(model, 0)
 
     def predict(self, model, w, x, train=False, dtype="float32"):
@@ -323,21 +468,23 @@ class RecordingBackend:
         self.calls.append(("trace", probe.strategy, probe.devices, probe.dtype, len(batches)))
         return {"first": self.w, "final": self.w, "losses": [2.3] * len(batches)}
 
-    def float64_reference(self, model, k, w, batches, lr, bn="local"):
-        self.calls.append(("reference", bn, k, "float64", len(batches)))
+    def float64_reference(self, model, k, w, batches, lr, bn="local", device_kind="cpu"):
+        self.calls.append(("reference", bn, k, device_kind, len(batches)))
+        self.reference_labels.append([y.tolist() for _, y in batches])
         loss, grads = self.float64_gradients(model, w, None, None)
         return loss, grads, self.train_trace(Probe("-", model, k, dtype="float64"), w, batches, lr)
 
 
 def test_the_check_worker_measures_float64_runs_and_whole_reference_traces(tmp_path):
     """Each strategy runs in float32 (whole trace) and float64 (FLOAT64_STEPS); the reference's float64
-    trace is whole for every device count and BatchNorm mode, so each configuration has its own floor."""
+    trace is whole for every device count and BatchNorm mode, so each configuration has its own float32
+    floor, and the reference runs FLOAT64_STEPS again as the batches come and with every shard permuted:
+    the float64 floor, on the devices the strategies ran on."""
     from common import measurements as worker
 
     backend = RecordingBackend("lenet")
-    np.savez(
-        tmp_path / "b.npz", x=np.zeros((6, 4, 1, 28, 28), np.float32), y=np.zeros((6, 4), np.int32)
-    )
+    labels = np.arange(24, dtype=np.int32).reshape(6, 4)
+    np.savez(tmp_path / "b.npz", x=np.zeros((6, 4, 1, 28, 28), np.float32), y=labels)
     weights.save(tmp_path / "w.npz", backend.w)
     job = {
         "models": ["lenet"],
@@ -345,7 +492,7 @@ def test_the_check_worker_measures_float64_runs_and_whole_reference_traces(tmp_p
         "devices": [1, 2],
         "bn": ["local"],
         "lr": 0.1,
-        "device_kind": "cpu",
+        "device_kind": "gpu",
         "float64": True,
         "batches": str(tmp_path / "b.npz"),
         "weights": {"lenet": str(tmp_path / "w.npz")},
@@ -359,11 +506,19 @@ def test_the_check_worker_measures_float64_runs_and_whole_reference_traces(tmp_p
             for dtype, n in (("float32", 6), ("float64", worker.FLOAT64_STEPS))
         ]
     )
+    steps = worker.FLOAT64_STEPS
     assert [c for c in backend.calls if c[0] == "reference"] == [
-        ("reference", "local", 1, "float64", 6),
-        ("reference", "local", 2, "float64", 6),
+        ("reference", "local", k, kind, n)
+        for k in (1, 2)
+        for kind, n in (("cpu", 6), ("gpu", steps), ("gpu", steps))
     ]
+    in_order = labels[:steps].tolist()
+    assert backend.reference_labels[1] == backend.reference_labels[4] == in_order
+    assert backend.reference_labels[2] == [[3, 0, 1, 2], [7, 4, 5, 6], [11, 8, 9, 10]]  # 1 device
+    assert backend.reference_labels[5] == [[1, 0, 3, 2], [5, 4, 7, 6], [9, 8, 11, 10]]  # 2 devices
     assert "lenet|ddp:float64|2|local|final|fc2.bias" in out and not skipped
+    assert "lenet|float64-permuted|2|local|final|fc2.bias" in out
+    assert "lenet|float64-in-order|1|local|loss" in out
     assert (
         out["lenet|float64|forward|eval"].dtype == np.float64
     )  # the reference's logits in float64 too
