@@ -52,12 +52,14 @@ def apply(env: dict, shared: str | None, own: Path) -> dict:
 
 def record() -> dict:
     """What this process started with: {"mode": "cold" | "shared" | None (not set by the harness: a worker
-    started by hand, with whatever the user's environment says), "folders": {variable: folder},
+    started by hand, with whatever the user's environment says), "folders": {variable: folder} (none for a cold run's),
     "files_at_start": files already in them (0 in a cold run)}."""
     folders = {name: os.environ[name] for name in FOLDERS if os.environ.get(name)}
+    mode = os.environ.get(MODE_ENV) or None
     return {
-        "mode": os.environ.get(MODE_ENV) or None,
-        "folders": folders,
+        "mode": mode,
+        # A cold run's folders are staging ones, gone with the report: not worth a path in it.
+        "folders": {} if mode == "cold" else folders,
         "files_at_start": sum(count_files(folder) for folder in set(folders.values())),
     }
 
