@@ -32,6 +32,23 @@ PORT = 29500  # each namespace has its own ports: nothing else listens there
 WAIT_S = 420
 
 
+def start_both(hosts, tmp_path: Path, strategy: str, *extra: str, quiet: bool = True):
+    """A harness on each host, node 0 and node 1 of one small run of `strategy` across them:
+    (report folders, logs, processes)."""
+    outs = [tmp_path / f"host-{r}" for r in range(2)]
+    logs = [tmp_path / f"host-{r}.log" for r in range(2)]
+    procs = []
+    for rank, (host, out, log) in enumerate(zip(hosts, outs, logs)):
+        out.mkdir()
+        args = small_run(NAME, strategy, out)
+        if not quiet:
+            args.remove("--quiet")
+        nodes = ("--nodes", "2", "--gpus", "1", "--node-rank", str(rank))
+        meet = ("--coordinator", f"{hosts[0].address}:{PORT}", "--join-timeout", "120")
+        procs.append(start_harness(host, [*args, *nodes, *meet, *extra], log))
+    return outs, logs, procs
+
+
 def run_here(tmp_path: Path, name: str, strategy: str, *extra: str) -> tuple[dict, dict]:
     """The same run on this host (loopback nodes, or one process): its trained weights and its row."""
     out = tmp_path / name
@@ -47,32 +64,7 @@ def test_two_hosts_train_the_same_weights_as_loopback_nodes_and_one_process(
     backend, engine_strategy, tmp_path
 ):
     with two_hosts(NAME) as hosts:
-        outs = [tmp_path / f"host-{r}" for r in range(2)]
-        logs = [tmp_path / f"host-{r}.log" for r in range(2)]
-        procs = []
-        for rank, (host, out, log) in enumerate(zip(hosts, outs, logs)):
-            out.mkdir()
-            procs.append(
-                start_harness(
-                    host,
-                    small_run(
-                        NAME,
-                        engine_strategy,
-                        out,
-                        "--nodes",
-                        "2",
-                        "--gpus",
-                        "1",
-                        "--node-rank",
-                        str(rank),
-                        "--coordinator",
-                        f"{hosts[0].address}:{PORT}",
-                        "--join-timeout",
-                        "120",
-                    ),
-                    log,
-                )
-            )
+        outs, logs, procs = start_both(hosts, tmp_path, engine_strategy)
         codes = wait_all(procs, logs, WAIT_S)
     assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
     coordinator = f"{hosts[0].address}:{PORT}"
@@ -141,25 +133,13 @@ def test_a_host_lost_mid_run_ends_the_other_within_the_bound_naming_it(
     --peer-timeout and a margin, in one line naming node 1 and its address, with its report written, and
     nothing of the run left running."""
     with two_hosts(NAME) as hosts:
-        outs = [tmp_path / f"host-{r}" for r in range(2)]
-        logs = [tmp_path / f"host-{r}.log" for r in range(2)]
-        procs = []
-        for rank, (host, out, log) in enumerate(zip(hosts, outs, logs)):
-            out.mkdir()
-            args = small_run(NAME, engine_strategy, out)
-            args.remove("--quiet")  # the epochs' lines: the fault comes once training is under way
-            procs.append(
-                start_harness(
-                    host,
-                    [
-                        *args,
-                        *("--epochs", "400", "--nodes", "2", "--gpus", "1"),
-                        *("--node-rank", str(rank), "--coordinator", f"{hosts[0].address}:{PORT}"),
-                        *("--join-timeout", "120", "--peer-timeout", str(PEER_TIMEOUT)),
-                    ],
-                    log,
-                )
-            )
+        outs, logs, procs = start_both(
+            hosts,
+            tmp_path,
+            engine_strategy,
+            *("--epochs", "400", "--peer-timeout", str(PEER_TIMEOUT)),
+            quiet=False,  # the epochs' lines: the fault comes once training is under way
+        )
         assert wait_until(lambda: "epoch 2/400" in logs[0].read_text(), WAIT_S), logs[0].read_text()
         time.sleep(1.0)  # node 1 has heard of that epoch
         cut_link(hosts[1]) if fault == "link cut" else kill_harness(procs[1])
