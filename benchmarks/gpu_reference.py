@@ -1,28 +1,46 @@
-"""The GPU reference: the d2l recipe (ResNet-18, 10 epochs, all of Fashion-MNIST, batch 256, lr 0.1) on one GPU,
-torch and JAX, fp32 / tf32 / bf16 and the speed levers, then the check, parity and the GPU tests, in pieces of
-at most ten minutes each, on a host without network.
+"""The GPU reference, in the order that buys the most certainty per minute of GPU time, in pieces that each fit a
+ten-minute slot on a host without network:
 
-    python3 benchmarks/gpu_reference.py prepare            # where there is network: .data/ and .whl/ to carry
-    python3 benchmarks/gpu_reference.py list               # the pieces and their commands
-    python3 benchmarks/gpu_reference.py run                # on the GPU host: every piece in turn
-    python3 benchmarks/gpu_reference.py run --piece 4      # one piece (each fits a ten-minute slot)
-    python3 benchmarks/gpu_reference.py run --smoke        # the same pieces on the CPU, cut to a few steps
+ 1. gpu-tests   the tests that skip without a GPU: torch's CUDA tests (float64 steps of dp and NCCL ddp, pinned-
+                memory prefetch, TF32, bf16 autocast, channels-last, compile, sync BatchNorm) and jax's GPU tests
+ 2. check       `harness check --gpus 1 --model resnet18`, torch and jax
+ 3. d2l-bf16    the d2l recipe (ResNet-18, 10 epochs, all 60,000/10,000 images, batch 256, lr 0.1) in bf16:
+                torch scratch and ddp, jax pmap and sharding, one GPU
+ 4. d2l-fp32    the same four runs in fp32 (TF32 off)
+ 5-6.           bf16 with the levers: torch --compile --channels-last --resident-data; jax --resident-data
+ 7. resnet50    torchvision's ResNet-50 throughput preset, torch and jax
+ 8. parity      each strategy beside its framework's own loop
+ 9-10.          the whole torch and jax suites (`harness test`)
+
+    python3 benchmarks/gpu_reference.py prepare              # where there is network: .data/ and .whl/ to carry
+    python3 benchmarks/gpu_reference.py list                 # the pieces, their minutes and commands
+    python3 benchmarks/gpu_reference.py run --budget 8       # on the GPU host: the first pieces that fit 8 minutes
+    python3 benchmarks/gpu_reference.py run --piece 4        # one piece
+    python3 benchmarks/gpu_reference.py run --smoke          # the training pieces on the CPU, cut to a few steps
+
+--budget picks pieces in order while their estimated minutes fit, and is also a deadline: a piece still running
+when the budget is spent is stopped with SIGTERM, so that its harness writes the runs that finished into its
+report before the slot ends (a command killed from outside would leave nothing). The estimates are minutes on one
+H200, measured where the table says so.
 
 `prepare` copies the four Fashion-MNIST files into .data/fashion-mnist/ and downloads, into .whl/, the wheels of
-the harness's lint tools (ruff, import-linter) for Python 3.12 on x86-64: the GPU host has numpy, matplotlib,
-tqdm, pillow, pytest, torch, jax, flax and optax, but not those. Both folders are ignored by git and travel with
-the working tree. `run` installs the carried wheels into the interpreter if it lacks them, then runs each piece
-with that interpreter for torch and JAX (--python); the reports land in reports/ as usual.
+the harness's lint tools (ruff, import-linter) for Python 3.12 on x86-64, which only pieces 9-10 need: the GPU host
+has numpy, matplotlib, tqdm, pillow, pytest, torch, jax, flax and optax. Both folders are ignored by git and travel
+with the working tree. `run` installs the carried wheels into the interpreter if it lacks them, then runs each
+piece with that interpreter for torch and JAX (--python); the reports land in reports/ as usual.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import shutil
 import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,17 +59,33 @@ PLATFORMS = [
     for arg in ("--platform", tag)
 ]  # pip matches each tag exactly: the host's and the older ones it runs
 TRAIN = ["--gpus", "1", "--preset", "d2l"]
+BOTH = ["--backend", "torch,jax", "--strategy", "scratch,ddp,pmap,sharding"]
 
-# (name, harness arguments). Each piece is one harness command of at most ten minutes on an H100/H200.
+
+@dataclass(frozen=True)
+class Piece:
+    name: str
+    minutes: float  # estimated on one H200, the machine's start not counted
+    args: list[
+        str
+    ]  # harness arguments; for a "pytest" piece: the backend and pytest's -k selection
+
+
+# In the order of what a first GPU hour must buy: correctness, then the d2l recipe in bf16, then the rest.
 PIECES = [
-    ("fp32", ["--backend", "torch,jax", *TRAIN, "--precision", "fp32"]),
-    ("tf32", ["--backend", "torch,jax", *TRAIN, "--precision", "tf32"]),
-    ("bf16", ["--backend", "torch,jax", *TRAIN, "--precision", "bf16"]),
-    (
+    Piece("gpu-tests-torch", 1.0, ["pytest", "torch", "cuda"]),
+    Piece("gpu-tests-jax", 1.0, ["pytest", "jax", "gpu"]),
+    Piece("check", 1.5, ["check", "--backend", "torch,jax", "--gpus", "1", "--model", "resnet18"]),
+    Piece("d2l-bf16", 3.0, [*BOTH, *TRAIN, "--precision", "bf16"]),
+    Piece("d2l-fp32", 4.0, [*BOTH, *TRAIN, "--precision", "fp32"]),
+    Piece(
         "bf16-torch-levers",
+        3.0,
         [
             "--backend",
             "torch",
+            "--strategy",
+            "scratch,ddp",
             *TRAIN,
             "--precision",
             "bf16",
@@ -60,11 +94,15 @@ PIECES = [
             "--resident-data",
         ],
     ),
-    ("bf16-jax-levers", ["--backend", "jax", *TRAIN, "--precision", "bf16", "--resident-data"]),
-    ("check", ["check", "--backend", "torch,jax", "--gpus", "1"]),
-    ("parity", ["parity", "--backend", "torch,jax", "--gpus", "1"]),
-    ("test-torch", ["test", "--backend", "torch"]),
-    ("test-jax", ["test", "--backend", "jax"]),
+    Piece(
+        "bf16-jax-levers",
+        2.0,
+        ["--backend", "jax", *TRAIN, "--precision", "bf16", "--resident-data"],
+    ),
+    Piece("resnet50", 3.0, ["--backend", "torch,jax", "--preset", "resnet50", "--gpus", "1"]),
+    Piece("parity", 10.0, ["parity", "--backend", "torch,jax", "--gpus", "1"]),
+    Piece("test-torch", 10.0, ["test", "--backend", "torch"]),
+    Piece("test-jax", 10.0, ["test", "--backend", "jax"]),
 ]
 # --smoke: the training pieces on the CPU with the d2l preset cut to a few steps
 SMOKE = [
@@ -85,9 +123,13 @@ PARITY_SMOKE = ["--device", "cpu", "--batch-size", "8", "--repeat", "2", "--time
 
 
 def command(args: list[str], python: str | None, smoke: bool) -> list[str]:
-    """The harness command of a piece, with the host's interpreter for torch and JAX (None: the backends' own
+    """The command of a piece, with the host's interpreter for torch and JAX (None: the backends' own
     environments, for a smoke run) and the carried data."""
-    sub = args[0] if args[0] in ("check", "parity", "test") else None
+    sub = args[0] if args[0] in ("check", "parity", "test", "pytest") else None
+    if sub == "pytest":  # one backend's GPU-only tests, in the interpreter that has its framework
+        backend, selection = args[1], args[2]
+        test_file = str(ROOT / "tests" / "backends" / f"test_{backend}.py")
+        return [python or sys.executable, "-m", "pytest", "-q", "-rs", test_file, "-k", selection]
     harness = [python or sys.executable, "-m", "harness", *args]
     # (a backend a piece does not run ignores its --python)
     pythons = ["--python", f"torch={python}", "--python", f"jax={python}"] if python else []
@@ -95,10 +137,32 @@ def command(args: list[str], python: str | None, smoke: bool) -> list[str]:
         return harness + (["--python", f"{args[2]}={python}"] if python else [])
     data = ["--data-dir", str(DATA)] if DATA.is_dir() else []
     if sub == "check":
-        return harness + pythons + (["--device", "cpu"] if smoke else [])
+        return harness + pythons + data + (["--device", "cpu"] if smoke else [])
     if sub == "parity":
         return harness + pythons + data + (PARITY_SMOKE if smoke else PARITY_GPU)
     return harness + pythons + data + (SMOKE if smoke else ["--device", "gpu"])
+
+
+def piece_env(piece: Piece) -> dict:
+    """A pytest piece runs inside one backend, as `harness test` would run it (DPBENCH_BACKEND)."""
+    env = dict(os.environ)
+    if piece.args[0] == "pytest":
+        env["DPBENCH_BACKEND"] = piece.args[1]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def within_budget(pieces: list[Piece], minutes: float | None) -> list[Piece]:
+    """The pieces, in order, while their estimated minutes add up to at most `minutes` (None: all)."""
+    if minutes is None:
+        return pieces
+    chosen, total = [], 0.0
+    for piece in pieces:
+        if total + piece.minutes > minutes:
+            break
+        chosen.append(piece)
+        total += piece.minutes
+    return chosen
 
 
 def prepare(source: Path) -> int:
@@ -155,39 +219,77 @@ def install_carried(python: str | None) -> None:
         )
 
 
-def run(pieces: list[tuple[str, list[str]]], python: str | None, smoke: bool) -> int:
+# After SIGTERM a harness writes the runs that finished into its report, then exits: the time it is given for that.
+STOP_GRACE_S = 30
+
+
+def run(pieces: list[Piece], python: str | None, smoke: bool, deadline: float | None) -> int:
+    """Each piece in turn, each stopped with SIGTERM where `deadline` (a time.monotonic() instant) passes."""
     install_carried(python)
-    failed = []
-    for name, args in pieces:
-        cmd = command(args, python, smoke)
-        print(f"\n== piece {name}: {' '.join(cmd[1:])}", flush=True)
-        child = subprocess.Popen(cmd, cwd=ROOT)
+    failed, timings = [], []
+    for piece in pieces:
+        cmd = command(piece.args, python, smoke)
+        print(f"\n== piece {piece.name}: {' '.join(cmd[1:])}", flush=True)
+        started = time.monotonic()
+        child = subprocess.Popen(cmd, cwd=ROOT, env=piece_env(piece))
         try:
-            status = child.wait()
+            status = wait_until(child, deadline)
         except (
             KeyboardInterrupt
         ):  # Ctrl-C, SIGTERM, SIGHUP: the piece's harness writes what finished, then stops
-            child.send_signal(signal.SIGTERM)
-            child.wait()
+            stop(child)
             print(
-                f"\ninterrupted in piece {name}; its report holds the runs that finished",
+                f"\ninterrupted in piece {piece.name}; its report holds the runs that finished",
                 file=sys.stderr,
             )
             return 130
+        timings.append(f"{piece.name} {time.monotonic() - started:.0f} s")
+        if status is None:
+            stop(child)
+            failed.append(f"{piece.name} (cut off at the budget)")
+            break
         if status:
-            failed.append(name)
+            failed.append(piece.name)
+    print(f"\ntime per piece: {', '.join(timings)}")
     failures = f"; failed: {', '.join(failed)}" if failed else ""
-    print(f"\n{len(pieces) - len(failed)} of {len(pieces)} pieces ok{failures}")
+    print(f"{len(timings) - len(failed)} of {len(pieces)} pieces ok{failures}")
     return 1 if failed else 0
+
+
+def wait_until(child: subprocess.Popen, deadline: float | None) -> int | None:
+    """The child's exit status, or None if it is still running at `deadline`."""
+    try:
+        return child.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def stop(child: subprocess.Popen) -> None:
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
 
 
 def interrupt(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def positive_minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of minutes (got {text!r})")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
-    for stop in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(stop, interrupt)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -199,6 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in (("list", "print the pieces and their commands"), ("run", "run the pieces")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--piece", type=int, default=None, help=f"only piece K (1..{len(PIECES)})")
+        p.add_argument(
+            "--budget",
+            type=positive_minutes,
+            default=None,
+            metavar="MINUTES",
+            help="the first pieces whose estimated minutes fit, each stopped (its report kept) once the "
+            "budget is spent (default: every piece, no deadline)",
+        )
         p.add_argument(
             "--python",
             default=None,
@@ -216,12 +326,20 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     pieces = PIECES if args.piece is None else [PIECES[args.piece - 1]]
+    pieces = within_budget(pieces, args.budget)
+    if not pieces:
+        print(f"gpu_reference: error: no piece fits {args.budget:g} minutes", file=sys.stderr)
+        return 2
     python = args.python or (None if args.smoke else sys.executable)
     if args.action == "list":
-        for i, (name, piece) in enumerate(pieces, start=args.piece or 1):
-            print(f"{i}. {name}: {' '.join(command(piece, python, args.smoke)[1:])}")
+        first = PIECES.index(pieces[0]) + 1
+        for i, piece in enumerate(pieces, start=first):
+            print(
+                f"{i}. {piece.name} (~{piece.minutes:g} min): {' '.join(command(piece.args, python, args.smoke)[1:])}"
+            )
         return 0
-    return run(pieces, python, args.smoke)
+    deadline = None if args.budget is None else time.monotonic() + 60 * args.budget
+    return run(pieces, python, args.smoke, deadline)
 
 
 if __name__ == "__main__":
