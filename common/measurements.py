@@ -63,7 +63,7 @@ def across_nodes(backend, strategy: str, nodes: dict) -> dict:
     """The options a strategy takes on several nodes (MXNet's dist_sync kvstore), {} on one."""
     if not nodes:
         return {}
-    declared = manifest.load(backend.NAME).options_for(strategy)
+    declared = manifest.load(backend.name).options_for(strategy)
     return {k: o.nodes_default for k, o in declared.items() if o.nodes_default}
 
 
@@ -187,7 +187,7 @@ def node_session(backend, job: dict):
     )
     with np.load(job["batches"]) as f:
         batch_size = len(f["y"][0])
-    return backend.session(probe.config(backend.NAME, batch_size, job["lr"]))
+    return backend.session(probe.config(backend.name, batch_size, job["lr"]))
 
 
 def run(backend, job_path: str, result_path: str) -> None:

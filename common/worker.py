@@ -95,7 +95,7 @@ def main(backend, argv=None) -> int:
     if args.check:
         from common import measurements
 
-        measurements.run(backend, args.check, args.result)
+        measurements.run(backend.BACKEND, args.check, args.result)
         return 0
 
     cfg = RunConfig.load(args.config)
