@@ -104,7 +104,7 @@ def build_parser() -> Parser:
     )
     add(
         "test",
-        testing.main,
+        Stoppable(testing.main),
         testing.parents(),
         "the test suite, each backend's inside its environment",
         testing.DESCRIPTION,

@@ -13,8 +13,10 @@ float64 identities, exact copies, processes and records: no kernel's rounding de
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -219,6 +221,56 @@ class Outcome:
     seconds: float
 
 
+# How long a suite's processes get to end after SIGTERM (pytest stops at once; a harness a test started writes
+# what finished, then stops its workers).
+STOP_GRACE_S = 10.0
+
+
+class Running:
+    """The suites' processes alive now: an interrupt (Ctrl-C, SIGTERM, SIGHUP) stops each one's whole process
+    group, so that no pytest, and no worker a test started, outlives the pass."""
+
+    def __init__(self):
+        self._procs: set[subprocess.Popen] = set()
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def holding(self, proc: subprocess.Popen):
+        with self._lock:
+            self._procs.add(proc)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._procs.discard(proc)
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM to every suite's process group, then SIGKILL to those still there after `grace_s`."""
+        with self._lock:
+            procs = list(self._procs)
+        signal_groups(procs, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        signal_groups(
+            procs, signal.SIGKILL
+        )  # (what is left of a group: a child that ignored SIGTERM)
+
+
+def signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:  # the group is gone already
+            pass
+
+
+RUNNING = Running()
+
+
 def run_suite(suite: Suite, cpus: set[int] | None = None) -> Outcome:
     """One pytest run with a JUnit XML report, on `cpus` (None: wherever the caller runs), its output kept."""
     start = time.monotonic()
@@ -235,9 +287,18 @@ def run_suite(suite: Suite, cpus: set[int] | None = None) -> Outcome:
             *suite.pytest_args,
         ]
         with open(log, "w") as out:
-            rc = start_on(
-                cmd, cpus, cwd=ROOT, env=suite.env, stdout=out, stderr=subprocess.STDOUT
-            ).wait()
+            # Its own process group, so that an interrupt stops the suite with everything it started.
+            proc = start_on(
+                cmd,
+                cpus,
+                cwd=ROOT,
+                env=suite.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            with RUNNING.holding(proc):
+                rc = proc.wait()
         output = log.read_text(errors="replace")
         if not xml.exists():
             output += f"\n{suite.title}: pytest exited with status {rc} and no report\n"
@@ -290,8 +351,16 @@ def run_suites(suites: list[Suite], jobs: int, one_cpu_each: bool = False) -> di
     ]
     for worker in workers:
         worker.start()
-    for worker in workers:
-        worker.join()
+    try:
+        for worker in workers:
+            worker.join()
+    except (
+        KeyboardInterrupt
+    ):  # (the main thread's: SIGTERM and SIGHUP too, under interrupts.handled)
+        with lock:
+            pending.clear()  # no lane starts another suite
+        RUNNING.stop()
+        raise
     return {suite.title: outcomes[suite.title] for suite in suites}
 
 

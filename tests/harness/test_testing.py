@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 
@@ -77,6 +80,53 @@ def test_a_suite_runs_on_its_lane_and_everything_it_starts_inherits_it(tmp_path)
     suite = testing.Suite("fake", str(fake), [], {**os.environ}, [], ["-k", "x"])
     outcome = testing.run_suite(suite, {cpu})
     assert outcome.output.split("\n")[:2] == [f"[{cpu}]", f"[{cpu}]"], outcome.output
+
+
+# A stand-in for a suite's pytest that starts a child, as a test starting a harness run does, and writes both pids.
+SUITE_WITH_A_CHILD = """#!/bin/sh
+sleep 300 &
+echo $$ $! > "{pids}"
+wait
+"""
+# A pass of that one suite, stopped as `python -m harness test` is (harness/cli.py's Stoppable).
+ONE_SUITE_PASS = (
+    "import os, sys\n"
+    "from harness import interrupts, testing\n"
+    "suite = testing.Suite('fake', sys.argv[1], [], {**os.environ}, [], ['-k', 'x'])\n"
+    "with interrupts.handled():\n"
+    "    try:\n"
+    "        testing.run_suites([suite], jobs=1)\n"
+    "    except KeyboardInterrupt:\n"
+    "        sys.exit(interrupts.exit_status())\n"
+)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_sigterm_stops_every_suite_with_what_it_started(tmp_path):
+    pids = tmp_path / "pids"
+    fake = tmp_path / "fake-python"
+    fake.write_text(SUITE_WITH_A_CHILD.format(pids=pids))
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    harness = subprocess.Popen([sys.executable, "-c", ONE_SUITE_PASS, str(fake)], cwd=ROOT, env=env)
+    deadline = time.monotonic() + 60
+    while not (pids.exists() and len(pids.read_text().split()) == 2):
+        assert time.monotonic() < deadline and harness.poll() is None, "the suite never started"
+        time.sleep(0.1)
+    suite_pid, child_pid = map(int, pids.read_text().split())
+    harness.send_signal(signal.SIGTERM)
+    assert harness.wait(timeout=60) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10  # (init reaps the orphans)
+    while (alive(suite_pid) or alive(child_pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(suite_pid) and not alive(child_pid)
 
 
 def test_lanes_split_the_usable_cpus_evenly_and_never_share_one():
