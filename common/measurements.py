@@ -20,23 +20,34 @@ harness, and stores flat arrays in an .npz (readable whatever numpy the harness 
                                                       backend only: the float64 floor, FLOOR_RUNS)
 and a JSON of what could not run here, with the reason.
 
-A job with "nodes" > 1 is one node of a multi-process measurement: every node runs the same job with its
-own "node_rank", joined at "coordinator" (common.config.RunConfig's fields, a probe's `levers` beside
-with the levers); it measures only the strategies (the same keys, `k` the global device count), and every
-node stores the same values (replica 0's).
+The job (common/checkjob.py's CheckJob, JSON) says what to measure; a job with `nodes` > 1 is one node of a
+multi-process measurement: every node runs the same job with its own `node_rank`, joined at `coordinator`
+(common.config.RunConfig's fields, a probe's `levers` beside the levers); it measures only the strategies (the
+same keys, `k` the global device count), and every node stores the same values (replica 0's).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from common import manifest
 from common import weights as weightslib
 from common.backend import Probe
+from common.checkjob import (
+    FLOAT64_RUN,
+    FORWARD_MODES,
+    IN_ORDER,
+    PERMUTED,
+    CheckJob,
+    JobError,
+    MeasurementKey,
+    float64_key,
+    forward_key,
+)
 from common.errors import Unsupported
 
 # Steps of each strategy's float64 trace. A trace amplifies a difference by ~2x per step (ResNet-18 at
@@ -44,19 +55,25 @@ from common.errors import Unsupported
 # mostly stays below 1e-10 over a few steps (where it does not, the float64 floor below says how far).
 FLOAT64_STEPS = 3
 
-# The float64 floor: how far float64 rounding alone moves each quantity the float64 rows compare. The reference
-# runs the same math twice over FLOAT64_STEPS steps, once as the batches come and once with the images of every
-# device's shard permuted (labels with them): the mean loss, the summed gradients and BatchNorm's batch
-# statistics do not change in exact arithmetic, only the order of their sums. Reserved names, never a strategy.
-IN_ORDER, PERMUTED = "float64-in-order", "float64-permuted"
-FLOOR_RUNS = (IN_ORDER, PERMUTED)
+
+@dataclass(frozen=True)
+class Inputs:
+    """What every measurement of one model starts from: its canonical weights, the batches (one per step) and
+    the learning rate."""
+
+    weights: dict[str, np.ndarray]
+    batches: list
+    lr: float
+
+    def first(self, steps: int) -> Inputs:
+        return replace(self, batches=self.batches[:steps])
 
 
-def topology(job: dict) -> dict:
+def topology(job: CheckJob) -> dict:
     """The RunConfig fields that make a probe one node of several ({} for one process)."""
-    if job.get("nodes", 1) == 1:
+    if job.nodes == 1:
         return {}
-    return {"nodes": job["nodes"], "node_rank": job["node_rank"], "coordinator": job["coordinator"]}
+    return {"nodes": job.nodes, "node_rank": job.node_rank, "coordinator": job.coordinator}
 
 
 def across_nodes(backend, strategy: str, nodes: dict) -> dict:
@@ -67,79 +84,88 @@ def across_nodes(backend, strategy: str, nodes: dict) -> dict:
     return {k: o.nodes_default for k, o in declared.items() if o.nodes_default}
 
 
-def measure(backend, job: dict) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    with np.load(job["batches"]) as f:
-        xs, ys = f["x"], f["y"]
-    batches = list(zip(xs, ys))
+def read_batches(path: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    with np.load(path) as f:
+        return list(zip(f["x"], f["y"]))
+
+
+def measure(backend, job: CheckJob) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Every measurement of the job: {key: array} and {the key of a configuration that could not run: why}."""
+    batches = read_batches(job.batches)
     out, skipped = {}, {}
     nodes = topology(job)
-    for model in job["models"]:
-        w = weightslib.load(job["weights"][model], model)
+    for model in job.models:
+        inputs = Inputs(weightslib.load(job.weights[model], model), batches, job.lr)
         if not nodes:
-            out[f"{model}|forward|train"] = backend.predict(model, w, xs[0], train=True)
-            out[f"{model}|forward|eval"] = backend.predict(model, w, xs[0])
-            if job.get("float64"):  # the reference backend: its logits' own float32 rounding
-                for mode in ("train", "eval"):
-                    out[f"{model}|float64|forward|{mode}"] = backend.predict(
-                        model, w, xs[0], train=mode == "train", dtype="float64"
-                    )
-            loss, grads = backend.float64_gradients(model, w, xs[0], ys[0])
-            out[f"{model}|float64|loss"] = np.float64(loss)
-            out.update({f"{model}|float64|grad|{n}": g for n, g in grads.items()})
-        for strategy in job["strategies"]:
-            for k in job["devices"]:
-                for bn in job["bn"]:
-                    if bn == "sync" and model == "lenet":
-                        continue  # no BatchNorm: the same as local
-                    key = f"{model}|{strategy}|{k}|{bn}"
-                    probe = Probe(
-                        strategy,
-                        model,
-                        k,
-                        bn=bn,
-                        device_kind=job["device_kind"],
-                        options=across_nodes(backend, strategy, nodes),
-                        levers=nodes,
-                    )
-                    try:
-                        out.update(_run(backend, key, probe, w, batches, job["lr"]))
-                        out.update(
-                            _run(
-                                backend,
-                                f"{model}|{strategy}:float64|{k}|{bn}",
-                                replace(probe, dtype="float64"),
-                                w,
-                                batches[:FLOAT64_STEPS],
-                                job["lr"],
-                            )
-                        )
-                    except Unsupported as e:
-                        skipped[key] = str(e)
-        if job.get("float64") and not nodes:
-            out.update(_reference_runs(backend, model, w, batches, job))
+            out.update(_one_device(backend, model, inputs, job.float64))
+        for key in job.keys(model):
+            probe = Probe(
+                key.strategy,
+                model,
+                key.devices,
+                bn=key.bn,
+                device_kind=job.device_kind,
+                options=across_nodes(backend, key.strategy, nodes),
+                levers=nodes,
+            )
+            try:
+                out.update(_run(backend, key, probe, inputs))
+                float64 = replace(probe, dtype="float64")
+                out.update(_run(backend, key.float64(), float64, inputs.first(FLOAT64_STEPS)))
+            except Unsupported as e:
+                skipped[key.to_str()] = str(e)
+        if job.float64 and not nodes:
+            out.update(_reference_runs(backend, job, model, inputs))
     return out, skipped
 
 
-def _reference_runs(backend, model: str, w, batches: list, job: dict) -> dict[str, np.ndarray]:
+def _one_device(backend, model: str, inputs: Inputs, reference: bool) -> dict[str, np.ndarray]:
+    """The first batch's logits in both BatchNorm modes (the reference's in float64 too: its logits' own float32
+    rounding), and its loss and gradients in float64."""
+    w = inputs.weights
+    x, y = inputs.batches[0]
+    out = {
+        forward_key(model, mode): backend.predict(model, w, x, train=mode == "train")
+        for mode in FORWARD_MODES
+    }
+    if reference:
+        for mode in FORWARD_MODES:
+            out[forward_key(model, mode, "float64")] = backend.predict(
+                model, w, x, train=mode == "train", dtype="float64"
+            )
+    loss, grads = backend.float64_gradients(model, w, x, y)
+    out[float64_key(model, "loss")] = np.float64(loss)
+    out.update({float64_key(model, "grad", n): g for n, g in grads.items()})
+    return out
+
+
+def _reference_runs(backend, job: CheckJob, model: str, inputs: Inputs) -> dict[str, np.ndarray]:
     """The reference backend's float64 runs of every device count and BatchNorm mode: the whole trace on the CPU
     (the float32 floor), and FLOAT64_STEPS as they come and permuted on the strategies' devices (the float64
     floor)."""
     out = {}
-    for k in job["devices"]:
-        for bn in job["bn"]:
-            if bn == "sync" and model == "lenet":
-                continue  # no BatchNorm: the same as local
-            loss, grads, trace = backend.float64_reference(model, k, w, batches, job["lr"], bn=bn)
-            out.update(_flat(f"{model}|float64|{k}|{bn}", loss, grads, trace))
-            for name, run in (
-                (IN_ORDER, batches[:FLOAT64_STEPS]),
-                (PERMUTED, permuted_within_shards(batches[:FLOAT64_STEPS], k)),
-            ):
-                loss, grads, trace = backend.float64_reference(
-                    model, k, w, run, job["lr"], bn=bn, device_kind=job["device_kind"]
-                )
-                out.update(_flat(f"{model}|{name}|{k}|{bn}", loss, grads, trace))
+    for k, bn in job.configurations(model):
+        key = MeasurementKey(model, FLOAT64_RUN, k, bn)
+        out.update(_reference_run(backend, key, inputs, "cpu"))
+        first = inputs.first(FLOAT64_STEPS)
+        permuted = replace(first, batches=permuted_within_shards(first.batches, k))
+        out.update(_reference_run(backend, key.run_of(IN_ORDER), first, job.device_kind))
+        out.update(_reference_run(backend, key.run_of(PERMUTED), permuted, job.device_kind))
     return out
+
+
+def _reference_run(backend, key: MeasurementKey, inputs: Inputs, device_kind: str) -> dict:
+    """One float64 run of the reference strategy, stored under `key`."""
+    loss, grads, trace = backend.float64_reference(
+        key.model,
+        key.devices,
+        inputs.weights,
+        inputs.batches,
+        inputs.lr,
+        bn=key.bn,
+        device_kind=device_kind,
+    )
+    return _flat(key, loss, grads, trace)
 
 
 def permuted_within_shards(batches: list, devices: int) -> list:
@@ -154,45 +180,50 @@ def permuted_within_shards(batches: list, devices: int) -> list:
     return out
 
 
-def _run(backend, key: str, probe: Probe, w, batches, lr) -> dict[str, np.ndarray]:
-    """The first batch's loss and gradients, and the trace over `batches`, of one configuration."""
-    loss, grads = backend.gradients(probe, w, *batches[0])
-    return _flat(key, loss, grads, backend.train_trace(probe, w, batches, lr))
+def _run(backend, key: MeasurementKey, probe: Probe, inputs: Inputs) -> dict[str, np.ndarray]:
+    """The first batch's loss and gradients, and the trace over the batches, of one configuration."""
+    loss, grads = backend.gradients(probe, inputs.weights, *inputs.batches[0])
+    trace = backend.train_trace(probe, inputs.weights, inputs.batches, inputs.lr)
+    return _flat(key, loss, grads, trace)
 
 
-def _flat(key: str, loss: float, grads: dict, trace: dict) -> dict[str, np.ndarray]:
+def _flat(key: MeasurementKey, loss: float, grads: dict, trace: dict) -> dict[str, np.ndarray]:
     return {
-        f"{key}|loss": np.float64(loss),
-        f"{key}|losses": np.asarray(trace["losses"], dtype=np.float64),
-        **{f"{key}|grad|{n}": g for n, g in grads.items()},
-        **{f"{key}|first|{n}": v for n, v in trace["first"].items()},
-        **{f"{key}|final|{n}": v for n, v in trace["final"].items()},
+        key.part("loss"): np.float64(loss),
+        key.part("losses"): np.asarray(trace["losses"], dtype=np.float64),
+        **{key.part("grad", n): g for n, g in grads.items()},
+        **{key.part("first", n): v for n, v in trace["first"].items()},
+        **{key.part("final", n): v for n, v in trace["final"].items()},
     }
 
 
-def node_session(backend, job: dict):
+def node_session(backend, job: CheckJob):
     """One node of several: the engine joined for the whole job (every probe of it runs inside this session, so
     none joins or leaves again: ps-lite and jax.distributed join once per process). One process: nothing."""
     nodes = topology(job)
     if not nodes:
         return contextlib.nullcontext()
-    strategy, model = job["strategies"][0], job["models"][0]
+    strategy, model = job.strategies[0], job.models[0]
     probe = Probe(
         strategy,
         model,
-        job["devices"][0],
-        device_kind=job["device_kind"],
+        job.devices[0],
+        device_kind=job.device_kind,
         options=across_nodes(backend, strategy, nodes),
         levers=nodes,
     )
-    with np.load(job["batches"]) as f:
+    with np.load(job.batches) as f:
         batch_size = len(f["y"][0])
-    return backend.session(probe.config(backend.name, batch_size, job["lr"]))
+    return backend.session(probe.config(backend.name, batch_size, job.lr))
 
 
 def run(backend, job_path: str, result_path: str) -> None:
-    with open(job_path) as f:
-        job = json.load(f)
+    """The check worker: the job file's measurements into `result_path` (.npz) and what could not run into
+    `result_path`.skipped.json. A malformed job file ends the worker with its one-line reason (no traceback)."""
+    try:
+        job = CheckJob.load(job_path)
+    except JobError as e:
+        raise SystemExit(str(e)) from None
     with node_session(backend, job):
         out, skipped = measure(backend, job)
     np.savez(result_path, **out)

@@ -13,7 +13,7 @@ import json
 import math
 import tempfile
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +21,7 @@ import numpy as np
 from common import architectures, manifest
 from common import data as datalib
 from common import weights as weightslib
+from common.checkjob import CheckJob, MeasurementKey
 from common.config import MODELS, ConfigError, check_model_input, default_dataset, imagenet_shaped
 from common.data import imagenet
 from common.manifest import Manifest
@@ -28,7 +29,7 @@ from common.network import free_port
 from harness import arguments, disk, envs, runner
 from harness.arguments import UsageError
 from harness.datasets import resolve_data
-from harness.equivalence import Row, compare, compare_nodes, table
+from harness.equivalence import Measurements, Row, compare, compare_nodes, table
 from harness.nodes import parse_counts as parse_node_counts
 from harness.plan import (
     Plan,
@@ -48,16 +49,25 @@ class CheckError(Exception):
 # ------------------------------------------------------------------------ inputs
 
 
-def prepare(
-    tmp: Path, models: list[str], seed: int, steps: int, batch_size: int, dataset, init: str = "d2l"
-) -> dict:
-    """Write the canonical weights of each model and `steps` batches; the part of the job all backends share."""
+@dataclass(frozen=True)
+class SharedFiles:
+    """The part of the job all backends share: each model's canonical weights file (and its fingerprint) and the
+    batches file."""
+
+    weights: dict[str, str]  # model -> file
+    batches: str
+    weights_hash: dict[str, str]  # model -> fingerprint
+
+
+def prepare(tmp: Path, request: CheckRequest) -> SharedFiles:
+    """Write the canonical weights of each model and `request.steps` batches."""
     weights = {}
-    for model in models:
-        path = tmp / f"{model}-{init}-seed{seed}.npz"
-        weightslib.save(path, weightslib.initial_weights(model, seed, init))
+    for model in request.models:
+        path = tmp / f"{model}-{request.init}-seed{request.seed}.npz"
+        weightslib.save(path, weightslib.initial_weights(model, request.seed, request.init))
         weights[model] = str(path)
-    batches = list(datalib.train_batches(dataset, batch_size, seed, 0))[:steps]
+    steps, batch_size, dataset = request.steps, request.batch_size, request.dataset
+    batches = list(datalib.train_batches(dataset, batch_size, request.seed, 0))[:steps]
     if len(batches) < steps:
         raise CheckError(
             f"{steps} batches of {batch_size} need more than the {len(dataset.y_train)} training images"
@@ -67,45 +77,61 @@ def prepare(
         x=np.stack([b[0] for b in batches]),
         y=np.stack([b[1] for b in batches]),
     )
-    return {
-        "weights": weights,
-        "batches": str(tmp / "batches.npz"),
-        "weights_hash": {m: weightslib.fingerprint(weightslib.load(p)) for m, p in weights.items()},
-    }
+    return SharedFiles(
+        weights=weights,
+        batches=str(tmp / "batches.npz"),
+        weights_hash={m: weightslib.fingerprint(weightslib.load(p)) for m, p in weights.items()},
+    )
 
 
-def measure(
-    name: str, python: str, job: dict, tmp: Path, timeout: float, log_dir: Path | None = None
-) -> tuple[dict, dict]:
+@dataclass(frozen=True)
+class Worker:
+    """Where one backend's check worker runs: its interpreter, the folder of its job and measurements, its
+    deadline in seconds, and the folder of its logs."""
+
+    name: str
+    python: str
+    tmp: Path
+    timeout: float
+    log_dir: Path
+
+    def command(self, job_path: Path, out: Path) -> list[str]:
+        return [
+            self.python,
+            "-m",
+            f"backends.{self.name}",
+            "--check",
+            str(job_path),
+            "--result",
+            str(out),
+        ]
+
+
+def measure(worker: Worker, job: CheckJob) -> Measurements:
     """Run the backend's check worker (runner.launch: its own process group, killed whole on timeout or
-    interrupt, its output logged to log_dir or tmp); its arrays and what it could not run."""
+    interrupt, its output logged); its arrays and what it could not run."""
+    name, tmp = worker.name, worker.tmp
     job_path, out = tmp / f"{name}.job.json", tmp / f"{name}.npz"
-    log_path = (log_dir or tmp) / f"check-{name}.log"
+    log_path = worker.log_dir / f"check-{name}.log"
     write_job(name, job_path, job, log_path.parent)
-    cmd = [python, "-m", f"backends.{name}", "--check", str(job_path), "--result", str(out)]
     try:
-        returncode, output = runner.launch(cmd, envs.worker_env(), log_path, timeout)
+        returncode, output = runner.launch(
+            worker.command(job_path, out), envs.worker_env(), log_path, worker.timeout
+        )
     except OSError as e:
-        raise CheckError(f"{name}: could not start {python}: {e}") from None
+        raise CheckError(f"{name}: could not start {worker.python}: {e}") from None
     if returncode is None:
-        raise CheckError(f"{name}: no answer within {timeout:g} s")
+        raise CheckError(f"{name}: no answer within {worker.timeout:g} s")
     if returncode or not out.exists():
         tail = "".join(output).strip().splitlines()[-1:] or ["no output"]
         raise CheckError(f"{name} worker failed: {tail[0]}")
     return worker_output(out)
 
 
-def measure_nodes(
-    name: str,
-    python: str,
-    job: dict,
-    nodes: int,
-    tmp: Path,
-    timeout: float,
-    log_dir: Path | None = None,
-) -> tuple[dict, dict]:
+def measure_nodes(worker: Worker, job: CheckJob, nodes: int) -> Measurements:
     """The job on `nodes` loopback nodes (check workers started together, joined at a free 127.0.0.1 port):
     node 0's arrays and what it could not run, or CheckError with the first failing node's last line."""
+    name, tmp = worker.name, worker.tmp
     coordinator = f"127.0.0.1:{free_port()}"
     cmds, logs, outs = [], [], []
     for rank in range(nodes):
@@ -113,28 +139,22 @@ def measure_nodes(
             tmp / f"{name}.nodes{nodes}.{rank}.job.json",
             tmp / f"{name}.nodes{nodes}.{rank}.npz",
         )
-        logs.append((log_dir or tmp) / f"check-{name}-{nodes}nodes.node{rank}.log")
-        write_job(
-            name,
-            job_path,
-            {**job, "nodes": nodes, "node_rank": rank, "coordinator": coordinator},
-            logs[0].parent,
-        )
-        cmds.append(
-            [python, "-m", f"backends.{name}", "--check", str(job_path), "--result", str(out)]
-        )
+        logs.append(worker.log_dir / f"check-{name}-{nodes}nodes.node{rank}.log")
+        node = replace(job, nodes=nodes, node_rank=rank, coordinator=coordinator)
+        write_job(name, job_path, node, logs[0].parent)
+        cmds.append(worker.command(job_path, out))
         outs.append(out)
     try:
         ended = runner.launch_all(
             cmds,
             envs.worker_env(),
             logs,
-            timeout,
+            worker.timeout,
             grace=runner.NODE_GRACE_S,
             failed_grace=runner.FAILED_NODE_GRACE_S,
         )
     except OSError as e:
-        raise CheckError(f"{name}: could not start {python}: {e}") from None
+        raise CheckError(f"{name}: could not start {worker.python}: {e}") from None
     failed = sorted(
         (at, rank, code, output)
         for rank, (code, output, at) in enumerate(ended)
@@ -148,16 +168,16 @@ def measure_nodes(
     return worker_output(outs[0])
 
 
-def write_job(name: str, path: Path, job: dict, log_dir: Path) -> None:
+def write_job(name: str, path: Path, job: CheckJob, log_dir: Path) -> None:
     """A worker's job file and its log folder; a full disk or an unwritable folder is this backend's CheckError."""
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(job))
+        path.write_text(job.to_json())
     except OSError as e:
         raise CheckError(f"{name}: {disk.not_written(path, e)}") from None
 
 
-def worker_output(out: Path) -> tuple:
+def worker_output(out: Path) -> Measurements:
     """A check worker's measurements and the list of what it could not run (its `.skipped.json`), both
     untrusted: a file that cannot be read is a CheckError."""
     skipped = Path(str(out) + ".skipped.json")
@@ -167,7 +187,12 @@ def worker_output(out: Path) -> tuple:
         raise CheckError(f"unreadable {skipped.name}: {e}") from None
     if not isinstance(reasons, dict) or not all(isinstance(v, str) for v in reasons.values()):
         raise CheckError(f"unreadable {skipped.name}: not a JSON object of reasons")
-    return measurements(out), reasons
+    for key in reasons:
+        try:
+            MeasurementKey.parse(key)
+        except ValueError as e:
+            raise CheckError(f"unreadable {skipped.name}: {e}") from None
+    return Measurements(measurements(out), reasons)
 
 
 def measurements(path: Path):
@@ -189,9 +214,8 @@ class CheckRequest:
     counts and BatchNorm modes, and the steps every one takes from the same weights and batches."""
 
     models: list[str]
-    strategies: dict[
-        str, list[str]
-    ]  # {backend: its strategies}; a backend without any is not measured
+    # {backend: its strategies}; a backend without any is not measured
+    strategies: dict[str, list[str]]
     counts: list[int]  # global device counts
     bn_modes: list[str]
     steps: int
@@ -203,9 +227,24 @@ class CheckRequest:
     timeout: float  # seconds per backend
     init: str = "d2l"
     nodes: int = 1
-    pythons: dict[str, str] = field(
-        default_factory=dict
-    )  # {backend: interpreter} in place of its environment's
+    # {backend: interpreter} in place of its environment's
+    pythons: dict[str, str] = field(default_factory=dict)
+
+    def job(self, name: str, files: SharedFiles) -> CheckJob:
+        """Backend `name`'s job: its strategies on the device counts asked for and on 1 device (the 1-device runs
+        are the references of the float32 floor, the own-float32 rows and k vs 1: always measured); torch, the
+        reference, measures its float64 runs too."""
+        return CheckJob(
+            models=tuple(self.models),
+            strategies=tuple(self.strategies[name]),
+            devices=tuple(sorted(set(self.counts) | {1})),
+            bn=tuple(self.bn_modes),
+            lr=self.lr,
+            device_kind=self.device_kind,
+            float64=name == "torch",
+            weights=files.weights,
+            batches=files.batches,
+        )
 
 
 def run_checks(
@@ -215,20 +254,10 @@ def run_checks(
     With `request.nodes` > 1, each backend's strategies that have an engine are measured again on that many nodes
     (`request.counts` global devices) and compared with their 1-process runs."""
     failures, results, node_runs = {}, {}, {}
-    counts, nodes, timeout = request.counts, request.nodes, request.timeout
-    # The 1-device runs are the references of the float32 floor, the own-float32 rows and k vs 1: always measured.
-    measured_counts = sorted(set(counts) | {1})
+    counts, nodes = request.counts, request.nodes
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            shared = prepare(
-                Path(tmp),
-                request.models,
-                request.seed,
-                request.steps,
-                request.batch_size,
-                request.dataset,
-                request.init,
-            )
+            files = prepare(Path(tmp), request)
         except OSError as e:  # the temporary folder's disk is full, say: no backend can be measured
             why = disk.not_written(tmp, e)
             return [], {name: why for name in backends}, {}
@@ -236,16 +265,7 @@ def run_checks(
             strategies = request.strategies.get(name)
             if not strategies:
                 continue
-            job = {
-                "models": request.models,
-                "strategies": strategies,
-                "devices": measured_counts,
-                "bn": request.bn_modes,
-                "lr": request.lr,
-                "device_kind": request.device_kind,
-                "float64": name == "torch",
-                **shared,
-            }
+            job = request.job(name, files)
             say(
                 f"[check] {name}: {', '.join(strategies)} x {','.join(map(str, counts))}, "
                 f"{'/'.join(request.models)}, bn {'/'.join(request.bn_modes)}"
@@ -254,7 +274,8 @@ def run_checks(
                 python = request.pythons.get(name) or str(
                     envs.ensure_backend(name, backend.requirements, say=say)
                 )
-                results[name] = measure(name, python, job, Path(tmp), timeout, log_dir)
+                worker = Worker(name, python, Path(tmp), request.timeout, log_dir or Path(tmp))
+                results[name] = measure(worker, job)
             except (CheckError, envs.EnvError) as e:
                 failures[name] = str(e).splitlines()[0]
                 continue
@@ -264,37 +285,30 @@ def run_checks(
                 say(
                     f"[check] {name}: {', '.join(engines)} on {nodes} nodes x {','.join(map(str, multi))} devices"
                 )
+                on_nodes = replace(
+                    job, strategies=tuple(engines), devices=tuple(multi), float64=False
+                )
                 try:
-                    node_runs[name] = measure_nodes(
-                        name,
-                        python,
-                        {**job, "strategies": engines, "devices": multi, "float64": False},
-                        nodes,
-                        Path(tmp),
-                        timeout,
-                        log_dir,
-                    )
+                    node_runs[name] = measure_nodes(worker, on_nodes, nodes)
                 except CheckError as e:
                     failures[f"{name} on {nodes} nodes"] = str(e).splitlines()[0]
-        w0 = {m: weightslib.load(p) for m, p in shared["weights"].items()}
+        w0 = {m: weightslib.load(p) for m, p in files.weights.items()}
         try:
             if "torch" not in results:
                 failures = {
                     **failures,
                     "torch": failures.get("torch", "not measured: torch is the reference"),
                 }
-                return [], failures, shared["weights_hash"]
+                return [], failures, files.weights_hash
             rows = asked_rows(compare(results, w0), counts)
-            for name, (arrays, skipped) in node_runs.items():
-                rows += compare_nodes(
-                    name, results[name][0], arrays, skipped, nodes, w0, results["torch"][0]
-                )
-            return rows, failures, shared["weights_hash"]
+            for name, multi_run in node_runs.items():
+                single, reference = results[name].arrays, results["torch"].arrays
+                rows += compare_nodes(name, single, multi_run, nodes, w0, reference)
+            return rows, failures, files.weights_hash
         finally:
             for arrays, _ in [*results.values(), *node_runs.values()]:
-                if hasattr(
-                    arrays, "close"
-                ):  # (the open files of measurements(); a plain dict has nothing to close)
+                # (the open files of measurements(); a plain dict has nothing to close)
+                if hasattr(arrays, "close"):
                     arrays.close()
 
 

@@ -4,12 +4,24 @@ harness/check.py) against torch's, each with its tolerance, as table rows. Pure 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import numpy as np
 
 from common.architectures import spec
-from common.measurements import FLOOR_RUNS, IN_ORDER, PERMUTED
+from common.checkjob import (
+    BN_MODES,
+    FLOAT64_RUN,
+    FORWARD_MODES,
+    IN_ORDER,
+    PERMUTED,
+    SEPARATOR,
+    MeasurementKey,
+    float64_key,
+    forward_key,
+)
 from harness import tables
 from harness.tables import fmt
 
@@ -42,13 +54,10 @@ FLOOR_FACTOR = 3
 FLOAT64_FACTOR = 30
 
 
-FLOAT64 = (
-    ":float64"  # a strategy's float64 run is stored as <strategy>:float64 (common/measurements.py)
-)
-
-
-@dataclass
+@dataclass(kw_only=True)
 class Row:
+    """One row of the equivalence table, built by name; its fields are results.json's equivalence rows."""
+
     check: str
     model: str
     backend: str
@@ -61,6 +70,91 @@ class Row:
     note: str = ""
 
 
+class Measurements(NamedTuple):
+    """What one backend's check worker wrote (common/measurements.py): its arrays (a dict, or an open .npz read
+    as the comparisons ask) and the configurations it could not run, {key: why}."""
+
+    arrays: Mapping[str, np.ndarray]
+    skipped: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A backend's arrays under one key prefix: stored[name] is arrays["<prefix>|<name>"]."""
+
+    arrays: Mapping[str, np.ndarray]
+    prefix: str
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.arrays[self.prefix + SEPARATOR + name]
+
+
+@dataclass(frozen=True)
+class Run:
+    """One configuration's measurements: a backend's arrays and the key its run is stored under. `"loss" in run`
+    says whether it was measured; run["losses"] is one of its quantities."""
+
+    arrays: Mapping[str, np.ndarray]
+    key: MeasurementKey
+
+    def __getitem__(self, part: str) -> np.ndarray:
+        return self.arrays[self.key.part(part)]
+
+    def __contains__(self, part: str) -> bool:
+        return self.key.part(part) in self.arrays
+
+    def stored(self, part: str) -> Stored:
+        """Its parameters of one part ("grad", "first", "final"), by name."""
+        return Stored(self.arrays, self.key.part(part))
+
+    def of(self, key: MeasurementKey) -> Run:
+        """Another run in the same arrays (its float64 run, its 1-device run)."""
+        return Run(self.arrays, key)
+
+    def float64(self) -> Run:
+        return self.of(self.key.float64())
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A backend's run of one configuration and the run it is compared with (torch's of the same model, devices
+    and BatchNorm mode), both from the model's initial weights `w0`."""
+
+    backend: str
+    run: Run
+    ref: Run
+    w0: dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The reference backend's measurements, which every backend's are compared with, and each model's initial
+    weights."""
+
+    name: str
+    arrays: Mapping[str, np.ndarray]
+    runs: list[MeasurementKey]  # runs_of(arrays)
+    w0: dict[str, dict[str, np.ndarray]]
+
+    def run_like(self, key: MeasurementKey) -> Run | None:
+        """The reference's run of the model, devices and BatchNorm mode of `key` (its first strategy's), or None
+        where it measured none."""
+        same = (key.model, key.devices, key.bn)
+        found = [k for k in self.runs if (k.model, k.devices, k.bn) == same]
+        return Run(self.arrays, found[0]) if found else None
+
+
+def _about(backend: str, key: MeasurementKey) -> dict[str, str]:
+    """A row's configuration, by name: the model, backend, strategy, devices and BatchNorm mode of `key`."""
+    return {
+        "model": key.model,
+        "backend": backend,
+        "strategy": key.strategy,
+        "devices": str(key.devices),
+        "bn": key.bn,
+    }
+
+
 def _trainable(model: str) -> list[str]:
     return [n for n, _, kind in spec(model) if kind not in ("bn_mean", "bn_var")]
 
@@ -70,26 +164,26 @@ def _statistics(model: str) -> list[str]:
     return [n for n, _, kind in spec(model) if kind in ("bn_mean", "bn_var")]
 
 
-def _gap(arrays, key: str, ref_arrays, ref: str, names: list[str], start: dict | None = None):
-    """(||a - b||, ||b||, ||b - start||, max |a - b|) over the parameters `names`, a = arrays[key|name] and
-    b = ref_arrays[ref|name] in float64. One parameter at a time, each read, compared and dropped: the check
-    never holds a whole model's measurements (ResNet-50's are 100 MB each in float32)."""
+def _gap(a: Stored, b: Stored, names: list[str], start: dict | None = None):
+    """(||a - b||, ||b||, ||b - start||, max |a - b|) over the parameters `names`, in float64. One parameter at a
+    time, each read, compared and dropped: the check never holds a whole model's measurements (ResNet-50's are
+    100 MB each in float32)."""
     diff2 = ref2 = moved2 = peak = 0.0
     for n in names:
-        a = np.asarray(arrays[f"{key}|{n}"], dtype=np.float64).ravel()
-        b = np.asarray(ref_arrays[f"{ref}|{n}"], dtype=np.float64).ravel()
-        d = a - b
-        diff2, ref2 = diff2 + float(d @ d), ref2 + float(b @ b)
+        x = np.asarray(a[n], dtype=np.float64).ravel()
+        y = np.asarray(b[n], dtype=np.float64).ravel()
+        d = x - y
+        diff2, ref2 = diff2 + float(d @ d), ref2 + float(y @ y)
         peak = max(peak, float(np.max(np.abs(d)))) if d.size else peak
         if start is not None:
-            m = b - np.asarray(start[n], dtype=np.float64).ravel()
+            m = y - np.asarray(start[n], dtype=np.float64).ravel()
             moved2 += float(m @ m)
     return math.sqrt(diff2), math.sqrt(ref2), math.sqrt(moved2), peak
 
 
-def _relative_gap(arrays, key: str, ref_arrays, ref: str, names: list[str]) -> float:
+def _relative_gap(a: Stored, b: Stored, names: list[str]) -> float:
     """||a - b|| / ||b|| over the parameters `names` (||a - b|| where b is zero): _gap's measure of a row."""
-    diff, norm, _, _ = _gap(arrays, key, ref_arrays, ref, names)
+    diff, norm, _, _ = _gap(a, b, names)
     return diff / norm if norm else diff
 
 
@@ -97,262 +191,230 @@ def _verdict(value: float, tolerance: float) -> str:
     return "ok" if value <= tolerance else "FAIL"
 
 
-def runs_of(arrays: dict) -> list[tuple[str, str, int, str]]:
-    """(model, strategy, devices, bn) of every measured configuration (not the float64 reference)."""
+def runs_of(arrays: Mapping) -> list[MeasurementKey]:
+    """Every measured configuration, sorted: the strategies' float32 runs (not their float64 runs, not the
+    reference's own float64 runs)."""
     found = set()
-    for key in arrays:
-        parts = key.split("|")
-        if (
-            len(parts) == 5
-            and parts[4] == "loss"
-            and parts[1] not in ("float64", *FLOOR_RUNS)  # the reference's own float64 runs
-            and not parts[1].endswith(FLOAT64)
-        ):
-            found.add((parts[0], parts[1], int(parts[2]), parts[3]))
+    for stored in arrays:
+        prefix, _, part = stored.rpartition(SEPARATOR)
+        if part == "loss" and prefix.count(SEPARATOR) == 3:
+            key = MeasurementKey.parse(prefix)
+            if key.is_strategy_run:
+                found.add(key)
     return sorted(found)
 
 
+def _models(arrays: Mapping) -> list[str]:
+    """The models whose forward pass a backend measured."""
+    return sorted({k.split(SEPARATOR)[0] for k in arrays if f"{SEPARATOR}forward{SEPARATOR}" in k})
+
+
 def compare(
-    results: dict[str, tuple[dict, dict]], w0: dict[str, dict], reference: str = "torch"
+    results: dict[str, Measurements], w0: dict[str, dict], reference: str = "torch"
 ) -> list[Row]:
-    rows: list[Row] = []
+    """Every backend's rows against `reference`'s measurements, backend by backend: its forward and float64
+    rows per model, then each measured configuration's, then what it could not run."""
     ref_arrays = results[reference][0]
-    ref_runs = runs_of(ref_arrays)
-
-    def reference_key(model, k, bn):
-        return next(
-            (f"{m}|{s}|{n}|{b}" for m, s, n, b in ref_runs if (m, n, b) == (model, k, bn)), None
-        )
-
+    ref = Reference(reference, ref_arrays, runs_of(ref_arrays), w0)
+    rows: list[Row] = []
     for name, (arrays, skipped) in results.items():
+        if name != reference:
+            rows += _model_rows(ref, name, arrays)
         own_rows = set()
-        for model in sorted({k.split("|")[0] for k in arrays if "|forward|" in k}):
-            if name != reference:
-                for mode in ("train", "eval"):
-                    rows.append(_forward_row(arrays, ref_arrays, model, mode, name))
-                if f"{model}|float64|loss" in arrays and f"{model}|float64|loss" in ref_arrays:
-                    one = one_device_floor(ref_arrays, model, w0[model])
-                    rows.append(_float64_row(arrays, ref_arrays, model, name, one))
-        for model, strategy, k, bn in runs_of(arrays):
-            key = f"{model}|{strategy}|{k}|{bn}"
-            ref = reference_key(model, k, bn)
-            floor = (
-                float32_floor(ref_arrays, ref, f"{model}|float64|{k}|{bn}", model, w0[model])
-                if ref
-                else None
-            )
-            own = own_float32_error(arrays, model, strategy)
-            if own is not None and (model, strategy) not in own_rows:
-                own_rows.add((model, strategy))
-                rows.append(
-                    Row(
-                        "float32 vs float64",
-                        model,
-                        name,
-                        strategy,
-                        "1",
-                        "-",
-                        own,
-                        TOLERANCE["float32"],
-                        _verdict(own, TOLERANCE["float32"]),
-                        "this backend's float32 gradient vs its float64 one",
-                    )
-                )
-            if floor is not None:
-                floor = widened_floor(floor, arrays, key, model, w0[model], own)
-            if ref and (name != reference or ref != key):
-                rows += _against_reference(
-                    arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0[model], floor
-                )
-            if ref:
-                rows += _state_rows(
-                    arrays, ref_arrays, key, ref, model, name, strategy, k, bn, floor
-                )
-            f64, ref64 = float64_key(key), float64_key(ref) if ref else None
-            both_in_float64 = ref64 and f"{f64}|loss" in arrays and f"{ref64}|loss" in ref_arrays
-            if both_in_float64 and (name != reference or ref != key):
-                rows.append(
-                    _same_math(
-                        arrays, ref_arrays, f64, ref64, model, name, strategy, k, bn, w0[model]
-                    )
-                )
-            if k > 1 and f"{model}|{strategy}|1|{bn}|loss" in arrays:
-                one_ref = reference_key(model, 1, bn)
-                one_floor = (
-                    float32_floor(ref_arrays, one_ref, f"{model}|float64|1|{bn}", model, w0[model])
-                    if one_ref
-                    else None
-                )
-                rows.append(
-                    _k_vs_1(
-                        arrays,
-                        key,
-                        f"{model}|{strategy}|1|{bn}",
-                        model,
-                        name,
-                        strategy,
-                        k,
-                        bn,
-                        _larger(one_floor, floor),
-                    )
-                )
+        for key in runs_of(arrays):
+            run = Run(arrays, key)
+            own = own_float32_error(arrays, key)
+            if own is not None and (key.model, key.strategy) not in own_rows:
+                own_rows.add((key.model, key.strategy))
+                rows.append(_own_float32_row(name, key, own))
+            rows += _run_rows(ref, name, run, own)
         for key, reason in skipped.items():
-            model, strategy, k, bn = key.split("|")
-            rows.append(Row("all", model, name, strategy, k, bn, None, None, "not run", reason))
+            about = _about(name, MeasurementKey.parse(key))
+            rows.append(
+                Row(check="all", **about, value=None, tolerance=None, status="not run", note=reason)
+            )
+    return rows
+
+
+def _model_rows(ref: Reference, name: str, arrays: Mapping) -> list[Row]:
+    """A backend's 1-device rows of each model: its logits in both BatchNorm modes, and its float64 loss and
+    gradients (where both backends measured them)."""
+    rows = []
+    for model in _models(arrays):
+        for mode in FORWARD_MODES:
+            rows.append(_forward_row(arrays, ref.arrays, model, mode, name))
+        loss = float64_key(model, "loss")
+        if loss in arrays and loss in ref.arrays:
+            one = one_device_floor(ref.arrays, model, ref.w0[model])
+            rows.append(_float64_row(arrays, ref.arrays, model, name, one))
+    return rows
+
+
+def _own_float32_row(name: str, key: MeasurementKey, own: float) -> Row:
+    return Row(
+        check="float32 vs float64",
+        **{**_about(name, key), "devices": "1", "bn": "-"},
+        value=own,
+        tolerance=TOLERANCE["float32"],
+        status=_verdict(own, TOLERANCE["float32"]),
+        note="this backend's float32 gradient vs its float64 one",
+    )
+
+
+def _run_rows(ref: Reference, name: str, run: Run, own: float | None) -> list[Row]:
+    """One configuration's rows: against the reference's run of it (loss, gradients, one step, the trace,
+    BatchNorm state, the same math in float64), then k devices against 1."""
+    w0 = ref.w0[run.key.model]
+    reference = ref.run_like(run.key)
+    floor = float32_floor(reference, w0) if reference else None
+    if floor is not None:
+        floor = widened_floor(floor, run, w0, own)
+    rows = []
+    # (the reference's run of a configuration is not compared with itself)
+    if reference and (name != ref.name or reference.key != run.key):
+        pair = Pair(name, run, reference, w0)
+        rows += _against_reference(pair, floor)
+        rows += _state_rows(pair, floor)
+        if "loss" in run.float64() and "loss" in reference.float64():
+            rows.append(_same_math(pair))
+    one = run.of(run.key.on(1))
+    if run.key.devices > 1 and "loss" in one:
+        one_ref = ref.run_like(one.key)
+        one_floor = float32_floor(one_ref, w0) if one_ref else None
+        rows.append(_k_vs_1(name, run, _larger(one_floor, floor)))
     return rows
 
 
 def compare_nodes(
     name: str,
-    single: dict,
-    multi: dict,
-    skipped: dict,
+    single: Mapping,
+    multi: Measurements,
     nodes: int,
     w0: dict[str, dict],
-    reference: dict | None = None,
+    reference: Mapping | None = None,
 ) -> list[Row]:
-    """A backend's runs on `nodes` nodes against its own 1-process runs of the same devices: the same math
-    in float64 (within FLOAT64_FACTOR x the float64 floor that `reference`, torch's measurements, holds for
-    the configuration), and the float32 gradients within FLOOR_FACTOR x the larger of the two runs' own
-    float32-vs-float64 distances (a fixed tolerance where the engine has no float64: then the row says why)."""
+    """A backend's runs on `nodes` nodes (`multi`) against its own 1-process runs of the same devices (`single`'s
+    arrays): the same math in float64 (within FLOAT64_FACTOR x the float64 floor that `reference`, torch's
+    measurements, holds for the configuration), and the float32 gradients within FLOOR_FACTOR x the larger of the
+    two runs' own float32-vs-float64 distances (a fixed tolerance where the engine has no float64: then the row
+    says why)."""
+    arrays, skipped = multi
     rows = []
-    for model, strategy, k, bn in runs_of(multi):
-        key, devices = f"{model}|{strategy}|{k}|{bn}", f"{k} = {nodes}x{k // nodes}"
-        if f"{key}|loss" not in single:
+    for key in runs_of(arrays):
+        about = {**_about(name, key), "devices": f"{key.devices} = {nodes}x{key.devices // nodes}"}
+        many, one, start = Run(arrays, key), Run(single, key), w0[key.model]
+        if "loss" not in one:
             rows.append(
                 Row(
-                    "nodes vs 1 process",
-                    model,
-                    name,
-                    strategy,
-                    devices,
-                    bn,
-                    None,
-                    None,
-                    "not run",
-                    "no 1-process run to compare with",
+                    check="nodes vs 1 process",
+                    **about,
+                    value=None,
+                    tolerance=None,
+                    status="not run",
+                    note="no 1-process run to compare with",
                 )
             )
             continue
-        f64 = float64_key(key)
-        if f"{f64}|loss" in multi and f"{f64}|loss" in single:
-            value = float64_distances(multi, single, f64, f64, model, w0[model])
-            floor64 = float64_floor(reference or {}, model, k, bn, w0[model])
+        if "loss" in many.float64() and "loss" in one.float64():
+            value = float64_distances(many.float64(), one.float64(), start)
+            floor64 = float64_floor(reference or {}, key, start)
             worst, gap, tolerance, why = judged_float64(value, floor64, TOLERANCE["same math"])
+            steps = len(many.float64()["losses"])
             rows.append(
                 Row(
-                    "nodes vs 1 process (float64)",
-                    model,
-                    name,
-                    strategy,
-                    devices,
-                    bn,
-                    gap,
-                    tolerance,
-                    _verdict(gap, tolerance),
-                    f"{nodes} processes vs 1 process of {k} devices, float64: loss, gradients, "
-                    f"{len(multi[f'{f64}|losses'])} steps of weights; nearest its tolerance: {worst}; {why}",
+                    check="nodes vs 1 process (float64)",
+                    **about,
+                    value=gap,
+                    tolerance=tolerance,
+                    status=_verdict(gap, tolerance),
+                    note=f"{nodes} processes vs 1 process of {key.devices} devices, float64: loss, gradients, "
+                    f"{steps} steps of weights; nearest its tolerance: {worst}; {why}",
                 )
             )
-            floor = max(
-                distances(a, a, key, f64, model, w0[model])["gradients"] for a in (single, multi)
-            )
+            floor = max(distances(r, r.float64(), start)["gradients"] for r in (one, many))
         else:
             floor = 0.0
             rows.append(
                 Row(
-                    "nodes vs 1 process (float64)",
-                    model,
-                    name,
-                    strategy,
-                    devices,
-                    bn,
-                    None,
-                    None,
-                    "not run",
-                    skipped.get(key, "no float64 run on nodes"),
+                    check="nodes vs 1 process (float64)",
+                    **about,
+                    value=None,
+                    tolerance=None,
+                    status="not run",
+                    note=skipped.get(key.to_str(), "no float64 run on nodes"),
                 )
             )
-        value = distances(multi, single, key, key, model, w0[model])["gradients"]
+        value = distances(many, one, start)["gradients"]
         tolerance, why = _allowed("gradients", {"gradients": floor})
         rows.append(
             Row(
-                "nodes vs 1 process",
-                model,
-                name,
-                strategy,
-                devices,
-                bn,
-                value,
-                tolerance,
-                _verdict(value, tolerance),
-                "float32 gradients" + (f"; tolerance {why}" if why else ""),
+                check="nodes vs 1 process",
+                **about,
+                value=value,
+                tolerance=tolerance,
+                status=_verdict(value, tolerance),
+                note="float32 gradients" + (f"; tolerance {why}" if why else ""),
             )
         )
     return rows
 
 
-def float64_key(key: str) -> str:
-    """model|strategy|k|bn -> model|strategy:float64|k|bn: the same configuration's float64 run."""
-    model, strategy, k, bn = key.split("|")
-    return f"{model}|{strategy}{FLOAT64}|{k}|{bn}"
-
-
-def distances(arrays, ref_arrays, key, ref, model, w0) -> dict[str, float]:
-    """How far run `key` is from run `ref`, in each comparison's own measure."""
-    names = _trainable(model)
-    ref_loss = float(ref_arrays[f"{ref}|loss"])
+def distances(run: Run, ref: Run, w0) -> dict[str, float]:
+    """How far `run` is from `ref` (two runs of one model), in each comparison's own measure."""
+    names = _trainable(run.key.model)
+    ref_loss = float(ref["loss"])
     # The first step: its distance relative to how far the reference's step moved the weights from w0.
     first_gap, _, moved, first_peak = _gap(
-        arrays, f"{key}|first", ref_arrays, f"{ref}|first", names, start=w0
+        run.stored("first"), ref.stored("first"), names, start=w0
     )
     return {
-        "loss": abs(float(arrays[f"{key}|loss"]) - ref_loss) / abs(ref_loss),
-        "gradients": _relative_gap(arrays, f"{key}|grad", ref_arrays, f"{ref}|grad", names),
+        "loss": abs(float(run["loss"]) - ref_loss) / abs(ref_loss),
+        "gradients": _relative_gap(run.stored("grad"), ref.stored("grad"), names),
         "step": first_gap / moved if moved else first_gap,
-        "trace": _trace_distance(arrays[f"{key}|losses"], ref_arrays[f"{ref}|losses"]),
+        "trace": _trace_distance(run["losses"], ref["losses"]),
         "k-vs-1": first_peak,
-        **state_distances(arrays, ref_arrays, key, ref, model),
+        **state_distances(run, ref),
     }
 
 
-def state_distances(arrays, ref_arrays, key, ref, model) -> dict[str, float]:
-    """How far the BatchNorm running statistics of run `key` are from those of `ref`, after the first
-    step ("state") and after the trace ("final state"); relative, L2 over every layer's mean and variance."""
-    names = _statistics(model)
+def state_distances(run: Run, ref: Run) -> dict[str, float]:
+    """How far the BatchNorm running statistics of `run` are from those of `ref`, after the first step ("state")
+    and after the trace ("final state"); relative, L2 over every layer's mean and variance."""
+    names = _statistics(run.key.model)
     if not names:
         return {}
     return {
-        "state": _relative_gap(arrays, f"{key}|first", ref_arrays, f"{ref}|first", names),
-        "final state": _relative_gap(arrays, f"{key}|final", ref_arrays, f"{ref}|final", names),
+        "state": _relative_gap(run.stored("first"), ref.stored("first"), names),
+        "final state": _relative_gap(run.stored("final"), ref.stored("final"), names),
     }
 
 
-def float64_distances(arrays, ref_arrays, key, ref, model, w0) -> dict[str, float]:
+def float64_distances(run: Run, ref: Run, w0) -> dict[str, float]:
     """What a float64 row compares of two float64 runs, each in its own measure: distances(), with the weights
     after the last step ("final", BatchNorm state included) in place of the k-vs-1 peak and the final state."""
-    value = distances(arrays, ref_arrays, key, ref, model, w0)
-    names = _trainable(model) + _statistics(model)
-    value["final"] = _relative_gap(arrays, f"{key}|final", ref_arrays, f"{ref}|final", names)
+    value = distances(run, ref, w0)
+    names = _trainable(run.key.model) + _statistics(run.key.model)
+    value["final"] = _relative_gap(run.stored("final"), ref.stored("final"), names)
     value.pop("k-vs-1")
     value.pop("final state", None)  # inside "final"
     return value
 
 
-def float64_floor(ref_arrays, model: str, k: int, bn: str, w0) -> dict[str, float] | None:
-    """How far float64 rounding alone moves each quantity a float64 row of `k` devices and BatchNorm `bn`
-    compares: the reference's float64 run against itself with every shard's images permuted, over the same
-    steps (common/measurements.py's FLOOR_RUNS). None where the reference measured no floor."""
-    in_order, permuted = f"{model}|{IN_ORDER}|{k}|{bn}", f"{model}|{PERMUTED}|{k}|{bn}"
-    if f"{in_order}|loss" not in ref_arrays or f"{permuted}|loss" not in ref_arrays:
+def float64_floor(reference: Mapping, key: MeasurementKey, w0) -> dict[str, float] | None:
+    """How far float64 rounding alone moves each quantity a float64 row of the model, devices and BatchNorm mode
+    of `key` compares: the reference's float64 run against itself with every shard's images permuted, over the
+    same steps (common/checkjob.py's FLOOR_RUNS). None where the reference measured no floor."""
+    in_order, permuted = Run(reference, key.run_of(IN_ORDER)), Run(reference, key.run_of(PERMUTED))
+    if "loss" not in in_order or "loss" not in permuted:
         return None
-    return float64_distances(ref_arrays, ref_arrays, permuted, in_order, model, w0)
+    return float64_distances(permuted, in_order, w0)
 
 
-def one_device_floor(ref_arrays, model: str, w0) -> dict[str, float] | None:
+def one_device_floor(reference: Mapping, model: str, w0) -> dict[str, float] | None:
     """The float64 floor of the first batch's loss and gradients on 1 device ("math (float64)")."""
-    for bn in ("local", "sync"):
-        if (floor := float64_floor(ref_arrays, model, 1, bn, w0)) is not None:
+    for bn in BN_MODES:
+        floor = float64_floor(reference, MeasurementKey(model, IN_ORDER, 1, bn), w0)
+        if floor is not None:
             return {q: floor[q] for q in ("loss", "gradients")}
     return None
 
@@ -376,59 +438,56 @@ def judged_float64(
     return worst, value[worst], allowed[worst], why
 
 
-def _float64_row(arrays, ref_arrays, model, name, floor: dict | None) -> Row:
+def _float64_row(arrays, ref_arrays, model: str, name: str, floor: dict | None) -> Row:
     names = _trainable(model)
-    ref_loss = float(ref_arrays[f"{model}|float64|loss"])
+    ref_loss = float(ref_arrays[float64_key(model, "loss")])
+    grad = float64_key(model, "grad")
     value = {
-        "loss": abs(float(arrays[f"{model}|float64|loss"]) - ref_loss) / abs(ref_loss),
-        "gradients": _relative_gap(
-            arrays, f"{model}|float64|grad", ref_arrays, f"{model}|float64|grad", names
-        ),
+        "loss": abs(float(arrays[float64_key(model, "loss")]) - ref_loss) / abs(ref_loss),
+        "gradients": _relative_gap(Stored(arrays, grad), Stored(ref_arrays, grad), names),
     }
     worst, gap, tolerance, why = judged_float64(value, floor, TOLERANCE["float64"])
     return Row(
-        "math (float64)",
-        model,
-        name,
-        "(1 device)",
-        "1",
-        "-",
-        gap,
-        tolerance,
-        _verdict(gap, tolerance),
-        f"loss and gradients in float64 vs torch's; nearest its tolerance: {worst}; {why}",
+        check="math (float64)",
+        model=model,
+        backend=name,
+        strategy="(1 device)",
+        devices="1",
+        bn="-",
+        value=gap,
+        tolerance=tolerance,
+        status=_verdict(gap, tolerance),
+        note=f"loss and gradients in float64 vs torch's; nearest its tolerance: {worst}; {why}",
     )
 
 
-def _same_math(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0) -> Row:
+def _same_math(pair: Pair) -> Row:
     """The strategy's own float64 run against torch's float64 run of the same configuration: loss,
     gradients, the weights after the first and the last step (BatchNorm state included) and every loss,
     each within FLOAT64_FACTOR x its float64 floor: beyond that it is a difference in the math."""
-    value = float64_distances(arrays, ref_arrays, key, ref, model, w0)
-    floor = float64_floor(ref_arrays, model, k, bn, w0)
+    run, ref, model = pair.run.float64(), pair.ref.float64(), pair.run.key.model
+    value = float64_distances(run, ref, pair.w0)
+    floor = float64_floor(pair.ref.arrays, pair.run.key, pair.w0)
     worst, gap, tolerance, why = judged_float64(value, floor, TOLERANCE["same math"])
-    steps = len(arrays[f"{key}|losses"])
+    state = " and BatchNorm state" if _statistics(model) else ""
     return Row(
-        "same math (float64)",
-        model,
-        name,
-        strategy,
-        str(k),
-        bn,
-        gap,
-        tolerance,
-        _verdict(gap, tolerance),
-        f"vs torch {ref.split('|')[1].removesuffix(FLOAT64)}: loss, gradients, {steps} steps of weights"
-        f"{' and BatchNorm state' if _statistics(model) else ''}; nearest its tolerance: {worst}; {why}",
+        check="same math (float64)",
+        **_about(pair.backend, pair.run.key),
+        value=gap,
+        tolerance=tolerance,
+        status=_verdict(gap, tolerance),
+        note=f"vs torch {pair.ref.key.strategy}: loss, gradients, {len(run['losses'])} steps of weights"
+        f"{state}; nearest its tolerance: {worst}; {why}",
     )
 
 
-def _state_rows(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, floor) -> list[Row]:
+def _state_rows(pair: Pair, floor: dict | None) -> list[Row]:
     """float32 BatchNorm running statistics vs torch's, after one step and after the trace (ResNet-18)."""
-    value = state_distances(arrays, ref_arrays, key, ref, model)
-    if not value or (name == "torch" and ref == key):
+    value = state_distances(pair.run, pair.ref)
+    if not value:
         return []
-    steps = len(arrays[f"{key}|losses"])
+    steps = len(pair.run["losses"])
+    about, versus = _about(pair.backend, pair.run.key), f"vs torch {pair.ref.key.strategy}"
     rows = []
     for check, label in (
         ("state", "BatchNorm state, one step"),
@@ -437,47 +496,37 @@ def _state_rows(arrays, ref_arrays, key, ref, model, name, strategy, k, bn, floo
         if check == "final state" and floor is not None and floor["trace"] > TOLERANCE["trace"]:
             rows.append(
                 Row(
-                    label,
-                    model,
-                    name,
-                    strategy,
-                    str(k),
-                    bn,
-                    value[check],
-                    None,
-                    "measured",
-                    f"vs torch {ref.split('|')[1]}; chaotic in float32 (see the loss trace)",
+                    check=label,
+                    **about,
+                    value=value[check],
+                    tolerance=None,
+                    status="measured",
+                    note=f"{versus}; chaotic in float32 (see the loss trace)",
                 )
             )
             continue
         tolerance, why = _allowed(check, floor, fixed=TOLERANCE["state"])
-        note = f"vs torch {ref.split('|')[1]}" + (f"; tolerance {why}" if why else "")
         rows.append(
             Row(
-                label,
-                model,
-                name,
-                strategy,
-                str(k),
-                bn,
-                value[check],
-                tolerance,
-                _verdict(value[check], tolerance),
-                note,
+                check=label,
+                **about,
+                value=value[check],
+                tolerance=tolerance,
+                status=_verdict(value[check], tolerance),
+                note=versus + (f"; tolerance {why}" if why else ""),
             )
         )
     return rows
 
 
-def widened_floor(floor: dict, arrays, key, model, w0, own: float | None) -> dict:
+def widened_floor(floor: dict, run: Run, w0, own: float | None) -> dict:
     """The float32 floor of one row: the larger of torch's and this run's own float32-vs-float64 distance.
 
     This run's own distance is measured against its float64 run of the same configuration (same strategy,
     devices and BatchNorm mode) where it has one, else its 1-device gradient's. Since the float64 runs agree
     (the `same math` row), |run - torch| <= own + torch's floor <= 2x the larger: 3x is a sound tolerance."""
-    f64 = float64_key(key)
-    if f"{f64}|loss" in arrays:
-        mine = distances(arrays, arrays, key, f64, model, w0)
+    if "loss" in run.float64():
+        mine = distances(run, run.float64(), w0)
         return {
             **floor,
             **{
@@ -491,14 +540,15 @@ def widened_floor(floor: dict, arrays, key, model, w0, own: float | None) -> dic
     return floor
 
 
-def own_float32_error(arrays, model, strategy) -> float | None:
-    """How far this backend's own float32 gradient (1 device) is from its float64 one."""
-    names = _trainable(model)
-    for bn in ("local", "sync"):
-        if f"{model}|{strategy}|1|{bn}|loss" in arrays and f"{model}|float64|loss" in arrays:
-            return _relative_gap(
-                arrays, f"{model}|{strategy}|1|{bn}|grad", arrays, f"{model}|float64|grad", names
-            )
+def own_float32_error(arrays: Mapping, key: MeasurementKey) -> float | None:
+    """How far this backend's own float32 gradient (1 device) of `key`'s model and strategy is from its float64
+    one."""
+    names = _trainable(key.model)
+    exact = Stored(arrays, float64_key(key.model, "grad"))
+    for bn in BN_MODES:
+        one = Run(arrays, replace(key, devices=1, bn=bn))
+        if "loss" in one and float64_key(key.model, "loss") in arrays:
+            return _relative_gap(one.stored("grad"), exact, names)
     return None
 
 
@@ -508,35 +558,36 @@ def _trace_distance(losses, ref_losses) -> float:
     return float(np.max(np.abs(np.asarray(losses[:n]) - np.asarray(ref_losses[:n]))))
 
 
-def float32_floor(ref_arrays, ref, f64, model, w0) -> dict[str, float] | None:
+def float32_floor(reference: Run, w0) -> dict[str, float] | None:
     """The reference's own float32 rounding: how far torch's float32 run is from the same math in float64
     (the same devices, BatchNorm mode and trace).
 
     Two correct float32 implementations differ by about this much (they round in different orders),
     so a tolerance below FLOOR_FACTOR x floor would measure rounding, not the math."""
-    if f"{f64}|loss" not in ref_arrays:
+    exact = reference.of(reference.key.run_of(FLOAT64_RUN))
+    if "loss" not in exact:
         return None
-    return distances(ref_arrays, ref_arrays, ref, f64, model, w0)
+    return distances(reference, exact, w0)
 
 
 def _forward_row(arrays, ref_arrays, model: str, mode: str, name: str) -> Row:
     """max |logits - torch's logits|, within FLOOR_FACTOR x torch's own float32-vs-float64 distance where that is
     larger than the fixed tolerance (ResNet-50's 1,000 logits of a few units each round further than 1e-4)."""
-    key = f"{model}|forward|{mode}"
+    key = forward_key(model, mode)
     diff = float(np.max(np.abs(arrays[key].astype(np.float64) - ref_arrays[key])))
-    exact = ref_arrays.get(f"{model}|float64|forward|{mode}")
+    exact = ref_arrays.get(forward_key(model, mode, "float64"))
     floor = None if exact is None else {"forward": float(np.max(np.abs(ref_arrays[key] - exact)))}
     tolerance, note = _allowed("forward", floor)
     return Row(
-        "forward",
-        model,
-        name,
-        f"({mode} mode)",
-        "1",
-        "-",
-        diff,
-        tolerance,
-        _verdict(diff, tolerance) + (f" ({note})" if note else ""),
+        check="forward",
+        model=model,
+        backend=name,
+        strategy=f"({mode} mode)",
+        devices="1",
+        bn="-",
+        value=diff,
+        tolerance=tolerance,
+        status=_verdict(diff, tolerance) + (f" ({note})" if note else ""),
     )
 
 
@@ -548,11 +599,10 @@ def _allowed(check: str, floor: dict | None, fixed: float | None = None) -> tupl
     return FLOOR_FACTOR * floor[check], f"{FLOOR_FACTOR}x float32-vs-float64 {floor[check]:.1e}"
 
 
-def _against_reference(
-    arrays, ref_arrays, key, ref, model, name, strategy, k, bn, w0, floor
-) -> list[Row]:
-    value = distances(arrays, ref_arrays, key, ref, model, w0)
-    steps = len(arrays[f"{key}|losses"])
+def _against_reference(pair: Pair, floor: dict | None) -> list[Row]:
+    value = distances(pair.run, pair.ref, pair.w0)
+    steps = len(pair.run["losses"])
+    about, versus = _about(pair.backend, pair.run.key), f"vs torch {pair.ref.key.strategy}"
     rows = []
     for check, label in (
         ("loss", "loss"),
@@ -563,34 +613,25 @@ def _against_reference(
         if check == "trace" and floor is not None and floor["trace"] > TOLERANCE["trace"]:
             rows.append(
                 Row(
-                    label,
-                    model,
-                    name,
-                    strategy,
-                    str(k),
-                    bn,
-                    value[check],
-                    None,
-                    "measured",
-                    f"vs torch {ref.split('|')[1]}; chaotic in float32: torch's own float32 trace is "
+                    check=label,
+                    **about,
+                    value=value[check],
+                    tolerance=None,
+                    status="measured",
+                    note=f"{versus}; chaotic in float32: torch's own float32 trace is "
                     f"{floor['trace']:.1e} from float64",
                 )
             )
             continue
         tolerance, why = _allowed(check, floor)
-        note = f"vs torch {ref.split('|')[1]}" + (f"; tolerance {why}" if why else "")
         rows.append(
             Row(
-                label,
-                model,
-                name,
-                strategy,
-                str(k),
-                bn,
-                value[check],
-                tolerance,
-                _verdict(value[check], tolerance),
-                note,
+                check=label,
+                **about,
+                value=value[check],
+                tolerance=tolerance,
+                status=_verdict(value[check], tolerance),
+                note=versus + (f"; tolerance {why}" if why else ""),
             )
         )
     return rows
@@ -606,34 +647,29 @@ def _larger(*floors: dict | None) -> dict | None:
     return {c: max(f[c] for f in present if c in f) for c in set().union(*present)}
 
 
-def _k_vs_1(arrays, key, one, model, name, strategy, k, bn, floor) -> Row:
-    names = _trainable(model)
-    diff = _gap(arrays, f"{key}|first", arrays, f"{one}|first", names)[3]
-    if model == "lenet" or bn == "sync":
+def _k_vs_1(name: str, run: Run, floor: dict | None) -> Row:
+    """The largest difference of the weights after one step on k devices from those on 1 device: judged where
+    the math makes them the same (LeNet, or BatchNorm over the global batch), measured where it does not."""
+    one = run.of(run.key.on(1))
+    diff = _gap(run.stored("first"), one.stored("first"), _trainable(run.key.model))[3]
+    about = _about(name, run.key)
+    if run.key.model == "lenet" or run.key.bn == "sync":
         tolerance, why = _allowed("k-vs-1", floor)
         return Row(
-            "k vs 1 device",
-            model,
-            name,
-            strategy,
-            str(k),
-            bn,
-            diff,
-            tolerance,
-            _verdict(diff, tolerance),
-            f"tolerance {why}" if why else "",
+            check="k vs 1 device",
+            **about,
+            value=diff,
+            tolerance=tolerance,
+            status=_verdict(diff, tolerance),
+            note=f"tolerance {why}" if why else "",
         )
     return Row(
-        "k vs 1 device",
-        model,
-        name,
-        strategy,
-        str(k),
-        bn,
-        diff,
-        None,
-        "measured",
-        "per-device BatchNorm statistics: k devices normalise over B/k examples each, by design",
+        check="k vs 1 device",
+        **about,
+        value=diff,
+        tolerance=None,
+        status="measured",
+        note="per-device BatchNorm statistics: k devices normalise over B/k examples each, by design",
     )
 
 

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from common import architectures, weights
+from common import architectures, checkjob, weights
 from common import measurements as measurements_lib
 from common.backend import Probe
 from harness import check, equivalence
@@ -55,7 +62,7 @@ def as_float64_runs(arrays: dict) -> dict:
     for key, value in arrays.items():
         parts = key.split("|")
         if len(parts) >= 5 and parts[1] not in ("forward", "float64"):
-            parts[1] += equivalence.FLOAT64
+            parts[1] += checkjob.FLOAT64
             out["|".join(parts)] = value
     return out
 
@@ -421,7 +428,7 @@ def test_the_nodes_float64_row_allows_the_factor_times_the_references_floor():
     reference = with_float64_floor(single, "lenet", runs, {"grad": 5e-10})
 
     def nodes_row(reference):
-        rows = equivalence.compare_nodes("torch", single, multi, {}, 2, w0, reference)
+        rows = equivalence.compare_nodes("torch", single, (multi, {}), 2, w0, reference)
         return by(rows, check="nodes vs 1 process (float64)")[0]
 
     row = nodes_row(reference)
@@ -486,17 +493,17 @@ def test_the_check_worker_measures_float64_runs_and_whole_reference_traces(tmp_p
     labels = np.arange(24, dtype=np.int32).reshape(6, 4)
     np.savez(tmp_path / "b.npz", x=np.zeros((6, 4, 1, 28, 28), np.float32), y=labels)
     weights.save(tmp_path / "w.npz", backend.w)
-    job = {
-        "models": ["lenet"],
-        "strategies": ["ddp"],
-        "devices": [1, 2],
-        "bn": ["local"],
-        "lr": 0.1,
-        "device_kind": "gpu",
-        "float64": True,
-        "batches": str(tmp_path / "b.npz"),
-        "weights": {"lenet": str(tmp_path / "w.npz")},
-    }
+    job = checkjob.CheckJob(
+        models=("lenet",),
+        strategies=("ddp",),
+        devices=(1, 2),
+        bn=("local",),
+        lr=0.1,
+        device_kind="gpu",
+        float64=True,
+        batches=str(tmp_path / "b.npz"),
+        weights={"lenet": str(tmp_path / "w.npz")},
+    )
     out, skipped = worker.measure(backend, job)
     traces = [c for c in backend.calls if c[0] == "trace" and c[1] == "ddp"]
     assert sorted(traces) == sorted(
@@ -532,11 +539,11 @@ def test_a_request_without_one_device_still_measures_the_one_device_references(m
     jobs = {}
     w0 = weights.initial_weights("lenet", 0)
 
-    def fake_measure(name, python, job, tmp, timeout, log_dir=None):
-        jobs[name] = job
-        runs = [(s, k, "local") for s in job["strategies"] for k in job["devices"]]
+    def fake_measure(worker, job):
+        jobs[worker.name] = job
+        runs = [(s, k, "local") for s in job.strategies for k in job.devices]
         arrays = with_float64(measurements("lenet", w0, runs=runs), "lenet", runs, 0)
-        return {**arrays, **as_float64_runs(arrays)}, {}
+        return equivalence.Measurements({**arrays, **as_float64_runs(arrays)}, {})
 
     monkeypatch.setattr(check, "measure", fake_measure)
     backends = {"torch": manifest.load("torch"), "jax": manifest.load("jax")}
@@ -555,7 +562,7 @@ def test_a_request_without_one_device_still_measures_the_one_device_references(m
         pythons={"torch": "python", "jax": "python"},
     )
     rows, failures, _ = check.run_checks(backends, request, say=lambda m: None)
-    assert jobs["torch"]["devices"] == [1, 2] and jobs["jax"]["devices"] == [1, 2] and not failures
+    assert jobs["torch"].devices == (1, 2) and jobs["jax"].devices == (1, 2) and not failures
     shown = {(r.check, r.devices) for r in rows}
     assert ("float32 vs float64", "1") in shown and ("k vs 1 device", "2") in shown
     assert not [
@@ -576,6 +583,131 @@ def check_dataset():
     return data.synthetic(12, 10, 0)
 
 
+# ------------------------------------------------------------- the check job and the measurement keys
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def small_job(tmp_path, **changes) -> checkjob.CheckJob:
+    """A job of torch's ddp on LeNet (its files need not exist: nothing here reads them)."""
+    job = checkjob.CheckJob(
+        models=("lenet",),
+        strategies=("ddp",),
+        devices=(1, 2),
+        bn=("local", "sync"),
+        lr=0.1,
+        device_kind="cpu",
+        float64=True,
+        weights={"lenet": str(tmp_path / "w.npz")},
+        batches=str(tmp_path / "b.npz"),
+    )
+    return replace(job, **changes)
+
+
+def test_a_measurement_key_round_trips_through_its_string():
+    key = checkjob.MeasurementKey("resnet18", "ddp", 2, "sync")
+    assert key.to_str() == "resnet18|ddp|2|sync"
+    assert checkjob.MeasurementKey.parse("resnet18|ddp|2|sync") == key
+    assert key.part("grad", "fc.weight") == "resnet18|ddp|2|sync|grad|fc.weight"
+    assert key.float64().to_str() == "resnet18|ddp:float64|2|sync"
+    assert checkjob.MeasurementKey.parse(key.float64().to_str()) == key.float64()
+    assert key.is_strategy_run and not key.float64().is_strategy_run
+    assert not key.run_of(checkjob.IN_ORDER).is_strategy_run
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["lenet|ddp|2", "lenet|ddp|two|local", "lenet|ddp|0|local", "lenet||2|local", "a|b|1|c|loss"],
+)
+def test_a_malformed_measurement_key_is_refused_in_one_line(text):
+    with pytest.raises(ValueError) as e:
+        checkjob.MeasurementKey.parse(text)
+    assert len(str(e.value).splitlines()) == 1
+
+
+def test_a_check_job_round_trips_through_its_json_file(tmp_path):
+    job = small_job(tmp_path, nodes=2, node_rank=1, coordinator="127.0.0.1:29500")
+    path = tmp_path / "job.json"
+    path.write_text(job.to_json())
+    assert checkjob.CheckJob.load(path) == job
+    assert json.loads(path.read_text())["devices"] == [1, 2]
+    assert [k.to_str() for k in job.keys("lenet")] == ["lenet|ddp|1|local", "lenet|ddp|2|local"]
+
+
+MISSING = object()
+
+
+@pytest.mark.parametrize(
+    "field,value,reason",
+    [
+        ("lr", MISSING, "missing field 'lr'"),
+        ("lr", "0.1", "'lr' must be a positive number, not '0.1'"),
+        (
+            "devices",
+            [1, 0],
+            "'devices' must be a list of device counts (whole numbers from 1), not [1, 0]",
+        ),
+        ("bn", ["global"], "'bn' must be a list of BatchNorm modes (local, sync), not ['global']"),
+        ("float64", "yes", "'float64' must be true or false, not 'yes'"),
+        ("weights", {}, "no weights file for model 'lenet'"),
+        ("nodes", 2, "2 nodes need a 'coordinator'"),
+        ("node_rank", 1, "'node_rank' 1 is not one of 1 nodes"),
+        ("weights_hash", {}, "unknown field 'weights_hash'"),
+    ],
+)
+def test_a_malformed_check_job_is_refused_in_one_line(tmp_path, field, value, reason):
+    data = json.loads(small_job(tmp_path).to_json())
+    if value is MISSING:
+        del data[field]
+    else:
+        data[field] = value
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(checkjob.JobError) as e:
+        checkjob.CheckJob.load(path)
+    assert str(e.value) == f"check job {path}: {reason}"
+
+
+def test_a_check_job_that_is_no_json_object_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "job.json"
+    path.write_text('{"models": ["lenet"],')
+    with pytest.raises(checkjob.JobError, match=r"^check job .*job\.json: not JSON: ") as e:
+        checkjob.CheckJob.load(path)
+    assert len(str(e.value).splitlines()) == 1
+    path.write_text("[1, 2]")
+    with pytest.raises(checkjob.JobError) as e:
+        checkjob.CheckJob.load(path)
+    assert str(e.value) == f"check job {path}: a check job is a JSON object, not list"
+
+
+def test_the_check_worker_ends_on_a_malformed_job_with_its_reason_and_no_traceback(tmp_path):
+    """The harness shows a failed worker's last line: it must be the reason, not a traceback's."""
+    data = json.loads(small_job(tmp_path).to_json())
+    del data["device_kind"]
+    path, out = tmp_path / "job.json", tmp_path / "out.npz"
+    path.write_text(json.dumps(data))
+    worker = f"from common import measurements; measurements.run(None, {str(path)!r}, {str(out)!r})"
+    ended = subprocess.run(
+        [sys.executable, "-c", worker],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert ended.returncode == 1 and not out.exists()
+    assert ended.stderr == f"check job {path}: missing field 'device_kind'\n"
+
+
+def test_a_skipped_list_with_a_malformed_key_is_unreadable(tmp_path):
+    out = tmp_path / "torch.npz"
+    np.savez(out, x=np.zeros(1))
+    Path(str(out) + ".skipped.json").write_text(json.dumps({"lenet|ddp|local": "no"}))
+    with pytest.raises(
+        check.CheckError, match="unreadable torch.npz.skipped.json: not a measurement key"
+    ):
+        check.worker_output(out)
+
+
 # ------------------------------------------------------------- the check worker's process
 
 
@@ -585,13 +717,14 @@ def test_a_check_worker_is_launched_as_a_run_is(tmp_path):
     hanging = fake_python(
         tmp_path, f"echo 'loading'\nsleep {marker} &\nsleep {marker}", name="hanging"
     )
+    job = small_job(tmp_path)
     with pytest.raises(check.CheckError, match="torch: no answer within 1 s"):
-        check.measure("torch", hanging, {}, tmp_path, 1, log_dir=tmp_path / "logs")
+        check.measure(check.Worker("torch", hanging, tmp_path, 1, tmp_path / "logs"), job)
     assert "loading" in (tmp_path / "logs" / "check-torch.log").read_text()
     assert processes_with(f"sleep {marker}") == []
     failing = fake_python(tmp_path, "echo 'bad job' >&2; exit 3", name="failing")
     with pytest.raises(check.CheckError, match="jax worker failed: bad job"):
-        check.measure("jax", failing, {}, tmp_path, 30)
+        check.measure(check.Worker("jax", failing, tmp_path, 30, tmp_path), job)
     assert (tmp_path / "check-jax.log").read_text().endswith("bad job\n")
 
 

@@ -247,7 +247,7 @@ def test_nodes_rows_pass_on_the_same_numbers_and_fail_on_a_different_step():
         **_measured(np.random.default_rng(0), "lenet|ddp|2|local"),
         **_measured(np.random.default_rng(1), "lenet|ddp:float64|2|local"),
     }
-    same = compare_nodes("torch", single, dict(single), {}, 2, w0)
+    same = compare_nodes("torch", single, (dict(single), {}), 2, w0)
     assert [(r.check, r.devices, r.status) for r in same] == [
         ("nodes vs 1 process (float64)", "2 = 2x1", "ok"),
         ("nodes vs 1 process", "2 = 2x1", "ok"),
@@ -256,9 +256,9 @@ def test_nodes_rows_pass_on_the_same_numbers_and_fail_on_a_different_step():
     wrong["lenet|ddp:float64|2|local|grad|fc1.weight"] = (
         wrong["lenet|ddp:float64|2|local|grad|fc1.weight"] * 0.5
     )
-    assert [r.status for r in compare_nodes("torch", single, wrong, {}, 2, w0)][0] == "FAIL"
+    assert [r.status for r in compare_nodes("torch", single, (wrong, {}), 2, w0)][0] == "FAIL"
     no_float64 = {k: v for k, v in single.items() if ":float64" not in k}
     rows = compare_nodes(
-        "mxnet", single, no_float64, {"lenet|ddp|2|local": "the kvstore sends float32"}, 2, w0
+        "mxnet", single, (no_float64, {"lenet|ddp|2|local": "the kvstore sends float32"}), 2, w0
     )
     assert (rows[0].status, rows[0].note) == ("not run", "the kvstore sends float32")
