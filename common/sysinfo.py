@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import resource
+from dataclasses import dataclass
 
 
 def cpu_model() -> str:
@@ -52,45 +53,49 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def environment(
-    cfg,
-    *,
-    framework: str,
-    version: str,
-    libraries: dict[str, str],
-    cuda: str | None,
-    cudnn: str | None,
-    devices: list[str],
-    framework_gpus: int,
-    processes: int,
-    threads: int,
-    precision: dict,
-    compile: str | None,
-    input_copies: str,
-    sgd_update: str,
-    collective: str | None,
-    batchnorm: str,
-    details: dict,
-) -> dict:
-    """A run's environment record, one shape for every backend (docs/ARCHITECTURE.md, Glossary):
-    the host, the framework and the libraries it trains with, what it sees, how it runs, and
-    `details`, the backend's own settings (a kvstore type, a memory format) under their own names.
-    `precision` holds "mode" (the run's --precision) and the switches as the framework reads them back;
-    `compile` is what --compile does here (None when off); `levers` the speed levers as they run."""
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentRecord:
+    """What a backend says about its run, by name: the framework and the libraries it trains with, what it sees,
+    how it runs, and `details`, the backend's own settings (a kvstore type, a memory format) under their own
+    names. `precision` holds the switches as the framework reads them back; `compile` is what --compile does
+    here (None when off). environment() adds the host and the run config's part."""
+
+    framework: str
+    version: str
+    libraries: dict[str, str]
+    cuda: str | None
+    cudnn: str | None
+    devices: list[str]
+    framework_gpus: int  # what the framework itself sees, whatever the harness found
+    processes: int  # every node's processes, every role (a kvstore's servers too)
+    threads: int  # per process
+    precision: dict
+    compile: str | None
+    input_copies: str
+    sgd_update: str
+    collective: str | None
+    batchnorm: str
+    details: dict
+
+
+def environment(cfg, record: EnvironmentRecord) -> dict:
+    """A run's environment record, one shape for every backend (docs/ARCHITECTURE.md, Glossary): the host,
+    the backend's `record`, and from the run config the nodes, the precision mode (the run's --precision,
+    beside the switches) and the speed levers as they run."""
     return {
         **host(),
-        "framework": framework,
-        "framework_version": version,
-        "libraries": libraries,
-        "cuda": cuda,
-        "cudnn": cudnn,
-        "devices": devices,
-        "framework_gpus": framework_gpus,  # what the framework itself sees, whatever the harness found
+        "framework": record.framework,
+        "framework_version": record.version,
+        "libraries": record.libraries,
+        "cuda": record.cuda,
+        "cudnn": record.cudnn,
+        "devices": record.devices,
+        "framework_gpus": record.framework_gpus,
         "nodes": cfg.nodes,  # process groups / hosts (loopback_nodes: on this one host)
         "loopback_nodes": cfg.nodes > 1 and cfg.loopback_nodes,
-        "processes": processes,  # every node's processes, every role (a kvstore's servers too)
-        "threads_per_process": threads,
-        "precision": {"mode": cfg.precision, **precision},
+        "processes": record.processes,
+        "threads_per_process": record.threads,
+        "precision": {"mode": cfg.precision, **record.precision},
         "levers": {
             "precision": cfg.precision,
             "compile": bool(cfg.compile),
@@ -98,10 +103,10 @@ def environment(
             "resident_data": bool(cfg.resident_data),
             "prefetch": cfg.prefetch,
         },
-        "compile": compile,
-        "input_copies": input_copies,
-        "sgd_update": sgd_update,
-        "collective": collective,
-        "batchnorm": batchnorm,
-        "details": details,
+        "compile": record.compile,
+        "input_copies": record.input_copies,
+        "sgd_update": record.sgd_update,
+        "collective": record.collective,
+        "batchnorm": record.batchnorm,
+        "details": record.details,
     }

@@ -192,26 +192,28 @@ def environment(cfg) -> dict:
     cuda, cudnn = cuda_versions(cfg)
     return sysinfo.environment(
         cfg,
-        framework="keras",
-        version=keras.__version__,
-        libraries={"keras_backend": FRAMEWORK[cfg.strategy], **versions()},
-        cuda=cuda,
-        cudnn=cudnn,
-        devices=device_names(cfg),
-        framework_gpus=framework_gpus(cfg),
-        processes=cfg.devices if ddp else 1,
-        threads=threads_per_process(cfg, host_processes(cfg)) if ddp else sysinfo.usable_cpus(),
-        precision=precision_settings(cfg),
-        compile=COMPILE[cfg.strategy] if cfg.compile else None,
-        input_copies=input_copies(cfg),
-        sgd_update="torch.optim.SGD on the Keras model's variables"
-        if ddp
-        else "keras.optimizers.SGD.stateless_apply inside the compiled step",
-        collective=collective(cfg),
-        batchnorm=BATCHNORM[cfg.bn],
-        details={
-            "keras_backend": FRAMEWORK[cfg.strategy],
-            "data_format": DATA_FORMAT,
-            **(engine_details(cfg) if ddp else {}),
-        },
+        sysinfo.EnvironmentRecord(
+            framework="keras",
+            version=keras.__version__,
+            libraries={"keras_backend": FRAMEWORK[cfg.strategy], **versions()},
+            cuda=cuda,
+            cudnn=cudnn,
+            devices=device_names(cfg),
+            framework_gpus=framework_gpus(cfg),
+            processes=cfg.devices if ddp else 1,
+            threads=threads_per_process(cfg, host_processes(cfg)) if ddp else sysinfo.usable_cpus(),
+            precision=precision_settings(cfg),
+            compile=COMPILE[cfg.strategy] if cfg.compile else None,
+            input_copies=input_copies(cfg),
+            sgd_update="torch.optim.SGD on the Keras model's variables"
+            if ddp
+            else "keras.optimizers.SGD.stateless_apply inside the compiled step",
+            collective=collective(cfg),
+            batchnorm=BATCHNORM[cfg.bn],
+            details={
+                "keras_backend": FRAMEWORK[cfg.strategy],
+                "data_format": DATA_FORMAT,
+                **(engine_details(cfg) if ddp else {}),
+            },
+        ),
     )

@@ -150,33 +150,35 @@ def environment(cfg) -> dict:
     features = mx.runtime.Features()
     return sysinfo.environment(
         cfg,
-        framework="mxnet",
-        version=mx.__version__,
-        libraries={},
-        cuda="enabled" if features.is_enabled("CUDA") else None,
-        cudnn="enabled" if features.is_enabled("CUDNN") else None,
-        devices=device_names(cfg),
-        framework_gpus=visible_gpus(),  # what MXNet itself sees, whatever the harness found
-        processes=processes(cfg),
-        threads=THREADS,
-        precision={
-            "dtype": "float32",
-            "tf32_matmul": False,
-            "tf32_cudnn": False,
-            "NVIDIA_TF32_OVERRIDE": os.environ.get("NVIDIA_TF32_OVERRIDE"),
-        },
-        # A refused speed lever (common/levers.py, from backend.toml) makes the run unavailable; NCHW always.
-        compile="hybridize(), forced on whatever the hybridize option" if cfg.compile else None,
-        input_copies=input_copies(cfg),
-        sgd_update=sgd_update(cfg),
-        collective=collective(cfg),
-        batchnorm=batchnorm(cfg),
-        details={
-            "engine": f"threaded engine per device, {engine_workers()} worker thread(s) per context",
-            "kvstore": kvstore(cfg) if cfg.strategy == "gluon" else None,
-            "hybridize": hybridized(cfg),
-            **ps_lite(cfg),
-        },
+        sysinfo.EnvironmentRecord(
+            framework="mxnet",
+            version=mx.__version__,
+            libraries={},
+            cuda="enabled" if features.is_enabled("CUDA") else None,
+            cudnn="enabled" if features.is_enabled("CUDNN") else None,
+            devices=device_names(cfg),
+            framework_gpus=visible_gpus(),  # what MXNet itself sees, whatever the harness found
+            processes=processes(cfg),
+            threads=THREADS,
+            precision={
+                "dtype": "float32",
+                "tf32_matmul": False,
+                "tf32_cudnn": False,
+                "NVIDIA_TF32_OVERRIDE": os.environ.get("NVIDIA_TF32_OVERRIDE"),
+            },
+            # A refused speed lever (common/levers.py, from backend.toml) makes the run unavailable; NCHW always.
+            compile="hybridize(), forced on whatever the hybridize option" if cfg.compile else None,
+            input_copies=input_copies(cfg),
+            sgd_update=sgd_update(cfg),
+            collective=collective(cfg),
+            batchnorm=batchnorm(cfg),
+            details={
+                "engine": f"threaded engine per device, {engine_workers()} worker thread(s) per context",
+                "kvstore": kvstore(cfg) if cfg.strategy == "gluon" else None,
+                "hybridize": hybridized(cfg),
+                **ps_lite(cfg),
+            },
+        ),
     )
 
 

@@ -160,29 +160,31 @@ def environment(cfg) -> dict:
     processes = cfg.devices if ddp else 1  # ddp: every rank on every node
     return sysinfo.environment(
         cfg,
-        framework="torch",
-        version=torch.__version__,
-        libraries={},
-        cuda=torch.version.cuda,
-        cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        devices=device_names(cfg),
-        framework_gpus=torch.cuda.device_count(),
-        processes=processes,
-        threads=threads_per_process(cfg, host_processes(cfg) if ddp else 1),
-        precision=precision_settings(cfg),
-        compile=compile_description(cfg),
-        input_copies=input_copies(cfg),
-        sgd_update=sgd_update(cfg),
-        collective={
-            "ddp": "nccl" if cfg.device_kind == "gpu" else "gloo",
-            "scratch": "hand-written allreduce (copy to device 0, sum, copy back)",
-            "dp": "nn.DataParallel scatter/gather + reduce",
-        }.get(cfg.strategy),
-        batchnorm=BATCHNORM[cfg.bn],
-        details={
-            "memory_format": "channels_last" if cfg.channels_last else "contiguous_format",
-            **(engine_details(cfg) if ddp else {}),
-        },
+        sysinfo.EnvironmentRecord(
+            framework="torch",
+            version=torch.__version__,
+            libraries={},
+            cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+            devices=device_names(cfg),
+            framework_gpus=torch.cuda.device_count(),
+            processes=processes,
+            threads=threads_per_process(cfg, host_processes(cfg) if ddp else 1),
+            precision=precision_settings(cfg),
+            compile=compile_description(cfg),
+            input_copies=input_copies(cfg),
+            sgd_update=sgd_update(cfg),
+            collective={
+                "ddp": "nccl" if cfg.device_kind == "gpu" else "gloo",
+                "scratch": "hand-written allreduce (copy to device 0, sum, copy back)",
+                "dp": "nn.DataParallel scatter/gather + reduce",
+            }.get(cfg.strategy),
+            batchnorm=BATCHNORM[cfg.bn],
+            details={
+                "memory_format": "channels_last" if cfg.channels_last else "contiguous_format",
+                **(engine_details(cfg) if ddp else {}),
+            },
+        ),
     )
 
 

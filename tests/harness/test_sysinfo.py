@@ -28,3 +28,89 @@ def test_peak_memory_is_the_workers_own_not_its_parents():
     )
     assert out.returncode == 0, out.stderr
     assert 1 < float(out.stdout) < 200
+
+
+def test_the_environment_record_keeps_its_json_shape():
+    """results.json and the report read these keys: a backend's record, the host and the run config's part, in
+    this order."""
+    from common import sysinfo
+    from common.config import RunConfig
+
+    cfg = RunConfig(
+        backend="torch",
+        strategy="ddp",
+        devices=4,
+        nodes=2,
+        coordinator="127.0.0.1:29500",
+        precision="bf16",
+        compile=True,
+    )
+    record = sysinfo.EnvironmentRecord(
+        framework="torch",
+        version="2.0",
+        libraries={"extra": "1.0"},
+        cuda=None,
+        cudnn=None,
+        devices=["cpu (simulated device 0)", "cpu (simulated device 1)"],
+        framework_gpus=0,
+        processes=4,
+        threads=3,
+        precision={"autocast": "bfloat16"},
+        compile="torch.compile",
+        input_copies="none",
+        sgd_update="torch.optim.SGD",
+        collective="gloo",
+        batchnorm="local",
+        details={"engine": "torchrun"},
+    )
+    env = sysinfo.environment(cfg, record)
+    host = sysinfo.host()
+    assert env == {
+        **host,
+        "framework": "torch",
+        "framework_version": "2.0",
+        "libraries": {"extra": "1.0"},
+        "cuda": None,
+        "cudnn": None,
+        "devices": ["cpu (simulated device 0)", "cpu (simulated device 1)"],
+        "framework_gpus": 0,
+        "nodes": 2,
+        "loopback_nodes": True,
+        "processes": 4,
+        "threads_per_process": 3,
+        "precision": {"mode": "bf16", "autocast": "bfloat16"},
+        "levers": {
+            "precision": "bf16",
+            "compile": True,
+            "channels_last": False,
+            "resident_data": False,
+            "prefetch": 2,
+        },
+        "compile": "torch.compile",
+        "input_copies": "none",
+        "sgd_update": "torch.optim.SGD",
+        "collective": "gloo",
+        "batchnorm": "local",
+        "details": {"engine": "torchrun"},
+    }
+    assert list(env)[len(host) :] == [
+        "framework",
+        "framework_version",
+        "libraries",
+        "cuda",
+        "cudnn",
+        "devices",
+        "framework_gpus",
+        "nodes",
+        "loopback_nodes",
+        "processes",
+        "threads_per_process",
+        "precision",
+        "levers",
+        "compile",
+        "input_copies",
+        "sgd_update",
+        "collective",
+        "batchnorm",
+        "details",
+    ]
