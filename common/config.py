@@ -224,7 +224,7 @@ class RunConfig:
     join_timeout: float = (
         300.0  # across hosts: the longest wait for the other nodes before a run (roll call)
     )
-    # Across hosts: how long a node may go unheard mid-run (no heartbeat: harness/watch.py) before the others
+    # Across hosts: how long a node may go unheard mid-run (no heartbeat: harness/nodes/watch.py) before the others
     # stop their workers and fail the run naming it; the engines' own timeouts are set from it too.
     peer_timeout: float = 30.0
     # This node's address as the other nodes reach it, and the interface that holds it, for the engines'
@@ -239,7 +239,7 @@ class RunConfig:
     @property
     def engine_timeout(self) -> float:
         """Across nodes, the longest an engine may wait on a peer (a collective, a heartbeat): the second line
-        behind the harness's heartbeats (harness/watch.py), which name a lost node within peer_timeout, so
+        behind the harness's heartbeats (harness/nodes/watch.py), which name a lost node within peer_timeout, so
         twice that, and never more than the run's timeout."""
         return min(self.timeout, 2 * self.peer_timeout)
 

@@ -13,9 +13,9 @@ once with Result.from_dict and reads attributes after that. Since v2, a run is w
 field present (null where a run has none) and the config with every RunConfig field. v1 files (older reports'
 results.json) may lack fields and config fields added since (prefetch, compile_mode, ...): they still load. v3 (written
 from now on) adds to results.json's meta the `provenance` of the report: the suite's version, the git commit, whether
-the checkout had uncommitted changes, the host (harness/provenance.py); v1 and v2 files have none (unknown). A v3
-run also records what its framework compiled in each timed part (`compiles`) and `epoch_over_steps`; a run read
-from an older file gets the latter from its epochs and step time, the same figure.
+the checkout had uncommitted changes, the host (harness/reporting/provenance.py); v1 and v2 files have none
+(unknown). A v3 run also records what its framework compiled in each timed part (`compiles`) and
+`epoch_over_steps`; a run read from an older file gets the latter from its epochs and step time, the same figure.
 """
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ def training_flags(
 
 
 def nodes_flags(hosts: bool = True) -> Parser:
-    """--nodes (and, for runs across hosts, --node-rank and --coordinator): harness/nodes.py."""
+    """--nodes (and, for runs across hosts, --node-rank and --coordinator): harness/nodes/nodes.py."""
     p = _group()
     p.add_argument(
         "--nodes",

@@ -4,7 +4,7 @@ On one set of canonical weights (one file, one hash) and the same batches, every
 backend, strategy and device count measures (common/measurements.py, inside its environment):
 forward logits, the first batch's loss and gradients after the allreduce, the weights
 after one SGD step, and the loss of every step of a short trace. The harness compares
-them with torch's (harness/equivalence.py) and prints one table; the exit status is 1 if any row fails.
+them with torch's (harness/checking/equivalence.py) and prints one table; the exit status is 1 if any row fails.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from common.config import MODELS, ConfigError, check_model_input, default_datase
 from common.data import imagenet
 from common.manifest import Manifest
 from common.network import free_port
-from harness import arguments, disk, envs, runner
+from harness import arguments, envs
 from harness.arguments import UsageError
-from harness.datasets import resolve_data
-from harness.equivalence import Measurements, Row, compare, compare_nodes, table
-from harness.nodes import parse_counts as parse_node_counts
-from harness.plan import (
+from harness.checking.equivalence import Measurements, Row, compare, compare_nodes, table
+from harness.nodes.nodes import parse_counts as parse_node_counts
+from harness.planning.datasets import resolve_data
+from harness.planning.plan import (
     Plan,
     check_device_counts,
     choose_devices,
@@ -40,6 +40,7 @@ from harness.plan import (
     parse_pythons,
     select_strategies,
 )
+from harness.processes import disk, runner
 
 
 class CheckError(Exception):

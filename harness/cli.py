@@ -3,7 +3,7 @@ its module's function (`main`), chosen by the parser (`set_defaults(func=...)`):
 testing.py, compare.py, report.py, projection.py.
 
 Without a subcommand the flags are `run`'s: `python -m harness --backend jax --gpus 2` is
-`python -m harness run --backend jax --gpus 2`. Parsing and planning are harness/plan.py's.
+`python -m harness run --backend jax --gpus 2`. Parsing and planning are harness/planning/plan.py's.
 """
 
 from __future__ import annotations
@@ -12,11 +12,13 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness import arguments, check, compare, interrupts, parity, projection, report, run, testing
+from harness import arguments, check, compare, parity, projection, report, run, testing
 from harness.arguments import HelpFormatter, Parser, UsageError
-from harness.plan import build_plan, choose_devices, parse_pythons
+from harness.planning.plan import build_plan, choose_devices, parse_pythons
+from harness.processes import interrupts
 
-# The names tests and tools reach through this module (the benchmark's entry points; the plan's are harness/plan.py's).
+# The names tests and tools reach through this module (the benchmark's entry points; the plan's are
+# harness/planning/plan.py's).
 __all__ = [
     "COMMANDS",
     "UsageError",
@@ -43,8 +45,9 @@ DEFAULT_RULE = (
 @dataclass(frozen=True)
 class Stoppable:
     """A command that starts workers, run with SIGTERM and SIGHUP stopping it the way Ctrl-C does
-    (harness/interrupts.py). An interrupt that reaches here came while planning, before anything ran: nothing to
-    report. (A dataclass, so that the same command wrapped twice is equal: `run`'s parsed flags equal the bare ones.)"""
+    (harness/processes/interrupts.py). An interrupt that reaches here came while planning, before anything ran:
+    nothing to report. (A dataclass, so that the same command wrapped twice is equal: `run`'s parsed flags equal
+    the bare ones.)"""
 
     command: Callable[..., int]
 

@@ -1,7 +1,7 @@
 """`python -m harness compare OLD NEW [NEW ...]`: did a run get slower or faster than another, beyond noise?
 
 Each NEW is compared with OLD, row by row: a row is a configuration (backend, strategy with its options and
-levers, devices, nodes), its figures the medians over its kept trials (harness/trials.py). The test is a
+levers, devices, nodes), its figures the medians over its kept trials (harness/reporting/trials.py). The test is a
 two-level bootstrap of the ratio of the median step times: the kept trials resampled with replacement, then
 each resampled trial's timed steps, so that the spread between processes (which on a shared host is larger
 than the spread within one) counts. A row is marked as `asv compare` marks a benchmark: `+` (slower: worse)
@@ -28,10 +28,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.results import Result, load_results_json
-from harness import provenance
 from harness.arguments import Parser, UsageError
-from harness.tables import milliseconds, table
-from harness.trials import Trials, group
+from harness.reporting import provenance
+from harness.reporting.tables import milliseconds, table
+from harness.reporting.trials import Trials, group
 
 DESCRIPTION = (
     "Compare benchmark runs: per configuration, the change in images/s and step time, with a bootstrap "

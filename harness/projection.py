@@ -15,10 +15,10 @@ from pathlib import Path
 from common import architectures, scaling
 from common.results import Result, load_results_json, write_atomic, write_text_atomic
 from harness.arguments import Parser, UsageError
-from harness.plots import pyplot
-from harness.published import NVIDIA_RESNET50_SOURCE, RESNET50_8GPU, RESNET50_BATCH
-from harness.tables import baseline, fmt, table
-from harness.trials import group
+from harness.reporting.plots import pyplot
+from harness.reporting.published import NVIDIA_RESNET50_SOURCE, RESNET50_8GPU, RESNET50_BATCH
+from harness.reporting.tables import baseline, fmt, table
+from harness.reporting.trials import group
 
 DESCRIPTION = (
     "Project a finished run to 1..1024 devices: its measured step time, gradient bytes and allreduce "
@@ -96,7 +96,7 @@ def usable(r: Result) -> bool:
 
 def run_pieces(results: list[Result]) -> list[tuple[scaling.Pieces, bool]]:
     """(pieces, shared host) per backend, strategy, model and per-device batch; runs across nodes apart (each
-    node count its own process group), a configuration's kept trials (harness/trials.py) by their median."""
+    node count its own process group), a configuration's kept trials (harness/reporting/trials.py) by their median."""
     groups: dict[tuple, dict[tuple, list[Result]]] = {}
     for t in group(results):
         runs = [r for r in t.kept if usable(r)]

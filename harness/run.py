@@ -1,7 +1,7 @@
 """`python -m harness run`, the default command: every planned (backend, strategy, devices) run in turn, the
 equivalence check first, then the report; and `list` (run's --list), what would run.
 
-Parsing and planning are harness/plan.py's; the command line, harness/cli.py's.
+Parsing and planning are harness/planning/plan.py's; the command line, harness/cli.py's.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 
 from common import manifest
-from harness import check, disk, envs, interrupts, leftovers, provenance, report, runner, tables
+from harness import check, envs
 from harness.arguments import UsageError
-from harness.plan import Devices, Plan, build_plan, choose_devices
+from harness.planning.plan import Devices, Plan, build_plan, choose_devices
+from harness.processes import disk, interrupts, runner
+from harness.reporting import document, leftovers, provenance, tables
 
 
 def main(args) -> int:
@@ -122,7 +124,7 @@ def run_benchmark(args, argv: list[str], carry_out=None) -> int:
         "topology": plan.topology.how,
         "provenance": provenance.record(),  # the code and host as the run starts
     }
-    for line in leftovers.keep_left_behind(Path(args.out), report.write):
+    for line in leftovers.keep_left_behind(Path(args.out), document.write):
         console.say(line)
     with create_staging(args.out, sorted(plan.backends), meta) as staging:
         results = (carry_out or run_all)(plan, args, console, meta, staging.path)
@@ -139,11 +141,11 @@ def run_benchmark(args, argv: list[str], carry_out=None) -> int:
     return interrupts.exit_status() or (1 if bad else 0)
 
 
-def create_staging(out: str, backends: list[str], meta: dict) -> report.Staging:
+def create_staging(out: str, backends: list[str], meta: dict) -> document.Staging:
     """The report's staging directory, with its owner and the run's header, made before any work starts: an
     --out that cannot hold a report (under a file, read-only, full, a name too long) fails now, in one line,
     not after hours of training, and leaves nothing behind."""
-    staging = report.Staging(Path(out), backends)
+    staging = document.Staging(Path(out), backends)
     try:
         staging.create()
         staging.save_meta(meta)
@@ -194,7 +196,7 @@ def run_all(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path
     return results + finished
 
 
-def save_report(staging: report.Staging, results: list[dict], meta: dict) -> Path | None:
+def save_report(staging: document.Staging, results: list[dict], meta: dict) -> Path | None:
     """The report's directory; None if it could not be written (a full disk, say), after one line
     saying where the results were kept instead."""
     try:

@@ -32,7 +32,7 @@ from common import manifest
 from harness import envs
 from harness.arguments import Parser, UsageError, backends_flags, python_flags
 from harness.envs import ROOT
-from harness.plan import parse_backends, parse_pythons
+from harness.planning.plan import parse_backends, parse_pythons
 
 # What --portable caps, per library; each was checked to change the kernels in the pinned versions
 # (the probes below print the evidence at the start of the pass).

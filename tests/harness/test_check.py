@@ -15,7 +15,8 @@ import pytest
 from common import architectures, checkjob, weights
 from common import measurements as measurements_lib
 from common.backend import Probe
-from harness import check, equivalence
+from harness import check
+from harness.checking import equivalence
 from tests.harness.helpers import fake_python
 from tests.harness.test_runner import processes_with
 

@@ -13,9 +13,10 @@ import pytest
 from common.config import RunConfig
 from common.loop import step_statistics
 from common.results import Result, new_result, result_problem
-from harness import compare, provenance, trials
+from harness import compare
 from harness.cli import build_plan, parse
-from harness.tables import summary_table, with_scaling
+from harness.reporting import provenance, trials
+from harness.reporting.tables import summary_table, with_scaling
 from tests.harness.helpers import fake_python, run_harness
 from tests.harness.test_results import COMMITTED
 

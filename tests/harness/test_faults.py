@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, envs, report
+from harness import cli, envs
+from harness.reporting import document
 from tests.harness.helpers import ROOT, fake_python
 
 BASE = (
@@ -277,7 +278,7 @@ def test_a_harness_killed_with_sigkill_takes_its_workers_along_and_the_next_run_
 ):
     """SIGKILL cannot be handled: the workers watch their lifeline (common/worker.py) and end their process
     groups; the killed run's staging folder is found by the next run and kept as a report of its finished
-    runs (harness/leftovers.py)."""
+    runs (harness/reporting/leftovers.py)."""
     out, state = tmp_path / "reports", tmp_path / "state"
     state.mkdir()
     python = fake_worker(tmp_path)
@@ -328,15 +329,15 @@ def test_a_harness_killed_with_sigkill_takes_its_workers_along_and_the_next_run_
 
 
 def test_an_interrupt_while_the_report_is_written_loses_nothing(tmp_path, monkeypatch, capfd):
-    """In-process: the signal arrives inside report.write; the report is finished, the exit status says it."""
-    real_write = report.write
+    """In-process: the signal arrives inside document.write; the report is finished, the exit status says it."""
+    real_write = document.write
 
     def write_interrupted(*args, **kwargs):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.2)  # the handler runs here, in the main thread
         return real_write(*args, **kwargs)
 
-    monkeypatch.setattr(report, "write", write_interrupted)
+    monkeypatch.setattr(document, "write", write_interrupted)
     # SIGINT at its default whatever the test runner inherited (a background job ignores it, and the harness
     # leaves an ignored signal ignored)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -395,9 +396,9 @@ def test_two_runs_started_together_give_two_reports(tmp_path):
 
 
 def test_run_ids_claimed_in_the_same_second_get_a_suffix(tmp_path, monkeypatch):
-    monkeypatch.setattr(report.time, "strftime", lambda fmt, *a: "20260101-000000")
-    first = report.Staging(tmp_path, ["torch"]).create()
-    second = report.Staging(tmp_path, ["torch"]).create()
+    monkeypatch.setattr(document.time, "strftime", lambda fmt, *a: "20260101-000000")
+    first = document.Staging(tmp_path, ["torch"]).create()
+    second = document.Staging(tmp_path, ["torch"]).create()
     assert (first.run_id, second.run_id) == ("20260101-000000-torch", "20260101-000000-torch-2")
     assert first.path != second.path and first.path.is_dir() and second.path.is_dir()
 
@@ -468,12 +469,12 @@ def test_a_full_disk_at_the_end_keeps_the_results_and_says_where(
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(report, "write", full_disk)
+    monkeypatch.setattr(document, "write", full_disk)
     temp_dir = tmp_path / "temp"
     if not temp_dir_writable:
         (tmp_path / "a-file").write_text("")
         temp_dir = tmp_path / "a-file" / "temp"
-    monkeypatch.setattr(report.tempfile, "tempdir", str(temp_dir))
+    monkeypatch.setattr(document.tempfile, "tempdir", str(temp_dir))
     monkeypatch.setenv("FAKE_STATE", str(tmp_path))
     out = tmp_path / "reports"
     try:

@@ -8,7 +8,7 @@ import pytest
 from common import flops
 from common.config import RunConfig
 from common.results import Result, new_result
-from harness.tables import flops_cell, model_flops, with_scaling
+from harness.reporting.tables import flops_cell, model_flops, with_scaling
 
 
 def test_lenet_is_counted_as_by_hand():

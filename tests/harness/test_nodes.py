@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from common.config import RunConfig
-from harness import cli, nodes, runner
+from harness import cli
 from harness.arguments import UsageError
+from harness.nodes import nodes
+from harness.processes import runner
 from tests.harness.helpers import fake_python
 
 BASE = [
@@ -240,7 +242,7 @@ def _measured(rng, key: str, shift: float = 0.0) -> dict:
 
 def test_nodes_rows_pass_on_the_same_numbers_and_fail_on_a_different_step():
     from common.architectures import spec
-    from harness.equivalence import compare_nodes
+    from harness.checking.equivalence import compare_nodes
 
     w0 = {"lenet": {name: np.zeros(shape) for name, shape, _ in spec("lenet")}}
     single = {

@@ -12,8 +12,9 @@ import pytest
 from common import weights as weightslib
 from common.config import RunConfig
 from common.loop import step_statistics
-from harness import parity, report, sections
-from harness.plan import Plan
+from harness import parity
+from harness.planning.plan import Plan
+from harness.reporting import document, sections
 from tests.harness.helpers import assert_refused, fake_python
 from tests.harness.test_report import result
 
@@ -190,7 +191,7 @@ def test_the_report_has_a_speed_parity_section_and_plot(tmp_path):
         "data_source": "synthetic",
         "parity": parity.figures(suite, idioms),
     }
-    report.write(tmp_path, suite, meta)
+    document.write(tmp_path, suite, meta)
     text = (tmp_path / "report.md").read_text()
     section = text.split("## Speed parity")[1].split("\n## ")[0]
     assert "| torch | scratch | torch (torch 2.x) | 130 | 100 | 1.30 | [1.2" in section
@@ -233,6 +234,6 @@ def test_the_report_has_a_speed_parity_section_and_plot(tmp_path):
 def test_a_malformed_parity_field_in_results_json_still_renders(tmp_path, parity_field):
     """results.json is untrusted when read back (`python -m harness report DIR`): malformed rows are left out."""
     meta = {"run_id": "x", "command": "c", "started": "s", "preset": "p", "data_source": "d"}
-    report.write(tmp_path, [result()], {**meta, "parity": parity_field})
+    document.write(tmp_path, [result()], {**meta, "parity": parity_field})
     assert "## Speed parity" in (tmp_path / "report.md").read_text()
     assert not (tmp_path / "parity.png").exists()

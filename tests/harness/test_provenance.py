@@ -1,5 +1,5 @@
 """Which code made a report: the commit and uncommitted changes of a real (temporary) git checkout, the version from
-its pyproject.toml, and null where they cannot be known (harness/provenance.py)."""
+its pyproject.toml, and null where they cannot be known (harness/reporting/provenance.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import provenance
+from harness.reporting import provenance
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 

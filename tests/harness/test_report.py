@@ -12,7 +12,7 @@ import pytest
 
 from common.config import RunConfig
 from common.results import SCHEMA_VERSION
-from harness import provenance, report, sections, tables
+from harness.reporting import document, provenance, sections, tables
 from tests.harness.helpers import ROOT, fake_python, run_harness
 
 
@@ -95,7 +95,7 @@ META = {
 def test_staging_commits_once_and_never_overwrites(tmp_path):
     dirs = []
     for _ in range(2):
-        with report.Staging(tmp_path, ["torch"]) as s:
+        with document.Staging(tmp_path, ["torch"]) as s:
             s.run_id = "fixed-id"
             dirs.append(s.commit([result()], META))
     assert [d.name for d in dirs] == ["fixed-id", "fixed-id-2"]
@@ -109,14 +109,14 @@ def test_staging_commits_once_and_never_overwrites(tmp_path):
 
 def test_an_error_leaves_no_half_written_report(tmp_path):
     with pytest.raises(RuntimeError):
-        with report.Staging(tmp_path, ["torch"]) as s:
+        with document.Staging(tmp_path, ["torch"]) as s:
             (s.path / "partial.txt").write_text("x")
             raise RuntimeError("crash while running")
     assert list(tmp_path.iterdir()) == []
 
 
 def test_render_lists_failures_and_reference_numbers():
-    text = report.render(
+    text = document.render(
         [result(), result(devices=2, status="failed")],
         {**META, "run_id": "r"},
         {"accuracy": True, "throughput": False},
@@ -163,7 +163,7 @@ def test_step_statistics_and_allreduce_figure_are_tabulated():
     assert tables.steps_table(tables.with_scaling(tables.as_results([r])))[2].endswith(
         "| 2.5 | — | 20% | 1.00 |"
     )
-    text = report.render([r], {**META, "run_id": "x"}, {})
+    text = document.render([r], {**META, "run_id": "x"}, {})
     assert (
         "## Step time and communication" in text
         and "bfloat16 compute" in text
@@ -186,7 +186,7 @@ def test_a_run_whose_epochs_are_not_its_steps_is_named_with_its_figures():
         "compiled 1 program(s) inside the timed epochs"
     ]
     assert "| **2.62** |" in "\n".join(tables.steps_table(rows))
-    assert "**Figures that disagree**" in report.render([slow, fine], {**META, "run_id": "x"}, {})
+    assert "**Figures that disagree**" in document.render([slow, fine], {**META, "run_id": "x"}, {})
 
 
 def resnet50_on(gpu: str, ips: float) -> dict:
@@ -205,7 +205,7 @@ def resnet50_on(gpu: str, ips: float) -> dict:
 
 
 def test_a_resnet50_report_quotes_nvidias_figures_and_compares_a_gpu_it_names():
-    text = report.render(
+    text = document.render(
         [resnet50_on("NVIDIA A100-SXM4-80GB", 2223.0), resnet50_on("NVIDIA H200", 3000.0)],
         {**META, "run_id": "r"},
         {},
@@ -230,7 +230,7 @@ def code_line(provenance) -> str:
         if provenance is None
         else {**META, "run_id": "r", "provenance": provenance}
     )
-    text = report.render([result()], meta, {})
+    text = document.render([result()], meta, {})
     (line,) = [line for line in text.splitlines() if line.startswith("- Code:")]
     return line
 
@@ -294,7 +294,7 @@ def test_a_committed_v2_report_re_renders_saying_its_code_was_not_recorded(tmp_p
 
 def test_the_devices_line_says_how_they_were_found_and_old_results_still_render():
     def devices_line(**meta):
-        text = report.render([result()], {**META, "run_id": "r", **meta}, {})
+        text = document.render([result()], {**META, "run_id": "r", **meta}, {})
         return next(line for line in text.splitlines() if line.startswith("- Devices: "))
 
     assert devices_line(
@@ -374,7 +374,7 @@ def test_a_committed_report_renders_again_from_its_results_json():
         if (p / "results.json").exists()
     )
     results, meta = load_results_json(directory)
-    text = report.render(results, meta, {"accuracy": True, "throughput": True})
+    text = document.render(results, meta, {"accuracy": True, "throughput": True})
     assert "(schema v1)" in text
     lines = set(text.splitlines())
     committed = (directory / "report.md").read_text()

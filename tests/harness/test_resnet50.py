@@ -10,7 +10,8 @@ from PIL import Image
 from common import architectures
 from common.config import ConfigError, RunConfig
 from common.data import DataError, imagenet
-from harness import cli, plan
+from harness import cli
+from harness.planning import plan
 from tests.harness.helpers import assert_refused
 
 

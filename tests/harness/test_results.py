@@ -177,10 +177,10 @@ def test_load_results_json_reads_a_committed_report():
 
 
 def test_load_results_json_round_trips_through_the_report(tmp_path):
-    from harness import report
+    from harness.reporting import document
 
     results, meta = load_results_json(COMMITTED)
-    report.write(tmp_path, results, {k: v for k, v in meta.items() if k != "equivalence"})
+    document.write(tmp_path, results, {k: v for k, v in meta.items() if k != "equivalence"})
     again, meta2 = load_results_json(tmp_path / "results.json")
     assert again == results and meta2["schema_version"] == 3
     assert meta2["provenance"] is None  # a v1 file's meta has none: written as unknown
@@ -196,10 +196,10 @@ PROVENANCE = {
 
 
 def test_a_v3_results_json_keeps_its_provenance(tmp_path):
-    from harness import report
+    from harness.reporting import document
 
     results, meta = load_results_json(COMMITTED)
-    report.write(tmp_path, results, {**meta, "provenance": PROVENANCE})
+    document.write(tmp_path, results, {**meta, "provenance": PROVENANCE})
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["schema_version"] == 3 and doc["provenance"] == PROVENANCE
     assert load_results_json(tmp_path)[1]["provenance"] == PROVENANCE

@@ -1,4 +1,4 @@
-"""The nodes' roll call before a run across hosts (harness/rollcall.py), over 127.0.0.1: framework-free."""
+"""The nodes' roll call before a run across hosts (harness/nodes/rollcall.py), over 127.0.0.1: framework-free."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 
 from common.config import RunConfig
 from common.network import free_port
-from harness import rollcall, runner
+from harness.nodes import rollcall
+from harness.processes import runner
 from tests.harness.helpers import fake_python
 
 
@@ -56,7 +57,7 @@ def test_the_nodes_meet_and_each_learns_its_address():
     zero, one, two = meet_all([node(r, 3, port) for r in range(3)], ["torch-ddp-x3-3nodes"] * 3)
     assert (zero.address, zero.peers) == ("127.0.0.1", {1: "127.0.0.1", 2: "127.0.0.1"})
     assert (one.address, one.peers) == (two.address, two.peers) == ("127.0.0.1", {0: "127.0.0.1"})
-    # and each keeps in touch with node 0 for the run (harness/watch.py): node 0 with both others
+    # and each keeps in touch with node 0 for the run (harness/nodes/watch.py): node 0 with both others
     assert sorted(zero.watch.connections) == [1, 2] and list(one.watch.connections) == [0]
     for meeting in (zero, one, two):
         meeting.watch.finish()

@@ -234,7 +234,7 @@ class Terminal(io.StringIO):
 
 def test_console_draws_a_bar_on_a_terminal_and_plain_lines_elsewhere():
     from common.config import RunConfig
-    from harness import runner
+    from harness.processes import runner
 
     cfg = RunConfig(
         backend="torch",

@@ -91,7 +91,8 @@ wait
 # A pass of that one suite, stopped as `python -m harness test` is (harness/cli.py's Stoppable).
 ONE_SUITE_PASS = (
     "import os, sys\n"
-    "from harness import interrupts, testing\n"
+    "from harness import testing\n"
+    "from harness.processes import interrupts\n"
     "suite = testing.Suite('fake', sys.argv[1], [], {**os.environ}, [], ['-k', 'x'])\n"
     "with interrupts.handled():\n"
     "    try:\n"

@@ -1,5 +1,5 @@
 """Across hosts, a host lost mid-run fails the run on every other host within --peer-timeout, in one line that
-names it (harness/watch.py): the heartbeats on their own, then two harnesses over 127.0.0.1 with workers that
+names it (harness/nodes/watch.py): the heartbeats on their own, then two harnesses over 127.0.0.1 with workers that
 train forever (no framework), one of them killed or stopped."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 import pytest
 
 from common.network import free_port
-from harness import watch as watchlib
+from harness.nodes import watch as watchlib
 from tests.harness.helpers import ROOT, fake_python
 
 PEER_TIMEOUT = 3.0
@@ -184,7 +184,7 @@ def test_a_host_lost_mid_run_ends_the_others_within_the_bound_naming_it(tmp_path
 def test_a_worker_dead_in_native_code_is_headlined_by_the_line_that_says_what_happened():
     """jax's coordination service aborting a process: its output ends in absl's stack frames, which were the
     report's headline ("failed:     @     0x7f930e6a71f5  (unknown)")."""
-    from harness.runner import readable_cause
+    from harness.processes.runner import readable_cause
 
     output = [
         "UserWarning: an error-shaped warning is no cause\n",

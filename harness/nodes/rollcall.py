@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from common.config import RunConfig
 from common.network import RETRY_S, interface_address, interface_of
-from harness import watch as watchlib
+from harness.nodes import watch as watchlib
 
 ACK_S = 5.0  # how long a node waits for node 0's acknowledgement before it tries again
 LINE_BYTES = 4096  # the longest message read (a stray connection sends anything)
@@ -43,7 +43,7 @@ class JoinError(Exception):
 class Meeting:
     address: str  # this node's address as the other nodes reach it
     peers: dict[int, str]  # node 0: every other node's address; other nodes: {0: node 0's}
-    watch: watchlib.Watch | None = None  # the run's heartbeats (harness/watch.py), started
+    watch: watchlib.Watch | None = None  # the run's heartbeats (harness/nodes/watch.py), started
 
 
 # Once the nodes failed to meet, the hosts are out of step (a host absent, or at another run): this harness's

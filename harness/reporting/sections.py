@@ -7,7 +7,7 @@ from pathlib import Path
 from common import manifest
 from common.config import RunConfig
 from common.results import Result
-from harness.tables import fmt, key, milliseconds, table
+from harness.reporting.tables import fmt, key, milliseconds, table
 
 # What a GPU run's speed depends on beyond the framework (recorded by the workers that have them).
 GPU_SETTINGS = (

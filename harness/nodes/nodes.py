@@ -35,7 +35,7 @@ class Topology:
     how: str = ""  # one line for the console and the report
     join_timeout: float = 300.0  # across hosts: the longest wait for the other nodes before a run
     peer_timeout: float = (
-        30.0  # across hosts: the longest a node may go unheard mid-run (harness/watch.py)
+        30.0  # across hosts: the longest a node may go unheard mid-run (harness/nodes/watch.py)
     )
     local_addr: str | None = (
         None  # across hosts: this host's address and interface, if given (else found)

@@ -26,10 +26,12 @@ from common.config import RunConfig
 from common.network import free_port, interface_of
 from common.results import failed_result, load_result, tail
 from common.worker import DEVICES_ENV, LIFELINE_ENV, THREADS_ENV
-from harness import disk, envs, interrupts, rollcall
+from harness import envs
 from harness.envs import ROOT
-from harness.logs import LogNotWritten, WorkerLogs
-from harness.watch import PeerLost
+from harness.nodes import rollcall
+from harness.nodes.watch import PeerLost
+from harness.processes import disk, interrupts
+from harness.processes.logs import LogNotWritten, WorkerLogs
 
 KILL_GRACE_S = 5.0
 
@@ -215,7 +217,7 @@ def launch_all(
     Once one has exited, the others get `grace` seconds to end too (`failed_grace`, if given, once one has
     failed), then their groups are killed: a node whose peer died must not wait on it until --timeout.
     `on_line` sees the first process's lines only; the others' progress records are left out of their output.
-    `lost` is asked every second whether a peer host was lost (harness/watch.py): if so every process's group
+    `lost` is asked every second whether a peer host was lost (harness/nodes/watch.py): if so every process's group
     is killed and PeerLost raised with its line.
     Each process's (exit status, or None if still running at the deadline or after the grace; its output;
     when it was first seen ended, on the monotonic clock: the order in which they failed)."""
@@ -316,7 +318,7 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
             local_addr="127.0.0.1",
             interface=interface_of("127.0.0.1"),
         )
-    watch = None  # across hosts: the run's heartbeats with the other hosts (harness/watch.py)
+    watch = None  # across hosts: the run's heartbeats with the other hosts (harness/nodes/watch.py)
     if cfg.nodes > 1 and not cfg.loopback_nodes:
         try:
             meeting = rollcall.meet_and_tell(cfg, name, console.say)

@@ -19,9 +19,9 @@ from common.config import (
     imagenet_shaped,
 )
 from common.data import imagenet
-from harness import disk
 from harness.arguments import UsageError
 from harness.presets import Preset
+from harness.processes import disk
 
 
 def settle_data(args, preset: Preset) -> Preset:

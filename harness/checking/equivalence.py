@@ -22,8 +22,8 @@ from common.checkjob import (
     float64_key,
     forward_key,
 )
-from harness import tables
-from harness.tables import fmt
+from harness.reporting import tables
+from harness.reporting.tables import fmt
 
 # What "the same" means, per comparison (stated in the table and the report).
 TOLERANCE = {

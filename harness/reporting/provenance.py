@@ -21,7 +21,7 @@ from pathlib import Path
 
 from common.results import provenance_problem
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # harness/reporting/ -> the checkout
 DISTRIBUTION = "dpbench"
 GIT_TIMEOUT_S = 10.0
 NOT_CODE = ("reports/", ".venvs/")  # what the suite writes into its own tree

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from common.results import Result
-from harness.tables import device_name, fmt, table
+from harness.reporting.tables import device_name, fmt, table
 
 # d2l's published figures (10 epochs, V100-class GPUs, FP32, test accuracy of the last epoch).
 D2L_REFERENCE = [

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness import disk
+from harness.processes import disk
 
 
 class LogNotWritten(OSError):

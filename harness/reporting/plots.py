@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.tables import Row, key
+from harness.reporting.tables import Row, key
 
 
 def pyplot():

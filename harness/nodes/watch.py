@@ -2,7 +2,7 @@
 
 Once a run has started, each host's harness sees only its own workers, and what happens when a peer host
 disappears (a network cut, a killed harness) is left to each engine: gloo waits out its 30-minute timeout,
-ps-lite waits on a dead worker forever. So, at the roll call (harness/rollcall.py), node 0 opens a watch port
+ps-lite waits on a dead worker forever. So, at the roll call (harness/nodes/rollcall.py), node 0 opens a watch port
 of its own and every other node connects to it; for the whole run each side sends a heartbeat every
 `beat_s(peer_timeout)` seconds, node 0 with the run's progress (its epoch and step). A node is lost when:
 

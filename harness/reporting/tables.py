@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from common import flops, manifest
 from common.results import CONSISTENCY_LIMIT, Result
 from common.results import epoch_over_steps as epoch_over_steps_of
-from harness.trials import Trials, group
+from harness.reporting.trials import Trials, group
 
 STATUS_NOTE = {
     "failed": "failed",
@@ -69,7 +69,7 @@ def baseline(r: Result) -> tuple:
 
 
 def with_scaling(results: list[Result]) -> list[Row]:
-    """One row per configuration (its trials grouped: harness/trials.py), with summary numbers, and speed-up and
+    """One row per configuration (its trials grouped: trials.py), with summary numbers, and speed-up and
     efficiency against the 1-device row of the same backend/strategy."""
     rows = []
     for t in group(results):
