@@ -1,4 +1,4 @@
-"""Reporting: what the harness makes of the results, read as the untrusted files they are; it starts no process.
+"""Reporting: what the harness makes of the results, read as the untrusted files they are; it starts no worker.
 document.py stages the report and writes it whole (report.md, results.json, the plots) from tables.py, sections.py,
 plots.py and published.py (its numbers, prose, figures, and the published figures it quotes); trials.py says which
 repeated trials count; provenance.py, which code made a report, and where; leftovers.py keeps a killed harness's
