@@ -1,5 +1,5 @@
 """`python -m harness project DIR`: a finished run's measured pieces projected to 1..1024 devices with the model
-of common/scaling.py, checked against the run's own measurements and against a published table.
+of harness/reporting/scaling.py, checked against the run's own measurements and against a published table.
 
 Writes projection.md and projection.png beside the report's report.md (each whole or not at all) and prints the
 Markdown. Every figure in them is a projection unless a column says "measured".
@@ -12,9 +12,10 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from common import architectures, scaling
+from common import architectures
 from common.results import Result, load_results_json, write_atomic, write_text_atomic
 from harness.arguments import Parser, UsageError
+from harness.reporting import scaling
 from harness.reporting.plots import pyplot
 from harness.reporting.published import NVIDIA_RESNET50_SOURCE, RESNET50_8GPU, RESNET50_BATCH
 from harness.reporting.tables import baseline, fmt, table

@@ -51,7 +51,7 @@ class Scaling:
     """A published weak-scaling figure: one GPU's and several GPUs' throughput at the same per-GPU batch."""
 
     system: str
-    profile: str  # the interconnect of common/scaling.py's PROFILES it ran on
+    profile: str  # the interconnect of harness/reporting/scaling.py's PROFILES it ran on
     precision: str
     one_gpu: float
     gpus: int

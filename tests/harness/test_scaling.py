@@ -1,6 +1,6 @@
-"""Scaling on paper (common/scaling.py, `harness project`): the allreduce formulas on numbers worked by hand, the
-fits recovering what made their input, the model against the committed sweep's measurements and against NVIDIA's
-published 8-GPU table, and the command's bad input. No framework, no timing: the measurements are committed."""
+"""Scaling on paper (harness/reporting/scaling.py, `harness project`): the allreduce formulas on numbers worked by
+hand, the fits recovering what made their input, the model against the committed sweep's measurements and against
+NVIDIA's published 8-GPU table, and the command's bad input. No framework, no timing: the measurements are committed."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import shutil
 
 import pytest
 
-from common import scaling
 from common.config import RunConfig
 from common.results import Result, new_result
-from common.scaling import Link, Measured, Profile
 from harness import projection
+from harness.reporting import scaling
+from harness.reporting.scaling import Link, Measured, Profile
 from tests.harness.helpers import run_harness
 from tests.harness.test_results import COMMITTED, REPORTS
 
