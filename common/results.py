@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
-import tempfile
 import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -37,52 +35,8 @@ STATUSES = ("ok", "failed", "diverged", "timeout", "unavailable", "interrupted")
 ERROR_TAIL_CHARS = 2000
 
 
-def publish(tmp, path) -> None:
-    """Rename a finished temp file onto `path` with the mode a plainly created file gets (0644 under the usual
-    umask): mkstemp makes it 0600, which would leave results.json and checkpoints unreadable to the group that
-    reads report.md beside them."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
-    os.replace(tmp, path)
-
-
-def write_atomic(path, write, mode: str = "w") -> None:
-    """`write(file)` into a temp file beside `path`, then rename: never half a file, nor a temp file left."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode) as f:
-            write(f)
-        publish(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_text_atomic(path, text: str) -> None:
-    write_atomic(path, lambda f: f.write(text))
-
-
-def write_json_atomic(path, obj) -> None:
-    """JSON (NaN and inf as strings) written whole or not at all (write_text_atomic)."""
-    write_text_atomic(path, json.dumps(_finite(obj), indent=2, sort_keys=False) + "\n")
-
-
-def _finite(obj):
-    """JSON has no NaN/inf: write them as strings so the file stays standard."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 def _unfinite(value):
-    """The reverse of _finite for one value: "nan", "inf", "-inf" back to floats."""
+    """The reverse of common.files.finite for one value: "nan", "inf", "-inf" back to floats."""
     return float(value) if value in ("nan", "inf", "-inf") else value
 
 
@@ -92,9 +46,7 @@ def _unfinite(value):
 class _Record:
     """A dataclass read from / written to a JSON object; keys it does not know are kept in `extra`."""
 
-    numeric = (
-        True  # its fields are numbers: "nan", "inf" (as _finite writes them) read back as floats
-    )
+    numeric = True  # its fields are numbers: "nan", "inf" (as common.files.finite writes them) read back as floats
 
     @classmethod
     def from_dict(cls, d: dict):

@@ -18,7 +18,7 @@ import numpy as np
 
 from common import architectures
 from common.config import INITS
-from common.results import write_atomic
+from common.files import write_atomic
 
 INIT_STD = 0.01
 # "d2l": kernels ~ N(0, 0.01^2), the seeds' recipe and every run's default.

@@ -18,7 +18,8 @@ import traceback
 from common import caches
 from common.config import MAX_SIMULATED_DEVICES, RunConfig
 from common.errors import Diverged, Unsupported
-from common.results import new_result, tail, write_json_atomic
+from common.files import write_json_atomic
+from common.results import new_result, tail
 
 # Where a worker keeps its scratch files (torch's elastic error files of the DDP ranks): beside its result, inside the
 # directory the harness removes whatever happens, so a worker killed by a signal leaves nothing in /tmp.

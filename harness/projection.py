@@ -13,7 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from common import architectures
-from common.results import Result, load_results_json, write_atomic, write_text_atomic
+from common.files import write_atomic, write_text_atomic
+from common.results import Result, load_results_json
 from harness.arguments import Parser, UsageError
 from harness.reporting import scaling
 from harness.reporting.plots import pyplot

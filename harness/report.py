@@ -9,7 +9,8 @@ import io
 import json
 from pathlib import Path
 
-from common.results import Result, load_results_json, write_text_atomic
+from common.files import write_text_atomic
+from common.results import Result, load_results_json
 from harness.arguments import Parser, UsageError
 from harness.reporting import document
 from harness.reporting.tables import summary_records, summary_table, with_scaling

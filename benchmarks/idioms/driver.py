@@ -25,7 +25,7 @@ import time
 from common import data as datalib
 from common import weights as weightslib
 from common.config import RunConfig
-from common.results import write_atomic
+from common.files import write_atomic
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from common.data.dataset import DataError, Dataset
-from common.results import write_atomic
+from common.files import write_atomic
 
 OFFICIAL_MIRROR = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
 DEBIAN_DIR = Path("/usr/share/datasets/fashion-mnist")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from common.data.dataset import DataError, Dataset
-from common.results import write_atomic
+from common.files import write_atomic
 
 CLASSES = 1000
 # Without --train-size, as many synthetic images as fit a modest host at 224 px (float32: 3 GB for 5,120).

@@ -18,12 +18,8 @@ from pathlib import Path
 
 from common import architectures, flops
 from common.config import imagenet_shaped
-from common.results import (
-    CONSISTENCY_LIMIT,
-    SCHEMA_VERSION,
-    Result,
-    write_json_atomic,
-)
+from common.files import write_json_atomic
+from common.results import CONSISTENCY_LIMIT, SCHEMA_VERSION, Result
 from harness.reporting import leftovers, provenance
 from harness.reporting.plots import plot_accuracy, plot_parity, plot_throughput
 from harness.reporting.published import d2l_section, resnet50_section

@@ -20,7 +20,8 @@ import re
 import time
 from pathlib import Path
 
-from common.results import load_result, write_json_atomic
+from common.files import write_json_atomic
+from common.results import load_result
 
 OWNER = "owner.json"
 META = "meta.json"

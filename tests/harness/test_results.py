@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from common.config import RunConfig
+from common.files import write_json_atomic
 from common.results import (
     SCHEMA_VERSION,
     Allreduce,
@@ -22,7 +23,6 @@ from common.results import (
     load_results_json,
     new_result,
     result_problem,
-    write_json_atomic,
 )
 
 REPORTS = Path(__file__).parents[2] / "reports"
@@ -105,7 +105,7 @@ def test_to_dict_writes_schema_v3_and_round_trips():
 
 
 def test_non_finite_numbers_survive_the_file(tmp_path):
-    """_finite writes NaN as "nan": a diverged run's epochs read back as floats."""
+    """common.files.finite writes NaN as "nan": a diverged run's epochs read back as floats."""
     diverged = {
         **failed_result(CONFIG, "diverged", "loss is nan"),
         "epochs": [{**EPOCH, "train_loss": math.nan}],

@@ -64,7 +64,7 @@ def test_checkpoints_and_results_get_the_mode_of_a_plainly_created_file(tmp_path
     import os
     import stat
 
-    from common.results import write_json_atomic
+    from common.files import write_json_atomic
 
     old = os.umask(0o022)
     try:
