@@ -1,38 +1,135 @@
-"""A backend's entry points, written once for every framework.
+"""A backend: what every framework does the same way, written once (`Backend`), and what each framework
+provides, said once (the Protocols below), in the same module names everywhere.
 
-A backend package builds one `Backend` from its own modules and exports its bound methods: the worker's
-`run`, the equivalence probes (`gradients`, `train_trace`, `train_steps`, `float64_gradients`,
-`float64_reference`), `predict`, `initial_weights`, `param_count`, `check_supported` and `session`. What differs
-between frameworks stays in the backend, in the same names everywhere:
+A backend package builds one object from its own modules, and nothing else:
 
-  models.py      build(model), count_params(net), predict(model, weights, x, train, dtype)
-  strategies.py  TRAINERS, REFERENCE (the strategy the float64 gradients run), make_trainer(cfg, weights,
-                 dtype), train(cfg) (a run), measure(cfg, weights, batches, probe, dtype) (a probe: in this
-                 process, or in the strategy's own processes)
-  environment.py environment(cfg) (the run's record), refusal(cfg, dtype) (the refusals backend.toml cannot
-                 state)
-  distributed.py join(cfg) and leave(clean): the engine across processes and nodes, which `session` holds
-                 for as long as a run or a check lasts
+    BACKEND = Backend(name, models, parallel, strategies, environment, distributed, switches)
+
+The worker (`python -m backends.<name>`, common/worker.py), the check worker (common/measurements.py) and the
+tests take that object. It holds what is the same everywhere: the refusals, the engine's session, a trainer
+set up for a run (`make_trainer`), a run (`train`) and the equivalence probes, each a job that runs where its
+strategy runs (`distributed.launch`: in this process, or in the strategy's own processes), `predict`, the
+initial weights. What differs between frameworks stays in the backend's modules:
+
+  models.py       build(model), count_params(net), predict(model, weights, x, train, dtype)
+  parallel.py     devices, split, allreduce (d2l's vocabulary); array, to_numpy, device_of (for the tests)
+  strategies.py   TRAINERS (one common.trainer.Trainer per strategy), REFERENCE (the strategy of the float64
+                  reference)
+  environment.py  environment(cfg) (the run's record), refusal(cfg, dtype) (the refusals backend.toml cannot
+                  state)
+  distributed.py  join(cfg) and leave(clean): the engine across processes and nodes, which `session` holds for
+                  as long as a run or a check lasts; launch(cfg, job, payload): where a strategy runs
+and, where the framework has process-wide switches, `Switches`: configure(cfg) before a trainer is built (its
+precision), computing_in(dtype) while a probe computes in a dtype.
 
 Refusals that backend.toml states (an unknown strategy, a CUDA-only strategy on the CPU, a BatchNorm mode
 or several nodes a strategy does not run, a speed lever the backend does not offer) are read from it here,
 by the same function the harness's planner uses (common.manifest.strategy_refusal), so the two never
-disagree.
+disagree. A run or a probe is checked once, where it enters (the worker, a probe), before any engine joins.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from types import ModuleType
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
 from common import architectures, manifest
+from common import data as datalib
 from common import levers as leverlib
 from common.config import RunConfig, datasets_for
 from common.errors import Unsupported
+from common.loop import run_training
+from common.trainer import PROBES, Trainer
+from common.weights import for_run as weights_for_run
 from common.weights import init_canonical
+
+Weights = dict[str, np.ndarray]  # canonical weights: torch's names and layouts, numpy arrays
+# A run or a probe as a strategy's process runs it: job(cfg, rank, payload) -> its value.
+Job = Callable[[RunConfig, int, Any], Any]
+
+
+# ---------------------------------------------------------------- what a backend provides
+# (runtime_checkable: tests/backends/test_contract.py holds every backend's modules to them)
+
+
+@runtime_checkable
+class Models(Protocol):
+    """models.py: the networks, by the names common/architectures.py gives them."""
+
+    def build(self, model: str) -> Any: ...
+
+    def count_params(self, net: Any) -> int: ...
+
+    def predict(
+        self, model: str, weights: Weights, x: np.ndarray, train: bool, dtype: str
+    ) -> np.ndarray: ...
+
+
+@runtime_checkable
+class Parallel(Protocol):
+    """parallel.py: d2l's vocabulary, and a framework array as the tests make and read one."""
+
+    def devices(self, n: int, kind: str = "cpu") -> list: ...
+
+    def split(self, X: np.ndarray, y: np.ndarray, devs: list) -> tuple[list, list]: ...
+
+    def allreduce(self, data: list) -> list: ...
+
+    def array(self, values: np.ndarray, device: Any) -> Any: ...
+
+    def to_numpy(self, a: Any) -> np.ndarray: ...
+
+    def device_of(self, a: Any) -> Any: ...
+
+
+@runtime_checkable
+class Strategies(Protocol):
+    """strategies.py: the trainer class of each strategy, and the strategy of the float64 reference."""
+
+    TRAINERS: dict[str, type[Trainer]]
+    REFERENCE: str
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """environment.py: what a run runs on, and what the framework cannot run here."""
+
+    def environment(self, cfg: RunConfig) -> dict: ...
+
+    def refusal(self, cfg: RunConfig, dtype: str = "float32") -> str | None: ...
+
+
+@runtime_checkable
+class Distributed(Protocol):
+    """distributed.py: the engine across processes and nodes, and where each strategy runs."""
+
+    def join(self, cfg: RunConfig) -> None: ...
+
+    def leave(self, clean: bool = True) -> None: ...
+
+    def launch(self, cfg: RunConfig, job: Job, payload: Any = None) -> Any: ...
+
+
+def no_switch(cfg: RunConfig) -> None:
+    """A framework with nothing to set for a trainer (MXNet settles its own before it is imported)."""
+
+
+@dataclass(frozen=True)
+class Switches:
+    """A framework's process-wide switches, where it has them: `configure(cfg)` before a trainer of `cfg` is
+    built (float32 math as --precision says), `computing_in(dtype)` around a probe that computes in `dtype`
+    (a framework that makes float64 arrays float32 unless told)."""
+
+    configure: Callable[[RunConfig], None] = no_switch
+    computing_in: Callable[[str], AbstractContextManager] = contextlib.nullcontext
+
+
+# ---------------------------------------------------------------- what every backend does the same way
 
 
 @dataclass(frozen=True)
@@ -87,69 +184,44 @@ def check_supported(cfg: RunConfig, own_refusal=None, dtype: str = "float32") ->
         raise Unsupported(reason)
 
 
-# The entry points a Backend gives its backend package, as backends.<name>.<entry point> (the package's
-# module __getattr__ asks Backend.entry_point for them).
-ENTRY_POINTS = (
-    "initial_weights",
-    "param_count",
-    "predict",
-    "run",
-    "gradients",
-    "train_trace",
-    "train_steps",
-    "float64_gradients",
-    "float64_reference",
-    "check_supported",
-    "session",
-)
-# What a backend package exports (its __all__), in this order: its own names, then the entry points.
-# tests/backends/test_contract.py holds every backend to it.
-INTERFACE = (
-    "NAME",
-    "resnet18",
-    "lenet",
-    "resnet50",
-    "devices",
-    "split",
-    "allreduce",
-    "environment",
-    "TRAINERS",
-    "array",
-    "to_numpy",
-    "device_of",
-    "BACKEND",
-    *ENTRY_POINTS,
-)
-
-
 class Backend:
-    """The entry points of one backend, from its modules (see the module's doc)."""
+    """One framework's backend: its modules (the Protocols above), its switches, and the entry points that are
+    the same for every framework."""
 
     def __init__(
         self,
         name: str,
-        models: ModuleType,
-        strategies: ModuleType,
-        distributed: ModuleType,
-        refusal,
+        models: Models,
+        parallel: Parallel,
+        strategies: Strategies,
+        environment: Environment,
+        distributed: Distributed,
+        switches: Switches = Switches(),
     ):
         self.name = name
         self.models = models
+        self.parallel = parallel
         self.strategies = strategies
+        self._environment = environment
         self.distributed = distributed
-        # environment.py's refusal: what the framework cannot run here that backend.toml cannot say
-        self.refusal = refusal
-        # The sessions open in this process: a probe inside a run's session joins nothing again.
+        self.configure = switches.configure
+        self.computing_in = switches.computing_in
+        # The sessions open in this process. The check worker holds one around its whole job and every probe
+        # of the job opens its own inside it, which must join nothing again.
         self._sessions = 0
 
-    def entry_point(self, name: str):
-        """The bound method `name`, one of ENTRY_POINTS: a backend package's module __getattr__ (PEP 562)."""
-        if name not in ENTRY_POINTS:
-            raise AttributeError(f"module 'backends.{self.name}' has no attribute {name!r}")
-        return getattr(self, name)
+    def __reduce__(self):
+        # A job sent to a strategy's own processes is a bound method of this object: they find the object by
+        # its package, as they find any function of a backend, rather than receive a copy of its modules.
+        return backend_named, (self.name,)
 
     def check_supported(self, cfg: RunConfig, dtype: str = "float32") -> None:
-        check_supported(cfg, self.refusal, dtype)
+        check_supported(cfg, self._environment.refusal, dtype)
+
+    def environment(self, cfg: RunConfig) -> dict:
+        """What the run runs on: its environment record (common.sysinfo.environment), described without
+        setting anything."""
+        return self._environment.environment(cfg)
 
     @contextlib.contextmanager
     def session(self, cfg: RunConfig):
@@ -169,41 +241,40 @@ class Backend:
             if self._sessions == 0:
                 self.distributed.leave(clean)
 
-    def run(self, cfg: RunConfig) -> dict:
-        """Train as the run config says, inside the engine's session; the metrics part of a result."""
-        self.check_supported(cfg)  # before the weights are read or an engine is joined
-        with self.session(cfg):
-            return self.strategies.train(cfg)
+    def train(self, cfg: RunConfig) -> dict:
+        """Train as the run config says, where the strategy runs; the metrics part of a result. The caller
+        has checked `cfg` and holds its session (the worker records the environment in between)."""
+        return self.distributed.launch(cfg, self.train_job)
+
+    def make_trainer(self, cfg: RunConfig, weights: Weights, dtype: str = "float32") -> Trainer:
+        """The trainer of a checked `cfg` in this process (ddp: this rank's, inside its process group), with
+        the framework's switches set, reset to `weights`; a float64 one is used inside computing_in(dtype)."""
+        self.configure(cfg)
+        trainer = self.strategies.TRAINERS[cfg.strategy](cfg, weights, dtype)
+        trainer.reset()
+        return trainer
 
     # ---------------------------------------------------------------- the equivalence probes
 
-    def gradients(
-        self, probe: Probe, weights: dict[str, np.ndarray], x, y
-    ) -> tuple[float, dict[str, np.ndarray]]:
+    def gradients(self, probe: Probe, weights: Weights, x, y) -> tuple[float, Weights]:
         """(mean loss of the global batch, its gradient per trainable canonical parameter) at `weights`, as
         the strategy computes it: every device on its shard, then the strategy's own reduction; device 0's
         copy."""
         cfg = probe.config(self.name, len(y), 1.0)  # (the learning rate is not used)
         return self._measure(cfg, weights, [(x, y)], "gradients", probe.dtype)
 
-    def train_trace(
-        self, probe: Probe, weights: dict[str, np.ndarray], batches: list, lr: float
-    ) -> dict:
+    def train_trace(self, probe: Probe, weights: Weights, batches: list, lr: float) -> dict:
         """SGD steps from `weights`: {"first": canonical weights after step 1, "final": after the last step,
         "losses": each step's global mean loss, from its own forward pass (before its update)}. The weights
         hold the BatchNorm running statistics too, averaged across replicas."""
         cfg = probe.config(self.name, len(batches[0][1]), lr)
         return self._measure(cfg, weights, batches, "trace", probe.dtype)
 
-    def train_steps(
-        self, probe: Probe, weights: dict[str, np.ndarray], batches: list, lr: float
-    ) -> dict[str, np.ndarray]:
+    def train_steps(self, probe: Probe, weights: Weights, batches: list, lr: float) -> Weights:
         """The canonical weights after len(batches) SGD steps from `weights` (train_trace's "final")."""
         return self.train_trace(probe, weights, batches, lr)["final"]
 
-    def float64_gradients(
-        self, model: str, weights: dict[str, np.ndarray], x, y
-    ) -> tuple[float, dict]:
+    def float64_gradients(self, model: str, weights: Weights, x, y) -> tuple[float, Weights]:
         """(mean loss, canonical gradients) of one batch on one CPU device, computed in float64 by the
         backend's reference strategy: `harness check` compares it with torch's, and agreement to ~1e-12
         shows the model, loss and BatchNorm are the same math, whatever float32 rounding does on top."""
@@ -215,12 +286,12 @@ class Backend:
         self,
         model: str,
         devices: int,
-        weights: dict[str, np.ndarray],
+        weights: Weights,
         batches: list,
         lr: float,
         bn: str = "local",
         device_kind: str = "cpu",
-    ) -> tuple[float, dict, dict]:
+    ) -> tuple[float, Weights, dict]:
         """The math every strategy implements, in float64 by the reference strategy (on the CPU unless
         `device_kind` says otherwise): (mean loss, gradients) of the first batch and the trace of SGD steps
         (`sync` BatchNorm: 1-device training). `harness check` measures each float32 implementation's
@@ -236,20 +307,33 @@ class Backend:
         loss, grads = self.gradients(probe, weights, *batches[0])
         return loss, grads, self.train_trace(probe, weights, batches, lr)
 
-    def _measure(self, cfg: RunConfig, weights: dict, batches: list, probe: str, dtype: str):
-        self.check_supported(cfg, dtype)
-        batches = [
-            (np.asarray(x, dtype=dtype), y) for x, y in batches
-        ]  # float32 -> float64 is exact
+    def _measure(self, cfg: RunConfig, weights: Weights, batches: list, probe: str, dtype: str):
+        """common.trainer's PROBES[probe] of a fresh trainer, checked, inside the engine's session."""
+        self.check_supported(cfg, dtype)  # before the weights are read or an engine is joined
+        # float32 -> float64 is exact
+        batches = [(np.asarray(x, dtype=dtype), y) for x, y in batches]
         with self.session(cfg):
-            return self.strategies.measure(cfg, weights, batches, probe, dtype)
+            return self.distributed.launch(cfg, self.probe_job, (weights, batches, probe, dtype))
+
+    # ---------------------------------------------------------------- the jobs, where the strategy runs
+
+    def train_job(self, cfg: RunConfig, rank: int, payload=None) -> dict:
+        """One process of a run: train as the run config says."""
+        return run_training(self.make_trainer(cfg, weights_for_run(cfg)), cfg, datalib.load(cfg))
+
+    def probe_job(self, cfg: RunConfig, rank: int, payload: tuple):
+        """One process of an equivalence probe: payload (weights, batches, probe name, dtype), computed in
+        `dtype`."""
+        weights, batches, probe, dtype = payload
+        with self.computing_in(dtype):
+            return PROBES[probe](self.make_trainer(cfg, weights, dtype), batches)
 
     # ---------------------------------------------------------------- models
 
     def predict(
         self,
         model: str,
-        weights: dict[str, np.ndarray],
+        weights: Weights,
         x,
         train: bool = False,
         dtype: str = "float32",
@@ -262,7 +346,7 @@ class Backend:
             raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(leverlib.DTYPES)}")
         return self.models.predict(model, weights, x, train, dtype)
 
-    def initial_weights(self, model: str, seed: int = 0) -> dict[str, np.ndarray]:
+    def initial_weights(self, model: str, seed: int = 0) -> Weights:
         """The canonical initial weights of `model` (common/weights.py), as every run starts from. Every
         backend's network takes them under the same names and shapes (its load_canonical refuses others)."""
         return init_canonical(architectures.spec(model), seed)
@@ -270,3 +354,8 @@ class Backend:
     def param_count(self, model: str) -> int:
         """Trainable parameters of `model` as the framework's network counts them."""
         return self.models.count_params(self.models.build(model))
+
+
+def backend_named(name: str) -> Backend:
+    """backends.<name>.BACKEND: the object a job sent to a strategy's process belongs to (Backend.__reduce__)."""
+    return importlib.import_module(f"backends.{name}").BACKEND

@@ -2,7 +2,8 @@
 
 Each backend's strategies.py holds only subclasses of `Trainer`. Their public methods are the ones
 below, defined in this order (helpers are private, with a leading underscore); a test compares every
-backend's classes with `METHODS`. The glossary (docs/ARCHITECTURE.md) says the same in prose:
+backend's classes with `METHODS`. The ones every strategy must define are abstract: a trainer that lacks
+one cannot be made. The glossary (docs/ARCHITECTURE.md) says the same in prose:
 
   __init__(cfg, weights, dtype)  build the replicas / the wrapped model; `dtype` "float32", or "float64"
                                  for the equivalence checks (the same strategy code with every
@@ -40,6 +41,7 @@ Below the class: the two probes of the equivalence API, the same for every backe
 
 from __future__ import annotations
 
+import abc
 import collections
 import time
 from typing import Any, Iterable
@@ -73,9 +75,9 @@ METHODS = (
 )
 
 
-class Trainer:
+class Trainer(abc.ABC):
     """The base every strategy subclasses: the shared state and the methods that are the same everywhere.
-    A subclass supplies what its framework does differently and nothing else."""
+    A subclass supplies what its framework does differently (the abstract methods) and nothing else."""
 
     rank = 0  # the process's rank; only multi-process strategies change it, and only rank 0 reports
 
@@ -83,11 +85,11 @@ class Trainer:
         self.cfg, self.weights, self.dtype = cfg, weights, dtype
         self.n_devices = cfg.devices
 
-    def reset(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def reset(self) -> None: ...
 
-    def place(self, x, y):
-        raise NotImplementedError
+    @abc.abstractmethod
+    def place(self, x, y): ...
 
     def put(self, x, y):
         """place() now: a backend with asynchronous copies overrides it."""
@@ -103,17 +105,17 @@ class Trainer:
         self.update()
         return handles
 
-    def reduce_gradients(self, x, y) -> Any:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def reduce_gradients(self, x, y) -> Any: ...
 
-    def update(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def update(self) -> None: ...
 
-    def collect(self, handles: list) -> tuple[float, float]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def collect(self, handles: list) -> tuple[float, float]: ...
 
-    def sync(self) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def sync(self) -> None: ...
 
     def slowest(self, seconds: float) -> float:
         return seconds
@@ -122,23 +124,23 @@ class Trainer:
         """After one untimed call, `repeats` reductions each between two barriers; the slowest rank's seconds."""
         return time_calls(self, self.allreduce_op(values), repeats)
 
-    def allreduce_op(self, values: int):
-        raise NotImplementedError
+    @abc.abstractmethod
+    def allreduce_op(self, values: int): ...
 
     def average_bn_statistics(self) -> None:
         """Nothing to average with one copy of the model."""
 
-    def canonical(self) -> dict[str, np.ndarray]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def canonical(self) -> dict[str, np.ndarray]: ...
 
-    def canonical_gradients(self) -> dict[str, np.ndarray]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def canonical_gradients(self) -> dict[str, np.ndarray]: ...
 
-    def evaluate(self, batches: Iterable) -> tuple[int, int]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def evaluate(self, batches: Iterable) -> tuple[int, int]: ...
 
-    def param_count(self) -> int:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def param_count(self) -> int: ...
 
     def memory(self) -> dict:
         return {}

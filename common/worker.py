@@ -16,6 +16,7 @@ import threading
 import traceback
 
 from common import caches
+from common.backend import Backend
 from common.config import MAX_SIMULATED_DEVICES, RunConfig
 from common.errors import Diverged, Unsupported
 from common.files import write_json_atomic
@@ -78,10 +79,9 @@ def scratch_dir() -> str | None:
     return os.environ.get(SCRATCH_ENV)
 
 
-def main(backend, argv=None) -> int:
-    """`backend` is a backend package: it provides check_supported(cfg), session(cfg), environment(cfg) -> dict
-    and run(cfg) -> dict."""
-    parser = argparse.ArgumentParser(prog=f"python -m {backend.__name__}")
+def main(backend: Backend, argv=None) -> int:
+    """`backend` is a backend's common.backend.Backend (backends.<name>.BACKEND)."""
+    parser = argparse.ArgumentParser(prog=f"python -m backends.{backend.name}")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument(
         "--config", help="run-config JSON written by the harness: train and write a result JSON"
@@ -96,17 +96,17 @@ def main(backend, argv=None) -> int:
     if args.check:
         from common import measurements
 
-        measurements.run(backend.BACKEND, args.check, args.result)
+        measurements.run(backend, args.check, args.result)
         return 0
 
     cfg = RunConfig.load(args.config)
     result = new_result(cfg.to_dict())
     compile_cache = caches.record()  # before anything compiles
     try:
-        backend.check_supported(cfg)  # a run refused here joins no engine
+        backend.check_supported(cfg)  # the run's one check: a run refused here joins no engine
         with backend.session(cfg):  # (jax lists its devices, for the record, only once joined)
             result["environment"] = {**backend.environment(cfg), "compile_cache": compile_cache}
-            result.update(backend.run(cfg))
+            result.update(backend.train(cfg))
         result["status"] = "ok"
     except Unsupported as e:
         # What it would have run on, unless the refusal came from inside the session, after the record.
@@ -124,7 +124,7 @@ def main(backend, argv=None) -> int:
     return 0 if result["status"] == "ok" else 1
 
 
-def described(backend, cfg: RunConfig) -> dict:
+def described(backend: Backend, cfg: RunConfig) -> dict:
     """The environment record of a refused run; {} where even that cannot be made (the refusal is the news)."""
     try:
         return backend.environment(cfg)
@@ -132,5 +132,5 @@ def described(backend, cfg: RunConfig) -> dict:
         return {}
 
 
-def run_module(backend) -> None:
+def run_module(backend: Backend) -> None:
     sys.exit(main(backend))

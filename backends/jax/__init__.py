@@ -1,14 +1,5 @@
-"""JAX backend: the backend interface (docs/ARCHITECTURE.md) in JAX, flax (linen) and optax.
-
-  resnet18, lenet,       models.py (and predict's network)
-  resnet50
-  devices, split,        parallel.py
-  allreduce
-  TRAINERS, and what     strategies.py (pmap, sharding; the math they share in models.py)
-  the entry points call
-  environment            environment.py (with the precision settings and float64's computing_in)
-  run, the probes,       common/backend.py: written once for every backend
-  predict, ...
+"""JAX backend: pmap and sharding (strategies.py) in JAX, flax (linen) and optax. What a backend is:
+common/backend.py; docs/ARCHITECTURE.md.
 
 Simulated devices: without GPUs, a run uses the first N of the CPU devices XLA is asked
 for here: a training run's own count (common.worker.DEVICES_ENV), else the most --gpus
@@ -30,53 +21,10 @@ def _ask_xla_for_cpu_devices(count: int) -> None:
 
 _ask_xla_for_cpu_devices(simulated_devices())
 
-from backends.jax import distributed, models, strategies  # noqa: E402  (after the XLA flag)
-from backends.jax.environment import environment, refusal  # noqa: E402
-from backends.jax.models import lenet, resnet18, resnet50  # noqa: E402
-from backends.jax.parallel import allreduce, devices, split  # noqa: E402
-from backends.jax.strategies import TRAINERS  # noqa: E402
-from common.backend import ENTRY_POINTS, Backend  # noqa: E402
+from backends.jax import distributed, environment, models, parallel, strategies  # noqa: E402
+from common.backend import Backend, Switches  # noqa: E402
 
-NAME = "jax"
-BACKEND = Backend(NAME, models, strategies, distributed, refusal)
-# The backend interface (common/backend.py's INTERFACE): its own names, then the entry points, which
-# __getattr__ below gives as backends.jax.<entry point>.
-__all__ = [
-    "NAME",
-    "resnet18",
-    "lenet",
-    "resnet50",
-    "devices",
-    "split",
-    "allreduce",
-    "environment",
-    "TRAINERS",
-    "array",
-    "to_numpy",
-    "device_of",
-    "BACKEND",
-    *ENTRY_POINTS,
-]
-
-
-def __getattr__(name: str):
-    return BACKEND.entry_point(name)
-
-
-def to_numpy(a):
-    import numpy as np
-
-    return np.asarray(a)
-
-
-def array(values, device):
-    """A framework array holding numpy `values` on `device` (for tests of split/allreduce)."""
-    import jax
-
-    return jax.device_put(values, device)
-
-
-def device_of(a):
-    """The one device a single-device array lives on."""
-    (device,) = a.devices()
-    return device
+# XLA's matmul precision as --precision says, before each trainer is built; jax_enable_x64 while a float64
+# probe computes (without it JAX makes float64 arrays float32)
+SWITCHES = Switches(environment.configure_precision, environment.computing_in)
+BACKEND = Backend("jax", models, parallel, strategies, environment, distributed, SWITCHES)

@@ -104,6 +104,12 @@ def leave(clean: bool = True) -> None:
     """Nothing to leave: jax's distributed runtime stays joined until the process ends (it cannot join again)."""
 
 
+def launch(cfg, job, payload=None):
+    """job(cfg, rank, payload) where every strategy runs (common/backend.py): in this process, one per node,
+    on the devices the session joined."""
+    return job(cfg, 0, payload)
+
+
 def refuse_a_joined_process(cfg) -> None:
     """A process that joined several nodes cannot run on one: its devices are the job's."""
     if _joined is not None:

@@ -136,6 +136,23 @@ def _psum_over(devs: tuple):
     )
 
 
+# Arrays as the tests make and read them (common/backend.py's Parallel).
+
+
+def array(values: np.ndarray, device) -> jax.Array:
+    return jax.device_put(values, device)
+
+
+def to_numpy(a: jax.Array) -> np.ndarray:
+    return np.asarray(a)
+
+
+def device_of(a: jax.Array):
+    """The one device a single-device array lives on."""
+    (device,) = a.devices()
+    return device
+
+
 def node_rows(X, y, cfg):
     """This node's rows of a global batch: the shards of its devices, node_rank * local_devices onwards."""
     rows = len(y) // cfg.nodes

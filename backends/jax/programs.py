@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-import jax
 import optax
 
 from backends.jax import models
 from backends.jax.environment import module_dtypes
 from backends.jax.parallel import AXIS
+from backends.xla import program_key
 from common.config import RunConfig
 
 # The step's (params, batch_stats, opt_state) arguments are donated: XLA writes the new state into the old
@@ -27,25 +27,6 @@ DONATED = (0, 1, 2)
 # stay readable by canonical_gradients() until the next reduce_gradients(), step() or reset().
 UPDATE_DONATED = (0, 1)
 
-# jax's event for one XLA compilation (or a load from a compilation cache): Trainer.compiles() counts them.
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-_compiled = 0
-
-
-def _count_compile(event: str, seconds: float, **metadata) -> None:
-    global _compiled
-    if event == COMPILE_EVENT:
-        _compiled += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_compile)
-
-
-def compiled() -> int:
-    """The programs XLA has compiled in this process since this module was imported."""
-    return _compiled
-
-
 # (net, optimizer, {attribute name: compiled program}) by what they were built for.
 _SHARED: dict[tuple, tuple] = {}
 
@@ -53,18 +34,7 @@ _SHARED: dict[tuple, tuple] = {}
 def shared(kind: str, cfg: RunConfig, dtype: str, devices: list, build: Callable) -> tuple:
     """(net, optimizer, programs) of a `kind` trainer for `cfg` on `devices`, computing in `dtype`:
     build(net, optimizer, cfg) -> {name: program} is called the first time only."""
-    key = (
-        kind,
-        cfg.model,
-        cfg.bn,
-        cfg.precision,
-        dtype,
-        cfg.lr,
-        cfg.batch_size,
-        tuple(devices),
-        DONATED,
-        UPDATE_DONATED,
-    )
+    key = program_key(cfg, dtype, devices, kind, DONATED, UPDATE_DONATED)
     if key not in _SHARED:
         net = models.build(
             cfg.model,

@@ -43,8 +43,9 @@ import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
+from backends import xla
 from backends.jax import distributed, models, programs
-from backends.jax.environment import DTYPES, computing_in, configure_precision, refusal
+from backends.jax.environment import DTYPES
 from backends.jax.models import local_loss, sgd
 from backends.jax.parallel import (
     AXIS,
@@ -59,12 +60,8 @@ from backends.jax.parallel import (
     stack_on_devices,
     stacked,
 )
-from common import data as datalib
-from common.backend import check_supported
 from common.config import RunConfig
-from common.loop import run_training
-from common.trainer import PROBES, Trainer
-from common.weights import for_run as weights_for_run
+from common.trainer import Trainer
 
 
 class JaxTrainer(Trainer):
@@ -120,7 +117,7 @@ class JaxTrainer(Trainer):
     def step(self, x, y):
         """reduce_gradients() and update() fused in one compiled call. It overrides the base's two calls for
         speed (one dispatch a step, the update scheduled by XLA with the backward pass, the state donated);
-        the same math: test_jax proves the same weights."""
+        the same math: test_contract proves the same weights."""
         params, stats, opt_state, metrics = self._step(*self.state, *self._on_devices(x, y))
         self.state, self._last = (params, stats, opt_state), metrics
         self._grads = self._new_stats = None
@@ -218,7 +215,7 @@ class JaxTrainer(Trainer):
         return {"peak_device_mb": max(peaks) / 2**20} if peaks else {}
 
     def compiles(self) -> int:
-        return programs.compiled()
+        return xla.compiled()
 
     def _on_devices(self, x, y):
         """The batch as the step takes it: a placed one as it is, a numpy one copied to the devices now."""
@@ -426,25 +423,3 @@ TRAINERS = {"pmap": PmapTrainer, "sharding": ShardingTrainer}
 
 # The strategy of float64_gradients: the one whose step is a plain pmap, without a mesh.
 REFERENCE = "pmap"
-
-
-def make_trainer(
-    cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"
-) -> JaxTrainer:
-    """A trainer for `cfg` at `weights` (reset), computing in `dtype`; the caller holds computing_in(dtype)."""
-    check_supported(cfg, refusal, dtype)
-    configure_precision(cfg)
-    trainer = TRAINERS[cfg.strategy](cfg, weights, dtype=dtype)
-    trainer.reset()
-    return trainer
-
-
-def train(cfg: RunConfig) -> dict:
-    """Train as the run config says, from --load-weights or the seeded init; the metrics part of a result."""
-    return run_training(make_trainer(cfg, weights_for_run(cfg)), cfg, datalib.load(cfg))
-
-
-def measure(cfg: RunConfig, weights: dict[str, np.ndarray], batches: list, probe: str, dtype: str):
-    """PROBES[probe] of a fresh trainer, computing in `dtype`."""
-    with computing_in(dtype):
-        return PROBES[probe](make_trainer(cfg, weights, dtype), batches)

@@ -1,14 +1,6 @@
-"""Keras 3 backend: the backend interface (docs/ARCHITECTURE.md) in Keras, on the framework each strategy runs it on.
-
-  resnet18, lenet,       models.py (keras.layers, one model code for both frameworks; predict's network)
-  resnet50
-  devices, split,        parallel.py
-  allreduce
-  TRAINERS, and what     strategies.py (ddp, Keras on torch under DistributedDataParallel, its ranks started by
-  the entry points call  distributed.py; distribution, Keras on jax under keras.distribution.DataParallel)
-  environment            environment.py
-  run, the probes,       common/backend.py: written once for every backend
-  predict, ...
+"""Keras 3 backend: ddp (Keras on torch under DistributedDataParallel, its ranks started by torch's launcher) and
+distribution (Keras on jax under keras.distribution.DataParallel), strategies.py. What a backend is:
+common/backend.py; docs/ARCHITECTURE.md.
 
 Keras picks its framework once, when it is imported (KERAS_BACKEND): jax in the worker's process, torch in the
 ddp ranks, which distributed.py starts with KERAS_BACKEND=torch. So it is set here, before anything in this package
@@ -28,47 +20,10 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
         + f" --xla_force_host_platform_device_count={simulated_devices()}"
     ).strip()
 
-from backends.keras import distributed, models, strategies  # noqa: E402  (after KERAS_BACKEND and the XLA flag)
-from backends.keras.environment import environment, refusal  # noqa: E402
-from backends.keras.models import lenet, resnet18, resnet50  # noqa: E402
-from backends.keras.parallel import allreduce, device_of, devices, split  # noqa: E402
-from backends.keras.strategies import TRAINERS  # noqa: E402
-from common.backend import ENTRY_POINTS, Backend  # noqa: E402
+from backends.keras import distributed, environment, models, parallel, strategies  # noqa: E402
+from common.backend import Backend, Switches  # noqa: E402
 
-NAME = "keras"
-BACKEND = Backend(NAME, models, strategies, distributed, refusal)
-# The backend interface (common/backend.py's INTERFACE): its own names, then the entry points, which
-# __getattr__ below gives as backends.keras.<entry point>.
-__all__ = [
-    "NAME",
-    "resnet18",
-    "lenet",
-    "resnet50",
-    "devices",
-    "split",
-    "allreduce",
-    "environment",
-    "TRAINERS",
-    "array",
-    "to_numpy",
-    "device_of",
-    "BACKEND",
-    *ENTRY_POINTS,
-]
-
-
-def __getattr__(name: str):
-    return BACKEND.entry_point(name)
-
-
-def to_numpy(a):
-    import keras
-
-    return keras.ops.convert_to_numpy(a)
-
-
-def array(values, device):
-    """A framework array holding numpy `values` on `device` (for tests of split/allreduce)."""
-    from backends.keras.parallel import on_device
-
-    return on_device(values, device)
+# Float32 math as --precision says in the framework this process runs Keras on, before each trainer is built;
+# Keras's floatx (and jax_enable_x64 on jax) while a float64 probe computes
+SWITCHES = Switches(environment.configure_precision, environment.computing_in)
+BACKEND = Backend("keras", models, parallel, strategies, environment, distributed, SWITCHES)

@@ -3,7 +3,7 @@ torchrun's elastic agent in this node's process, a static rendezvous at cfg.coor
 on GPUs, the first failing rank's error as the run's), so that the two DDP strategies start, meet and fail alike.
 Every rank imports Keras on torch (KERAS_BACKEND=torch, as the Keras guide's recipe sets it): the model each
 rank builds is then a torch.nn.Module that DistributedDataParallel can wrap. The jobs the ranks run are
-strategies.py's."""
+common/backend.py's run and probe."""
 
 from __future__ import annotations
 
@@ -18,6 +18,14 @@ from backends.torch.distributed import RankCollectives, join, leave, rank_device
 from common.config import RunConfig
 
 RANKS_FRAMEWORK = "torch"  # what Keras runs on in the ddp ranks
+
+
+def launch(cfg: RunConfig, job, payload=None):
+    """job(cfg, rank, payload) where the strategy runs (common/backend.py's runs and probes): ddp in its ranks
+    (launch_ddp), distribution in this process."""
+    if cfg.strategy == "ddp":
+        return launch_ddp(cfg, job, payload)
+    return job(cfg, 0, payload)
 
 
 def launch_ddp(cfg: RunConfig, job, payload=None):

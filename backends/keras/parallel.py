@@ -37,12 +37,6 @@ def gpu_count() -> int:
         return 0
 
 
-def on_device(values, device: str):
-    """A tensor holding numpy `values` on `device`."""
-    with keras.device(device):
-        return keras.ops.convert_to_tensor(np.asarray(values))
-
-
 def split(X, y, devs: list[str]):
     """Shard a global batch into len(devs) equal parts along axis 0, part i on devs[i] (d2l's split_batch)."""
     X, y = np.asarray(X), np.asarray(y)
@@ -50,16 +44,29 @@ def split(X, y, devs: list[str]):
         raise ValueError(f"X has {X.shape[0]} examples but y has {y.shape[0]}")
     check_divisible(X.shape[0], len(devs))
     xs, ys = np.split(X, len(devs)), np.split(y, len(devs))
-    return [on_device(a, d) for a, d in zip(xs, devs)], [on_device(a, d) for a, d in zip(ys, devs)]
+    return [array(a, d) for a, d in zip(xs, devs)], [array(a, d) for a, d in zip(ys, devs)]
 
 
 def allreduce(data: list) -> list:
     """Every part copied to device 0 and summed there, the sum copied back: each device holds the elementwise sum."""
     devs = [device_of(a) for a in data]
     with keras.device(devs[0]):
-        total = sum(keras.ops.convert_to_tensor(keras.ops.convert_to_numpy(a)) for a in data)
-    host = keras.ops.convert_to_numpy(total)
-    return [on_device(host, d) for d in devs]
+        total = sum(keras.ops.convert_to_tensor(to_numpy(a)) for a in data)
+    host = to_numpy(total)
+    return [array(host, d) for d in devs]
+
+
+# Tensors as the tests make and read them (common/backend.py's Parallel), and as split and allreduce make them.
+
+
+def array(values, device: str):
+    """A tensor holding numpy `values` on `device`."""
+    with keras.device(device):
+        return keras.ops.convert_to_tensor(np.asarray(values))
+
+
+def to_numpy(a) -> np.ndarray:
+    return keras.ops.convert_to_numpy(a)
 
 
 def device_of(a) -> str:

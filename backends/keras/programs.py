@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from backends.keras import models
+from backends.xla import program_key
 from common.config import RunConfig
 
 # The stateless step's (trainable, non-trainable, optimizer) state is donated: XLA writes the new state into the
@@ -44,26 +45,6 @@ class Programs:
     predict: object  # (trainable, statistics, x) -> classes
 
 
-# jax's event for one XLA compilation (or a load from a compilation cache): Trainer.compiles() counts them
-# (as backends/jax/programs.py does: a backend imports no other's jax code).
-COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-_compiled = 0
-
-
-def _count_compile(event: str, seconds: float, **metadata) -> None:
-    global _compiled
-    if event == COMPILE_EVENT:
-        _compiled += 1
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_compile)
-
-
-def compiled() -> int:
-    """The programs XLA has compiled in this process since this module was imported."""
-    return _compiled
-
-
 # Programs by what they were built for.
 _SHARED: dict[tuple, Programs] = {}
 
@@ -71,18 +52,7 @@ _SHARED: dict[tuple, Programs] = {}
 def shared(cfg: RunConfig, dtype: str, devices: list, policy, data_format: str) -> Programs:
     """The programs of a distribution trainer for `cfg` on `devices`, computing in `dtype` with the dtype `policy`
     and `data_format`: built the first time only."""
-    key = (
-        cfg.model,
-        cfg.bn,
-        cfg.precision,
-        dtype,
-        data_format,
-        cfg.lr,
-        cfg.batch_size,
-        tuple(devices),
-        DONATED,
-        UPDATE_DONATED,
-    )
+    key = program_key(cfg, dtype, devices, data_format, DONATED, UPDATE_DONATED)
     if key not in _SHARED:
         _SHARED[key] = build(cfg, devices, policy, data_format)
     return _SHARED[key]

@@ -1,4 +1,5 @@
-"""Keras 3 strategies, each a common.trainer.Trainer for common/loop.py, and the backend's entry points.
+"""Keras 3 strategies, each a common.trainer.Trainer for common/loop.py (common/backend.py builds, runs and
+probes them; ddp's ranks are started by distributed.launch).
 
 Same math in both: one plain SGD step on the mean cross-entropy of the *global* batch of B examples.
   ddp           the Keras guide's recipe ("Multi-GPU distributed training with PyTorch"): every rank imports
@@ -32,18 +33,15 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from torch.nn import functional as F
 
+from backends import xla
 from backends.keras import models, programs
-from backends.keras.distributed import RankCollectives, launch_ddp, rank_device
-from backends.keras.environment import DATA_FORMAT, computing_in, configure_precision, refusal
+from backends.keras.distributed import RankCollectives, rank_device
+from backends.keras.environment import DATA_FORMAT
 from backends.keras.parallel import devices
 from backends.torch.models import compiled_graphs
-from common import data as datalib
-from common.backend import check_supported
 from common.config import RunConfig
 from common.data import check_divisible
-from common.loop import run_training
-from common.trainer import PROBES, Trainer
-from common.weights import for_run as weights_for_run
+from common.trainer import Trainer
 
 
 class KerasTrainer(Trainer):
@@ -225,7 +223,7 @@ class DistributionTrainer(KerasTrainer):
         return staged
 
     def step(self, x, y):
-        """reduce_gradients() and update() fused in one compiled call (the same math: test_keras proves the same
+        """reduce_gradients() and update() fused in one compiled call (the same math: test_contract proves the same
         weights), the state donated."""
         trainable, statistics, optimizer, metrics = self._step(*self.state, *self._on_devices(x, y))
         self.state, self._last = (trainable, statistics, optimizer), metrics
@@ -304,7 +302,7 @@ class DistributionTrainer(KerasTrainer):
         return {"peak_device_mb": max(peaks) / 2**20} if peaks else {}
 
     def compiles(self) -> int:
-        return programs.compiled()
+        return xla.compiled()
 
     def _on_devices(self, x, y):
         """The batch as the step takes it: a placed one as it is, a numpy one placed now."""
@@ -325,46 +323,3 @@ TRAINERS = {"ddp": DDPTrainer, "distribution": DistributionTrainer}
 
 # The strategy of float64_gradients: Keras on jax, in this process.
 REFERENCE = "distribution"
-
-
-def make_trainer(
-    cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"
-) -> KerasTrainer:
-    """The strategy's trainer, checked, with the framework's precision configured, reset to `weights`
-    (for ddp: this rank's, inside a process group); the caller holds computing_in(dtype)."""
-    check_supported(cfg, refusal, dtype)
-    configure_precision(cfg)
-    trainer = TRAINERS[cfg.strategy](cfg, weights, dtype)
-    trainer.reset()
-    return trainer
-
-
-def train(cfg: RunConfig) -> dict:
-    """Train as the run config says (ddp: in its ranks, started by torch's elastic agent); the metrics."""
-    if cfg.strategy == "ddp":
-        return launch_ddp(cfg, train_job)
-    return run_training(make_trainer(cfg, weights_for_run(cfg)), cfg, datalib.load(cfg))
-
-
-def measure(cfg: RunConfig, weights: dict[str, np.ndarray], batches: list, probe: str, dtype: str):
-    """PROBES[probe] of a fresh trainer: in this process, or in the ddp ranks (this node's first rank's result)."""
-    if cfg.strategy == "ddp":
-        return launch_ddp(cfg, probe_job, (weights, batches, probe, dtype))
-    with computing_in(dtype):
-        return PROBES[probe](make_trainer(cfg, weights, dtype), batches)
-
-
-# The jobs of the ddp ranks (launch_ddp runs one in every rank).
-
-
-def train_job(cfg: RunConfig, rank: int, payload) -> dict:
-    """One rank of a run: train as the run config says."""
-    return run_training(make_trainer(cfg, weights_for_run(cfg)), cfg, datalib.load(cfg))
-
-
-def probe_job(cfg: RunConfig, rank: int, payload):
-    """One rank of an equivalence probe: payload (weights, batches, probe name, dtype), computed in `dtype`
-    (Keras's floatx too: it is the dtype of the Python numbers in the layers' arithmetic, BatchNorm's momentum)."""
-    weights, batches, probe, dtype = payload
-    with computing_in(dtype):
-        return PROBES[probe](make_trainer(cfg, weights, dtype), batches)

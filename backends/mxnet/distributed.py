@@ -137,6 +137,12 @@ def leave(clean: bool = True) -> None:
             child.wait()
 
 
+def launch(cfg: RunConfig, job, payload=None):
+    """job(cfg, rank, payload) where every strategy runs (common/backend.py): in this process, one per node,
+    through the kvstore the session made."""
+    return job(cfg, 0, payload)
+
+
 class KeyedKVStore(mx.kv.KVStore):
     """The process's dist kvstore under a key prefix: int or str keys become "<prefix><key>" strings.
     gluon.Trainer keys its parameters 0..n-1 in every trainer; through this view each trainer has its own."""

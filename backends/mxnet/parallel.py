@@ -1,4 +1,5 @@
-"""Devices, split and allreduce in MXNet (Gluon's split_and_load and d2l's allreduce)."""
+"""Devices, split and allreduce in MXNet (Gluon's split_and_load and d2l's allreduce), and NDArrays as the tests
+read them; batches staged on the contexts; reductions across nodes through a dist kvstore."""
 
 from __future__ import annotations
 
@@ -83,6 +84,22 @@ def allreduce(data: list) -> list:
     for i in range(1, len(data)):
         data[0].copyto(data[i])
     return data
+
+
+# NDArrays as the tests make and read them (common/backend.py's Parallel).
+
+
+def array(values, device) -> mx.nd.NDArray:
+    values = np.asarray(values)
+    return mx.nd.array(values, ctx=device, dtype=values.dtype)
+
+
+def to_numpy(a: mx.nd.NDArray) -> np.ndarray:
+    return a.asnumpy()
+
+
+def device_of(a: mx.nd.NDArray):
+    return a.context
 
 
 class Reduction:

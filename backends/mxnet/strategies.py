@@ -41,7 +41,7 @@ import numpy as np
 from backends.mxnet import distributed, models
 from backends.mxnet.batchnorm import RunningStatistics
 from backends.mxnet.compat import mx
-from backends.mxnet.environment import kvstore, refusal
+from backends.mxnet.environment import kvstore
 from backends.mxnet.parallel import (
     AcrossNodes,
     Reduction,
@@ -55,12 +55,8 @@ from backends.mxnet.parallel import (
     stage,
     zeros_per_context,
 )
-from common import data as datalib
-from common.backend import check_supported
 from common.config import RunConfig
-from common.loop import run_training
-from common.trainer import PROBES, Trainer
-from common.weights import for_run as weights_for_run
+from common.trainer import Trainer
 
 from mxnet import gluon
 
@@ -307,24 +303,3 @@ TRAINERS = {"scratch": ScratchTrainer, "gluon": GluonTrainer}
 
 # The strategy of float64_gradients: one process, no kvstore.
 REFERENCE = "scratch"
-
-
-def make_trainer(
-    cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"
-) -> MXNetTrainer:
-    """The run config's trainer outside a run (the equivalence API, tests), reset to `weights`.
-    `dtype`: "float32", or "float64" for the same strategy code entirely in float64."""
-    check_supported(cfg, refusal, dtype)
-    trainer = TRAINERS[cfg.strategy](cfg, weights, dtype=dtype)
-    trainer.reset()
-    return trainer
-
-
-def train(cfg: RunConfig) -> dict:
-    """Train as the run config says (several nodes: over the dist kvstore the session joined); the metrics."""
-    return run_training(TRAINERS[cfg.strategy](cfg, weights_for_run(cfg)), cfg, datalib.load(cfg))
-
-
-def measure(cfg: RunConfig, weights: dict[str, np.ndarray], batches: list, probe: str, dtype: str):
-    """PROBES[probe] of a fresh trainer, in this process."""
-    return PROBES[probe](make_trainer(cfg, weights, dtype), batches)

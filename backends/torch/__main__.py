@@ -1,5 +1,5 @@
-import backends.torch as backend
+from backends.torch import BACKEND
 from common.worker import run_module
 
 if __name__ == "__main__":
-    run_module(backend)
+    run_module(BACKEND)

@@ -4,7 +4,8 @@ CPU, NCCL on GPUs) and joins the other nodes at a static rendezvous at cfg.coord
 the node's ranks (torchrun --node-rank --master-addr --master-port): global rank = node_rank * local_devices +
 local_rank, so global rank 0 is on node 0. launch_ddp returns the node's first rank's value (every rank holds
 the global figures); a failing rank fails the run with the first failure torch's error files record. The
-jobs: a training run, and an equivalence probe (common.trainer.PROBES)."""
+jobs: common/backend.py's training run and equivalence probe (common.trainer.PROBES), which `launch` sends to
+ddp's ranks."""
 
 from __future__ import annotations
 
@@ -79,6 +80,15 @@ def join(cfg: RunConfig) -> None:
 
 def leave(clean: bool = True) -> None:
     """Nothing to leave: a launch's ranks have ended when it returns."""
+
+
+def launch(cfg: RunConfig, job, payload=None):
+    """job(cfg, rank, payload) where the strategy runs (common/backend.py's runs and probes): ddp in its ranks
+    (launch_ddp), the others in this process, with its CPU threads (--threads, else every usable core)."""
+    if cfg.strategy == "ddp":
+        return launch_ddp(cfg, job, payload)
+    configure_threads(cfg, processes=1)
+    return job(cfg, 0, payload)
 
 
 def rank_device(cfg: RunConfig) -> torch.device:

@@ -1,5 +1,6 @@
-"""Devices, split and allreduce in PyTorch (d2l's split_batch and allreduce); batches placed ahead of
-their step (OnDevice, CopyStreams); the synchronised BatchNorm of DDP on the CPU."""
+"""Devices, split and allreduce in PyTorch (d2l's split_batch and allreduce), and tensors as the tests read
+them; batches placed ahead of their step (OnDevice, CopyStreams); the synchronised BatchNorm of DDP on the
+CPU."""
 
 from __future__ import annotations
 
@@ -50,6 +51,21 @@ def allreduce(data: list[torch.Tensor]) -> list[torch.Tensor]:
         for i in range(1, len(data)):
             data[i].copy_(data[0].to(data[i].device))
     return data
+
+
+# Tensors as the tests make and read them (common/backend.py's Parallel).
+
+
+def array(values: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.tensor(values).to(device)
+
+
+def to_numpy(a: torch.Tensor) -> np.ndarray:
+    return a.detach().cpu().numpy()
+
+
+def device_of(a: torch.Tensor) -> torch.device:
+    return a.device
 
 
 class OnDevice:

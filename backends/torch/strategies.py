@@ -1,5 +1,5 @@
-"""PyTorch strategies, each a common.trainer.Trainer for common/loop.py, and what the backend's entry points
-(common/backend.py) call: make_trainer, train and measure.
+"""PyTorch strategies, each a common.trainer.Trainer for common/loop.py (common/backend.py builds, runs and
+probes them; ddp's ranks are started by distributed.launch).
 
 Same math in all three: one SGD step on the mean cross-entropy of the *global* batch.
   scratch  k replicas; per-shard summed loss, gradients summed by the hand-written
@@ -27,13 +27,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from backends.torch import models
-from backends.torch.distributed import RankCollectives, launch_ddp, rank_device
-from backends.torch.environment import (
-    autocast_device,
-    configure_precision,
-    configure_threads,
-    refusal,
-)
+from backends.torch.distributed import RankCollectives, rank_device
+from backends.torch.environment import autocast_device
 from backends.torch.parallel import (
     CopyStreams,
     OnDevice,
@@ -43,13 +38,9 @@ from backends.torch.parallel import (
     devices,
     split,
 )
-from common import data as datalib
-from common.backend import check_supported
 from common.config import RunConfig
 from common.data import check_divisible
-from common.loop import run_training
-from common.trainer import PROBES, Trainer
-from common.weights import for_run as weights_for_run
+from common.trainer import Trainer
 
 
 class TorchTrainer(Trainer):
@@ -343,47 +334,5 @@ class DDPTrainer(RankCollectives, OptimizerTrainer):
 
 TRAINERS = {"scratch": ScratchTrainer, "dp": DataParallelTrainer, "ddp": DDPTrainer}
 
-
 # The strategy of the float64 reference (float64_gradients, and the check's float32 floor): one process, no engine.
 REFERENCE = "scratch"
-
-
-def make_trainer(
-    cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"
-) -> TorchTrainer:
-    """The strategy's trainer, checked, with torch's precision configured, reset to `weights`
-    (for ddp: this rank's, inside a process group)."""
-    check_supported(cfg, refusal, dtype)
-    configure_precision(cfg)
-    trainer = TRAINERS[cfg.strategy](cfg, weights, dtype)
-    trainer.reset()
-    return trainer
-
-
-def train(cfg: RunConfig) -> dict:
-    """Train as the run config says (ddp: in its ranks, started by torch's elastic agent); the metrics."""
-    if cfg.strategy == "ddp":
-        return launch_ddp(cfg, train_job)
-    configure_threads(cfg, processes=1)
-    return run_training(make_trainer(cfg, weights_for_run(cfg)), cfg, datalib.load(cfg))
-
-
-def measure(cfg: RunConfig, weights: dict[str, np.ndarray], batches: list, probe: str, dtype: str):
-    """PROBES[probe] of a fresh trainer: in this process, or in the ddp ranks (this node's first rank's result)."""
-    if cfg.strategy == "ddp":
-        return launch_ddp(cfg, probe_job, (weights, batches, probe, dtype))
-    return PROBES[probe](make_trainer(cfg, weights, dtype), batches)
-
-
-# The jobs of the ddp ranks (launch_ddp runs one in every rank).
-
-
-def train_job(cfg: RunConfig, rank: int, payload) -> dict:
-    """One rank of a run: train as the run config says."""
-    return run_training(make_trainer(cfg, weights_for_run(cfg)), cfg, datalib.load(cfg))
-
-
-def probe_job(cfg: RunConfig, rank: int, payload):
-    """One rank of an equivalence probe: payload (weights, batches, probe name, dtype)."""
-    weights, batches, probe, dtype = payload
-    return PROBES[probe](make_trainer(cfg, weights, dtype), batches)

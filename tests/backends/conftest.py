@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from common import manifest
+from common.backend import Backend
+from common.worker import THREADS_ENV
 from harness.envs import worker_env
 
 NAME = os.environ.get("DPBENCH_BACKEND")
@@ -29,8 +31,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def backend():
-    return importlib.import_module(f"backends.{NAME}")
+def backend() -> Backend:
+    """The backend under test: backends.<NAME>.BACKEND, what the worker and the check worker take."""
+    return importlib.import_module(f"backends.{NAME}").BACKEND
 
 
 @pytest.fixture(scope="session")
@@ -44,9 +47,9 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("strategy", list(manifest.load(NAME).strategies) if NAME else ["none"])
 
 
-def run_backend_worker(tmp_path, **overrides) -> tuple[int, dict]:
-    """`python -m backends.<NAME>` end to end on a small synthetic LeNet run: (exit status, result)."""
-    cfg = {
+def worker_config(**overrides) -> dict:
+    """The run config (--config) of a small synthetic LeNet run on 2 devices."""
+    return {
         "backend": NAME,
         "devices": 2,
         "model": "lenet",
@@ -59,7 +62,15 @@ def run_backend_worker(tmp_path, **overrides) -> tuple[int, dict]:
         "dataset": "synthetic",
         **overrides,
     }
+
+
+def run_backend_worker(tmp_path, **overrides) -> tuple[int, dict]:
+    """`python -m backends.<NAME>` end to end on worker_config(**overrides), started as the harness starts it (a
+    run's --threads also in THREADS_ENV, for a framework that sizes its threads when imported): (exit status,
+    result)."""
+    cfg = worker_config(**overrides)
     (tmp_path / "c.json").write_text(json.dumps(cfg))
+    threads = {THREADS_ENV: str(cfg["threads"])} if cfg.get("threads") else {}
     proc = subprocess.run(
         [
             sys.executable,
@@ -73,7 +84,7 @@ def run_backend_worker(tmp_path, **overrides) -> tuple[int, dict]:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        env=worker_env(),
+        env=worker_env(**threads),
         timeout=300,
     )
     return proc.returncode, json.loads((tmp_path / "r.json").read_text())

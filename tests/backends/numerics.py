@@ -26,6 +26,11 @@ def max_abs_diff(a: dict, b: dict) -> float:
     )
 
 
+def bitwise_equal(a: dict, b: dict) -> bool:
+    """The same keys, and every array the same to the last bit: what reordering no sum can give by chance."""
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
 def scale(a: dict) -> float:
     """The largest |value| in `a`: what a relative figure is relative to."""
     return max(float(np.max(np.abs(np.asarray(v, np.float64)))) for v in a.values())
@@ -40,3 +45,17 @@ def float32_tolerance(*pairs: tuple[dict, dict]) -> float:
     """FLOOR_FACTOR x the largest max |float32 - float64| over the (float32 result, float64 result) pairs,
     each pair the same computation run in both precisions in this test."""
     return FLOOR_FACTOR * max(max_abs_diff(f32, f64) for f32, f64 in pairs)
+
+
+BF16_EPSILON = 2.0**-7  # bfloat16's spacing at 1 (8 significant bits; float32's is 2 ** -23)
+
+
+def update_distance(start: dict, a: dict, b: dict) -> float:
+    """|update a - update b| / |update b| (L2 over every weight): how far a step from `start` is from another,
+    relative to the step's own size."""
+    diff = sum(
+        float(np.sum(((a[k] - start[k]) - (b[k] - start[k])).astype(np.float64) ** 2))
+        for k in start
+    )
+    norm = sum(float(np.sum((b[k] - start[k]).astype(np.float64) ** 2)) for k in start)
+    return float(np.sqrt(diff / norm))

@@ -1,24 +1,42 @@
 """The backend interface (docs/ARCHITECTURE.md), one module for every backend, run in each backend's environment.
 
-A backend package provides INTERFACE (common/backend.py): the models, d2l's devices/split/allreduce, the canonical
-initial weights, predict, the worker's run and environment, the equivalence API (gradients, train_trace,
-train_steps, float64_gradients), TRAINERS (its strategies, each a common.trainer.Trainer), and the
-array helpers of these tests.
+A backend is the object its package builds, backends.<name>.BACKEND (common/backend.py's Backend): its modules as
+common/backend.py's Protocols say (the models, d2l's devices/split/allreduce and the tests' array helpers, the
+strategies' trainers, the environment record and refusals, the engine), and what every backend does the same way
+on them: the canonical initial weights, predict, a run, the equivalence API (gradients, train_trace, train_steps,
+float64_gradients). The worker is proven end to end here too, on every strategy.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import json
+import re
+from collections.abc import Mapping
+
 import numpy as np
 import pytest
 
+from common import backend as backendlib
 from common import data as datalib
-from common.backend import INTERFACE, Probe
+from common import manifest
+from common.backend import Probe
 from common.config import RunConfig
 from common.errors import Unsupported
-from common.trainer import METHODS, Trainer
+from common.results import SCHEMA_VERSION
+from common.trainer import METHODS, PROBES, Trainer
 from common.weights import he_scaled
-from tests.backends.conftest import NAME, ROOT, run_backend_worker
-from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative, scale
+from tests.backends.conftest import NAME, ROOT, run_backend_worker, worker_config
+from tests.backends.nodes import finish, refused_port, start_nodes
+from tests.backends.numerics import (
+    IDENTICAL,
+    bitwise_equal,
+    float32_tolerance,
+    max_abs_diff,
+    relative,
+    scale,
+)
 
 BATCH = 12  # divisible by 1, 2 and 3 devices
 # Every ResNet-18 step below takes batches of this size at this learning rate, so that a backend which compiles its
@@ -37,18 +55,27 @@ def batch(n=BATCH, seed=0, model="lenet"):
     )
 
 
-def test_the_package_provides_the_interface_in_its_order(backend):
-    assert backend.__all__[: len(INTERFACE)] == list(
-        INTERFACE
-    )  # (a backend may add names of its own after them)
-    assert all(hasattr(backend, name) for name in backend.__all__)
-    assert backend.NAME == NAME
+def test_the_package_builds_a_backend_of_modules_that_provide_what_it_needs(backend):
+    """backends.<name>.BACKEND is a common.backend.Backend of that name, and each of its modules provides what
+    common/backend.py's Protocol for it says."""
+    assert isinstance(backend, backendlib.Backend) and backend.name == NAME
+    modules = {
+        backendlib.Models: backend.models,
+        backendlib.Parallel: backend.parallel,
+        backendlib.Strategies: backend.strategies,
+        backendlib.Environment: backend._environment,
+        backendlib.Distributed: backend.distributed,
+    }
+    for protocol, module in modules.items():
+        assert isinstance(module, protocol), f"{module.__name__} is no {protocol.__name__}"
 
 
 def test_every_strategy_is_a_trainer_with_the_glossarys_methods_in_its_order(backend, meta):
-    assert list(backend.TRAINERS) == list(meta.strategies)
-    for name, cls in backend.TRAINERS.items():
-        assert issubclass(cls, Trainer), f"{NAME} {name}"
+    """Every strategy backend.toml declares is a common.trainer.Trainer that defines every abstract method (one
+    that lacks one cannot be made), with its public methods in the glossary's order."""
+    assert list(backend.strategies.TRAINERS) == list(meta.strategies)
+    for name, cls in backend.strategies.TRAINERS.items():
+        assert issubclass(cls, Trainer) and not inspect.isabstract(cls), f"{NAME} {name}"
         for klass in cls.__mro__[: cls.__mro__.index(Trainer)]:  # the backend's own classes
             public = [
                 m
@@ -62,14 +89,15 @@ def test_every_strategy_is_a_trainer_with_the_glossarys_methods_in_its_order(bac
 @pytest.mark.parametrize("k", [2, 3])
 def test_split_shards_concatenate_back_on_their_devices(backend, k):
     x, y = batch()
-    devs = backend.devices(k)
-    xs, ys = backend.split(x, y, devs)
+    parallel = backend.parallel
+    devs = parallel.devices(k)
+    xs, ys = parallel.split(x, y, devs)
     assert len(xs) == len(ys) == k
-    assert [tuple(backend.to_numpy(s).shape) for s in xs] == [(BATCH // k, 1, 28, 28)] * k
-    assert np.array_equal(np.concatenate([backend.to_numpy(s) for s in xs]), x)
-    assert np.array_equal(np.concatenate([backend.to_numpy(s) for s in ys]), y)
+    assert [tuple(parallel.to_numpy(s).shape) for s in xs] == [(BATCH // k, 1, 28, 28)] * k
+    assert np.array_equal(np.concatenate([parallel.to_numpy(s) for s in xs]), x)
+    assert np.array_equal(np.concatenate([parallel.to_numpy(s) for s in ys]), y)
     for shard, device in zip(xs, devs):
-        assert backend.device_of(shard) == device
+        assert parallel.device_of(shard) == device
 
 
 def test_split_refuses_a_batch_the_devices_cannot_split(backend):
@@ -77,19 +105,20 @@ def test_split_refuses_a_batch_the_devices_cannot_split(backend):
     with pytest.raises(
         ValueError, match="batch of 7 examples cannot be split evenly across 2 devices"
     ):
-        backend.split(x, y, backend.devices(2))
+        backend.parallel.split(x, y, backend.parallel.devices(2))
 
 
 @pytest.mark.parametrize("k", [2, 3])
 def test_allreduce_leaves_the_exact_sum_on_every_device(backend, k):
     values = [np.arange(12, dtype=np.float32).reshape(3, 4) * (i + 1) + i for i in range(k)]
     expected = sum(values)
-    devs = backend.devices(k)
-    out = backend.allreduce([backend.array(v, d) for v, d in zip(values, devs)])
+    parallel = backend.parallel
+    devs = parallel.devices(k)
+    out = parallel.allreduce([parallel.array(v, d) for v, d in zip(values, devs)])
     assert len(out) == k
     for a, device in zip(out, devs):
-        assert np.array_equal(backend.to_numpy(a), expected)
-        assert backend.device_of(a) == device
+        assert np.array_equal(parallel.to_numpy(a), expected)
+        assert parallel.device_of(a) == device
 
 
 def test_parameter_counts(backend):
@@ -489,11 +518,12 @@ def test_only_the_warm_up_compiles(backend, strategy, tmp_path, monkeypatch):
     by the epoch's time and never by a step timed alone, and the report's s/epoch would contradict its step
     time (Keras's distribution did: reset() left its state in another layout than its step's, so its second
     step compiled again). One device, a fresh worker process: the warm-up's compiles are this run's own."""
-    if backend.TRAINERS[strategy].compiles is Trainer.compiles:
+    if backend.strategies.TRAINERS[strategy].compiles is Trainer.compiles:
         pytest.skip(f"{NAME} does not count what it compiles")
-    rc, r = run_backend_worker(tmp_path, strategy=strategy, devices=1, epochs=2, timed_steps=2)
-    if r["status"] == "unavailable":
-        pytest.skip(r["error"])  # torch's dp without CUDA
+    overrides = {"strategy": strategy, "devices": 1, "epochs": 2, "timed_steps": 2}
+    if reason := refused_here(backend, worker_config(**overrides)):
+        pytest.skip(reason)  # torch's dp without CUDA
+    rc, r = run_backend_worker(tmp_path, **overrides)
     assert rc == 0 and r["status"] == "ok", r["error"]
     assert r["compiles"]["epochs"] == r["compiles"]["timed_steps"] == 0, r["compiles"]
     assert r["epoch_over_steps"] > 0
@@ -502,16 +532,16 @@ def test_only_the_warm_up_compiles(backend, strategy, tmp_path, monkeypatch):
     # A planted fault, in this process: every epoch takes batches half the warm-up's, so the step compiles again
     # inside the first epoch, and the same count must say so.
     monkeypatch.setattr(datalib, "train_batches", halved_after_the_warm_up(datalib.train_batches))
-    planted = backend.run(
-        RunConfig.from_dict(
-            {
-                **r["config"],
-                "epochs": 1,
-                "timed_steps": 0,
-                "lr": 0.0625,  # no other test's: the programs (shared ones are keyed by the rate) are compiled here
-            }
-        )
+    cfg = RunConfig.from_dict(
+        {
+            **r["config"],
+            "epochs": 1,
+            "timed_steps": 0,
+            "lr": 0.0625,  # no other test's: the programs (shared ones are keyed by the rate) are compiled here
+        }
     )
+    with backend.session(cfg):
+        planted = backend.train(cfg)
     assert planted["compiles"]["epochs"] > 0
 
 
@@ -527,6 +557,196 @@ def halved_after_the_warm_up(train_batches):
         return [(x[: len(y) // 2], y[: len(y) // 2]) for x, y in batches]
 
     return planted
+
+
+# ------------------------------------------------------------------------------------- the worker end to end
+
+
+def refused_here(backend, cfg: dict) -> str | None:
+    """Why the worker would refuse the run config `cfg` here, checked in this process before any worker starts
+    (None: it runs)."""
+    try:
+        backend.check_supported(RunConfig.from_dict(cfg))
+    except Unsupported as e:
+        return str(e)
+    return None
+
+
+def runs_in_processes_of_its_own(backend, strategy: str) -> bool:
+    """Whether `strategy` runs one process per device (its distributed.launch starts them), as the environment
+    record of a 2-device run says."""
+    return (
+        backend.environment(Probe(strategy, "lenet", 2).config(NAME, BATCH, 0.5))["processes"] > 1
+    )
+
+
+def own_record(strategy: str) -> dict:
+    """What this backend's environment record says of the worker run below, beside what every record says, by
+    dotted key ("precision.tf32_matmul" is record["precision"]["tf32_matmul"])."""
+    one_per_device = strategy == "ddp"
+    return {
+        "torch": {
+            "processes": 2 if one_per_device else 1,
+            "precision.tf32_matmul": False,
+            "compile": None,
+        },
+        "jax": {"processes": 1, "precision.jax_default_matmul_precision": "highest"},
+        "mxnet": {
+            "processes": 1,
+            "framework_version": "1.9.1",
+            "threads_per_process": 1,  # --threads, which compat.py reads from the environment
+            "details.hybridize": True,
+            "details.kvstore": "device" if strategy == "gluon" else None,
+            "compile": None,
+            "levers.compile": False,
+            "levers.resident_data": False,
+            "levers.channels_last": False,
+        },
+        "keras": {
+            "processes": 2 if one_per_device else 1,
+            "libraries.keras_backend": "torch" if one_per_device else "jax",
+        },
+    }[NAME]
+
+
+def entry(record: dict, dotted: str):
+    for key in dotted.split("."):
+        record = record[key]
+    return record
+
+
+def test_worker_trains_and_writes_a_complete_result(backend, strategy, tmp_path):
+    """`python -m backends.<name>`: 2 epochs of LeNet on 2 devices, one thread per process, and a result with
+    every part: the epochs (the loss falling), the environment record, the hashes, the warm-up, the timed steps,
+    and the allreduce of a buffer as large as the gradients, timed alone."""
+    overrides = {"strategy": strategy, "threads": 1, "timed_steps": 3}
+    if reason := refused_here(backend, worker_config(**overrides)):
+        pytest.skip(reason)  # torch's dp without CUDA
+    rc, r = run_backend_worker(tmp_path, **overrides)
+    assert rc == 0 and r["status"] == "ok", r["error"]
+    assert r["schema_version"] == SCHEMA_VERSION and r["params"] == 129_068
+    assert [e["epoch"] for e in r["epochs"]] == [1, 2]
+    assert all(e["steps"] == 4 and e["images"] == 64 for e in r["epochs"])
+    assert r["epochs"][1]["train_loss"] < r["epochs"][0]["train_loss"]
+    assert all(0.0 <= e["test_acc"] <= 1.0 for e in r["epochs"])
+    env = r["environment"]
+    assert env["framework"] == NAME and len(env["devices"]) == 2
+    assert {key: entry(env, key) for key in own_record(strategy)} == own_record(strategy)
+    assert len(r["weights_hash"]) == 64 and len(r["data_hash"]) == 64
+    assert r["compile_s"] > 0 and r["step_time"]["steps"] == 3
+    assert r["allreduce"]["values"] == r["params"] and r["allreduce"]["bytes"] == 4 * r["params"]
+    assert r["allreduce"]["repeats"] == 10 and r["allreduce"]["median_s"] > 0
+
+
+def test_worker_reports_divergence(backend, strategy, meta, tmp_path):
+    """A loss that becomes inf or NaN (learning rate 1e30) ends the run as diverged, exit status 1, with the
+    reason. The loop finds it (framework-free); a backend carries it out of the processes its strategy runs in, so
+    it is proven for the first strategy, and for the first that runs in processes of its own if that is another."""
+    strategies = list(meta.strategies)
+    own = [s for s in strategies if runs_in_processes_of_its_own(backend, s)]
+    proven = {strategies[0], *own[:1]}
+    if strategy not in proven:
+        pytest.skip(f"one strategy of each way of running proves it: {', '.join(sorted(proven))}")
+    rc, r = run_backend_worker(tmp_path, strategy=strategy, lr=1e30, epochs=1)
+    assert rc == 1 and r["status"] == "diverged"
+    assert "training loss became" in r["error"]
+
+
+# ------------------------------------------------------------------------------------- how batches reach a step
+
+# The three ways the loop feeds a step: numpy batches (the step copies each), each put --prefetch batches ahead of
+# its step (trainer.put), or staged before the timer (--resident-data, trainer.stage).
+FEEDS = {"numpy": {"prefetch": 0}, "ahead": {"prefetch": 2}, "staged": {"resident_data": True}}
+
+
+def traces_of_each_feed(cfg: RunConfig, rank: int, payload) -> dict:
+    """A job of one of the strategy's processes (distributed.launch): the float64 traces of the same steps from
+    the same weights, fed each way (FEEDS)."""
+    backend, weights, batches = payload
+    traces = {}
+    with backend.computing_in("float64"):
+        for feed, levers in FEEDS.items():
+            fed = dataclasses.replace(cfg, **levers).validate()
+            traces[feed] = PROBES["trace"](backend.make_trainer(fed, weights, "float64"), batches)
+    return traces
+
+
+def test_prefetched_and_staged_batches_take_the_numpy_batches_steps_bit_for_bit(backend, strategy):
+    """Batches put on the devices ahead of their step (--prefetch) or staged before it (--resident-data) take the
+    steps numpy batches take, to the last bit: 3 LeNet steps on 2 devices in float64, their losses and weights.
+    The three traces run in one launch of the strategy's processes."""
+    cfg = Probe(strategy, "lenet", 2).config(NAME, BATCH, 0.5)
+    call(backend.check_supported, cfg, "float64")
+    weights = backend.initial_weights("lenet", 0)
+    batches = [(x.astype(np.float64), y) for x, y in (batch(seed=s) for s in range(3))]
+    with backend.session(cfg):
+        traces = backend.distributed.launch(cfg, traces_of_each_feed, (backend, weights, batches))
+    numpy_fed = traces["numpy"]
+    assert max_abs_diff(numpy_fed["final"], weights) > 1e-3  # the steps really moved the weights
+    for feed in ("ahead", "staged"):
+        assert bitwise_equal(traces[feed]["final"], numpy_fed["final"]), feed
+        assert traces[feed]["losses"] == numpy_fed["losses"], feed
+
+
+# ------------------------------------------------------------------------------------- the step's two halves
+
+
+def test_allreduce_seconds_gives_one_positive_time_per_repeat(backend, strategy):
+    """The strategy's reduction of a 1000-value buffer, timed `repeats` times between barriers (what the worker
+    reports). A strategy of processes of its own is timed in every worker run instead
+    (test_worker_trains_and_writes_a_complete_result), as its trainer lives only inside them."""
+    if runs_in_processes_of_its_own(backend, strategy):
+        pytest.skip(
+            f"{NAME} {strategy}'s trainer lives in its own processes; the worker run times it"
+        )
+    cfg = Probe(strategy, "lenet", 2).config(NAME, BATCH, 0.5)
+    call(backend.check_supported, cfg)
+    seconds = backend.make_trainer(cfg, backend.initial_weights("lenet", 0)).allreduce_seconds(
+        1000, 4
+    )
+    assert len(seconds) == 4 and all(isinstance(s, float) and s > 0 for s in seconds)
+
+
+def leaves(tree) -> list[np.ndarray]:
+    """Every array of a nested mapping / list / tuple (a trainer's state), as numpy, in a fixed order."""
+    if isinstance(tree, Mapping):
+        return [a for key in sorted(tree) for a in leaves(tree[key])]
+    if isinstance(tree, (list, tuple)):
+        return [a for item in tree for a in leaves(item)]
+    return [np.asarray(tree)]
+
+
+def test_reduce_gradients_then_update_is_the_fused_step(backend, strategy):
+    """A strategy whose step() fuses reduce_gradients() and update() into one compiled call takes their steps:
+    two ResNet-18 steps of 8 examples on 2 devices (float64) give the same handles, weights and state (every
+    device's running statistics, the optimizer's), canonical_gradients() reads the kept gradients, and update()
+    refuses to apply them twice. Two compiled programs may order their sums differently on another CPU, so "the
+    same" is float64's IDENTICAL, not bit for bit."""
+    if backend.strategies.TRAINERS[strategy].step is Trainer.step:
+        pytest.skip(f"{NAME} {strategy}'s step is the base's: reduce_gradients(), then update()")
+    cfg = Probe(strategy, "resnet18", 2).config(NAME, RESNET_BATCH, RESNET_LR)
+    weights = backend.initial_weights("resnet18", 0)
+    with backend.computing_in("float64"):
+        fused, halves = (backend.make_trainer(cfg, weights, "float64") for _ in range(2))
+        for x, y in (batch(RESNET_BATCH, seed=s, model="resnet18") for s in range(2)):
+            fused_loss, fused_correct = fused.collect([fused.step(x, y)])
+            halves_loss, halves_correct = halves.collect([halves.reduce_gradients(x, y)])
+            assert set(halves.canonical_gradients()) < set(halves.canonical())
+            halves.update()
+            assert abs(halves_loss - fused_loss) <= IDENTICAL * abs(fused_loss)
+            assert halves_correct == fused_correct
+        with pytest.raises(RuntimeError, match="reduce_gradients"):
+            halves.update()  # its gradients are applied already
+        fused.sync()
+        halves.sync()
+        assert max_abs_diff(fused.canonical(), weights) > 1e-3
+        assert relative(halves.canonical(), fused.canonical()) <= IDENTICAL
+        if hasattr(
+            fused, "state"
+        ):  # the whole state, as the trainer keeps it: every device's, the optimizer's
+            state = [dict(enumerate(leaves(t.state))) for t in (halves, fused)]
+            assert all(a.dtype == np.float64 for a in state[0].values() if a.dtype.kind == "f")
+            assert relative(*state) <= IDENTICAL
 
 
 # ------------------------------------------------------------------------------------- several nodes
@@ -637,3 +857,160 @@ def test_a_node_killed_mid_run_fails_the_run_with_its_error_and_ends_every_proce
     assert headline in (report / "report.md").read_text()
     time.sleep(1)
     assert _survivors(str(out)) == []
+
+
+# A backend whose nodes meet through another backend's engine, whose suite proves how it fails: Keras's ddp starts
+# and joins its ranks with torch's launcher (backends/torch/distributed.py).
+ENGINE_OF = {"keras": "torch"}
+
+
+def test_a_node_that_cannot_reach_the_coordinator_fails_naming_it(meta, tmp_path):
+    """Node 1 of 2 alone, its coordinator refusing connections: the engine gives up within the run's timeout
+    (it would wait forever or abort the process, left alone) and the result names the address it could not
+    reach."""
+    engines = _engines(meta)
+    if not engines:
+        pytest.skip(f"{NAME} has no strategy with a distributed engine")
+    if NAME in ENGINE_OF:
+        pytest.skip(f"{NAME}'s nodes meet through {ENGINE_OF[NAME]}'s engine, proven in its suite")
+    address, timeout = f"127.0.0.1:{refused_port()}", 6
+    job = worker_config(
+        strategy=engines[0],
+        epochs=1,
+        timed_steps=2,
+        nodes=2,
+        node_rank=1,
+        coordinator=address,
+        timeout=timeout,
+    )
+    # start_nodes numbers its jobs from 0: node 1's config and result are node0's files
+    ((code, output),) = finish(
+        start_nodes(NAME, "--config", [job], tmp_path, ".result.json"), timeout + 60
+    )
+    result = json.loads((tmp_path / "node0.result.json").read_text())
+    assert code != 0 and result["status"] == "failed", output[-2000:]
+    unreachable = rf"could not reach the [^\n]*coordinator[^\n]* at {re.escape(address)}"
+    assert re.search(unreachable, result["error"]), result["error"][-2000:]
+
+
+# What a check job stores of one configuration (common/measurements.py): the first batch's loss and gradients,
+# and the trace's first and final weights and every step's loss.
+PARTS = ("loss", "grad", "first", "final", "losses")
+
+
+def measured(arrays: dict, key: str) -> dict:
+    """One configuration's measurements in a check job's arrays, by their name under `key` ("grad|fc1.bias")."""
+    return {k[len(key) + 1 :]: v for k, v in arrays.items() if k.startswith(key + "|")}
+
+
+def flat(loss: float, grads: dict, trace: dict) -> dict:
+    """The same measurements from the equivalence API's (loss, gradients) and trace."""
+    return {
+        "loss": np.float64(loss),
+        "losses": np.asarray(trace["losses"], np.float64),
+        **{f"grad|{n}": g for n, g in grads.items()},
+        **{f"first|{n}": v for n, v in trace["first"].items()},
+        **{f"final|{n}": v for n, v in trace["final"].items()},
+    }
+
+
+def part(measurements: dict, name: str) -> dict:
+    return {k: v for k, v in measurements.items() if k == name or k.startswith(name + "|")}
+
+
+def probes_in_both_dtypes(cfg: RunConfig, rank: int, payload) -> dict:
+    """A job of one of the strategy's processes (distributed.launch): what a check job measures of `cfg`, in
+    float32 and in float64. One launch instead of four keeps the test short."""
+    backend, weights, batches = payload
+    out = {}
+    for dtype in ("float32", "float64"):
+        typed = [(np.asarray(x, dtype), y) for x, y in batches]
+        with backend.computing_in(dtype):
+            loss, grads = PROBES["gradients"](backend.make_trainer(cfg, weights, dtype), typed)
+            trace = PROBES["trace"](backend.make_trainer(cfg, weights, dtype), typed)
+        out[dtype] = flat(loss, grads, trace)
+    return out
+
+
+@pytest.mark.rounding
+def test_two_nodes_take_the_steps_of_one_process_and_of_one_device(
+    backend, strategy, meta, tmp_path
+):
+    """A check job on 2 loopback nodes x 1 device, against 1 process x 2 devices and 1 device holding the whole
+    batch: the loss, gradients, the weights after the first and the last step and every step's loss, in float64;
+    every node stores the same values; in float32 the nodes are as close to one process as float32 is to float64.
+    An engine that carries float32 only (MXNet's dist kvstore) has its float64 run refused, with the reason: its
+    float32 nodes are held to the float64 steps within that distance."""
+    from tests.backends.nodes import measure_on_nodes, write_check_inputs
+
+    if not meta.strategies[strategy].engine:
+        pytest.skip(f"{NAME} {strategy} runs in one process")
+    if NAME in ENGINE_OF:
+        pytest.skip(f"{NAME}'s nodes meet through {ENGINE_OF[NAME]}'s engine, proven in its suite")
+    weights, batches, lr = backend.initial_weights("lenet", 0), [batch(8, s) for s in range(3)], 0.1
+    job = {
+        "models": ["lenet"],
+        "strategies": [strategy],
+        "devices": [2],
+        "bn": ["local"],
+        "lr": lr,
+        "device_kind": "cpu",
+        "float64": False,
+        **write_check_inputs(tmp_path, "lenet", weights, batches),
+    }
+    nodes = measure_on_nodes(NAME, job, 2, tmp_path, timeout=240)
+    assert all(bitwise_equal(node, nodes[0]) for node in nodes[1:])
+    nodes32, nodes64 = (
+        measured(nodes[0], f"lenet|{strategy}{s}|2|local") for s in ("", ":float64")
+    )
+    cfg = Probe(strategy, "lenet", 2).config(NAME, 8, lr)
+    with backend.session(cfg):
+        one_process = backend.distributed.launch(
+            cfg, probes_in_both_dtypes, (backend, weights, batches)
+        )
+    one_device = flat(*backend.float64_reference("lenet", 1, weights, batches, lr))
+    assert nodes32.keys() == one_device.keys()
+    assert max_abs_diff({n: nodes32[f"final|{n}"] for n in weights}, weights) > 1e-3  # it trained
+    for name in PARTS:
+        assert relative(part(one_process["float64"], name), part(one_device, name)) <= IDENTICAL
+    if nodes64:
+        for name in PARTS:
+            assert relative(part(nodes64, name), part(one_device, name)) <= IDENTICAL, name
+        tolerance = float32_tolerance(
+            (nodes32, nodes64), (one_process["float32"], one_process["float64"])
+        )
+    else:
+        tolerance = float32_tolerance((one_process["float32"], one_process["float64"]))
+        assert max_abs_diff(nodes32, one_process["float64"]) <= tolerance
+    assert max_abs_diff(nodes32, one_process["float32"]) <= tolerance
+
+
+# Node 0 of 2, its coordinator never asked: a refusal comes before any engine starts.
+NODE_0_OF_2 = {"nodes": 2, "node_rank": 0, "coordinator": "127.0.0.1:1"}
+
+
+def test_a_strategy_without_an_engine_refuses_several_nodes_before_joining(
+    backend, strategy, meta, monkeypatch
+):
+    """--nodes 2 needs a strategy with a distributed engine (backend.toml's `engine`): one without is refused in
+    one line naming those that have one, and no engine is joined. A strategy that has one is held to the same
+    with its engine taken out of the manifest."""
+    without = {
+        **meta.strategies,
+        strategy: dataclasses.replace(meta.strategies[strategy], engine=None),
+    }
+    monkeypatch.setattr(
+        manifest, "load", lambda name: dataclasses.replace(meta, strategies=without)
+    )
+    joined = []
+    monkeypatch.setattr(backend.distributed, "join", joined.append)
+    engines = ", ".join(s for s, declared in without.items() if declared.engine) or "none"
+    x, y = batch()
+    with pytest.raises(Unsupported) as refused:
+        probe = Probe(strategy, "lenet", 2, levers=NODE_0_OF_2)
+        backend.gradients(probe, backend.initial_weights("lenet", 0), x, y)
+    assert str(refused.value) == (
+        f"{NAME} {strategy} runs in one process; --nodes 2 needs a strategy with a distributed engine "
+        f"({NAME}: {engines})"
+    )
+    assert joined == []

@@ -1,12 +1,12 @@
 """Keras-only behaviour: why the models use their own mean and product layers (Keras's promotion drops float64),
-the float64 math of both strategies against the torch backend's, the fused step of distribution, the data format
-(channels_last) and bf16 (the mixed_bfloat16 dtype policy) levers, what ddp and distribution refuse, the
-environment record, and the worker end to end on both strategies (Keras on torch in ddp's ranks, on jax in
-distribution's process).
+the float64 math of distribution against the torch backend's, the data format (channels_last) and bf16 (the
+mixed_bfloat16 dtype policy) levers, what ddp and distribution refuse, the environment record, and the worker with
+the levers on both strategies (Keras on torch in ddp's ranks, on jax in distribution's process).
 
 Identities are proven in float64 (numerics.IDENTICAL); the float32-only levers are judged against the float32
 rounding measured in the same test. The contract tests (test_contract.py) cover the rest: k devices against one,
-synchronised BatchNorm, torch's running statistics, the gradient of the mean loss."""
+synchronised BatchNorm, torch's running statistics, the gradient of the mean loss, the fused step, the worker end
+to end."""
 
 from __future__ import annotations
 
@@ -17,10 +17,16 @@ import pytest
 
 from common.backend import Probe
 from tests.backends.conftest import NAME, run_backend_worker
-from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative
+from tests.backends.numerics import (
+    BF16_EPSILON,
+    IDENTICAL,
+    float32_tolerance,
+    max_abs_diff,
+    relative,
+    update_distance,
+)
 
 pytestmark = pytest.mark.skipif(NAME != "keras", reason="keras backend only")
-BF16_EPSILON = 2.0**-7  # bfloat16's spacing at 1 (8 significant bits; float32's is 2 ** -23)
 
 
 def batch(n, seed=0):
@@ -30,33 +36,6 @@ def batch(n, seed=0):
 
 def in_float64(weights: dict) -> dict:
     return {k: v.astype(np.float64) for k, v in weights.items()}
-
-
-def update_distance(start: dict, a: dict, b: dict) -> float:
-    """|update a - update b| / |update b| (L2 over every weight)."""
-    diff = sum(
-        float(np.sum(((a[k] - start[k]) - (b[k] - start[k])).astype(np.float64) ** 2))
-        for k in start
-    )
-    norm = sum(float(np.sum((b[k] - start[k]).astype(np.float64) ** 2)) for k in start)
-    return float(np.sqrt(diff / norm))
-
-
-def distribution_trainer(model, k, batch_size, dtype="float64"):
-    """A reset distribution trainer (Keras on jax, this process); a float64 one is used inside computing_in."""
-    from backends.keras import initial_weights
-    from backends.keras.strategies import make_trainer
-    from common.config import RunConfig
-
-    cfg = RunConfig(
-        backend="keras",
-        strategy="distribution",
-        devices=k,
-        model=model,
-        batch_size=batch_size,
-        lr=0.1,
-    ).validate()
-    return make_trainer(cfg, initial_weights(model, 0), dtype)
 
 
 # ------------------------------------------------------------------ float64: why the own layers, and the proof
@@ -84,88 +63,59 @@ def test_kerases_own_mean_computes_float64_in_float32_and_the_models_layers_do_n
 
 
 @pytest.mark.parametrize("model", ["lenet", "resnet18"])
-def test_float64_gradients_are_the_torch_backends(model):
+def test_float64_gradients_are_the_torch_backends(backend, model):
     """One 8-image batch on one device: the loss and every gradient of Keras on jax equal the torch backend's float64
     ones (torch.nn modules, the reference) to float64 rounding. (Keras on torch, ddp, takes distribution's float64
     steps: test_contract's test_strategies_agree_in_float64.)"""
-    from backends import torch as reference
-    from backends.keras import gradients, initial_weights
+    from backends.torch import BACKEND as reference
 
-    w = in_float64(initial_weights(model, 0))
+    w = in_float64(backend.initial_weights(model, 0))
     x, y = batch(8)
-    loss, grads = gradients(Probe("distribution", model, 1, dtype="float64"), w, x, y)
+    loss, grads = backend.gradients(Probe("distribution", model, 1, dtype="float64"), w, x, y)
     ref_loss, ref_grads = reference.float64_gradients(model, w, x, y)
     assert {g.dtype for g in grads.values()} == {np.dtype(np.float64)}
     assert abs(loss - ref_loss) <= IDENTICAL * abs(ref_loss)
     assert relative(grads, ref_grads) <= IDENTICAL
 
 
-def test_distribution_reduce_gradients_then_update_is_the_fused_step():
-    """step() fuses reduce_gradients() and update() in one compiled call: a ResNet-18 step of 8 examples on 2
-    devices (float64) gives the same loss, weights and running statistics either way."""
-    from backends.keras.environment import computing_in
-
-    batches = [batch(8)]
-    with computing_in("float64"):
-        fused, halves = (
-            distribution_trainer("resnet18", 2, 8),
-            distribution_trainer("resnet18", 2, 8),
-        )
-        for x, y in batches:
-            fused_loss, fused_correct = fused.collect([fused.step(x, y)])
-            halves_loss, halves_correct = halves.collect([halves.reduce_gradients(x, y)])
-            assert set(halves.canonical_gradients()) < set(halves.canonical())
-            halves.update()
-            assert (
-                abs(halves_loss - fused_loss) <= IDENTICAL * abs(fused_loss)
-                and halves_correct == fused_correct
-            )
-        with pytest.raises(RuntimeError, match="reduce_gradients"):
-            halves.update()  # its gradients are applied already
-        assert max_abs_diff(fused.canonical(), fused.weights) > 1e-3
-        assert relative(halves.canonical(), fused.canonical()) <= IDENTICAL
-
-
 # ------------------------------------------------------------------ levers: data format and bf16
 
 
 @functools.cache
-def steps_with(strategy, model, dtype="float32", **levers):
+def steps_with(backend, strategy, model, dtype="float32", **levers):
     """(start, the weights after one 2-device step of 8 images), from the seed-0 weights; each computed once (a ddp
     call starts its ranks)."""
-    from backends.keras import initial_weights, train_steps
-
-    start = initial_weights(model, 0)
+    start = backend.initial_weights(model, 0)
     if dtype == "float64":
         start = in_float64(start)
-    return start, train_steps(
+    return start, backend.train_steps(
         Probe(strategy, model, 2, dtype=dtype, levers=levers), start, [batch(8)], 0.5
     )
 
 
-def test_the_models_are_channels_last_with_or_without_the_lever(strategy):
+def test_the_models_are_channels_last_with_or_without_the_lever(backend, strategy):
     """Keras's models are NHWC, its own default data format, whatever --channels-last says (the lever changes
     nothing: the same LeNet step, which flattens in torch's C, H, W order). ResNet-18 built NHWC takes the
     canonical weights: a layer that took the wrong axis for the channels (BatchNorm, padding, pooling) would give
     a weight of another shape, which load_canonical refuses."""
-    from backends.keras import initial_weights, models
+    from backends.keras import models
 
     resnet = models.build("resnet18")
     assert resnet.input_shape == (None, 28, 28, 1) and resnet.output_shape == (None, 10)
-    models.load_canonical(resnet, initial_weights("resnet18", 0))
-    start, plain = steps_with(strategy, "lenet")
-    _, lever = steps_with(strategy, "lenet", channels_last=True)
+    models.load_canonical(resnet, backend.initial_weights("resnet18", 0))
+    start, plain = steps_with(backend, strategy, "lenet")
+    _, lever = steps_with(backend, strategy, "lenet", channels_last=True)
     assert max_abs_diff(plain, start) > 1e-3 and max_abs_diff(lever, plain) == 0
 
 
 @pytest.mark.rounding
-def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same(strategy):
+def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same(backend, strategy):
     """--precision bf16, the mixed_bfloat16 policy: the weights stay float32; LeNet's step is further from the
     float64 step than float32 rounding (measured here) can take it (bfloat16 really ran), yet within a few
     bfloat16 roundings of it (the same step, rounded coarser)."""
-    start, fp32 = steps_with(strategy, "lenet")
-    _, exact = steps_with(strategy, "lenet", "float64")
-    _, bf16 = steps_with(strategy, "lenet", precision="bf16")
+    start, fp32 = steps_with(backend, strategy, "lenet")
+    _, exact = steps_with(backend, strategy, "lenet", "float64")
+    _, bf16 = steps_with(backend, strategy, "lenet", precision="bf16")
     assert {v.dtype for v in bf16.values()} == {np.dtype(np.float32)}
     assert max_abs_diff(fp32, start) > 1e-3
     assert max_abs_diff(bf16, exact) > 100 * float32_tolerance((fp32, exact))
@@ -176,11 +126,11 @@ def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same(strategy):
 @pytest.mark.filterwarnings(
     "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
 )  # inside inductor
-def test_ddp_compiled_step_is_as_close_to_the_float64_step_as_the_eager_one():
+def test_ddp_compiled_step_is_as_close_to_the_float64_step_as_the_eager_one(backend):
     """--compile on ddp: torch.compile of the DDP-wrapped Keras model (a float32 lever)."""
-    start, eager = steps_with("ddp", "lenet")
-    _, exact = steps_with("ddp", "lenet", "float64")
-    _, compiled = steps_with("ddp", "lenet", compile=True)
+    start, eager = steps_with(backend, "ddp", "lenet")
+    _, exact = steps_with(backend, "ddp", "lenet", "float64")
+    _, compiled = steps_with(backend, "ddp", "lenet", compile=True)
     assert max_abs_diff(eager, start) > 1e-3
     assert max_abs_diff(compiled, exact) <= float32_tolerance((eager, exact))
 
@@ -198,27 +148,25 @@ def test_bf16_policy_computes_in_bfloat16_and_keeps_variables_float32():
 # ------------------------------------------------------------------ refusals and the environment record
 
 
-def test_what_each_strategy_refuses_and_why():
-    from backends.keras import check_supported
+def test_what_each_strategy_refuses_and_why(backend):
     from common.config import RunConfig
     from common.errors import Unsupported
 
     def refused(**kw):
         with pytest.raises(Unsupported) as e:
-            check_supported(RunConfig(**{"backend": "keras", "devices": 2, **kw}).validate())
+            backend.check_supported(
+                RunConfig(**{"backend": "keras", "devices": 2, **kw}).validate()
+            )
         return str(e.value)
 
     assert "Keras's `synchronized` BatchNormalization is TensorFlow's only" in refused(
         strategy="ddp", bn="sync"
     )
-    assert "--nodes 2 needs a strategy with a distributed engine (keras: ddp)" in refused(
-        strategy="distribution", nodes=2, coordinator="127.0.0.1:29500"
-    )
     assert "TF32 is a mode of NVIDIA tensor cores" in refused(
         strategy="distribution", precision="tf32"
     )
     assert "32 CPU devices requested" in refused(strategy="distribution", devices=32, batch_size=32)
-    check_supported(
+    backend.check_supported(
         RunConfig(
             backend="keras",
             strategy="distribution",
@@ -232,11 +180,10 @@ def test_what_each_strategy_refuses_and_why():
     )
 
 
-def test_environment_records_the_framework_under_keras_and_the_levers():
-    from backends.keras import environment
+def test_environment_records_the_framework_under_keras_and_the_levers(backend):
     from common.config import RunConfig
 
-    ddp = environment(
+    ddp = backend.environment(
         RunConfig(
             backend="keras", strategy="ddp", devices=2, precision="bf16", channels_last=True
         ).validate()
@@ -246,7 +193,7 @@ def test_environment_records_the_framework_under_keras_and_the_levers():
         ddp["precision"]["dtype_policy"] == "mixed_bfloat16" and "autocast" not in ddp["precision"]
     )
     assert ddp["details"]["data_format"] == "channels_last" and "gloo" in ddp["collective"]
-    dist = environment(
+    dist = backend.environment(
         RunConfig(backend="keras", strategy="distribution", devices=2, compile=True).validate()
     )
     assert dist["libraries"]["keras_backend"] == "jax" and dist["processes"] == 1
@@ -256,21 +203,7 @@ def test_environment_records_the_framework_under_keras_and_the_levers():
     )
 
 
-# ------------------------------------------------------------------ the worker end to end
-
-
-def test_worker_trains_and_writes_a_complete_result(tmp_path, strategy):
-    rc, r = run_backend_worker(tmp_path, strategy=strategy, timed_steps=3)
-    assert rc == 0 and r["status"] == "ok", r["error"]
-    assert r["params"] == 129_068 and [e["epoch"] for e in r["epochs"]] == [1, 2]
-    assert all(e["steps"] == 4 and e["images"] == 64 for e in r["epochs"])
-    assert r["epochs"][1]["train_loss"] < r["epochs"][0]["train_loss"]
-    env = r["environment"]
-    assert env["framework"] == "keras" and env["libraries"]["keras_backend"] == {
-        "ddp": "torch"
-    }.get(strategy, "jax")
-    assert len(env["devices"]) == 2
-    assert r["step_time"]["steps"] == 3 and r["allreduce"]["values"] == r["params"]
+# ------------------------------------------------------------------ the worker with the levers
 
 
 def test_worker_runs_with_the_levers(tmp_path, strategy):

@@ -1,18 +1,17 @@
-"""MXNet-only behaviour: scratch and gluon agree on several devices, hybridize and the kvstore
-type change no numbers, BatchNorm statistics are averaged before evaluation and follow torch's
-running-statistics rule in every layer, gradients() are the ones a step applies, --bn sync is
-refused on several CPU contexts (with why), the worker end to end (--bn, --save-weights /
---load-weights), and a GPU request on a host without an MXNet GPU build is reported as unavailable.
-The speed levers: a staged (--resident-data) step is the numpy step, --compile hybridizes, bf16 /
-tf32 / --channels-last are refused; the allreduce figure's reduction really sums, on both strategies
-and kvstore types.
+"""MXNet-only behaviour: hybridize and the kvstore type change no numbers, BatchNorm statistics are
+averaged before evaluation and follow torch's running-statistics rule in every layer, gradients() are the
+ones a step applies, --bn sync is refused on several CPU contexts (with why), the worker (--bn,
+--save-weights / --load-weights, --resident-data, --threads), a GPU request on a host without an MXNet
+GPU build is reported as unavailable, and two nodes refuse a kvstore of one process. The speed levers:
+batches are split_and_load-ed ahead (put, stage), --compile hybridizes, bf16 / tf32 / --channels-last
+are refused; the allreduce figure's reduction really sums, on both strategies and kvstore types. What
+every backend does is proven in test_contract.py.
 
 Identities of math are proven in float64 (dtype="float64", numerics.IDENTICAL); the one float32-only
 path (the stock SGD kernel gluon's Trainer runs in float32) gets a tolerance measured in its test."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -42,47 +41,37 @@ def batches(n_steps, size=12):
     return out
 
 
-def steps(strategy, k=2, n_steps=3, model="lenet", lr=0.5, dtype="float64", size=12, **options):
-    from backends.mxnet import initial_weights, train_steps
-
-    weights = initial_weights(model, 0)
+def steps(
+    backend, strategy, k=2, n_steps=3, model="lenet", lr=0.5, dtype="float64", size=12, **options
+):
+    weights = backend.initial_weights(model, 0)
     probe = Probe(strategy, model, k, dtype=dtype, options=options)
-    return weights, train_steps(probe, weights, batches(n_steps, size), lr)
-
-
-def test_scratch_and_gluon_agree_after_three_steps_on_two_devices():
-    start, scratch = steps("scratch")
-    _, gluon = steps("gluon")
-    assert max_abs_diff(scratch, start) > 1e-3
-    assert relative(gluon, scratch) <= IDENTICAL
+    return weights, backend.train_steps(probe, weights, batches(n_steps, size), lr)
 
 
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
-def test_hybridized_and_imperative_take_the_same_step(name):
-    start, hybrid = steps(name, hybridize="on")
-    _, imperative = steps(name, hybridize="off")
+def test_hybridized_and_imperative_take_the_same_step(backend, name):
+    start, hybrid = steps(backend, name, hybridize="on")
+    _, imperative = steps(backend, name, hybridize="off")
     assert max_abs_diff(hybrid, start) > 1e-3
     assert relative(imperative, hybrid) <= IDENTICAL
 
 
-def test_both_kvstore_types_take_the_same_step():
-    start, device = steps("gluon", kvstore="device")
-    _, local = steps("gluon", kvstore="local")
+def test_both_kvstore_types_take_the_same_step(backend):
+    start, device = steps(backend, "gluon", kvstore="device")
+    _, local = steps(backend, "gluon", kvstore="local")
     assert max_abs_diff(device, start) > 1e-3
     assert relative(local, device) <= IDENTICAL
 
 
-def gradients(strategy, k=2, model="lenet", dtype="float64", **options):
-    from backends.mxnet import gradients as gradients_of
-    from backends.mxnet import initial_weights
-
+def gradients(backend, strategy, k=2, model="lenet", dtype="float64", **options):
     probe = Probe(strategy, model, k, dtype=dtype, options=options)
-    return gradients_of(probe, initial_weights(model, 0), *batches(1)[0])
+    return backend.gradients(probe, backend.initial_weights(model, 0), *batches(1)[0])
 
 
-def test_both_kvstore_types_give_the_same_gradients():
-    _, device = gradients("gluon", kvstore="device")
-    _, local = gradients("gluon", kvstore="local")
+def test_both_kvstore_types_give_the_same_gradients(backend):
+    _, device = gradients(backend, "gluon", kvstore="device")
+    _, local = gradients(backend, "gluon", kvstore="local")
     assert scale(device) > 1e-3
     assert relative(local, device) <= IDENTICAL
 
@@ -93,25 +82,25 @@ def manual_sgd_step(start: dict, grads: dict, lr: float) -> dict:
 
 
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
-def test_a_step_applies_exactly_the_returned_gradients(name):
+def test_a_step_applies_exactly_the_returned_gradients(backend, name):
     """LeNet has no running statistics: after one step, w1 = w0 - lr * gradients(w0), in float64.
     lr 0.1 and 1 / 12 are not float32 numbers, so an update whose step size went through float32
     (MXNet's stock sgd kernel, 1.4e-8 off here) fails this."""
-    start, stepped = steps(name, n_steps=1, lr=0.1)
-    _, grads = gradients(name)
+    start, stepped = steps(backend, name, n_steps=1, lr=0.1)
+    _, grads = gradients(backend, name)
     assert max_abs_diff(stepped, start) > 1e-3
     assert relative(stepped, manual_sgd_step(start, grads, 0.1)) <= IDENTICAL
 
 
 @pytest.mark.rounding
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
-def test_a_float32_step_applies_the_returned_gradients(name):
+def test_a_float32_step_applies_the_returned_gradients(backend, name):
     """The same in float32, where gluon's Trainer runs MXNet's own sgd kernel: within 3x the distance
     of each side from its float64 self."""
-    start, stepped32 = steps(name, n_steps=1, lr=0.1, dtype="float32")
-    _, stepped64 = steps(name, n_steps=1, lr=0.1)
-    _, grads32 = gradients(name, dtype="float32")
-    _, grads64 = gradients(name)
+    start, stepped32 = steps(backend, name, n_steps=1, lr=0.1, dtype="float32")
+    _, stepped64 = steps(backend, name, n_steps=1, lr=0.1)
+    _, grads32 = gradients(backend, name, dtype="float32")
+    _, grads64 = gradients(backend, name)
     manual32, manual64 = manual_sgd_step(start, grads32, 0.1), manual_sgd_step(start, grads64, 0.1)
     assert max_abs_diff(stepped32, start) > 1e-3
     assert max_abs_diff(stepped32, manual32) <= float32_tolerance(
@@ -119,43 +108,49 @@ def test_a_float32_step_applies_the_returned_gradients(name):
     )
 
 
-def test_dtype_is_checked():
+def test_dtype_is_checked(backend):
     """An unknown dtype is an error; float64 runs the plain step (and staged batches), not --compile."""
-    from backends.mxnet import gradients as gradients_of
-    from backends.mxnet import initial_weights
     from common.errors import Unsupported
 
-    w, (x, y) = initial_weights("lenet", 0), batches(1)[0]
+    w, (x, y) = backend.initial_weights("lenet", 0), batches(1)[0]
     with pytest.raises(ValueError, match="unknown dtype"):
-        gradients_of(Probe("scratch", "lenet", 1, dtype="float16"), w, x, y)
+        backend.gradients(Probe("scratch", "lenet", 1, dtype="float16"), w, x, y)
     with pytest.raises(Unsupported, match="compile"):
-        gradients_of(Probe("gluon", "lenet", 1, dtype="float64", levers={"compile": True}), w, x, y)
-    _, grads = gradients_of(
+        backend.gradients(
+            Probe("gluon", "lenet", 1, dtype="float64", levers={"compile": True}), w, x, y
+        )
+    _, grads = backend.gradients(
         Probe("gluon", "lenet", 1, dtype="float64", levers={"resident_data": True}), w, x, y
     )
     assert {g.dtype for g in grads.values()} == {np.dtype(np.float64)}
 
 
 def make_trainer(
-    strategy, model, k, weights, batch_size, lr, dtype="float32", options=None, **levers
+    backend, strategy, model, k, weights, batch_size, lr, dtype="float32", options=None, **levers
 ):
-    """strategies.make_trainer on the run config of an equivalence call (common.backend.Probe.config)."""
-    from backends.mxnet.strategies import make_trainer as make
+    """The trainer of an equivalence call's run config (common.backend.Probe.config), checked as the call
+    checks it."""
+    cfg = Probe(strategy, model, k, options=options or {}, levers=levers).config(
+        "mxnet", batch_size, lr
+    )
+    backend.check_supported(cfg, dtype)
+    return backend.make_trainer(cfg, weights, dtype)
 
-    probe = Probe(strategy, model, k, options=options or {}, levers=levers)
-    return make(probe.config("mxnet", batch_size, lr), weights, dtype)
+
+def resnet_trainer(backend, strategy, batch_size):
+    """A float64 ResNet-18 trainer on 2 devices."""
+    weights = backend.initial_weights("resnet18", 0)
+    return make_trainer(backend, strategy, "resnet18", 2, weights, batch_size, 0.1, "float64")
 
 
-def test_canonical_running_statistics_are_the_mean_over_devices():
+def test_canonical_running_statistics_are_the_mean_over_devices(backend):
     """canonical() (what --save-weights writes) averages the per-device running statistics, as
     evaluation does, without an evaluation first; for the first BatchNorm, whose input is the same
     on 1 and 2 devices, the mean of the shards' means is the batch mean: the 1-device value."""
-    from backends.mxnet import initial_weights, models
+    from backends.mxnet import models
 
     x, y = batches(1, size=4)[0]
-    trainer = make_trainer(
-        "gluon", "resnet18", 2, initial_weights("resnet18", 0), len(y), lr=0.1, dtype="float64"
-    )
+    trainer = resnet_trainer(backend, "gluon", len(y))
     trainer.step(x, y)
     per_device = [
         a.asnumpy() for a in models.canonical_params(trainer.module)["bn.running_mean"].list_data()
@@ -163,27 +158,23 @@ def test_canonical_running_statistics_are_the_mean_over_devices():
     assert np.max(np.abs(per_device[0] - per_device[1])) > 1e-6  # each device saw its own shard
     two = trainer.canonical()["bn.running_mean"]
     assert relative({"m": two}, {"m": (per_device[0] + per_device[1]) / 2}) <= IDENTICAL
-    _, one = steps("gluon", k=1, n_steps=1, model="resnet18", lr=0.1, size=4)
+    _, one = steps(backend, "gluon", k=1, n_steps=1, model="resnet18", lr=0.1, size=4)
     assert relative({"m": two}, {"m": one["bn.running_mean"]}) <= IDENTICAL
 
 
-def test_sync_batchnorm_is_refused_on_several_cpu_contexts_with_the_reason():
-    from backends.mxnet import initial_weights, train_steps
+@pytest.mark.parametrize(
+    "name, reason",
+    [
+        ("gluon", "deadlocks on several CPU contexts"),  # SyncBatchNorm, in mxnet 1.9.1
+        ("scratch", "separate network per context"),
+    ],
+)
+def test_sync_batchnorm_is_refused_with_the_reason(backend, name, reason):
     from common.errors import Unsupported
 
-    with pytest.raises(Unsupported, match="deadlocks on several CPU contexts"):
-        train_steps(
-            Probe("gluon", "lenet", 2, bn="sync"), initial_weights("lenet", 0), batches(1), 0.1
-        )
-
-
-def test_scratch_refuses_sync_batchnorm():
-    from backends.mxnet import initial_weights, train_steps
-    from common.errors import Unsupported
-
-    with pytest.raises(Unsupported, match="separate network per context"):
-        train_steps(
-            Probe("scratch", "lenet", 2, bn="sync"), initial_weights("lenet", 0), batches(1), 0.1
+    with pytest.raises(Unsupported, match=reason):
+        backend.train_steps(
+            Probe(name, "lenet", 2, bn="sync"), backend.initial_weights("lenet", 0), batches(1), 0.1
         )
 
 
@@ -198,13 +189,9 @@ def statistics_per_device(trainer) -> list[list[np.ndarray]]:
 
 
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
-def test_batchnorm_statistics_are_averaged_across_devices_before_evaluation(name):
-    from backends.mxnet import initial_weights
-
+def test_batchnorm_statistics_are_averaged_across_devices_before_evaluation(backend, name):
     x, y = batches(1, size=4)[0]
-    trainer = make_trainer(
-        name, "resnet18", 2, initial_weights("resnet18", 0), len(y), lr=0.1, dtype="float64"
-    )
+    trainer = resnet_trainer(backend, name, len(y))
     trainer.step(x, y)
     before = statistics_per_device(trainer)
     assert (
@@ -270,17 +257,16 @@ def expected_running_statistics(
 @pytest.mark.parametrize("hybridize", ["on", "off"])
 @pytest.mark.parametrize("k", [1, 2])
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
-def test_running_statistics_after_one_step_are_torchs(name, k, hybridize):
+def test_running_statistics_after_one_step_are_torchs(backend, name, k, hybridize):
     """Every BatchNorm layer's running mean and variance after one ResNet-18 step (2 images per device)
     follow torch's rule with the unbiased variance over the layer's own N*H*W (1568 values per channel
     in the stem, 32 in the last stage), averaged over the devices; float64, against numpy on each
     layer's input. MXNet's own (biased) update is 9e-4 (relative) away in the last stage."""
-    from backends.mxnet import initial_weights, train_steps
 
-    weights = initial_weights("resnet18", 0)
+    weights = backend.initial_weights("resnet18", 0)
     x, y = batches(1, size=2 * k)[0]
     probe = Probe(name, "resnet18", k, dtype="float64", options={"hybridize": hybridize})
-    got = train_steps(probe, weights, [(x, y)], 0.1)
+    got = backend.train_steps(probe, weights, [(x, y)], 0.1)
     per_shard = [batchnorm_inputs(weights, part) for part in np.split(x, k)]
     unbiased = expected_running_statistics(weights, per_shard, ddof=1)
     biased = expected_running_statistics(weights, per_shard, ddof=0)
@@ -294,14 +280,13 @@ def test_running_statistics_after_one_step_are_torchs(name, k, hybridize):
 REDUCTIONS = [("scratch", {}), ("gluon", {"kvstore": "device"}), ("gluon", {"kvstore": "local"})]
 
 
-def lenet_trainer(strategy, k=2, batch_size=12, options=None, **levers):
-    from backends.mxnet import initial_weights
-
+def lenet_trainer(backend, strategy, k=2, batch_size=12, options=None, **levers):
     return make_trainer(
+        backend,
         strategy,
         "lenet",
         k,
-        initial_weights("lenet", 0),
+        backend.initial_weights("lenet", 0),
         batch_size,
         lr=0.5,
         options=options,
@@ -310,16 +295,9 @@ def lenet_trainer(strategy, k=2, batch_size=12, options=None, **levers):
 
 
 @pytest.mark.parametrize("name,options", REDUCTIONS)
-def test_allreduce_seconds_gives_one_time_per_repeat(name, options):
-    seconds = lenet_trainer(name, options=options).allreduce_seconds(1000, 4)
-    assert len(seconds) == 4
-    assert all(isinstance(s, float) and 0 < s < 60 for s in seconds)
-
-
-@pytest.mark.parametrize("name,options", REDUCTIONS)
-def test_the_timed_allreduce_sums_over_the_contexts(name, options):
+def test_the_timed_allreduce_sums_over_the_contexts(backend, name, options):
     """The reduction allreduce_seconds times leaves the sum of the contexts' buffers on every context."""
-    trainer = lenet_trainer(name, k=3, options=options)
+    trainer = lenet_trainer(backend, name, k=3, options=options)
     reduce = trainer.allreduce_op(7)
     buffers = reduce.buffers
     assert [b.shape for b in buffers] == [(7,)] * 3 and all(b.dtype == np.float32 for b in buffers)
@@ -332,29 +310,6 @@ def test_the_timed_allreduce_sums_over_the_contexts(name, options):
         np.testing.assert_array_equal(b.asnumpy(), np.arange(7, dtype=np.float32) * 6 + 3)
 
 
-@pytest.mark.parametrize("name", ["scratch", "gluon"])
-def test_a_staged_step_is_the_numpy_step(name):
-    """--resident-data: batches split_and_load-ed ahead give the numpy batches' steps, loss and count
-    (float64: staging keeps the trainer's dtype)."""
-    from backends.mxnet.parallel import Shards
-
-    data = batches(2)
-    numpy_trainer, staged_trainer = (
-        lenet_trainer(name, dtype="float64"),
-        lenet_trainer(name, dtype="float64"),
-    )
-    staged = staged_trainer.stage(data)
-    assert len(staged) == 2
-    for x, y in staged:
-        assert isinstance(x, Shards) and isinstance(y, Shards) and y.examples == 12
-        assert [s.context for s in x] == [s.context for s in y] == staged_trainer.devs
-    expected = [numpy_trainer.step(x, y) for x, y in data]
-    got = [staged_trainer.step(x, y) for x, y in staged]
-    assert numpy_trainer.collect(expected) == staged_trainer.collect(got)
-    assert max_abs_diff(numpy_trainer.canonical(), lenet_trainer(name).canonical()) > 1e-3
-    assert relative(staged_trainer.canonical(), numpy_trainer.canonical()) <= IDENTICAL
-
-
 @pytest.mark.parametrize(
     "levers,flag",
     [
@@ -363,14 +318,14 @@ def test_a_staged_step_is_the_numpy_step(name):
         ({"channels_last": True}, "--channels-last"),
     ],
 )
-def test_refused_levers_are_unsupported_with_the_declared_reason(meta, levers, flag):
+def test_refused_levers_are_unsupported_with_the_declared_reason(backend, meta, levers, flag):
     """The declared reason; tf32 on these CPU contexts meets the common rule first (common/levers.py)."""
     from common.errors import Unsupported
     from common.levers import TF32_ON_CPU
 
     lever = next(iter(levers))
     with pytest.raises(Unsupported) as refused:
-        lenet_trainer("gluon", **levers)
+        lenet_trainer(backend, "gluon", **levers)
     expected = (
         TF32_ON_CPU if levers == {"precision": "tf32"} else f"{flag}: {meta.levers[lever].refused}"
     )
@@ -379,11 +334,11 @@ def test_refused_levers_are_unsupported_with_the_declared_reason(meta, levers, f
 
 
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
-def test_compile_hybridizes_even_with_hybridize_off(name):
+def test_compile_hybridizes_even_with_hybridize_off(backend, name):
     from backends.mxnet.environment import environment
 
-    compiled = lenet_trainer(name, options={"hybridize": "off"}, compile=True)
-    imperative = lenet_trainer(name, options={"hybridize": "off"})
+    compiled = lenet_trainer(backend, name, options={"hybridize": "off"}, compile=True)
+    imperative = lenet_trainer(backend, name, options={"hybridize": "off"})
     assert compiled.module._active is True and imperative.module._active is False
     assert all(net._active for net in getattr(compiled, "replicas", [compiled.module]))
     assert environment(compiled.cfg)["details"]["hybridize"] is True
@@ -394,40 +349,8 @@ def test_compile_hybridizes_even_with_hybridize_off(name):
 
 
 def run_worker(tmp_path, **overrides) -> tuple[int, dict]:
-    """The worker as the harness starts it: a run's --threads also in the environment (THREADS_ENV)."""
-    from common.worker import THREADS_ENV
-
     options = {"kvstore": "device", "hybridize": "on"}
-    with pytest.MonkeyPatch.context() as patch:
-        if overrides.get("threads"):
-            patch.setenv(THREADS_ENV, str(overrides["threads"]))
-        return run_backend_worker(
-            tmp_path, **{"strategy": "gluon", "options": options, **overrides}
-        )
-
-
-@pytest.mark.parametrize("name", ["scratch", "gluon"])
-def test_worker_trains_and_writes_a_complete_result(tmp_path, name):
-    rc, r = run_worker(tmp_path, strategy=name, threads=1)
-    assert rc == 0 and r["status"] == "ok", r["error"]
-    from common.results import SCHEMA_VERSION
-
-    assert r["schema_version"] == SCHEMA_VERSION and r["params"] == 129_068
-    assert [e["epoch"] for e in r["epochs"]] == [1, 2]
-    assert all(e["steps"] == 4 and e["images"] == 64 for e in r["epochs"])
-    assert r["epochs"][1]["train_loss"] < r["epochs"][0]["train_loss"]
-    assert all(0.0 <= e["test_acc"] <= 1.0 for e in r["epochs"])
-    env = r["environment"]
-    assert env["framework"] == "mxnet" and env["framework_version"] == "1.9.1"
-    assert len(env["devices"]) == 2 and env["processes"] == 1 and env["threads_per_process"] == 1
-    assert env["details"]["hybridize"] is True
-    assert env["details"]["kvstore"] == ("device" if name == "gluon" else None)
-    assert len(r["weights_hash"]) == 64 and len(r["data_hash"]) == 64
-    assert r["compile_s"] > 0
-    assert env["compile"] is None and env["levers"]["compile"] is False
-    assert env["levers"]["resident_data"] is False and env["levers"]["channels_last"] is False
-    assert r["step_time"]["steps"] == 20  # the default --timed-steps
-    assert r["allreduce"]["values"] == r["params"] and r["allreduce"]["repeats"] == 10
+    return run_backend_worker(tmp_path, **{"strategy": "gluon", "options": options, **overrides})
 
 
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
@@ -492,17 +415,16 @@ def test_gpu_request_is_unavailable_without_an_mxnet_gpu_build(tmp_path):
     assert r["environment"]["framework"] == "mxnet"
 
 
-def test_train_steps_refuses_gpus_it_cannot_use():
-    from backends.mxnet import initial_weights, train_steps
+def test_train_steps_refuses_gpus_it_cannot_use(backend):
     from backends.mxnet.environment import visible_gpus
     from common.errors import Unsupported
 
     if visible_gpus():
         pytest.skip("this MXNet build sees GPUs")
     with pytest.raises(Unsupported, match="GPU"):
-        train_steps(
+        backend.train_steps(
             Probe("gluon", "lenet", 1, device_kind="gpu"),
-            initial_weights("lenet", 0),
+            backend.initial_weights("lenet", 0),
             batches(1),
             0.1,
         )
@@ -540,47 +462,35 @@ def test_numpy_aliases_mxnet_uses_are_there():
 # ------------------------------------------------------------------ prefetch; GPU only
 
 
-def trace_with(strategy, **levers):
-    from backends.mxnet import initial_weights, train_trace
-
-    weights = initial_weights("lenet", 0)
-    return weights, train_trace(
-        Probe(strategy, "lenet", 2, dtype="float64", levers=levers), weights, batches(3), 0.5
-    )
-
-
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
-def test_prefetched_batches_take_the_same_steps_bit_for_bit(name):
-    """--prefetch puts each batch onto the contexts ahead of its step (trainer.put); the steps and their losses
-    are the numpy batches', to the last bit (float64)."""
-    start, plain = trace_with(name, prefetch=0)
-    _, ahead = trace_with(name, prefetch=2)
-    assert max_abs_diff(plain["final"], start) > 1e-3
-    assert all(np.array_equal(ahead["final"][k], plain["final"][k]) for k in plain["final"])
-    assert ahead["losses"] == plain["losses"]
-
-
-def test_put_splits_the_batch_onto_the_contexts():
+def test_put_and_stage_split_the_batch_onto_the_contexts(backend, name):
+    """put() (--prefetch) and stage() (--resident-data) split_and_load a batch onto the contexts as its step
+    takes it, in the trainer's dtype. (That such batches take the numpy batches' steps: test_contract.)"""
     from backends.mxnet.parallel import Shards
 
-    trainer = lenet_trainer("gluon")
+    trainer = lenet_trainer(backend, name, dtype="float64")
     ((x, y),) = batches(1)
     px, py = trainer.put(x, y)
     assert isinstance(px, Shards) and py.examples == 12 and [s.context for s in px] == trainer.devs
     np.testing.assert_array_equal(np.concatenate([s.asnumpy() for s in px]), x)
+    staged = trainer.stage(batches(2))
+    assert len(staged) == 2
+    for sx, sy in staged:
+        assert isinstance(sx, Shards) and isinstance(sy, Shards) and sy.examples == 12
+        assert [s.context for s in sx] == [s.context for s in sy] == trainer.devs
+        assert {s.dtype for s in sx} == {np.float64}
 
 
-def test_fp32_keeps_tf32_off_in_the_cuda_libraries():
+def test_fp32_keeps_tf32_off_in_the_cuda_libraries(backend):
     import os
 
-    from backends.mxnet import environment
     from common.config import RunConfig
 
     assert os.environ["NVIDIA_TF32_OVERRIDE"] == "0"
     cfg = RunConfig(
         backend="mxnet", strategy="gluon", devices=2, model="lenet", batch_size=8
     ).validate()
-    env = environment(cfg)
+    env = backend.environment(cfg)
     assert env["precision"]["NVIDIA_TF32_OVERRIDE"] == "0"
     assert (
         env["input_copies"]
@@ -601,15 +511,13 @@ needs_gpu = pytest.mark.skipif(mxnet_gpus() == 0, reason="needs an MXNet GPU bui
 
 @needs_gpu
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
-def test_gpu_steps_from_pinned_memory_are_the_cpu_steps(name):
-    from backends.mxnet import initial_weights, train_steps
-
-    weights = initial_weights("lenet", 0)
+def test_gpu_steps_from_pinned_memory_are_the_cpu_steps(backend, name):
+    weights = backend.initial_weights("lenet", 0)
     k = min(2, mxnet_gpus())
-    on_gpu = train_steps(
+    on_gpu = backend.train_steps(
         Probe(name, "lenet", k, device_kind="gpu", dtype="float64"), weights, batches(2), 0.5
     )
-    on_cpu = train_steps(Probe(name, "lenet", k, dtype="float64"), weights, batches(2), 0.5)
+    on_cpu = backend.train_steps(Probe(name, "lenet", k, dtype="float64"), weights, batches(2), 0.5)
     assert relative(on_gpu, on_cpu) <= IDENTICAL
 
 
@@ -618,151 +526,36 @@ def test_gpu_steps_from_pinned_memory_are_the_cpu_steps(name):
 # a server; backends/mxnet/distributed.py). Nodes here are loopback processes (tests/backends/nodes.py).
 
 
-def node_job(tmp_path, strategy, weights, data) -> dict:
-    from tests.backends.nodes import write_check_inputs
-
-    return {
-        "models": ["lenet"],
-        "strategies": [strategy],
-        "devices": [2],
-        "bn": ["local"],
-        "lr": 0.1,
-        "device_kind": "cpu",
-        "float64": False,
-        **write_check_inputs(tmp_path, "lenet", weights, data),
-    }
-
-
-def probe(strategy, k, weights, data, dtype) -> dict:
-    """What a check job stores for one configuration (common/measurements.py's keys), in this process."""
-    from backends.mxnet import gradients, train_trace
-
-    loss, grads = gradients(Probe(strategy, "lenet", k, dtype=dtype), weights, *data[0])
-    trace = train_trace(Probe(strategy, "lenet", k, dtype=dtype), weights, data, 0.1)
-    return {
-        "loss": np.float64(loss),
-        "losses": np.asarray(trace["losses"]),
-        **{f"grad|{n}": g for n, g in grads.items()},
-        **{f"first|{n}": v for n, v in trace["first"].items()},
-        **{f"final|{n}": v for n, v in trace["final"].items()},
-    }
-
-
-def stored(arrays: dict, strategy: str, dtype: str) -> dict:
-    prefix = f"lenet|{strategy}{':float64' if dtype == 'float64' else ''}|2|local|"
-    return {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
-
-
-@pytest.mark.rounding
-def test_gluon_on_two_nodes_is_the_one_process_step(tmp_path):
-    """2 nodes x 1 device (dist_sync) against 1 process x 2 devices and 1 device with the whole batch: loss,
-    gradients, the weights after the first and last step, every step's loss; every node stores the same.
-    mxnet's dist kvstore carries float32 only (strategies.DIST_FLOAT64), so the 2-node run is float32 and its
-    float64 run is refused: it is held to the in-process float64 runs (proven IDENTICAL to each other) within
-    the float32 tolerance measured from the in-process (float32, float64) pair."""
-    from backends.mxnet import initial_weights
-    from tests.backends.nodes import measure_on_nodes
-
-    weights, data = initial_weights("lenet", 0), batches(3, size=8)
-    nodes = measure_on_nodes(
-        "mxnet", node_job(tmp_path, "gluon", weights, data), 2, tmp_path, timeout=240
-    )
-    two_nodes = stored(nodes[0], "gluon", "float32")
-    assert two_nodes and not stored(
-        nodes[0], "gluon", "float64"
-    )  # float64 refused, with the reason
-    for other in nodes[1:]:
-        assert max_abs_diff(stored(other, "gluon", "float32"), two_nodes) == 0
-    one_process = {
-        dtype: probe("gluon", 2, weights, data, dtype) for dtype in ("float32", "float64")
-    }
-    one_device = probe("gluon", 1, weights, data, "float64")
-    assert two_nodes.keys() == one_device.keys()
-    assert max_abs_diff({n: two_nodes[f"final|{n}"] for n in weights}, weights) > 1e-4  # it trained
-    assert relative(one_process["float64"], one_device) <= IDENTICAL
-    tolerance = float32_tolerance((one_process["float32"], one_process["float64"]))
-    assert max_abs_diff(two_nodes, one_process["float64"]) <= tolerance
-    assert max_abs_diff(two_nodes, one_process["float32"]) <= tolerance
-
-
 # Node 0 of 2, its coordinator never asked: the refusals come before any engine starts.
 NODE_0_OF_2 = {"nodes": 2, "node_rank": 0, "coordinator": "127.0.0.1:1"}
 
 
-def test_float64_on_two_nodes_is_refused_as_the_kvstore_rounds_it():
-    from backends.mxnet import gradients, initial_weights
+def test_float64_on_two_nodes_is_refused_as_the_kvstore_rounds_it(backend):
     from common.errors import Unsupported
 
     x, y = batches(1, size=8)[0]
     with pytest.raises(Unsupported, match="carries float32 only"):
-        gradients(
+        backend.gradients(
             Probe("gluon", "lenet", 2, dtype="float64", levers=NODE_0_OF_2),
-            initial_weights("lenet", 0),
+            backend.initial_weights("lenet", 0),
             x,
             y,
         )
 
 
-def node_run(tmp_path, rank, coordinator, **overrides) -> dict:
-    cfg = {
-        "backend": "mxnet",
-        "strategy": "gluon",
-        "devices": 2,
-        "model": "lenet",
-        "epochs": 1,
-        "batch_size": 16,
-        "lr": 0.1,
-        "train_size": 64,
-        "test_size": 40,
-        "eval_batch_size": 16,
-        "dataset": "synthetic",
-        "timed_steps": 2,
-        "nodes": 2,
-        "node_rank": rank,
-        "coordinator": coordinator,
-        "timeout": 120,
-        **overrides,
-    }
-    return cfg
-
-
-def test_a_node_without_its_coordinator_fails_naming_the_address(tmp_path):
-    from tests.backends.nodes import finish, refused_port, start_nodes
-
-    coordinator = f"127.0.0.1:{refused_port()}"
-    procs = start_nodes(
-        "mxnet", "--config", [node_run(tmp_path, 1, coordinator, timeout=6)], tmp_path, ".json"
-    )
-    # (start_nodes numbers its files from 0: this one node of rank 1 writes node0.json)
-    [(code, output)] = finish(procs, timeout=6 + 60)
-    result = json.loads((tmp_path / "node0.json").read_text())
-    assert code != 0 and result["status"] == "failed", output[-2000:]
-    assert (
-        f"could not reach the coordinator (ps-lite scheduler) at {coordinator}" in result["error"]
-    )
-
-
-@pytest.mark.parametrize(
-    "overrides, reason",
-    [
-        (
-            {"strategy": "scratch"},
-            "--nodes 2 needs a strategy with a distributed engine",
-        ),
-        ({"strategy": "gluon", "options": {"kvstore": "device"}}, "needs kvstore 'dist_sync'"),
-    ],
-)
-def test_two_nodes_are_refused_without_the_engine(tmp_path, overrides, reason):
-    from backends.mxnet import gradients, initial_weights
+def test_gluon_on_two_nodes_refuses_a_kvstore_of_one_process(backend, tmp_path):
+    """Two nodes need the dist_sync kvstore: gluon with --option kvstore=device is refused, by a probe and by the
+    worker, before any engine starts."""
     from common.errors import Unsupported
 
+    reason = "needs kvstore 'dist_sync'"
     x, y = batches(1, size=8)[0]
     with pytest.raises(Unsupported, match=reason):
-        probe = Probe(
-            overrides["strategy"], "lenet", 2, options=overrides.get("options"), levers=NODE_0_OF_2
-        )
-        gradients(probe, initial_weights("lenet", 0), x, y)
-    rc, r = run_backend_worker(tmp_path, **overrides, nodes=2, coordinator="127.0.0.1:1")
+        probe = Probe("gluon", "lenet", 2, options={"kvstore": "device"}, levers=NODE_0_OF_2)
+        backend.gradients(probe, backend.initial_weights("lenet", 0), x, y)
+    rc, r = run_backend_worker(
+        tmp_path, strategy="gluon", options={"kvstore": "device"}, **NODE_0_OF_2
+    )
     assert rc != 0 and r["status"] == "unavailable" and reason in r["error"]
 
 

@@ -1,20 +1,23 @@
-"""common/backend.py, the entry points written once, without a framework: its refusals in their order, the
-engine's session, and a probe's run config."""
+"""common/backend.py, what every backend does the same way, without a framework: its refusals in their order,
+the engine's session, a probe's run config, and where runs and probes are launched."""
 
 from __future__ import annotations
 
+import pickle
 import types
 
 import numpy as np
 import pytest
 
-from common.backend import ENTRY_POINTS, Backend, Probe, check_supported
+from common import backend as backendlib
+from common.backend import Backend, Probe, check_supported
 from common.config import RunConfig
 from common.errors import Unsupported
 
 
 class Engine:
-    """A distributed.py that records its joins and leaves."""
+    """A distributed.py that records its joins, leaves and launches; a launch answers with what it was asked to
+    run instead of running it."""
 
     def __init__(self):
         self.calls = []
@@ -25,30 +28,45 @@ class Engine:
     def leave(self, clean=True):
         self.calls.append(("leave", clean))
 
+    def launch(self, cfg, job, payload=None):
+        self.calls.append(("launch", job.__name__))
+        if payload is None:
+            return {"trained": cfg.strategy}
+        _, _, probe, dtype = payload
+        return probe, dtype
+
 
 def backend_with(engine, refusal=lambda cfg, dtype: None) -> Backend:
-    strategies = types.SimpleNamespace(
-        train=lambda cfg: {"trained": cfg.strategy},
-        REFERENCE="scratch",
-        measure=lambda cfg, weights, batches, probe, dtype: (probe, dtype),
-    )
-    return Backend("torch", types.SimpleNamespace(), strategies, engine, refusal)
+    strategies = types.SimpleNamespace(TRAINERS={}, REFERENCE="scratch")
+    environment = types.SimpleNamespace(environment=lambda cfg: {}, refusal=refusal)
+    nothing = types.SimpleNamespace()
+    return Backend("torch", nothing, nothing, strategies, environment, engine)
 
 
 def config(**kw) -> RunConfig:
     return RunConfig(**{"backend": "torch", "strategy": "ddp", "devices": 2, **kw}).validate()
 
 
+NODE_0_OF_2 = {"nodes": 2, "node_rank": 0, "coordinator": "127.0.0.1:1"}
+X, Y = np.zeros((4, 1, 28, 28), np.float32), np.zeros(4, np.int32)
+
+
 def test_a_session_joins_once_and_leaves_once_when_the_outermost_ends():
+    """The check worker holds a session around its job: a probe's own session inside it joins nothing again."""
     engine = Engine()
     backend = backend_with(engine)
-    cfg = config(nodes=2, coordinator="127.0.0.1:1")
-    with backend.session(cfg):
-        assert backend.run(cfg) == {
-            "trained": "ddp"
-        }  # run's own session, inside: nothing joins again
-        assert engine.calls == [("join", 2)]
-    assert engine.calls == [("join", 2), ("leave", True)]
+    probe = Probe("ddp", "lenet", 2, levers=NODE_0_OF_2)
+    with backend.session(probe.config("torch", len(Y), 0.1)):
+        assert backend.gradients(probe, {}, X, Y) == ("gradients", "float32")
+        assert engine.calls == [("join", 2), ("launch", "probe_job")]
+    assert engine.calls == [("join", 2), ("launch", "probe_job"), ("leave", True)]
+
+
+def test_a_run_is_launched_where_its_strategy_runs_inside_the_callers_session():
+    """train() neither checks nor joins: the worker has checked the run and holds its session."""
+    engine = Engine()
+    assert backend_with(engine).train(config()) == {"trained": "ddp"}
+    assert engine.calls == [("launch", "train_job")]
 
 
 def test_a_failed_session_leaves_without_waiting_for_its_peers():
@@ -59,11 +77,11 @@ def test_a_failed_session_leaves_without_waiting_for_its_peers():
     assert engine.calls == [("join", 1), ("leave", False)]
 
 
-def test_a_refused_run_joins_no_engine():
+def test_a_refused_probe_joins_no_engine():
     engine = Engine()
     backend = backend_with(engine)
     with pytest.raises(Unsupported, match="torch scratch runs in one process; --nodes 2 needs"):
-        backend.run(config(strategy="scratch", nodes=2, coordinator="127.0.0.1:1"))
+        backend.gradients(Probe("scratch", "lenet", 2, levers=NODE_0_OF_2), {}, X, Y)
     assert engine.calls == []
 
 
@@ -85,19 +103,20 @@ def test_refusals_come_in_order_backend_toml_then_the_float64_rule_then_the_back
 def test_a_probe_runs_its_config_inside_a_session_and_float64_gradients_use_the_reference_strategy():
     engine = Engine()
     backend = backend_with(engine)
-    x, y = np.zeros((4, 1, 28, 28), np.float32), np.zeros(4, np.int32)
-    (probe, dtype) = backend.gradients(Probe("ddp", "lenet", 2, dtype="float64"), {}, x, y)
+    (probe, dtype) = backend.gradients(Probe("ddp", "lenet", 2, dtype="float64"), {}, X, Y)
     assert (probe, dtype) == ("gradients", "float64") and engine.calls == [
         ("join", 1),
+        ("launch", "probe_job"),
         ("leave", True),
     ]
-    assert backend.float64_gradients("lenet", {}, x, y) == ("gradients", "float64")
+    assert backend.float64_gradients("lenet", {}, X, Y) == ("gradients", "float64")
 
 
-def test_the_entry_points_are_the_backends_bound_methods_and_nothing_else():
+def test_a_job_sent_to_a_strategys_processes_finds_its_backend_by_name(monkeypatch):
+    """A job is a bound method of the Backend; pickled for a strategy's processes, it carries the backend's
+    name, and they find backends.<name>.BACKEND (here a stand-in), not a copy of its modules."""
     backend = backend_with(Engine())
-    assert [backend.entry_point(name).__name__ for name in ENTRY_POINTS] == list(ENTRY_POINTS)
-    with pytest.raises(
-        AttributeError, match="module 'backends.torch' has no attribute 'strategies'"
-    ):
-        backend.entry_point("strategies")  # (a package's own names are its own, not the Backend's)
+    sent = pickle.dumps(backend.train_job)
+    monkeypatch.setattr(backendlib, "backend_named", {"torch": backend}.get)
+    job = pickle.loads(sent)
+    assert job.__self__ is backend and job.__func__ is Backend.train_job

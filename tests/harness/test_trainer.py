@@ -46,6 +46,17 @@ class LeastSquares(trainerlib.Trainer):
     def canonical_gradients(self):
         return {"w": self.g / self.size}
 
+    # (what a run needs beside the probes)
+
+    def allreduce_op(self, values):
+        return lambda: None
+
+    def evaluate(self, batches):
+        return 0, 0
+
+    def param_count(self):
+        return len(self.weights["w"])
+
 
 def make(resident_data=False, prefetch=2):
     cfg = RunConfig(
@@ -107,6 +118,16 @@ def test_the_base_step_is_reduce_then_update_and_slowest_is_itself():
     t.step(x, y)
     assert np.array_equal(t.w, by_hand(np.array([0.5, -1.0]), [(x, y)], 0.1)[1][0])
     assert t.slowest(1.5) == 1.5 and t.memory() == {} and t.n_devices == 1 and t.rank == 0
+
+
+def test_a_trainer_that_lacks_a_method_every_strategy_defines_cannot_be_made():
+    class NoEvaluation(LeastSquares):
+        evaluate = (
+            trainerlib.Trainer.evaluate
+        )  # the abstract one: as if LeastSquares had not defined it
+
+    with pytest.raises(TypeError, match="abstract method.*evaluate"):
+        NoEvaluation(make().cfg, {"w": np.zeros(2)})
 
 
 def test_a_probes_config_is_validated():
