@@ -10,6 +10,7 @@ float64_gradients). The worker is proven end to end here too, on every strategy.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import json
 import re
@@ -59,15 +60,20 @@ def test_the_package_builds_a_backend_of_modules_that_provide_what_it_needs(back
     """backends.<name>.BACKEND is a common.backend.Backend of that name, and each of its modules provides what
     common/backend.py's Protocol for it says."""
     assert isinstance(backend, backendlib.Backend) and backend.name == NAME
-    modules = {
-        backendlib.Models: backend.models,
-        backendlib.Parallel: backend.parallel,
-        backendlib.Strategies: backend.strategies,
-        backendlib.Environment: backend._environment,
-        backendlib.Distributed: backend.distributed,
+    protocols = {
+        "models": backendlib.Models,
+        "parallel": backendlib.Parallel,
+        "strategies": backendlib.Strategies,
+        "environment": backendlib.Environment,
+        "distributed": backendlib.Distributed,
     }
-    for protocol, module in modules.items():
+    for name, protocol in protocols.items():
+        module = importlib.import_module(f"backends.{NAME}.{name}")
         assert isinstance(module, protocol), f"{module.__name__} is no {protocol.__name__}"
+    assert (backend.models, backend.parallel, backend.strategies, backend.distributed) == tuple(
+        importlib.import_module(f"backends.{NAME}.{name}")
+        for name in ("models", "parallel", "strategies", "distributed")
+    )
 
 
 def test_every_strategy_is_a_trainer_with_the_glossarys_methods_in_its_order(backend, meta):
