@@ -34,7 +34,7 @@ def main() -> int:
     if args.python and not os.access(args.python, os.X_OK):
         p.error(f"--python {args.python} is not an executable file")
     from common import manifest
-    from harness import envs
+    from harness.processes import envs
 
     python = args.python or str(
         envs.ensure(

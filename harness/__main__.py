@@ -1,6 +1,6 @@
 import sys
 
-from harness.envs import bootstrap
+from harness.processes.envs import bootstrap
 
 bootstrap(
     sys.argv[1:]

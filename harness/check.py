@@ -26,7 +26,7 @@ from common.config import MODELS, ConfigError, check_model_input, default_datase
 from common.data import imagenet
 from common.manifest import Manifest
 from common.network import free_port
-from harness import arguments, envs
+from harness import arguments
 from harness.arguments import UsageError
 from harness.checking.equivalence import Measurements, Row, compare, compare_nodes, table
 from harness.nodes.nodes import parse_counts as parse_node_counts
@@ -40,7 +40,7 @@ from harness.planning.plan import (
     parse_pythons,
     select_strategies,
 )
-from harness.processes import disk, runner
+from harness.processes import disk, envs, runner
 
 
 class CheckError(Exception):

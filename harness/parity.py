@@ -25,11 +25,11 @@ from common import caches, sysinfo
 from common import weights as weightslib
 from common.config import RunConfig
 from common.results import Result
-from harness import arguments, compare, envs, run
+from harness import arguments, compare, run
 from harness.arguments import Parser, UsageError
 from harness.planning.plan import Devices, Plan, choose_devices, parse_gpus
 from harness.presets import PRESETS
-from harness.processes import runner
+from harness.processes import envs, runner
 from harness.reporting.tables import as_results
 
 LIMIT = 1.10  # the most a strategy's step may cost over its idiom's

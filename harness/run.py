@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 from common import manifest
-from harness import check, envs
+from harness import check
 from harness.arguments import UsageError
 from harness.planning.plan import Devices, Plan, build_plan, choose_devices
-from harness.processes import disk, interrupts, runner
+from harness.processes import disk, envs, interrupts, runner
 from harness.reporting import document, leftovers, provenance, tables
 
 

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common import manifest
-from harness import envs
 from harness.arguments import Parser, UsageError, backends_flags, python_flags
-from harness.envs import ROOT
 from harness.planning.plan import parse_backends, parse_pythons
+from harness.processes import envs
+from harness.processes.envs import ROOT
 
 # What --portable caps, per library; each was checked to change the kernels in the pinned versions
 # (the probes below print the evidence at the start of the pass).

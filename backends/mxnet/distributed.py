@@ -53,7 +53,7 @@ def ps_environment(cfg: RunConfig, role: str) -> dict[str, str]:
         "DMLC_NUM_WORKER": str(cfg.nodes),
         # ps-lite's heartbeats, off by default: the scheduler then notes a node dead after the run's engine
         # bound (twice --peer-timeout). It does not end a worker waiting on that node: the harness's heartbeats
-        # (harness/watch.py) do.
+        # (harness/nodes/watch.py) do.
         "PS_HEARTBEAT_INTERVAL": str(max(1, int(cfg.peer_timeout / 5))),
         "PS_HEARTBEAT_TIMEOUT": str(max(1, int(cfg.engine_timeout))),
     }

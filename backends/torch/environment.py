@@ -1,8 +1,9 @@
 """What the torch worker runs on: what torch cannot run here beyond backend.toml's refusals (refusal), the
 settings that must be the same for every backend, and the run's environment record.
 
-configure_threads and configure_precision set torch's global switches (the entry points call them);
-environment() only describes a run, computing the switches from the run config: it changes nothing.
+configure_threads and configure_precision set torch's global switches (distributed.py's launch sets the threads;
+the Backend calls configure_precision before it makes a trainer); environment() only describes a run, computing
+the switches from the run config: it changes nothing.
 """
 
 from __future__ import annotations

@@ -15,12 +15,12 @@ from common import manifest
 from common import weights as weightslib
 from common.config import MAX_SIMULATED_DEVICES, ConfigError, RunConfig
 from common.manifest import Manifest, engine_refusal, strategy_refusal
-from harness import devices as devicelib
 from harness.arguments import UsageError, check_shared
 from harness.nodes import nodes as nodelib
 from harness.nodes.nodes import Topology
 from harness.planning.datasets import check_subset_sizes, explicit_size, resolve_data, settle_data
 from harness.presets import PRESETS, Preset
+from harness.processes import devices as devicelib
 
 MAX_REPEAT = 100  # --repeat: trials of each configuration
 

@@ -26,11 +26,10 @@ from common.config import RunConfig
 from common.network import free_port, interface_of
 from common.results import failed_result, load_result, tail
 from common.worker import DEVICES_ENV, LIFELINE_ENV, THREADS_ENV
-from harness import envs
-from harness.envs import ROOT
 from harness.nodes import rollcall
 from harness.nodes.watch import PeerLost
-from harness.processes import disk, interrupts
+from harness.processes import disk, envs, interrupts
+from harness.processes.envs import ROOT
 from harness.processes.logs import LogNotWritten, WorkerLogs
 
 KILL_GRACE_S = 5.0

@@ -16,11 +16,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import architectures, flops
+from common import architectures
 from common.config import imagenet_shaped
 from common.files import write_json_atomic
 from common.results import CONSISTENCY_LIMIT, SCHEMA_VERSION, Result
-from harness.reporting import leftovers, provenance
+from harness.reporting import flops, leftovers, provenance
 from harness.reporting.plots import plot_accuracy, plot_parity, plot_throughput
 from harness.reporting.published import d2l_section, resnet50_section
 from harness.reporting.sections import (

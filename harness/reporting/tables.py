@@ -6,9 +6,10 @@ import dataclasses
 import statistics
 from dataclasses import dataclass
 
-from common import flops, manifest
+from common import manifest
 from common.results import CONSISTENCY_LIMIT, Result
 from common.results import epoch_over_steps as epoch_over_steps_of
+from harness.reporting import flops
 from harness.reporting.trials import Trials, group
 
 STATUS_NOTE = {
@@ -153,8 +154,9 @@ def device_name(result: Result) -> str:
 
 
 def model_flops(row: Row) -> tuple[float | None, float | None]:
-    """(achieved TFLOP/s, its fraction of the devices' peak): the model's training FLOPs per image (common/flops.py)
-    times images/s; the fraction only on a GPU whose peak at the run's precision is known (else None)."""
+    """(achieved TFLOP/s, its fraction of the devices' peak): the model's training FLOPs per image
+    (harness/reporting/flops.py) times images/s; the fraction only on a GPU whose peak at the run's precision is
+    known (else None)."""
     c = row.result.config
     if not row.images_per_s:
         return None, None

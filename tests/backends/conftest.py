@@ -14,7 +14,7 @@ import pytest
 from common import manifest
 from common.backend import Backend
 from common.worker import THREADS_ENV
-from harness.envs import worker_env
+from harness.processes.envs import worker_env
 
 NAME = os.environ.get("DPBENCH_BACKEND")
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.envs import worker_env
+from harness.processes.envs import worker_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBNET = "10.199.0"

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from common.network import free_port
-from harness.envs import worker_env
+from harness.processes.envs import worker_env
 
 ROOT = Path(__file__).resolve().parents[2]
 

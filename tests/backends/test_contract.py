@@ -297,7 +297,7 @@ def test_the_idiom_takes_the_suites_steps_in_float64(backend, idiom_env, tmp_pat
 
     from common import data as datalib
     from common.config import RunConfig
-    from harness.envs import worker_env
+    from harness.processes.envs import worker_env
 
     cfg = RunConfig(
         backend=NAME,
@@ -781,7 +781,7 @@ def test_a_node_killed_mid_run_fails_the_run_with_its_error_and_ends_every_proce
     import sys
     import time
 
-    from harness.envs import worker_env
+    from harness.processes.envs import worker_env
 
     engines = _engines(meta)
     if not engines:

@@ -751,7 +751,7 @@ def test_a_training_worker_asks_xla_for_its_runs_devices():
 
     from common.config import MAX_SIMULATED_DEVICES
     from common.worker import DEVICES_ENV
-    from harness.envs import worker_env
+    from harness.processes.envs import worker_env
 
     def devices(**env) -> int:
         code = "import backends.jax, jax; print(jax.local_device_count())"

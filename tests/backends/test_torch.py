@@ -511,13 +511,14 @@ def test_cuda_worker_trains_with_prefetch_and_records_it(tmp_path):
     "model, side", [("lenet", 28), ("resnet18", 28), ("resnet50", 64), ("resnet50", 224)]
 )
 def test_the_model_flop_count_is_torchs_own_count_of_the_forward_pass(model, side):
-    """common/flops.py counts from the architecture; torch's FlopCounterMode counts the convolutions and matrix
-    products the forward pass runs (biases, BatchNorm and pooling left out by both)."""
+    """harness/reporting/flops.py counts from the architecture; torch's FlopCounterMode counts the convolutions and
+    matrix products the forward pass runs (biases, BatchNorm and pooling left out by both)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
     from backends.torch.models import build
-    from common import architectures, flops
+    from common import architectures
+    from harness.reporting import flops
 
     net = build(model).eval()
     counter = FlopCounterMode(display=False)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from common import weights
-from harness.devices import detect
-from harness.envs import worker_env
+from harness.processes.devices import detect
+from harness.processes.envs import worker_env
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = [b for b in os.environ.get("DPBENCH_BACKENDS", "").split(",") if b]

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, devices
+from harness import cli
+from harness.processes import devices
 from tests.harness.helpers import fake_nvidia_smi, run_harness
 
 H200 = "GPU-8a1c2b3d-0000-1111-2222-333344445555"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from harness import envs
+from harness.processes import envs
 
 
 def test_stamp_follows_requirements(tmp_path, monkeypatch):
@@ -86,7 +86,7 @@ def test_the_cuda_pins_are_the_cpu_pins_with_the_cuda_build():
 
 
 def test_the_driver_version_comes_from_nvidia_smi_else_the_drivers_proc_file(tmp_path, monkeypatch):
-    from harness import devices
+    from harness.processes import devices
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, envs
+from harness import cli
+from harness.processes import envs
 from harness.reporting import document
 from tests.harness.helpers import ROOT, fake_python
 

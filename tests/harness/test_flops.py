@@ -1,13 +1,13 @@
-"""Model FLOPs and MFU (common/flops.py, the summary's TFLOP/s column): counts against a hand count and published
-figures (torch's own counter checks them too, tests/backends/test_torch.py), no framework."""
+"""Model FLOPs and MFU (harness/reporting/flops.py, the summary's TFLOP/s column): counts against a hand count and
+published figures (torch's own counter checks them too, tests/backends/test_torch.py), no framework."""
 
 from __future__ import annotations
 
 import pytest
 
-from common import flops
 from common.config import RunConfig
 from common.results import Result, new_result
+from harness.reporting import flops
 from harness.reporting.tables import flops_cell, model_flops, with_scaling
 
 

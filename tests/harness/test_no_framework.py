@@ -33,9 +33,9 @@ def test_harness_and_common_sources_import_no_framework():
 def test_planning_a_full_run_loads_no_framework():
     code = (
         "import sys\n"
-        "from harness import arguments, check, cli, envs, report, testing\n"
+        "from harness import arguments, check, cli, report, testing\n"
         "from harness.planning import plan\n"
-        "from harness.processes import runner\n"
+        "from harness.processes import envs, runner\n"
         "args = cli.build_parser().parse_args(['--backend', 'all', '--gpus', '1,2', '--device', 'cpu', "
         "'--dataset', 'synthetic'])\n"
         "plan = cli.build_plan(args)\n"

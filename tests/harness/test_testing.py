@@ -11,7 +11,7 @@ import time
 import pytest
 
 from harness import testing
-from harness.envs import ROOT
+from harness.processes.envs import ROOT
 from tests.harness.helpers import run_harness
 
 CALLER = {

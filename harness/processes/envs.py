@@ -16,9 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import devices
+from harness.processes import devices
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 VENVS = ROOT / ".venvs"
 STAMP = ".dpbench-stamp"
 # The interpreter environments are made from: the base one, also when the harness itself
