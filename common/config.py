@@ -20,9 +20,8 @@ INITS = ("d2l", "he")  # the initialisers of common/weights.py
 PRECISIONS = ("fp32", "tf32", "bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 MAX_PREFETCH = 16
-MAX_SIMULATED_DEVICES = (
-    16  # --gpus on the CPU: the simulated devices a backend provides (XLA's are made at import)
-)
+# --gpus on the CPU: the simulated devices a backend provides (XLA's are made at import)
+MAX_SIMULATED_DEVICES = 16
 # (channels, classes) of each dataset's images; a model takes the datasets of its own input (architectures.INPUTS).
 DATASET_INPUTS = {
     "fashion-mnist": (1, 10),
@@ -179,12 +178,10 @@ class RunConfig:
     test_size: int | None = None
     eval_batch_size: int = 1000
     dataset: str = "fashion-mnist"
-    data_dir: str | None = (
-        None  # Fashion-MNIST's files, or the prepared ImageNet-layout images (common/data/)
-    )
-    image_size: int | None = (
-        None  # the side of ImageNet-shaped images (None: the model's, 224); Fashion-MNIST is 28
-    )
+    # Fashion-MNIST's files, or the prepared ImageNet-layout images (common/data/)
+    data_dir: str | None = None
+    # the side of ImageNet-shaped images (None: the model's, 224); Fashion-MNIST is 28
+    image_size: int | None = None
     seed: int = 0
     timeout: float = 3600.0
     threads: int | None = None  # CPU threads per process; None: the framework's default
@@ -194,19 +191,16 @@ class RunConfig:
     # BatchNorm across devices: "local" (each device its own shard's statistics, as the seeds do)
     # or "sync" (statistics over the global batch: k-device training is 1-device training).
     bn: str = "local"
-    init: str = (
-        "d2l"  # initial weights when none are loaded: d2l's or He-scaled (common/weights.py)
-    )
+    # initial weights when none are loaded: d2l's or He-scaled (common/weights.py)
+    init: str = "d2l"
     # Speed levers (the same flag on every backend that has it; backend.toml says which do).
     precision: str = "fp32"  # fp32 (TF32 off), tf32 (TF32 matmuls/convs), bf16 (bfloat16 compute)
     compile: bool = False  # torch.compile / (jit is inherent to JAX) / Gluon hybridize
     channels_last: bool = False  # torch: NHWC memory format for the model and batches
-    resident_data: bool = (
-        False  # each epoch's batches copied to the devices before its timer starts
-    )
-    compile_mode: str = (
-        "default"  # torch.compile's mode: default, reduce-overhead (CUDA graphs), max-autotune
-    )
+    # each epoch's batches copied to the devices before its timer starts
+    resident_data: bool = False
+    # torch.compile's mode: default, reduce-overhead (CUDA graphs), max-autotune
+    compile_mode: str = "default"
     prefetch: int = 2  # batches put on the devices ahead of their step (0: copied inside it)
     # The folder every framework keeps its compile cache in, shared by every run (--compile-cache); None: each
     # run starts its caches cold, in a folder of its own (common/caches.py).
@@ -218,12 +212,10 @@ class RunConfig:
     nodes: int = 1
     node_rank: int = 0
     coordinator: str | None = None  # "HOST:PORT" where node 0 listens; needed when nodes > 1
-    loopback_nodes: bool = (
-        True  # the nodes are process groups on this host over 127.0.0.1 (simulated)
-    )
-    join_timeout: float = (
-        300.0  # across hosts: the longest wait for the other nodes before a run (roll call)
-    )
+    # the nodes are process groups on this host over 127.0.0.1 (simulated)
+    loopback_nodes: bool = True
+    # across hosts: the longest wait for the other nodes before a run (roll call)
+    join_timeout: float = 300.0
     # Across hosts: how long a node may go unheard mid-run (no heartbeat: harness/nodes/watch.py) before the others
     # stop their workers and fail the run naming it; the engines' own timeouts are set from it too.
     peer_timeout: float = 30.0
@@ -231,9 +223,8 @@ class RunConfig:
     # transports (gloo, NCCL, ps-lite), which would otherwise take whatever the host's name resolves to.
     local_addr: str | None = None
     interface: str | None = None
-    load_weights: str | None = (
-        None  # start from this canonical weights file instead of the seeded init
-    )
+    # start from this canonical weights file instead of the seeded init
+    load_weights: str | None = None
     save_weights: str | None = None  # write the canonical weights here after training
 
     @property

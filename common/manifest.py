@@ -34,9 +34,8 @@ class Option:
     default: str
     summary: str = ""
     strategies: tuple[str, ...] | None = None  # None: applies to every strategy
-    nodes_default: str | None = (
-        None  # the default when the sweep has several nodes (a distributed kvstore)
-    )
+    # the default when the sweep has several nodes (a distributed kvstore)
+    nodes_default: str | None = None
 
 
 @dataclass(frozen=True)

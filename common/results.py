@@ -89,9 +89,8 @@ class StepTime(_Record):
     min_s: float | None = None
     max_s: float | None = None
     images_per_s: float | None = None
-    samples_s: list[float] | None = (
-        None  # every timed step's seconds (absent from results written before)
-    )
+    # every timed step's seconds (absent from results written before)
+    samples_s: list[float] | None = None
     extra: dict = field(default_factory=dict)
 
 

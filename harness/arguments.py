@@ -17,9 +17,8 @@ from common.config import BN_MODES, COMPILE_MODES, DATASETS, MODELS, PRECISIONS,
 from harness.presets import PRESETS
 
 DEFAULT_TIMEOUT = 3600.0
-DEFAULT_JOIN_TIMEOUT = (
-    300.0  # across hosts: a host may be minutes late (building its environments on first use)
-)
+# across hosts: a host may be minutes late (building its environments on first use)
+DEFAULT_JOIN_TIMEOUT = 300.0
 
 
 class UsageError(Exception):

@@ -121,9 +121,8 @@ class ResNet18(nn.Module):
 
     `bn_axis`: the device axis BatchNorm synchronises its statistics over (None: per device)."""
 
-    architecture: ClassVar[str] = (
-        "resnet18"  # its name in common/architectures.py (see native_shapes)
-    )
+    # its name in common/architectures.py (see native_shapes)
+    architecture: ClassVar[str] = "resnet18"
     num_classes: int = 10
     bn_axis: str | None = None
     dtype: Any = None

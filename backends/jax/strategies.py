@@ -87,9 +87,8 @@ class JaxTrainer(Trainer):
         self.batch_sharding = device_axis_sharding(self.devs)  # batches: split along axis 0
         self.state = None
         self._last = None  # the latest step's (loss sums, correct), for sync
-        self._grads = (
-            None  # reduce_gradients()' reduced gradients, for update() and canonical_gradients()
-        )
+        # reduce_gradients()' reduced gradients, for update() and canonical_gradients()
+        self._grads = None
         self._new_stats = None  # reduce_gradients()' new BatchNorm statistics, for update()
         self._lay_out()  # the subclass's shardings, which its programs are built on
         # The net, the optimizer and the subclass's compiled programs, made once per process for what they are

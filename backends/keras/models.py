@@ -31,9 +31,8 @@ from common import architectures
 from common.architectures import RESNET50_LAYERS
 
 BN_EPS = 1e-5
-BN_MOMENTUM = (
-    0.1  # torch's convention: running <- 0.9 * running + 0.1 * batch (Keras's momentum=0.9)
-)
+# torch's convention: running <- 0.9 * running + 0.1 * batch (Keras's momentum=0.9)
+BN_MOMENTUM = 0.1
 
 
 def policy(precision: str, dtype: str) -> str:

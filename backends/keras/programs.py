@@ -38,9 +38,8 @@ class Programs:
     mesh: jax.sharding.Mesh
     replicated: NamedSharding  # of the variables, their gradients and the step's metrics
     step: object  # (trainable, statistics, optimizer, x, y) -> (the three, (loss sum, correct))
-    gradients: (
-        object  # (trainable, statistics, x, y) -> (grads, (new statistics, loss sum, correct))
-    )
+    # (trainable, statistics, x, y) -> (grads, (new statistics, loss sum, correct))
+    gradients: object
     update: object  # (optimizer, grads, trainable) -> (trainable, optimizer)
     predict: object  # (trainable, statistics, x) -> classes
 

@@ -28,9 +28,8 @@ from mxnet.gluon.contrib.nn import SyncBatchNorm
 
 BN_EPS = 1e-5
 MOMENTUM = 0.1  # torch's convention: running <- (1 - 0.1) * running + 0.1 * batch
-OPERATOR_MOMENTUM = (
-    0.0  # the operator writes the batch statistics; RunningStatistics blends them in
-)
+# the operator writes the batch statistics; RunningStatistics blends them in
+OPERATOR_MOMENTUM = 0.0
 
 Norm = Callable[[int], nn.HybridBlock]  # channels -> a BatchNorm layer
 

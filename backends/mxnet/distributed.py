@@ -25,9 +25,8 @@ from common.config import RunConfig
 from common.network import wait_for_coordinator
 
 KVSTORE = "dist_sync"
-SETTLE_S = (
-    10.0  # how long a scheduler or server may take to exit by itself once the workers stopped it
-)
+# how long a scheduler or server may take to exit by itself once the workers stopped it
+SETTLE_S = 10.0
 
 _node = None  # the process's Node, once joined
 
@@ -125,9 +124,8 @@ def leave(clean: bool = True) -> None:
     if node.kvstore is not None:
         if clean:  # now, not when the last view of it goes: the children exit only after it
             mx.base.check_call(mx.base._LIB.MXKVStoreFree(node.kvstore.handle))
-        node.kvstore.handle = (
-            None  # unclean: never freed, its destructor would wait for the other workers
-        )
+        # unclean: never freed, its destructor would wait for the other workers
+        node.kvstore.handle = None
     deadline = time.monotonic() + (SETTLE_S if clean else 0)
     for child in node.children:
         try:

@@ -22,9 +22,8 @@ from common import network
 from common.config import ConfigError, check_join_timeout, check_peer_timeout, parse_address
 from harness.arguments import UsageError
 
-DEFAULT_PORT = (
-    29500  # torchrun's default master port: open in most cluster firewalls for this purpose
-)
+# torchrun's default master port: open in most cluster firewalls for this purpose
+DEFAULT_PORT = 29500
 
 
 @dataclass(frozen=True)
@@ -34,12 +33,10 @@ class Topology:
     coordinator: str | None = None  # HOST:PORT of node 0 (None: a free loopback port per run)
     how: str = ""  # one line for the console and the report
     join_timeout: float = 300.0  # across hosts: the longest wait for the other nodes before a run
-    peer_timeout: float = (
-        30.0  # across hosts: the longest a node may go unheard mid-run (harness/nodes/watch.py)
-    )
-    local_addr: str | None = (
-        None  # across hosts: this host's address and interface, if given (else found)
-    )
+    # across hosts: the longest a node may go unheard mid-run (harness/nodes/watch.py)
+    peer_timeout: float = 30.0
+    # across hosts: this host's address and interface, if given (else found)
+    local_addr: str | None = None
     interface: str | None = None
 
     @property

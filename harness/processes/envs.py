@@ -30,9 +30,8 @@ class EnvError(Exception):
     """The environment could not be built; the message holds the reason and pip's tail."""
 
 
-BOOTSTRAPPED = (
-    "DPBENCH_BOOTSTRAPPED"  # set by bootstrap() in the harness it re-runs: no second re-run
-)
+# set by bootstrap() in the harness it re-runs: no second re-run
+BOOTSTRAPPED = "DPBENCH_BOOTSTRAPPED"
 
 
 def worker_env(caller=None, **extra: str) -> dict:

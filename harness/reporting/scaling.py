@@ -174,9 +174,8 @@ class Pieces:
     overlap: float
     overlap_note: str
     measured: tuple[Measured, ...]
-    shared_compute_s: float | None = (
-        None  # on a shared host: one replica's share of the host's step
-    )
+    # on a shared host: one replica's share of the host's step
+    shared_compute_s: float | None = None
     host_link: Link | None = None  # the link measured on this host (latency folded into bandwidth)
     fitted_at: int | None = None  # the device count the host figures were fitted at
 

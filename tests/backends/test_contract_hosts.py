@@ -109,9 +109,8 @@ def test_two_hosts_train_the_same_weights_as_loopback_nodes_and_one_process(
 # ------------------------------------------------------------------------------ a host lost mid-run
 
 PEER_TIMEOUT = 5  # short in tests: CI time
-MARGIN_S = (
-    30  # the stated margin over the bound: the survivor stops its workers and writes its report
-)
+# the stated margin over the bound: the survivor stops its workers and writes its report
+MARGIN_S = 30
 
 
 def cut_link(host) -> None:

@@ -19,9 +19,8 @@ from harness.nodes import watch as watchlib
 from tests.harness.helpers import ROOT, fake_python
 
 PEER_TIMEOUT = 3.0
-MARGIN_S = (
-    10.0  # a stated margin over the bound, for a loaded CI host: the tests bound, they do not time
-)
+# a stated margin over the bound, for a loaded CI host: the tests bound, they do not time
+MARGIN_S = 10.0
 
 
 def watch_pair(peer_timeout: float = PEER_TIMEOUT) -> tuple[watchlib.Watch, watchlib.Watch]:
