@@ -96,9 +96,8 @@ def check_threads(threads) -> None:
 
 
 def imagenet_shaped(dataset: str) -> bool:
-    return (
-        DATASET_INPUTS.get(dataset, (1,))[0] == 3
-    )  # (an unknown name: an old or altered results.json)
+    # (an unknown name: an old or altered results.json)
+    return DATASET_INPUTS.get(dataset, (1,))[0] == 3
 
 
 def image_side(model: str, dataset: str, image_size: int | None) -> int:

@@ -358,9 +358,8 @@ def equivalence(plan: Plan, say, log_dir: Path | None = None) -> dict:
         if c.strategy not in strategies[c.backend]:
             strategies[c.backend].append(c.strategy)
     backends = dict(plan.backends)
-    if (
-        "torch" not in strategies
-    ):  # the reference every backend is compared with, as `check` adds it
+    # the reference every backend is compared with, as `check` adds it
+    if "torch" not in strategies:
         backends["torch"] = manifest.load("torch")
         strategies = {"torch": [REFERENCE_STRATEGY], **strategies}
     steps, batch = 5, 8 * math.lcm(*counts)
@@ -482,9 +481,8 @@ def main(args) -> int:
     data_dir, _, (train_images, _) = (
         (None, "", imagenet.SIZES) if imagenet_shaped(args.dataset) else resolve_data(args)
     )
-    if (
-        args.steps * args.batch_size > train_images
-    ):  # each step takes its own batch of the first epoch
+    # each step takes its own batch of the first epoch
+    if args.steps * args.batch_size > train_images:
         raise UsageError(
             f"--steps {args.steps} x --batch-size {args.batch_size} needs more than the "
             f"{train_images} training images of {args.dataset}"

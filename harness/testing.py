@@ -304,9 +304,8 @@ def run_suite(suite: Suite, cpus: set[int] | None = None) -> Outcome:
             output += f"\n{suite.title}: pytest exited with status {rc} and no report\n"
             return Outcome(Counts(failed=1), output, time.monotonic() - start)
         counts = junit_counts(xml)
-    if (
-        counts.total == 0 and not suite.pytest_args
-    ):  # (with -k and the like, selecting nothing is fine)
+    # (with -k and the like, selecting nothing is fine)
+    if counts.total == 0 and not suite.pytest_args:
         output += f"\n{suite.title}: no test ran; counted as a failure\n"
         counts.failed += 1
     return Outcome(counts, output, time.monotonic() - start)

@@ -76,9 +76,8 @@ def threads_per_process(cfg) -> int:
 
 
 def device_names(cfg) -> list[str]:
-    if (
-        cfg.device_kind == "gpu"
-    ):  # (too few GPUs: the run raises Unsupported, reported as unavailable)
+    # (too few GPUs: the run raises Unsupported, reported as unavailable)
+    if cfg.device_kind == "gpu":
         return [d.device_kind for d in jax.devices("gpu")[: cfg.devices]] if gpu_count() else []
     return [f"cpu (simulated device {i})" for i in range(cfg.devices)]
 

@@ -371,9 +371,8 @@ def forward_backward(net, x, y):
 def accuracy_counts(net, batches, ctx, dtype: str) -> tuple[int, int]:
     correct = total = 0
     for x, y in batches:
-        predicted = (
-            net(as_ndarray(np.asarray(x, dtype), ctx)).argmax(axis=1).asnumpy()
-        )  # inference mode
+        # inference mode
+        predicted = net(as_ndarray(np.asarray(x, dtype), ctx)).argmax(axis=1).asnumpy()
         correct += int((predicted.astype(np.int64) == y).sum())
         total += len(y)
     return correct, total

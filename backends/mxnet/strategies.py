@@ -75,9 +75,8 @@ class MXNetTrainer(Trainer):
         self.devs = devices(
             cfg.local_devices, cfg.device_kind, cfg.first_gpu
         )  # loopback nodes share the GPUs
-        self._examples = (
-            cfg.batch_size
-        )  # the examples of the (global) batch reduce_gradients last took
+        # the examples of the (global) batch reduce_gradients last took
+        self._examples = cfg.batch_size
         # Several nodes (gluon only): this node's view of the process's dist kvstore, for the global figures.
         self.kv = distributed.keyed(cfg) if cfg.nodes > 1 else None
         self.across = AcrossNodes(self.kv, cfg.nodes, cfg.node_rank) if self.kv else None

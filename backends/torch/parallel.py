@@ -82,9 +82,8 @@ class OnDevice:
         for device, event in self.ready.items():
             torch.cuda.current_stream(device).wait_event(event)
         for t in self.value if isinstance(self.value, list) else [self.value]:
-            if (
-                t.is_cuda
-            ):  # the copy stream allocated it; the compute stream uses it (caching allocator)
+            # the copy stream allocated it; the compute stream uses it (caching allocator)
+            if t.is_cuda:
                 t.record_stream(torch.cuda.current_stream(t.device))
         return self.value
 

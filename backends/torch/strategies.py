@@ -304,9 +304,8 @@ class DDPTrainer(RankCollectives, OptimizerTrainer):
                 broadcast_buffers=False,
                 gradient_as_bucket_view=True,
             )
-        if (
-            cfg.compile
-        ):  # the DDP-wrapped module (dynamo's DDPOptimizer splits the graph at the buckets)
+        # the DDP-wrapped module (dynamo's DDPOptimizer splits the graph at the buckets)
+        if cfg.compile:
             self.net = torch.compile(self.net, **models.compile_options(cfg))
         self.optimizer = models.sgd(self.net.parameters(), cfg)
 

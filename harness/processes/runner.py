@@ -397,9 +397,8 @@ def _run_nodes(
         )
         return not_run_result(cfg, "failed", what)
     codes = [code for code, _, _ in ended if code is not None]
-    grace = (
-        None if not codes else FAILED_NODE_GRACE_S if any(codes) else NODE_GRACE_S
-    )  # what the others had
+    # what the others had
+    grace = None if not codes else FAILED_NODE_GRACE_S if any(codes) else NODE_GRACE_S
     results = [n.result(code, output, workdir, grace) for n, (code, output, _) in zip(nodes, ended)]
     result = (
         results[0]

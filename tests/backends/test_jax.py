@@ -99,9 +99,8 @@ def test_canonical_weights_average_the_running_statistics_and_leave_the_devices_
         two = trainer(backend, strategy, "resnet18", 2, 8)
         two.step(x, y)
         means = on_each_device(two, two.state[1], "bn", "mean")
-        assert (
-            relative({"m": means[0]}, {"m": means[1]}) > DIFFERENT
-        )  # local BatchNorm: the devices differ
+        # local BatchNorm: the devices differ
+        assert relative({"m": means[0]}, {"m": means[1]}) > DIFFERENT
         averaged = {"m": two.canonical()["bn.running_mean"]}
         assert averaged["m"].dtype == np.float64
         assert relative(averaged, {"m": (means[0] + means[1]) / 2}) <= IDENTICAL

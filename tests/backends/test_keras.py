@@ -56,9 +56,8 @@ def test_kerases_own_mean_computes_float64_in_float32_and_the_models_layers_do_n
         stock = keras.ops.convert_to_numpy(keras.ops.mean(values, axis=(2, 3), keepdims=True))
         ours = keras.ops.convert_to_numpy(models._mean(values, (2, 3)))
     assert stock.dtype == ours.dtype == np.float64
-    assert (
-        np.max(np.abs(stock - exact)) > 10 * IDENTICAL
-    )  # float32's digits (2 ** -24 ~ 6e-8 of each mean)
+    # float32's digits (2 ** -24 ~ 6e-8 of each mean)
+    assert np.max(np.abs(stock - exact)) > 10 * IDENTICAL
     assert np.max(np.abs(ours - exact)) <= IDENTICAL
 
 

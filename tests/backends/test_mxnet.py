@@ -194,9 +194,8 @@ def test_batchnorm_statistics_are_averaged_across_devices_before_evaluation(back
     trainer = resnet_trainer(backend, name, len(y))
     trainer.step(x, y)
     before = statistics_per_device(trainer)
-    assert (
-        max(float(np.max(np.abs(a - b))) for a, b in zip(*before)) > 1e-6
-    )  # each device saw its own shard
+    # each device saw its own shard
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(*before)) > 1e-6
     correct, total = trainer.evaluate([(x, y)])
     after = statistics_per_device(trainer)
     assert total == 4 and 0 <= correct <= 4

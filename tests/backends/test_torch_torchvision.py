@@ -62,9 +62,8 @@ def canonical_weights(seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     weights = {k: v.astype(np.float64) for k, v in initial_weights("resnet50", seed, "he").items()}
     for name, value in weights.items():
-        if (
-            name.endswith(("running_var", ".weight")) and value.ndim == 1
-        ):  # BatchNorm gamma and variance
+        # BatchNorm gamma and variance
+        if name.endswith(("running_var", ".weight")) and value.ndim == 1:
             weights[name] = rng.uniform(0.5, 1.5, value.shape)
         elif name.endswith(("running_mean", ".bias")):
             weights[name] = rng.normal(0.0, 0.1, value.shape)

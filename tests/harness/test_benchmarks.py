@@ -46,6 +46,5 @@ def test_profile_runs_its_profile_with_the_given_python_and_builds_nothing(tmp_p
     assert out.returncode == 0, out.stderr
     called = marker.read_text().split()
     assert called == ["-m", "benchmarks.torch_step_profile", "8", "3", "cpu", "0"]
-    assert (
-        ".venvs/" not in out.stdout + out.stderr
-    )  # no line about building or rebuilding .venvs/torch
+    # no line about building or rebuilding .venvs/torch
+    assert ".venvs/" not in out.stdout + out.stderr

@@ -186,9 +186,8 @@ def test_float32_rounding_widens_the_tolerance_but_different_math_still_fails():
         and "float32-vs-float64" in grad.note
     )
     assert by(rows, backend="mxnet", check="gradients")[0].status == "FAIL"
-    assert (
-        by(rows, backend="mxnet", check="float32 vs float64")[0].status == "FAIL"
-    )  # 0.2: not rounding
+    # 0.2: not rounding
+    assert by(rows, backend="mxnet", check="float32 vs float64")[0].status == "FAIL"
     # the float64 rows: the same math to 1e-10
     assert by(rows, backend="jax", check="math (float64)")[0].status == "ok"
 
@@ -527,9 +526,8 @@ def test_the_check_worker_measures_float64_runs_and_whole_reference_traces(tmp_p
     assert "lenet|ddp:float64|2|local|final|fc2.bias" in out and not skipped
     assert "lenet|float64-permuted|2|local|final|fc2.bias" in out
     assert "lenet|float64-in-order|1|local|loss" in out
-    assert (
-        out["lenet|float64|forward|eval"].dtype == np.float64
-    )  # the reference's logits in float64 too
+    # the reference's logits in float64 too
+    assert out["lenet|float64|forward|eval"].dtype == np.float64
 
 
 def test_a_request_without_one_device_still_measures_the_one_device_references(monkeypatch):

@@ -237,9 +237,8 @@ def test_the_devices_line_for_each_choice(host):
     )
     host.nvidia_smi(f"0, {H200}, NVIDIA H200")
     assert cli.choose_devices(parse([])).line == "devices: 1 GPU (NVIDIA H200), found by nvidia-smi"
-    assert (
-        cli.choose_devices(parse(["--device", "cpu"])).kind == "cpu"
-    )  # a GPU present, simulated all the same
+    # a GPU present, simulated all the same
+    assert cli.choose_devices(parse(["--device", "cpu"])).kind == "cpu"
 
 
 def test_the_plan_keeps_the_detection_line(host):

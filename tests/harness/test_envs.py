@@ -65,9 +65,8 @@ def test_the_newest_cuda_a_driver_runs_picks_the_pins():
     assert envs.requirements_for(pins["jax"], (580, 65, 6)).name == "requirements-cuda13.txt"
     assert envs.requirements_for(pins["jax"], (550, 54, 15)).name == "requirements-cuda12.txt"
     assert envs.requirements_for(pins["torch"], (550, 54, 15)).name == "requirements-cuda.txt"
-    assert (
-        envs.requirements_for(pins["mxnet"], (580, 65, 6)).name == "requirements.txt"
-    )  # no CUDA build
+    # no CUDA build
+    assert envs.requirements_for(pins["mxnet"], (580, 65, 6)).name == "requirements.txt"
     assert all(envs.requirements_for(p, None) == p for p in pins.values())
 
 

@@ -12,9 +12,8 @@ from harness.reporting.tables import flops_cell, model_flops, with_scaling
 
 
 def test_lenet_is_counted_as_by_hand():
-    conv1 = (
-        2 * 3 * 3 * 1 * 20 * 26 * 26
-    )  # 3x3 over 28x28 without padding: 26x26 outputs of 20 channels
+    # 3x3 over 28x28 without padding: 26x26 outputs of 20 channels
+    conv1 = 2 * 3 * 3 * 1 * 20 * 26 * 26
     conv2 = 2 * 5 * 5 * 20 * 50 * 9 * 9  # after a 2x2 pool (13x13), 5x5: 9x9 outputs of 50 channels
     fc1, fc2 = 2 * 800 * 128, 2 * 128 * 10  # 50 x 4 x 4 after the second pool
     assert flops.forward_flops("lenet", 28) == conv1 + conv2 + fc1 + fc2 == 4_500_720

@@ -103,9 +103,8 @@ def test_a_piece_running_past_the_budget_is_stopped_with_sigterm_and_counted_as_
     out = capfd.readouterr().out
     assert status == 1 and time.monotonic() - started < 30
     lines = out.splitlines()
-    assert (
-        lines.count("started") == 1 and "report written" in lines
-    )  # the second piece never started
+    # the second piece never started
+    assert lines.count("started") == 1 and "report written" in lines
     assert "0 of 2 pieces ok; failed: d2l-bf16 (cut off at the budget)" in out
 
 

@@ -65,9 +65,8 @@ def test_a_cycle_hidden_in_a_function_breaks_the_contract(tmp_path):
         out.stdout[-3000:] + out.stderr
     )
     assert "No cycles are allowed in pkg." in out.stdout
-    assert (
-        "- .b -> .a (1 import)" in out.stdout
-    )  # the import to remove: the one inside the function
+    # the import to remove: the one inside the function
+    assert "- .b -> .a (1 import)" in out.stdout
 
 
 def test_the_contracts_would_catch_the_old_cli_check_testing_cycle(tmp_path):

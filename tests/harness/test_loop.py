@@ -114,9 +114,8 @@ def test_an_epochs_batches_are_assembled_before_its_timer_starts():
     loop.run_training(RecordingTrainer(events), config(prefetch=0), recording_dataset(events))
     epochs = timed_epochs(events)
     assert len(epochs) == 3  # the warm-up step, then two epochs
-    assert (
-        epochs[1] == epochs[2] == ["sync"] + ["step"] * 6 + ["sync"]
-    )  # no gather inside a timed interval
+    # no gather inside a timed interval
+    assert epochs[1] == epochs[2] == ["sync"] + ["step"] * 6 + ["sync"]
     assert events.count("gather") >= 3  # each epoch's shuffle happened, outside
 
 

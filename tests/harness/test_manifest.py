@@ -107,8 +107,7 @@ def test_the_refusals_backend_toml_states_are_worded_once_for_the_planner_and_th
     assert refusal(keras, "ddp", "cpu", "sync", 1).startswith(
         "keras ddp has no sync BatchNorm: Keras's `synchronized` BatchNormalization is TensorFlow's"
     )
-    assert (
-        refusal(mxnet, "gluon", "cpu", "sync", 1) is None
-    )  # (its CPU deadlock is the worker's own refusal)
+    # (its CPU deadlock is the worker's own refusal)
+    assert refusal(mxnet, "gluon", "cpu", "sync", 1) is None
     assert "separate network per context" in refusal(mxnet, "scratch", "cpu", "sync", 1)
     assert refusal(mxnet, "gluon", "cpu", "local", 2) is None

@@ -102,9 +102,8 @@ def test_staging_commits_once_and_never_overwrites(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fixed-id", "fixed-id-2"]
     saved = json.loads((dirs[0] / "results.json").read_text())
     assert saved["schema_version"] == SCHEMA_VERSION == 3 and saved["runs"][0]["params"] == 11175818
-    assert (
-        saved["runs"][0]["schema_version"] == 3 and saved["runs"][0]["config"]["prefetch"] == 0
-    )  # v1 in, v3 out
+    # v1 in, v3 out
+    assert saved["runs"][0]["schema_version"] == 3 and saved["runs"][0]["config"]["prefetch"] == 0
 
 
 def test_an_error_leaves_no_half_written_report(tmp_path):

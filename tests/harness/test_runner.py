@@ -104,9 +104,8 @@ def test_hanging_worker_is_killed_at_timeout_with_its_children(tmp_path):
     assert [r["status"] for r in runs] == ["timeout"]
     assert runs[0]["error"].splitlines() == ["loading the data", "killed after --timeout 2 s"]
     text = (only_report(out) / "report.md").read_text()
-    assert (
-        "timed out — killed after --timeout 2 s" in text
-    )  # the reason is the headline, not the output
+    # the reason is the headline, not the output
+    assert "timed out — killed after --timeout 2 s" in text
     assert "[torch scratch x1] timeout: killed after --timeout 2 s" in result.stderr
     assert processes_with(f"sleep {marker}") == []
 
@@ -269,9 +268,8 @@ def test_console_draws_a_bar_on_a_terminal_and_plain_lines_elsewhere():
         console.finished(cfg, {"status": "ok", "final_test_acc": 0.5})
         text = stream.getvalue()
         if isinstance(stream, Terminal) and not quiet:
-            assert (
-                "[torch ddp x2] epoch 1/1:" in text and "step" in text and "\r" in text
-            )  # the bar, then cleared
+            # the bar, then cleared
+            assert "[torch ddp x2] epoch 1/1:" in text and "step" in text and "\r" in text
             assert text.rsplit("\r", 1)[1].splitlines() == lines
         else:
             assert text.splitlines() == lines[1:] if quiet else lines

@@ -110,12 +110,10 @@ def test_the_shared_host_fit_recovers_the_compute_and_bus_that_made_its_input():
 def test_overlap_is_the_share_of_the_allreduce_the_step_does_not_pay_on_real_devices():
     one, eight = Measured(1, 1, 1.00, 0.0), Measured(8, 1, 1.05, 0.20)
     assert scaling.measured_overlap(one, eight) == pytest.approx(0.75)
-    assert (
-        scaling.measured_overlap(one, Measured(8, 1, 0.98, 0.2)) == 1.0
-    )  # faster than 1 device: all hidden
-    assert (
-        scaling.measured_overlap(one, Measured(8, 1, 1.50, 0.2)) == 0.0
-    )  # slower than the allreduce: none
+    # faster than 1 device: all hidden
+    assert scaling.measured_overlap(one, Measured(8, 1, 0.98, 0.2)) == 1.0
+    # slower than the allreduce: none
+    assert scaling.measured_overlap(one, Measured(8, 1, 1.50, 0.2)) == 0.0
     p = scaling.pieces("x", 32, 1_000_000, [one, eight], shared=False)
     assert p.overlap == pytest.approx(0.75) and p.compute_s == 1.0
     # the measured profile's ring gives back the allreduce figure it was fitted on

@@ -122,9 +122,8 @@ def test_the_base_step_is_reduce_then_update_and_slowest_is_itself():
 
 def test_a_trainer_that_lacks_a_method_every_strategy_defines_cannot_be_made():
     class NoEvaluation(LeastSquares):
-        evaluate = (
-            trainerlib.Trainer.evaluate
-        )  # the abstract one: as if LeastSquares had not defined it
+        # the abstract one: as if LeastSquares had not defined it
+        evaluate = trainerlib.Trainer.evaluate
 
     with pytest.raises(TypeError, match="abstract method.*evaluate"):
         NoEvaluation(make().cfg, {"w": np.zeros(2)})
