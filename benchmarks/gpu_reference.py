@@ -236,9 +236,8 @@ def run(pieces: list[Piece], python: str | None, smoke: bool, deadline: float | 
         child = subprocess.Popen(cmd, cwd=ROOT, env=piece_env(piece))
         try:
             status = wait_until(child, deadline)
-        except (
-            KeyboardInterrupt
-        ):  # Ctrl-C, SIGTERM, SIGHUP: the piece's harness writes what finished, then stops
+        # Ctrl-C, SIGTERM, SIGHUP: the piece's harness writes what finished, then stops
+        except KeyboardInterrupt:
             stop(child)
             print(
                 f"\ninterrupted in piece {piece.name}; its report holds the runs that finished",

@@ -181,9 +181,8 @@ def time_steps(trainer: Trainer, cfg, dataset: datalib.Dataset) -> list[float]:
     if cfg.resident_data:
         batches = trainer.stage(batches)
     seconds = []
-    for x, y in feed(
-        trainer, batches, cfg
-    ):  # a step's batch is put (ahead) before its opening barrier
+    # a step's batch is put (ahead) before its opening barrier
+    for x, y in feed(trainer, batches, cfg):
         trainer.sync()
         start = time.perf_counter()
         trainer.step(x, y)

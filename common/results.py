@@ -130,9 +130,8 @@ class Result:
 
     status: str
     config: RunConfig
-    environment: dict = field(
-        default_factory=dict
-    )  # free-form, per backend (common/sysinfo.py, backends)
+    # free-form, per backend (common/sysinfo.py, backends)
+    environment: dict = field(default_factory=dict)
     epochs: tuple[Epoch, ...] = ()
     compile_s: float | None = None  # the warm-up step (compilation included)
     # What the framework compiled in each timed part ({"warmup", "epochs", "timed_steps"}; None: not counted).

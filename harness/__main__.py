@@ -2,9 +2,8 @@ import sys
 
 from harness.processes.envs import bootstrap
 
-bootstrap(
-    sys.argv[1:]
-)  # re-runs inside .venvs/harness/ if this Python lacks the harness's packages
+# re-runs inside .venvs/harness/ if this Python lacks the harness's packages
+bootstrap(sys.argv[1:])
 
 from harness.cli import main  # noqa: E402
 

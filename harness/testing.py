@@ -255,9 +255,8 @@ class Running:
                 proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        signal_groups(
-            procs, signal.SIGKILL
-        )  # (what is left of a group: a child that ignored SIGTERM)
+        # (what is left of a group: a child that ignored SIGTERM)
+        signal_groups(procs, signal.SIGKILL)
 
 
 def signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
@@ -353,9 +352,8 @@ def run_suites(suites: list[Suite], jobs: int, one_cpu_each: bool = False) -> di
     try:
         for worker in workers:
             worker.join()
-    except (
-        KeyboardInterrupt
-    ):  # (the main thread's: SIGTERM and SIGHUP too, under interrupts.handled)
+    # (the main thread's: SIGTERM and SIGHUP too, under interrupts.handled)
+    except KeyboardInterrupt:
         with lock:
             pending.clear()  # no lane starts another suite
         RUNNING.stop()

@@ -163,9 +163,8 @@ class LeNet(nn.Module):
         x = nn.avg_pool(
             nn.relu(_conv(50, 5, name="conv2", dtype=d, param_dtype=p)(x)), (2, 2), strides=(2, 2)
         )
-        x = jnp.transpose(x, (0, 3, 1, 2)).reshape(
-            x.shape[0], -1
-        )  # flatten in torch's (C, H, W) order
+        # flatten in torch's (C, H, W) order
+        x = jnp.transpose(x, (0, 3, 1, 2)).reshape(x.shape[0], -1)
         x = nn.relu(nn.Dense(128, dtype=d, param_dtype=p, name="fc1")(x))
         return nn.Dense(self.num_classes, dtype=d, param_dtype=p, name="fc2")(x)
 

@@ -98,9 +98,8 @@ class JaxTrainer(Trainer):
         )
         for name, program in compiled.items():
             setattr(self, name, program)
-        self._initial = models.from_canonical(
-            self.net, weights
-        )  # numpy, flax layouts, the net's dtype
+        # numpy, flax layouts, the net's dtype
+        self._initial = models.from_canonical(self.net, weights)
 
     def reset(self) -> None:
         params = self._initial["params"]
@@ -359,9 +358,8 @@ class ShardingTrainer(JaxTrainer):
     def place(self, x, y):
         x, y = np.asarray(x), np.asarray(y)
         check_batch(x, y, self.n_devices)
-        xs, ys = node_rows(
-            x, y, self.cfg
-        )  # this node's rows only: the global array is made of every node's
+        # this node's rows only: the global array is made of every node's
+        xs, ys = node_rows(x, y, self.cfg)
         return (
             jax.make_array_from_process_local_data(
                 self.batch_sharding, xs.astype(self._np_dtype), x.shape

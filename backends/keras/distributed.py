@@ -31,9 +31,8 @@ def launch(cfg: RunConfig, job, payload=None):
 def launch_ddp(cfg: RunConfig, job, payload=None):
     """Run job(cfg, rank, payload) in every rank of every node, Keras on torch in each; this node's first
     rank's value (torch's launch_ddp)."""
-    with keras_backend(
-        RANKS_FRAMEWORK
-    ):  # the ranks (and their forkserver, Keras on torch imported once) take it
+    # the ranks (and their forkserver, Keras on torch imported once) take it
+    with keras_backend(RANKS_FRAMEWORK):
         return torch_ranks.launch_ddp(cfg, job, payload, preload=("keras",))
 
 

@@ -79,9 +79,8 @@ class BatchNorm(layers.BatchNormalization):
                 self.compute_dtype,
             )
         grouped = ops.reshape(x, (self.groups, x.shape[0] // self.groups, *x.shape[1:]))
-        axes = tuple(
-            a + 1 for a in range(len(x.shape)) if a != channel
-        )  # all but the group and channel axes
+        # all but the group and channel axes
+        axes = tuple(a + 1 for a in range(len(x.shape)) if a != channel)
         count = int(np.prod([grouped.shape[a] for a in axes]))
         if count < 2:
             raise ValueError(
@@ -254,12 +253,10 @@ class Net:
                 self.relu(self.conv(x, name, filters, kernel))
             )
         if self.data_format == "channels_last":
-            x = layers.Permute((3, 1, 2), dtype=self.policy)(
-                x
-            )  # flatten in torch's (C, H, W) order
-        x = layers.Flatten(data_format="channels_last", dtype=self.policy)(
-            x
-        )  # (as it is: no transpose)
+            # flatten in torch's (C, H, W) order
+            x = layers.Permute((3, 1, 2), dtype=self.policy)(x)
+        # (as it is: no transpose)
+        x = layers.Flatten(data_format="channels_last", dtype=self.policy)(x)
         x = self.relu(self.dense(x, "fc1", 128))
         return keras.Model(inputs, self.dense(x, "fc2", num_classes), name="lenet")
 

@@ -116,9 +116,8 @@ class DDPTrainer(RankCollectives, KerasTrainer):
         self._statistics_averaged = False  # the training forward updates them
         self.optimizer.zero_grad(set_to_none=True)
         logits = self.net(xi, training=True)
-        logits = logits.to(
-            torch.promote_types(logits.dtype, torch.float32)
-        )  # (bf16: the loss in float32)
+        # (bf16: the loss in float32)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
         loss = F.cross_entropy(logits, yi)
         loss.backward()
         return (loss.detach() * len(yi), (logits.argmax(1) == yi).sum())

@@ -114,9 +114,8 @@ class RunningStatistics:
         arrays = self.arrays(shard_shape)
         kept = [(mean * (1 - MOMENTUM), var * (1 - MOMENTUM)) for mean, var, _ in arrays]
         yield
-        for (mean, var, n), (old_mean, old_var) in zip(
-            arrays, kept
-        ):  # in place: the layers' own arrays
+        # in place: the layers' own arrays
+        for (mean, var, n), (old_mean, old_var) in zip(arrays, kept):
             mean *= MOMENTUM
             mean += old_mean
             var *= MOMENTUM * n / (n - 1)

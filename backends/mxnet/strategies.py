@@ -72,9 +72,8 @@ class MXNetTrainer(Trainer):
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
-        self.devs = devices(
-            cfg.local_devices, cfg.device_kind, cfg.first_gpu
-        )  # loopback nodes share the GPUs
+        # loopback nodes share the GPUs
+        self.devs = devices(cfg.local_devices, cfg.device_kind, cfg.first_gpu)
         # the examples of the (global) batch reduce_gradients last took
         self._examples = cfg.batch_size
         # Several nodes (gluon only): this node's view of the process's dist kvstore, for the global figures.
@@ -269,9 +268,8 @@ class GluonTrainer(MXNetTrainer):
         buffers = zeros_per_context(values, self.devs)
         if self.n_devices == 1:
             return Reduction(buffers, lambda: None)
-        kv = self.kv or mx.kv.create(
-            kvstore(self.cfg)
-        )  # several nodes: the trainer's keys, "allreduce"
+        # several nodes: the trainer's keys, "allreduce"
+        kv = self.kv or mx.kv.create(kvstore(self.cfg))
         kv.init("allreduce", buffers[0])
         mx.nd.waitall()
         return Reduction(buffers, lambda: kv.pushpull("allreduce", buffers))

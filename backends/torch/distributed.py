@@ -145,9 +145,8 @@ def launch_ddp(cfg: RunConfig, job, payload=None, preload: tuple[str, ...] = ())
     host, port = rendezvous_address(cfg)
     run_id = f"dpbench-{next(_launches)}"
     multiprocessing.get_context(START_METHOD).set_forkserver_preload([*PRELOADED, *preload])
-    bind_transport(
-        cfg
-    )  # before the first launch starts the forkserver, whose environment every rank has
+    # before the first launch starts the forkserver, whose environment every rank has
+    bind_transport(cfg)
     if cfg.nodes > 1 and cfg.node_rank == 0:
         _serve_coordinator(cfg, host, port)
     # The ranks' error files in the worker's scratch directory, which the harness removes: a run killed by a
@@ -245,9 +244,8 @@ def _recorded_failures(cfg: RunConfig, log_dir: str) -> dict[int, ProcessFailure
             failures[cfg.node_rank * cfg.local_devices + local_rank] = ProcessFailure(
                 local_rank, -1, 1, str(path)
             )
-        except (
-            ValueError
-        ):  # a rank still writing its file (killed meanwhile): the agent's own record names it
+        # a rank still writing its file (killed meanwhile): the agent's own record names it
+        except ValueError:
             continue
     return failures
 

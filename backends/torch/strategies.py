@@ -162,9 +162,8 @@ class ScratchTrainer(TorchTrainer):
         """d2l's sgd: p -= lr * g / B on every replica (g is the gradient of the summed loss)."""
         scale = self.cfg.lr / self.cfg.batch_size
         with torch.no_grad():
-            for net in (
-                self.replicas
-            ):  # one multi-tensor kernel per replica on CUDA, not one per parameter
+            # one multi-tensor kernel per replica on CUDA, not one per parameter
+            for net in self.replicas:
                 params = list(net.parameters())
                 torch._foreach_sub_(params, [p.grad for p in params], alpha=scale)
 

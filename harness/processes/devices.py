@@ -17,13 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 NVIDIA_SMI_TIMEOUT_S = 20  # a wedged driver can hang nvidia-smi; the harness must not hang with it
-PROC_GPUS = Path(
-    "/proc/driver/nvidia/gpus"
-)  # one directory per GPU (its PCI bus id), with an `information` file
+# one directory per GPU (its PCI bus id), with an `information` file
+PROC_GPUS = Path("/proc/driver/nvidia/gpus")
 DEV_NVIDIA0 = Path("/dev/nvidia0")  # the first GPU's device node
-PROC_VERSION = Path(
-    "/proc/driver/nvidia/version"
-)  # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15 ..."
+# "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15 ..."
+PROC_VERSION = Path("/proc/driver/nvidia/version")
 
 
 @dataclass

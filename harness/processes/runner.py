@@ -365,9 +365,8 @@ def _run_nodes(
         if record is not None:
             console.event(cfg, record)
             if watch is not None:
-                watch.report(
-                    record
-                )  # the run's progress, for the other hosts' line if this one is lost
+                # the run's progress, for the other hosts' line if this one is lost
+                watch.report(record)
         return record is not None
 
     console.started(cfg)

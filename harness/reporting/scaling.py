@@ -129,9 +129,8 @@ def hierarchical_seconds(
 ) -> float:
     """Reduce-scatter and all-gather inside each host, a ring of each device's shard across the hosts."""
     shard = nbytes / per_host
-    nic_share = Link(
-        nic.gb_per_s * nics / per_host, nic.latency_s
-    )  # one device's share of the host's NICs
+    # one device's share of the host's NICs
+    nic_share = Link(nic.gb_per_s * nics / per_host, nic.latency_s)
     return ring_seconds(nbytes, per_host, inside) + ring_seconds(shard, hosts, nic_share)
 
 

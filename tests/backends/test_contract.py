@@ -362,9 +362,8 @@ def test_gradient_is_that_of_the_mean_loss(backend, meta):
     assert set(grads) == trainable_names("lenet")
     h = 1e-4
     for name in ("fc2.bias", "fc2.weight"):  # after the last ReLU: the loss is smooth in them
-        index = np.unravel_index(
-            np.argmax(np.abs(grads[name])), grads[name].shape
-        )  # a visible slope
+        # a visible slope
+        index = np.unravel_index(np.argmax(np.abs(grads[name])), grads[name].shape)
         plus, minus = ({**w, name: w[name].copy()} for _ in range(2))
         plus[name][index] += h
         minus[name][index] -= h
@@ -475,9 +474,8 @@ def test_running_statistics_follow_torchs_convention(backend, strategy, meta, k,
     against numpy; the biased variance (another framework's default) is far outside the tolerance."""
     if bn not in declared_bn_modes(meta, strategy):
         pytest.skip(f"{meta.name} {strategy} has no --bn {bn}")
-    w = he_scaled(
-        backend.initial_weights("resnet18", 0), "resnet18"
-    )  # statistics of a visible size
+    # statistics of a visible size
+    w = he_scaled(backend.initial_weights("resnet18", 0), "resnet18")
     x, y = batch(RESNET_BATCH)
     got = call(
         backend.train_steps,
@@ -491,9 +489,8 @@ def test_running_statistics_follow_torchs_convention(backend, strategy, meta, k,
     _, biased = expected_running_statistics(x, w, shards, ddof=0)
     assert np.max(np.abs(got["bn.running_mean"] - mean)) <= IDENTICAL * np.max(np.abs(mean))
     assert np.max(np.abs(got["bn.running_var"] - var)) <= IDENTICAL * np.max(var)
-    assert np.max(np.abs(biased - var)) > 1e4 * IDENTICAL * np.max(
-        var
-    )  # the test can tell the two apart
+    # the test can tell the two apart
+    assert np.max(np.abs(biased - var)) > 1e4 * IDENTICAL * np.max(var)
 
 
 def test_a_gpu_run_the_framework_cannot_see_a_gpu_for_is_unavailable_with_the_reason(
@@ -747,9 +744,8 @@ def test_reduce_gradients_then_update_is_the_fused_step(backend, strategy):
         halves.sync()
         assert max_abs_diff(fused.canonical(), weights) > 1e-3
         assert relative(halves.canonical(), fused.canonical()) <= IDENTICAL
-        if hasattr(
-            fused, "state"
-        ):  # the whole state, as the trainer keeps it: every device's, the optimizer's
+        # the whole state, as the trainer keeps it: every device's, the optimizer's
+        if hasattr(fused, "state"):
             state = [dict(enumerate(leaves(t.state))) for t in (halves, fused)]
             assert all(a.dtype == np.float64 for a in state[0].values() if a.dtype.kind == "f")
             assert relative(*state) <= IDENTICAL
@@ -833,9 +829,8 @@ def test_a_node_killed_mid_run_fails_the_run_with_its_error_and_ends_every_proce
     try:
         deadline, log = time.monotonic() + 300, None
         while time.monotonic() < deadline and harness.poll() is None:
-            logs = glob.glob(
-                str(out / ".tmp-*" / "logs" / "*node0.log")
-            )  # rank 0 reports the steps
+            # rank 0 reports the steps
+            logs = glob.glob(str(out / ".tmp-*" / "logs" / "*node0.log"))
             if logs and '"event": "step"' in open(logs[0]).read():
                 log = logs[0].replace("node0", "node1")
                 break

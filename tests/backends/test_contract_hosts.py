@@ -75,9 +75,8 @@ def test_two_hosts_train_the_same_weights_as_loopback_nodes_and_one_process(
             host.interface,
         )
         assert f"this host is {host.address} on {host.interface}" in log.read_text()
-        assert coordinator in json.dumps(
-            row["environment"]["details"]
-        )  # where the engine met, recorded
+        # where the engine met, recorded
+        assert coordinator in json.dumps(row["environment"]["details"])
     across_hosts = weightslib.load(outs[0] / "weights.npz")
     loopback, row = run_here(
         tmp_path, "loopback", engine_strategy, "--nodes", "2", "--gpus", "1", "--timed-steps", "2"

@@ -679,9 +679,8 @@ def test_predict_runs_on_the_cpu_at_full_float32_precision(backend, monkeypatch)
             False,
         )
     )
-    with jax.default_matmul_precision(
-        "highest"
-    ):  # what that setting does to the convolutions it lowers
+    # what that setting does to the convolutions it lowers
+    with jax.default_matmul_precision("highest"):
         assert "HIGHEST" in lowered.lower(batch(2)[0]).as_text()
 
 

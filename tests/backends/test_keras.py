@@ -122,9 +122,8 @@ def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same(backend, strategy)
 
 
 # Not marked `rounding`: TorchInductor compiles its own C++ with -march=native, which the portable caps do not reach.
-@pytest.mark.filterwarnings(
-    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
-)  # inside inductor
+# inside inductor
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_ddp_compiled_step_is_as_close_to_the_float64_step_as_the_eager_one(backend):
     """--compile on ddp: torch.compile of the DDP-wrapped Keras model (a float32 lever)."""
     start, eager = steps_with(backend, "ddp", "lenet")

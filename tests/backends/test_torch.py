@@ -164,9 +164,8 @@ def test_channels_last_takes_the_same_step_in_nhwc(backend):
 
 
 # Not marked `rounding`: TorchInductor compiles its own C++ with -march=native, which the portable caps do not reach.
-@pytest.mark.filterwarnings(
-    "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
-)  # inside inductor
+# inside inductor
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_compiled_step_equals_the_eager_step(backend):
     """torch.compile exists in float32 only: its step is as close to the float64 step as the eager one."""
     from torch._dynamo.eval_frame import OptimizedModule

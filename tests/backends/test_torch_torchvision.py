@@ -183,9 +183,8 @@ def test_our_reader_gives_exactly_what_torchvision_gives(torchvision_root, train
     assert len(labels) == (60000 if train else 10000)
     expected_images, expected_labels = reference.data.numpy(), reference.targets.numpy()
     assert np.array_equal(np.rint(images[:, 0] * 255).astype(np.uint8), expected_images)
-    assert np.array_equal(
-        images[:, 0], expected_images.astype(np.float32) / 255
-    )  # ToTensor's scaling, bit for bit
+    # ToTensor's scaling, bit for bit
+    assert np.array_equal(images[:, 0], expected_images.astype(np.float32) / 255)
     assert np.array_equal(labels, expected_labels)
 
 

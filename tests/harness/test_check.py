@@ -270,9 +270,8 @@ def test_an_injected_gradient_difference_of_1e_3_fails():
     """float32 cannot see 1e-3 on ResNet-18 (its own rounding is larger), float64 can, and says FAIL."""
     runs = (("ddp", 1, "local"), ("ddp", 2, "local"))
     rows = resnet_pair(runs, jax_grad_error=1e-3)
-    assert all(
-        r.status == "ok" for r in by(rows, backend="jax", check="gradients")
-    )  # within 3x 5e-3
+    # within 3x 5e-3
+    assert all(r.status == "ok" for r in by(rows, backend="jax", check="gradients"))
     same = by(rows, backend="jax", check="same math (float64)")
     assert len(same) == 2 and all(
         r.status == "FAIL" and abs(r.value - 1e-3) < 1e-9 for r in same

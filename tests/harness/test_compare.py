@@ -156,9 +156,8 @@ def test_the_spread_between_trials_counts_not_only_the_steps_within_them():
     old, new = trials([0.045, 0.055, 0.065]), trials([0.044, 0.050, 0.056])
     low, high = compare.ratio_interval(old, new, 0.05)
     assert low < 1 < high
-    pooled = compare.ratio_interval(
-        [sum(old, [])], [sum(new, [])], 0.05
-    )  # one "trial" each: steps only
+    # one "trial" each: steps only
+    pooled = compare.ratio_interval([sum(old, [])], [sum(new, [])], 0.05)
     assert pooled[1] < 1
 
 

@@ -75,9 +75,8 @@ def test_missing_data_gives_instructions(tmp_path, monkeypatch):
     reason="dataset-fashion-mnist not installed",
 )
 def test_real_fashion_mnist_files():
-    ds = datalib.load_fashion_mnist(
-        fashion_mnist.DEBIAN_DIR
-    )  # verifies the SHA-256 of all four files
+    # verifies the SHA-256 of all four files
+    ds = datalib.load_fashion_mnist(fashion_mnist.DEBIAN_DIR)
     assert ds.x_train.shape == (60000, 1, 28, 28) and ds.x_test.shape == (10000, 1, 28, 28)
     assert np.bincount(ds.y_train).tolist() == [6000] * 10
     assert np.bincount(ds.y_test).tolist() == [1000] * 10
@@ -102,9 +101,8 @@ def test_batches_are_a_function_of_seed_and_epoch():
     assert run(0, 0) != run(0, 1) and run(0, 0) != run(1, 0)
     order = datalib.epoch_permutation(10, 0, 0)
     xs = [x for x, _ in datalib.train_batches(ds, 4, 0, 0)]
-    assert len(xs) == 2 and all(
-        len(x) == 4 for x in xs
-    )  # 10 // 4 = 2: the partial batch is dropped
+    # 10 // 4 = 2: the partial batch is dropped
+    assert len(xs) == 2 and all(len(x) == 4 for x in xs)
     assert np.array_equal(np.concatenate(xs), ds.x_train[order[:8]])
 
 

@@ -169,9 +169,8 @@ def test_failing_nvidia_smi_falls_back_to_the_driver_files(host):
         exit_code=9,
         error="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
     )
-    host.proc_gpu(
-        "0000:c1:00.0", "NVIDIA A100-SXM4-80GB", A100
-    )  # made first: the bus id decides the order
+    # made first: the bus id decides the order
+    host.proc_gpu("0000:c1:00.0", "NVIDIA A100-SXM4-80GB", A100)
     host.proc_gpu("0000:41:00.0", "NVIDIA H200", H200)
     assert devices.detect() == devices.Detection(
         ["NVIDIA H200", "NVIDIA A100-SXM4-80GB"],

@@ -154,9 +154,8 @@ def assert_none_survive(pids: list[int], within: float = 10) -> None:
 
 def only_report(out: Path) -> Path:
     entries = list(out.iterdir())
-    assert len(entries) == 1 and not entries[0].name.startswith("."), (
-        entries
-    )  # no .tmp-<run-id> left
+    # no .tmp-<run-id> left
+    assert len(entries) == 1 and not entries[0].name.startswith("."), entries
     return entries[0]
 
 

@@ -82,9 +82,8 @@ def test_synthetic_imagenet_images_are_seeded_labelled_and_learnable():
         and a.x_train.dtype == np.float32
         and a.y_train.dtype == np.int32
     )
-    assert np.array_equal(a.x_test, b.x_test) and np.array_equal(
-        a.y_test, b.y_test
-    )  # the test set: fixed
+    # the test set: fixed
+    assert np.array_equal(a.x_test, b.x_test) and np.array_equal(a.y_test, b.y_test)
     assert not np.array_equal(a.x_train, imagenet.synthetic(20, 6, 32, seed=4).x_train)
     assert "synthetic" in a.source and "not ImageNet" in a.source
     # each class shifts the channel means by its own colour (std 1) over noise whose mean over 32x32 pixels has

@@ -124,9 +124,8 @@ def test_two_hosts_as_the_same_node_fail_the_meeting():
 
 def test_a_stray_connection_is_ignored_and_a_port_held_by_another_program_is_retried():
     port = free_port()
-    impostor = socket.create_server(
-        ("127.0.0.1", port)
-    )  # another program on the port: answers garbage
+    # another program on the port: answers garbage
+    impostor = socket.create_server(("127.0.0.1", port))
 
     def answer_garbage_then_leave():
         for _ in range(2):
