@@ -161,6 +161,7 @@ def run_all(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path
     them: the runs that finished keep their results, the others are reported as interrupted."""
     results = [runner.not_run_result(cfg, "unavailable", reason) for cfg, reason in plan.not_run]
     finished: list[dict] = []
+    training = False
     try:
         # Printed even with --quiet: which devices ran is what a result means, and it is one line.
         console.say(Devices(plan.device_kind, plan.gpus, plan.detection).line)
@@ -179,21 +180,33 @@ def run_all(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path
             + (f" ({plan.repeat} trials each)" if plan.repeat > 1 else "")
         )
         if args.check:
-            meta["equivalence"] = {
-                "interrupted": True
-            }  # replaced by the table if the check finishes
+            # replaced by the table if the check finishes
+            meta["equivalence"] = {"interrupted": True}
             meta["equivalence"] = check.equivalence(plan, console.say, workdir / "logs")
+        training = True
         execute(plan, workdir, console, finished)
     except KeyboardInterrupt as e:
-        why = f"interrupted by {e}" if str(e) else "interrupted by the user"
+        by = str(e) or "the user"
         console.say(
             f"Interrupted ({str(e) or 'SIGINT'}): writing the report with the runs finished so far"
         )
-        # execute() appends one result per config, in order: the rest never finished
+        # execute() appends one result per config, in order: the first one left was running (if training had
+        # begun), the rest never started
+        left = plan.runs[len(finished) :]
         finished += [
-            not_run(cfg, trial, "interrupted", why) for cfg, trial in plan.runs[len(finished) :]
+            not_run(cfg, trial, "interrupted", interrupted_why(by, running=training and i == 0))
+            for i, (cfg, trial) in enumerate(left)
         ]
     return results + finished
+
+
+def interrupted_why(by: str, running: bool) -> str:
+    """What a run the interrupt ended says: stopped while it ran, or never started."""
+    return (
+        f"interrupted by {by}"
+        if running
+        else f"not started: the harness was interrupted by {by} first"
+    )
 
 
 def save_report(staging: document.Staging, results: list[dict], meta: dict) -> Path | None:

@@ -197,6 +197,34 @@ def test_a_stop_signal_during_training_writes_the_partial_report_and_kills_the_w
     assert "interrupted" in (report_dir / "report.md").read_text()
 
 
+def test_the_runs_an_interrupt_kept_from_starting_say_so(tmp_path):
+    """Of the runs an interrupt ends, the one that was training says it was interrupted; the ones after it say
+    they never started, so that a report does not suggest they ran."""
+    out, state = tmp_path / "reports", tmp_path / "state"
+    state.mkdir()
+    proc = start_harness(
+        *BASE,
+        "--no-check",
+        "--gpus",
+        "1,2,4",
+        "--python",
+        f"torch={fake_worker(tmp_path)}",
+        "--out",
+        str(out),
+        env={"FAKE_STATE": str(state)},
+    )
+    wait_for(state / "pids", proc)  # the 1-device run is done, the 2-device one hangs
+    proc.send_signal(signal.SIGTERM)
+    code, stderr = finish(proc)
+    assert code == 128 + signal.SIGTERM, stderr
+    runs = json.loads((only_report(out) / "results.json").read_text())["runs"]
+    assert [(r["config"]["devices"], r["status"], r["error"]) for r in runs] == [
+        (1, "ok", None),
+        (2, "interrupted", "interrupted by SIGTERM"),
+        (4, "interrupted", "not started: the harness was interrupted by SIGTERM first"),
+    ]
+
+
 def test_sighup_stays_ignored_under_nohup(tmp_path):
     out, state = tmp_path / "reports", tmp_path / "state"
     state.mkdir()
