@@ -167,18 +167,15 @@ def statuses(report_dir: Path) -> list[tuple[int, str]]:
 # ------------------------------------------------------------------------- signals
 
 
-@pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
-def test_a_stop_signal_during_training_writes_the_partial_report_and_kills_the_workers(
-    tmp_path, signum
-):
-    """SIGTERM (timeout, systemd, scancel) and SIGHUP (a closed terminal) do what Ctrl-C does."""
-    out, state = tmp_path / "reports", tmp_path / "state"
+def stopped_in_the_2_device_run(tmp_path, out, state, gpus: str, signum) -> tuple[int, str]:
+    """The harness over `gpus` device counts with a worker that hangs at 2 devices, sent `signum` once the
+    1-device run is done: its exit status and stderr."""
     state.mkdir()
     proc = start_harness(
         *BASE,
         "--no-check",
         "--gpus",
-        "1,2",
+        gpus,
         "--python",
         f"torch={fake_worker(tmp_path)}",
         "--out",
@@ -187,7 +184,16 @@ def test_a_stop_signal_during_training_writes_the_partial_report_and_kills_the_w
     )
     wait_for(state / "pids", proc)  # the 1-device run is done, the 2-device one hangs
     proc.send_signal(signum)
-    code, stderr = finish(proc)
+    return finish(proc)
+
+
+@pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_a_stop_signal_during_training_writes_the_partial_report_and_kills_the_workers(
+    tmp_path, signum
+):
+    """SIGTERM (timeout, systemd, scancel) and SIGHUP (a closed terminal) do what Ctrl-C does."""
+    out, state = tmp_path / "reports", tmp_path / "state"
+    code, stderr = stopped_in_the_2_device_run(tmp_path, out, state, "1,2", signum)
     assert_none_survive([int(p) for p in (state / "pids").read_text().split()])
     assert code == 128 + signum, stderr
     assert "Traceback" not in stderr
@@ -201,21 +207,7 @@ def test_the_runs_an_interrupt_kept_from_starting_say_so(tmp_path):
     """Of the runs an interrupt ends, the one that was training says it was interrupted; the ones after it say
     they never started, so that a report does not suggest they ran."""
     out, state = tmp_path / "reports", tmp_path / "state"
-    state.mkdir()
-    proc = start_harness(
-        *BASE,
-        "--no-check",
-        "--gpus",
-        "1,2,4",
-        "--python",
-        f"torch={fake_worker(tmp_path)}",
-        "--out",
-        str(out),
-        env={"FAKE_STATE": str(state)},
-    )
-    wait_for(state / "pids", proc)  # the 1-device run is done, the 2-device one hangs
-    proc.send_signal(signal.SIGTERM)
-    code, stderr = finish(proc)
+    code, stderr = stopped_in_the_2_device_run(tmp_path, out, state, "1,2,4", signal.SIGTERM)
     assert code == 128 + signal.SIGTERM, stderr
     runs = json.loads((only_report(out) / "results.json").read_text())["runs"]
     assert [(r["config"]["devices"], r["status"], r["error"]) for r in runs] == [
