@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import shutil
 import signal
@@ -283,7 +284,7 @@ def positive_minutes(text: str) -> float:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
+    if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"must be a positive number of minutes (got {text!r})")
     return value
 

@@ -113,6 +113,7 @@ def test_a_piece_out_of_range_or_a_budget_nothing_fits_is_refused_in_one_line():
         (["--piece", "12"], "--piece must be 1..11 (got 12)"),
         (["--budget", "0.5"], "no piece fits 0.5 minutes"),
         (["--budget", "-1"], "must be a positive number of minutes"),
+        (["--budget", "inf"], "must be a positive number of minutes"),
     ):
         out = subprocess.run(
             [sys.executable, SCRIPT, "run", *args], capture_output=True, text=True, timeout=60
