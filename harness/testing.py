@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ from pathlib import Path
 from common import manifest
 from harness.arguments import Parser, UsageError, backends_flags, python_flags
 from harness.planning.plan import parse_backends, parse_pythons
-from harness.processes import envs
+from harness.processes import envs, runner
 from harness.processes.envs import ROOT
 
 # What --portable caps, per library; each was checked to change the kernels in the pinned versions
@@ -221,11 +220,6 @@ class Outcome:
     seconds: float
 
 
-# How long a suite's processes get to end after SIGTERM (pytest stops at once; a harness a test started writes
-# what finished, then stops its workers).
-STOP_GRACE_S = 10.0
-
-
 class Running:
     """The suites' processes alive now: an interrupt (Ctrl-C, SIGTERM, SIGHUP) stops each one's whole process
     group, so that no pytest, and no worker a test started, outlives the pass."""
@@ -244,27 +238,12 @@ class Running:
             with self._lock:
                 self._procs.discard(proc)
 
-    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """SIGTERM to every suite's process group, then SIGKILL to those still there after `grace_s`."""
+    def stop(self) -> None:
+        """Every suite's process group stopped as a worker's is: SIGTERM, then SIGKILL after the grace."""
         with self._lock:
             procs = list(self._procs)
-        signal_groups(procs, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
         for proc in procs:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        # (what is left of a group: a child that ignored SIGTERM)
-        signal_groups(procs, signal.SIGKILL)
-
-
-def signal_groups(procs: list[subprocess.Popen], sig: int) -> None:
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:  # the group is gone already
-            pass
+            runner.kill_group(proc)
 
 
 RUNNING = Running()
