@@ -3,7 +3,7 @@ provides, said once (the Protocols below), in the same module names everywhere.
 
 A backend package builds one object from its own modules, and nothing else:
 
-    BACKEND = Backend(name, models, parallel, strategies, environment, distributed, switches)
+    BACKEND = Backend(name, models, parallel, strategies, environment, distributed, profiling, switches)
 
 The worker (`python -m backends.<name>`, common/worker.py), the check worker (common/measurements.py) and the
 tests take that object. It holds what is the same everywhere: the refusals, the engine's session, a trainer
@@ -19,6 +19,8 @@ initial weights. What differs between frameworks stays in the backend's modules:
                   state)
   distributed.py  join(cfg) and leave(clean): the engine across processes and nodes, which `session` holds for
                   as long as a run or a check lasts; launch(cfg, job, payload): where a strategy runs
+  profiling.py    record(cfg, folder, rank): the framework's profiler around the --profile steps;
+                  matmul(cfg, n, dtype): one matrix product to time, the host's measured peak
 and, where the framework has process-wide switches, `Switches`: configure(cfg) before a trainer is built (its
 precision), computing_in(dtype) while a probe computes in a dtype.
 
@@ -34,6 +36,7 @@ import contextlib
 import importlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
@@ -44,6 +47,7 @@ from common import levers as leverlib
 from common.config import RunConfig, datasets_for
 from common.errors import Unsupported
 from common.loop import run_training
+from common.profiling import Recording
 from common.trainer import PROBES, Trainer
 from common.weights import for_run as weights_for_run
 from common.weights import init_canonical
@@ -113,6 +117,17 @@ class Distributed(Protocol):
     def leave(self, clean: bool = True) -> None: ...
 
     def launch(self, cfg: RunConfig, job: Job, payload: Any = None) -> Any: ...
+
+
+@runtime_checkable
+class Profiling(Protocol):
+    """profiling.py: the framework's own profiler, and its matrix product (common/profiling.py, common/loop.py)."""
+
+    def record(
+        self, cfg: RunConfig, folder: Path, rank: int
+    ) -> AbstractContextManager[Recording]: ...
+
+    def matmul(self, cfg: RunConfig, n: int, dtype: str) -> Callable[[], None]: ...
 
 
 def no_switch(cfg: RunConfig) -> None:
@@ -196,6 +211,7 @@ class Backend:
         strategies: Strategies,
         environment: Environment,
         distributed: Distributed,
+        profiling: Profiling,
         switches: Switches = Switches(),
     ):
         self.name = name
@@ -204,6 +220,7 @@ class Backend:
         self.strategies = strategies
         self._environment = environment
         self.distributed = distributed
+        self.profiling = profiling
         self.configure = switches.configure
         self.computing_in = switches.computing_in
         # The sessions open in this process. The check worker holds one around its whole job and every probe
@@ -307,11 +324,21 @@ class Backend:
         loss, grads = self.gradients(probe, weights, *batches[0])
         return loss, grads, self.train_trace(probe, weights, batches, lr)
 
+    def run_probes(self, probe: Probe, weights: Weights, runs: list, lr: float) -> list:
+        """Several probes of one configuration in one launch of its processes (a strategy with ranks of its own
+        starts them once, not once per probe): `runs` is a list of (probe name, dtype, batches), each on a fresh
+        trainer from `weights`; their values in order. Every dtype is checked before anything runs."""
+        cfg = probe.config(self.name, len(runs[0][2][0][1]), lr)
+        for dtype in dict.fromkeys(dtype for _, dtype, _ in runs):
+            self.check_supported(cfg, dtype)
+        runs = [(name, dtype, as_dtype(batches, dtype)) for name, dtype, batches in runs]
+        with self.session(cfg):
+            return self.distributed.launch(cfg, self.probes_job, (weights, runs))
+
     def _measure(self, cfg: RunConfig, weights: Weights, batches: list, probe: str, dtype: str):
         """common.trainer's PROBES[probe] of a fresh trainer, checked, inside the engine's session."""
         self.check_supported(cfg, dtype)  # before the weights are read or an engine is joined
-        # float32 -> float64 is exact
-        batches = [(np.asarray(x, dtype=dtype), y) for x, y in batches]
+        batches = as_dtype(batches, dtype)
         with self.session(cfg):
             return self.distributed.launch(cfg, self.probe_job, (weights, batches, probe, dtype))
 
@@ -319,7 +346,8 @@ class Backend:
 
     def train_job(self, cfg: RunConfig, rank: int, payload=None) -> dict:
         """One process of a run: train as the run config says."""
-        return run_training(self.make_trainer(cfg, weights_for_run(cfg)), cfg, datalib.load(cfg))
+        trainer = self.make_trainer(cfg, weights_for_run(cfg))
+        return run_training(trainer, cfg, datalib.load(cfg), self.profiling)
 
     def probe_job(self, cfg: RunConfig, rank: int, payload: tuple):
         """One process of an equivalence probe: payload (weights, batches, probe name, dtype), computed in
@@ -327,6 +355,14 @@ class Backend:
         weights, batches, probe, dtype = payload
         with self.computing_in(dtype):
             return PROBES[probe](self.make_trainer(cfg, weights, dtype), batches)
+
+    def probes_job(self, cfg: RunConfig, rank: int, payload: tuple) -> list:
+        """One process of several probes (run_probes): payload (weights, [(probe name, dtype, batches)])."""
+        weights, runs = payload
+        return [
+            self.probe_job(cfg, rank, (weights, batches, name, dtype))
+            for name, dtype, batches in runs
+        ]
 
     # ---------------------------------------------------------------- models
 
@@ -354,6 +390,11 @@ class Backend:
     def param_count(self, model: str) -> int:
         """Trainable parameters of `model` as the framework's network counts them."""
         return self.models.count_params(self.models.build(model))
+
+
+def as_dtype(batches: list, dtype: str) -> list:
+    """The batches' images in `dtype` (float32 -> float64 is exact), labels as they are."""
+    return [(np.asarray(x, dtype=dtype), y) for x, y in batches]
 
 
 def backend_named(name: str) -> Backend:

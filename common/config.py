@@ -20,6 +20,8 @@ INITS = ("d2l", "he")  # the initialisers of common/weights.py
 PRECISIONS = ("fp32", "tf32", "bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 MAX_PREFETCH = 16
+# --profile: a trace of more steps only grows (gzipped, about 0.1 MB a ResNet-18 step in torch, 1 MB in MXNet)
+MAX_PROFILE_STEPS = 50
 # --gpus on the CPU: the simulated devices a backend provides (XLA's are made at import)
 MAX_SIMULATED_DEVICES = 16
 # (channels, classes) of each dataset's images; a model takes the datasets of its own input (architectures.INPUTS).
@@ -205,6 +207,10 @@ class RunConfig:
     # run starts its caches cold, in a folder of its own (common/caches.py).
     compile_cache: str | None = None
     timed_steps: int = 20  # steady-state steps timed one by one after training (step statistics)
+    # steps recorded with the framework's profiler after everything timed (--profile; 0: none): common/profiling.py
+    profile: int = 0
+    # measure the framework's matmul peak on this host after training (the harness asks it of one run per backend)
+    measure_peak: bool = False
     # Several processes on one or more hosts ("nodes"): `devices` is the global count, devices // nodes on
     # each node; every node runs the same config with its own node_rank, and joins the framework's engine
     # (torchrun's rendezvous, jax.distributed's coordinator, MXNet's ps-lite scheduler) at `coordinator`.
@@ -314,6 +320,10 @@ class RunConfig:
             )
         if self.timed_steps < 0:
             raise ConfigError(f"--timed-steps must be at least 0 (got {self.timed_steps})")
+        if not 0 <= self.profile <= MAX_PROFILE_STEPS:
+            raise ConfigError(
+                f"--profile must be between 0 and {MAX_PROFILE_STEPS} steps (got {self.profile})"
+            )
         if self.bn not in BN_MODES:
             raise ConfigError(f"unknown --bn {self.bn!r}; choose from {', '.join(BN_MODES)}")
         if self.batch_size < self.devices:

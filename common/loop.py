@@ -35,6 +35,7 @@ import time
 import numpy as np
 
 from common import data as datalib
+from common import profiling as profilinglib
 from common import progress, sysinfo
 from common import weights as weightslib
 from common.errors import Diverged
@@ -42,8 +43,10 @@ from common.results import epoch_over_steps
 from common.trainer import Trainer, feed
 
 
-def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
-    """Warm up, train cfg.epochs epochs, evaluate after each; return the metrics part of a result.
+def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset, profiling=None) -> dict:
+    """Warm up, train cfg.epochs epochs, evaluate after each; return the metrics part of a result. After
+    everything timed, `profiling` (the backend's profiling.py) records the --profile steps and measures the
+    matmul peak where the run config asks.
 
     With cfg.epochs == 0 (only with --load-weights) the weights are just evaluated."""
     if cfg.epochs == 0:
@@ -67,6 +70,10 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
     compiles.open()
     step_time = step_statistics(time_steps(trainer, cfg, dataset), cfg.batch_size)
     compiles.close("timed_steps")
+    allreduce = allreduce_figure(trainer, cfg, step_time)
+    # nothing timed comes after this line: the profiler and the peak change no timed figure
+    profile = profile_steps(trainer, cfg, dataset, profiling)
+    peak = measured_peak(cfg, profiling, trainer.rank)
     return {
         "epochs": epochs,
         "final_test_acc": epochs[-1]["test_acc"],
@@ -77,7 +84,9 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:
         "epoch_over_steps": epoch_over_steps(
             [e["time_s"] for e in epochs], epochs[0]["steps"], step_time and step_time["median_s"]
         ),
-        "allreduce": allreduce_figure(trainer, cfg, step_time),
+        "allreduce": allreduce,
+        "profile": profile,
+        "peak": peak,
         "params": trainer.param_count(),
         "weights_hash": weightslib.fingerprint(trainer.weights),
         "memory": {**trainer.memory(), "peak_host_rss_mb": sysinfo.peak_rss_mb()},
@@ -173,11 +182,7 @@ def time_steps(trainer: Trainer, cfg, dataset: datalib.Dataset) -> list[float]:
     (accuracy, saved weights) are not affected."""
     if not cfg.timed_steps:
         return []
-    epochs = itertools.count(cfg.epochs)
-    batches = itertools.chain.from_iterable(
-        datalib.train_batches(dataset, cfg.batch_size, cfg.seed, e) for e in epochs
-    )
-    batches = list(itertools.islice(batches, cfg.timed_steps))
+    batches = batches_after_training(cfg, dataset, 0, cfg.timed_steps)
     if cfg.resident_data:
         batches = trainer.stage(batches)
     seconds = []
@@ -191,6 +196,80 @@ def time_steps(trainer: Trainer, cfg, dataset: datalib.Dataset) -> list[float]:
     if trainer.rank == 0:
         progress.emit("timed_steps", steps=len(seconds))
     return seconds
+
+
+def batches_after_training(cfg, dataset: datalib.Dataset, skip: int, count: int) -> list:
+    """`count` batches of the epochs after the trained ones, after the first `skip` of them."""
+    epochs = itertools.count(cfg.epochs)
+    batches = itertools.chain.from_iterable(
+        datalib.train_batches(dataset, cfg.batch_size, cfg.seed, e) for e in epochs
+    )
+    return list(itertools.islice(batches, skip, skip + count))
+
+
+def profile_steps(trainer: Trainer, cfg, dataset: datalib.Dataset, profiling) -> dict | None:
+    """--profile: cfg.profile more steps (after the timed steps, on the batches that follow them), each between
+    two barriers as a timed step is, inside the framework's profiler; each rank writes its trace in the traces
+    folder (common/profiling.py's traces_folder). Rank 0's record: its trace's name in that folder and its
+    breakdown (common/profiling.py), or the reason there is none."""
+    if not cfg.profile or profiling is None:
+        return None
+    folder = profilinglib.traces_folder()
+    batches = batches_after_training(cfg, dataset, cfg.timed_steps, cfg.profile)
+    if cfg.resident_data:
+        batches = trainer.stage(batches)
+    trainer.sync()
+    with profiling.record(cfg, folder, trainer.rank) as recording:
+        start = time.perf_counter()
+        for x, y in feed(trainer, batches, cfg):
+            trainer.sync()
+            trainer.step(x, y)
+            trainer.sync()
+        wall = trainer.slowest(time.perf_counter() - start)
+    if trainer.rank == 0:
+        progress.emit("profiled", steps=len(batches))
+    return profilinglib.summary(recording, folder, wall, len(batches))
+
+
+# The matrix products of the measured peak: the side (large enough to be bound by arithmetic on each kind of
+# device), the most calls timed and the seconds after which no more are started (a CPU's bfloat16 product can be
+# a hundred times slower than its float32 one where the CPU has no bfloat16 arithmetic).
+PEAK_SIDE = {"cpu": 512, "gpu": 8192}
+PEAK_CALLS = 10
+PEAK_SECONDS = 0.5
+
+
+def measured_peak(cfg, profiling, rank: int) -> dict | None:
+    """The framework's matrix-multiply rate on this process's first device, float32 and bfloat16, in TFLOP/s:
+    {"n", "tflops": {dtype: rate or None}, "unmeasured": {dtype: why}}; rank 0 measures, where cfg asks."""
+    if not cfg.measure_peak or profiling is None or rank != 0:
+        return None
+    n = PEAK_SIDE[cfg.device_kind]
+    tflops, unmeasured = {}, {}
+    for dtype in ("float32", "bfloat16"):
+        try:
+            tflops[dtype] = matmul_tflops(profiling.matmul(cfg, n, dtype), n)
+        except Exception as e:  # a framework without a product in this dtype here: said, not fatal
+            tflops[dtype] = None
+            unmeasured[dtype] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[
+                :200
+            ]
+    return {"n": n, "tflops": tflops, "unmeasured": unmeasured}
+
+
+def matmul_tflops(product, n: int) -> float:
+    """The best rate of `product` (one n x n matrix product, waited for) over up to PEAK_CALLS timed calls after
+    an untimed one, stopping once PEAK_SECONDS are spent."""
+    product()
+    fastest, spent = math.inf, 0.0
+    for _ in range(PEAK_CALLS):
+        start = time.perf_counter()
+        product()
+        seconds = time.perf_counter() - start
+        fastest, spent = min(fastest, seconds), spent + seconds
+        if spent > PEAK_SECONDS:
+            break
+    return 2 * n**3 / fastest / 1e12
 
 
 def input_copies(cfg, ahead: str, in_step: str) -> str:

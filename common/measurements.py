@@ -109,11 +109,12 @@ def measure(backend, job: CheckJob) -> tuple[dict[str, np.ndarray], dict[str, st
                 levers=nodes,
             )
             try:
-                out.update(_run(backend, key, probe, inputs))
-                float64 = replace(probe, dtype="float64")
-                out.update(_run(backend, key.float64(), float64, inputs.first(FLOAT64_STEPS)))
+                measured, refused = _run(backend, key, probe, inputs)
             except Unsupported as e:
-                skipped[key.to_str()] = str(e)
+                measured, refused = {}, str(e)
+            out.update(measured)
+            if refused:
+                skipped[key.to_str()] = refused
         if job.float64 and not nodes:
             out.update(_reference_runs(backend, job, model, inputs))
     return out, skipped
@@ -180,11 +181,27 @@ def permuted_within_shards(batches: list, devices: int) -> list:
     return out
 
 
-def _run(backend, key: MeasurementKey, probe: Probe, inputs: Inputs) -> dict[str, np.ndarray]:
-    """The first batch's loss and gradients, and the trace over the batches, of one configuration."""
-    loss, grads = backend.gradients(probe, inputs.weights, *inputs.batches[0])
-    trace = backend.train_trace(probe, inputs.weights, inputs.batches, inputs.lr)
-    return _flat(key, loss, grads, trace)
+def _run(backend, key: MeasurementKey, probe: Probe, inputs: Inputs) -> tuple[dict, str | None]:
+    """The first batch's loss and gradients, and the trace over the batches, of one configuration, and the same in
+    float64 over the first FLOAT64_STEPS steps: all four in one launch of the strategy's processes. With why its
+    float64 run cannot run here (an engine that carries float32 only), if it cannot: then only the float32 ones.
+    Unsupported if the configuration cannot run at all."""
+    first = inputs.batches[:1]
+    float32 = [("gradients", "float32", first), ("trace", "float32", inputs.batches)]
+    float64 = [
+        ("gradients", "float64", first),
+        ("trace", "float64", inputs.first(FLOAT64_STEPS).batches),
+    ]
+    try:
+        backend.check_supported(probe.config(backend.name, len(first[0][1]), inputs.lr), "float64")
+        refused = None
+    except Unsupported as e:
+        float64, refused = [], str(e)
+    values = backend.run_probes(probe, inputs.weights, float32 + float64, inputs.lr)
+    out = _flat(key, *values[0], values[1])
+    if float64:
+        out.update(_flat(key.float64(), *values[2], values[3]))
+    return out, refused
 
 
 def _flat(key: MeasurementKey, loss: float, grads: dict, trace: dict) -> dict[str, np.ndarray]:

@@ -146,6 +146,10 @@ class Result:
     saved_weights: SavedWeights | None = None
     step_time: StepTime | None = None
     allreduce: Allreduce | None = None
+    # --profile: the trace's name and where a step's time goes (common/profiling.py summary); None without it
+    profile: dict | None = None
+    # the framework's measured matmul peak on this host (common/loop.py measured_peak); None where not measured
+    peak: dict | None = None
     memory: Memory | None = None
     test_examples: int | None = None
     train_examples: int | None = None
@@ -358,6 +362,8 @@ FIELD_TYPES = {
     "memory": (dict, type(None)),
     "step_time": (dict, type(None)),
     "allreduce": (dict, type(None)),
+    "profile": (dict, type(None)),
+    "peak": (dict, type(None)),
     "weights_hash": (str, type(None)),
     "data_hash": (str, type(None)),
     "log": (str, type(None)),
@@ -463,11 +469,56 @@ def _metrics_problem(result: dict) -> str | None:
             part.get(k) is None or _number(part[k]) for k in optional[name]
         ):
             return f"{name} lacks a field or has one that is not a number"
+    problem = profile_problem(result.get("profile")) or peak_problem(result.get("peak"))
+    if problem:
+        return problem
     samples = (result.get("step_time") or {}).get("samples_s")
     if samples is not None and not (
         isinstance(samples, list) and all(_number(s) and s > 0 for s in samples)
     ):
         return "step_time.samples_s is not a list of positive numbers"
+    return None
+
+
+def profile_problem(profile) -> str | None:
+    """Why a run's profile record (common/profiling.py summary) is not one the report can show, or None."""
+    if profile is None:
+        return None
+    if not isinstance(profile.get("steps"), int) or profile["steps"] < 1:
+        return "profile.steps is not a positive whole number"
+    if not _number(profile.get("step_s")):
+        return "profile.step_s is not a number"
+    trace = profile.get("trace")
+    if trace is not None and not (
+        isinstance(trace, str)
+        and trace
+        and not trace.startswith("/")
+        and ".." not in trace.split("/")
+    ):
+        return "profile.trace is not a path inside the run's traces folder"
+    if not isinstance(profile.get("error"), (str, type(None))):
+        return "profile.error is not text"
+    seconds = profile.get("seconds")
+    if profile.get("error") is None and not (
+        isinstance(seconds, dict)
+        and seconds
+        and all(isinstance(k, str) and _number(v) and v >= 0 for k, v in seconds.items())
+    ):
+        return "profile.seconds is not a table of seconds"
+    if profile.get("coverage") is not None and not _number(profile["coverage"]):
+        return "profile.coverage is not a number"
+    return None
+
+
+def peak_problem(peak) -> str | None:
+    """Why a run's measured peak (common/loop.py measured_peak) is not one the report can use, or None."""
+    if peak is None:
+        return None
+    tflops = peak.get("tflops")
+    if not isinstance(tflops, dict) or not all(
+        isinstance(k, str) and (v is None or _number(v) and v > 0) for k, v in tflops.items()
+    ):
+        return "peak.tflops is not a table of positive rates"
     return None
 
 

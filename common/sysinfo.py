@@ -19,6 +19,56 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpuinfo_field(name: str) -> str | None:
+    """The first value of `name` in /proc/cpuinfo (None where there is none, or no such file)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.split(":", 1)[0].strip() == name:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+# A core's float32 operations per cycle: 2 (a fused multiply-add) x 2 FMA units x the lanes of the widest vector
+# it advertises. AMD's AVX-512 (Zen 4) runs as two 256-bit halves: the lanes of AVX2.
+FMA_UNITS = 2
+
+
+def float32_lanes(flags: set[str], vendor: str) -> int:
+    if "avx512f" in flags and vendor != "AuthenticAMD":
+        return 16
+    if "avx2" in flags or "avx512f" in flags:
+        return 8
+    return 4
+
+
+def cpu_peak() -> dict:
+    """The host's theoretical float32 peak in TFLOP/s, with how it is counted: usable CPUs x float32 operations
+    per cycle x the clock /proc/cpuinfo gives (a nominal one: turbo is not counted; under a hypervisor, what it
+    reports), each CPU counted as a core. None where the clock or the flags are not known."""
+    flags = set((cpuinfo_field("flags") or "").split())
+    vendor = cpuinfo_field("vendor_id") or ""
+    try:
+        ghz = float(cpuinfo_field("cpu MHz") or "") / 1000
+    except ValueError:
+        ghz = None
+    if not flags or not ghz:
+        return {"fp32_tflops": None, "basis": "unknown: /proc/cpuinfo gives no clock or flags"}
+    lanes = float32_lanes(flags, vendor)
+    per_cycle = (
+        2 * FMA_UNITS * lanes if "fma" in flags else 2 * lanes
+    )  # without FMA: one mul, one add
+    cpus = usable_cpus()
+    return {
+        "fp32_tflops": cpus * per_cycle * ghz / 1000,
+        "basis": f"{cpus} CPUs x {per_cycle} FLOP/cycle ({lanes} float32 lanes"
+        + (f", FMA, {FMA_UNITS} units" if "fma" in flags else ", no FMA")
+        + f") x {ghz:.2f} GHz",
+    }
+
+
 def usable_cpus() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -35,6 +85,7 @@ def host() -> dict:
         "platform": platform.platform(),
         "cpu": cpu_model(),
         "cpus": usable_cpus(),
+        "cpu_peak": cpu_peak(),
     }
 
 

@@ -408,6 +408,15 @@ def run_flags() -> Parser:
         "(default: the preset's; 0 skips them and the allreduce figure)",
     )
     p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="record N more steps of every run with its framework's profiler, after everything timed (no "
+        "timed figure changes): a trace per run and rank in the report's traces/, and a table of where a "
+        "step's time goes (docs/profiling.md). Default 0: none",
+    )
+    p.add_argument(
         "--repeat",
         type=int,
         default=1,

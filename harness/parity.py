@@ -7,7 +7,11 @@ reversed every other trial, so slow drifts of the machine's load hit both sides 
 steps the same way: one warm-up step, then each step alone, its batch put before its timer starts.
 
 The figure of a strategy is its median step time over its idiom's: 1.00 is parity, 1.10 is 10% slower. Its
-interval is the two-level bootstrap `compare` uses (trials drawn, then each trial's steps). The report's
+interval is the two-level bootstrap `compare` uses (trials drawn, then each trial's steps). The trials are
+sequential: after the first `--repeat`, a strategy whose interval still straddles LIMIT (or 1) gets one more trial
+of each side, and again, until every interval is clear of the lines or `--max-trials` is reached; each look's
+interval is at 1 - ALPHA / looks (Bonferroni over the looks the rule may take), so that stopping when an interval
+clears a line does not make a false verdict likelier than ALPHA. The report's
 "Speed parity" section and plot give them, with the reason for each strategy slower than LIMIT where one
 is known and measured; results.json holds the figures under "parity".
 """
@@ -36,6 +40,8 @@ LIMIT = 1.10  # the most a strategy's step may cost over its idiom's
 ALPHA = 0.05  # the interval's: 95%
 # Interleaved trials per side: with fewer, a bootstrap interval of a median means little.
 DEFAULT_REPEAT = 6
+# The sequential rule's cap: an undecided strategy gets at most this many trials per side.
+DEFAULT_MAX_TRIALS = 12
 DEFAULT_TIMED_STEPS = 20
 SUITE_STEPS = 2  # the suite run's one training epoch: its steps are not what parity times
 
@@ -158,16 +164,37 @@ def seconds(value) -> bool:
 
 
 def schedule(plan: Plan) -> list[tuple[int, RunConfig | IdiomRun]]:
-    """Every trial of every side, interleaved: per trial, each backend's idioms then its strategies, the
+    """The first `--repeat` trials of every side, interleaved (round())."""
+    return [run for trial in range(1, plan.repeat + 1) for run in round_of(plan.configs, trial)]
+
+
+def round_of(configs: list[RunConfig], trial: int) -> list[tuple[int, RunConfig | IdiomRun]]:
+    """One trial of each of `configs` and of their idioms: per backend, its idioms then its strategies, the
     order reversed every other trial."""
     runs = []
-    for trial in range(1, plan.repeat + 1):
-        for backend in sorted(plan.backends):
-            configs = [c for c in plan.configs if c.backend == backend]
-            idioms = {idiom_of(c): IdiomRun(idiom_of(c), c) for c in configs}
-            sides = [*idioms.values(), *configs]
-            runs += [(trial, side) for side in (sides if trial % 2 else sides[::-1])]
+    for backend in sorted({c.backend for c in configs}):
+        mine = [c for c in configs if c.backend == backend]
+        idioms = {idiom_of(c): IdiomRun(idiom_of(c), c) for c in mine}
+        sides = [*idioms.values(), *mine]
+        runs += [(trial, side) for side in (sides if trial % 2 else sides[::-1])]
     return runs
+
+
+def looks(repeat: int, max_trials: int) -> int:
+    """How often the sequential rule may read the intervals: after the first `repeat` trials, then after each
+    added one."""
+    return max(1, max_trials - repeat + 1)
+
+
+def undecided(figures: dict, configs: list[RunConfig]) -> list[RunConfig]:
+    """The strategies whose interval is not clear of the lines yet ("inconclusive"); one without an interval (a
+    side that finished no trial) is not retried."""
+    open_rows = {
+        (r["backend"], r["strategy"])
+        for r in figures["rows"]
+        if r["verdict"].startswith("inconclusive")
+    }
+    return [c for c in configs if (c.backend, c.variant) in open_rows]
 
 
 def carry_out(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path) -> list[dict]:
@@ -182,28 +209,50 @@ def carry_out(plan: Plan, args, console: runner.Console, meta: dict, workdir: Pa
         f"Parity: {len(plan.configs)} strategies beside their idioms, {plan.repeat} interleaved trials, "
         f"{plan.configs[0].timed_steps if plan.configs else 0} timed steps each; {len(runs)} runs"
     )
+    alpha = ALPHA / looks(plan.repeat, args.max_trials)
+    trial, started = plan.repeat, 0
     try:
-        for trial, side in runs:
-            if isinstance(side, RunConfig):
-                finished.append(run.run_one(side, trial, pythons, workdir, console))
-                continue
-            python = pythons(side.cfg.backend)
-            if isinstance(python, Exception):
-                idioms.append(failed_idiom(side, trial, f"environment setup failed: {python}"))
-            else:
-                idioms.append(announce(console, run_idiom(side, trial, python, workdir)))
+        while runs:
+            # the strategies' runs before this round: an interrupt leaves the rest of the round not run
+            started = len(finished)
+            run_sides(runs, pythons, workdir, console, finished, idioms)
+            left = undecided(figures(finished, idioms, alpha), plan.configs)
+            if not left or trial >= args.max_trials:
+                break
+            trial += 1
+            console.say(f"Parity: trial {trial} for {len(left)} strategies still undecided")
+            runs = round_of(left, trial)
     except KeyboardInterrupt as e:
         console.say(f"Interrupted ({str(e) or 'SIGINT'}): the parity figures of the runs finished")
-        done = len(finished)
+        done = len(finished) - started
         finished += [
             run.not_run(side, trial, "interrupted", f"interrupted by {str(e) or 'the user'}")
             for trial, side in runs
             if isinstance(side, RunConfig)
         ][done:]
-    meta["parity"] = figures(finished, idioms)
+    meta["parity"] = {
+        **figures(finished, idioms, alpha),
+        "repeat": plan.repeat,
+        "max_trials": args.max_trials,
+    }
     for line in table(meta["parity"]["rows"]):
         console.say(line)
     return results + finished
+
+
+def run_sides(
+    runs, pythons, workdir: Path, console: runner.Console, finished: list, idioms: list
+) -> None:
+    """Each (trial, side) in turn: a strategy's run into `finished`, an idiom's record into `idioms`."""
+    for trial, side in runs:
+        if isinstance(side, RunConfig):
+            finished.append(run.run_one(side, trial, pythons, workdir, console))
+            continue
+        python = pythons(side.cfg.backend)
+        if isinstance(python, Exception):
+            idioms.append(failed_idiom(side, trial, f"environment setup failed: {python}"))
+        else:
+            idioms.append(announce(console, run_idiom(side, trial, python, workdir)))
 
 
 def failed_idiom(job: IdiomRun, trial: int, error: str) -> dict:
@@ -230,8 +279,9 @@ def announce(console: runner.Console, record: dict) -> dict:
 # ------------------------------------------------------------------------ the figures
 
 
-def figures(results: list[dict], idioms: list[dict]) -> dict:
-    """What results.json keeps under "parity": the limit, every idiom trial, and a row per strategy."""
+def figures(results: list[dict], idioms: list[dict], alpha: float = ALPHA) -> dict:
+    """What results.json keeps under "parity": the limit, every idiom trial, and a row per strategy, its
+    interval at 1 - alpha."""
     rows = []
     by_strategy: dict[tuple[str, str], list[Result]] = {}
     for r in as_results(results):
@@ -239,9 +289,9 @@ def figures(results: list[dict], idioms: list[dict]) -> dict:
     for (backend, variant), trials in by_strategy.items():
         idiom = idiom_of(trials[0].config).name
         rows.append(
-            row(backend, variant, idiom, trials, [i for i in idioms if i["idiom"] == idiom])
+            row(backend, variant, idiom, trials, [i for i in idioms if i["idiom"] == idiom], alpha)
         )
-    return {"limit": LIMIT, "alpha": ALPHA, "rows": rows, "idioms": idioms}
+    return {"limit": LIMIT, "alpha": alpha, "rows": rows, "idioms": idioms}
 
 
 def step_trials(trials: list[Result]) -> list[list[float]]:
@@ -252,7 +302,14 @@ def step_trials(trials: list[Result]) -> list[list[float]]:
     ]
 
 
-def row(backend: str, variant: str, idiom: str, suite: list[Result], idioms: list[dict]) -> dict:
+def row(
+    backend: str,
+    variant: str,
+    idiom: str,
+    suite: list[Result],
+    idioms: list[dict],
+    alpha: float = ALPHA,
+) -> dict:
     """One strategy against its idiom: medians, the ratio, its interval, the verdict, a known reason."""
     mine, theirs = step_trials(suite), [i["steps_s"] for i in idioms if i["status"] == "ok"]
     frameworks = sorted({i["framework"] for i in idioms if i["status"] == "ok"})
@@ -269,7 +326,7 @@ def row(backend: str, variant: str, idiom: str, suite: list[Result], idioms: lis
         return {**out, "verdict": f"not measured: {why} finished no trial"}
     suite_step = statistics.median(s for t in mine for s in t)
     idiom_step = statistics.median(s for t in theirs for s in t)
-    low, high = compare.ratio_interval(theirs, mine, ALPHA)
+    low, high = compare.ratio_interval(theirs, mine, alpha)
     return {
         **out,
         "suite_step_s": suite_step,
@@ -340,6 +397,15 @@ def parity_flags() -> Parser:
         help=f"interleaved trials of every strategy and idiom, each a fresh process (default {DEFAULT_REPEAT})",
     )
     p.add_argument(
+        "--max-trials",
+        type=int,
+        default=DEFAULT_MAX_TRIALS,
+        metavar="M",
+        help="a strategy whose interval still straddles a line after --repeat trials gets one more trial of "
+        "each side at a time, up to M (default %(default)s; equal to --repeat: no more). Every look's interval "
+        "is widened so that looking again is paid for (docs/parity.md)",
+    )
+    p.add_argument(
         "--timed-steps",
         type=int,
         default=DEFAULT_TIMED_STEPS,
@@ -377,6 +443,10 @@ def settle(args) -> argparse.Namespace:
     if args.timed_steps < 3:
         raise UsageError(
             f"--timed-steps must be at least 3 for an interval (got {args.timed_steps})"
+        )
+    if args.max_trials < args.repeat:
+        raise UsageError(
+            f"--max-trials {args.max_trials} is fewer than the --repeat {args.repeat} trials every side runs"
         )
     settled = argparse.Namespace(**{**run_flags_defaults(), **vars(args)})
     kind = choose_devices(settled).kind

@@ -2,9 +2,9 @@
 threads and precision settled first); BatchNorm with torch's running statistics in batchnorm.py. What a backend
 is: common/backend.py; docs/ARCHITECTURE.md."""
 
-from backends.mxnet import distributed, environment, models, parallel, strategies
+from backends.mxnet import distributed, environment, models, parallel, profiling, strategies
 from common.backend import Backend
 
 # No switches: compat.py sets MXNet's threads and precision before mxnet is imported, and a float64 trainer
 # casts its networks.
-BACKEND = Backend("mxnet", models, parallel, strategies, environment, distributed)
+BACKEND = Backend("mxnet", models, parallel, strategies, environment, distributed, profiling)

@@ -7,6 +7,7 @@ imports a framework or starts a process.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
@@ -322,6 +323,7 @@ def make_config(
         prefetch=args.prefetch,
         compile_cache=args.compile_cache,
         timed_steps=preset.timed_steps,
+        profile=args.profile,
         load_weights=os.path.abspath(args.load_weights) if args.load_weights else None,
         save_weights=os.path.abspath(args.save_weights) if args.save_weights else None,
     )
@@ -400,7 +402,19 @@ def build_plan(args) -> Plan:
                         else:
                             plan.configs.append(cfg)
     check_weights_flags(args, plan)
+    plan.configs = measuring_peaks(plan.configs)
     return plan
+
+
+def measuring_peaks(configs: list[RunConfig]) -> list[RunConfig]:
+    """The configs with the first of each backend asked to measure its framework's matmul peak after training:
+    once per backend and device kind, which every row of that backend is held to (the report's machine limit)."""
+    seen, out = set(), []
+    for cfg in configs:
+        first = (cfg.backend, cfg.device_kind) not in seen
+        seen.add((cfg.backend, cfg.device_kind))
+        out.append(dataclasses.replace(cfg, measure_peak=True) if first else cfg)
+    return out
 
 
 def check_weights_flags(args, plan: Plan) -> None:

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from common import caches, progress
 from common.config import RunConfig
 from common.network import free_port, interface_of
+from common.profiling import TRACES_ENV
 from common.results import failed_result, load_result, tail
 from common.worker import DEVICES_ENV, LIFELINE_ENV, THREADS_ENV
 from harness.nodes import rollcall
@@ -31,6 +32,8 @@ from harness.nodes.watch import PeerLost
 from harness.processes import disk, envs, interrupts
 from harness.processes.envs import ROOT
 from harness.processes.logs import LogNotWritten, WorkerLogs
+
+TRACES = "traces"  # the report's folder of --profile traces, one folder per run
 
 KILL_GRACE_S = 5.0
 
@@ -107,6 +110,10 @@ class Console:
                 f"[{label(cfg)}] epoch {record['epoch']}/{record['epochs']}: {record['time_s']:.2f} s, "
                 f"{record['images_per_s']:.1f} img/s, loss {record['train_loss']:.4f}, "
                 f"test acc {record['test_acc']:.4f}"
+            )
+        elif kind == "profiled" and not self.quiet:
+            self.say(
+                f"[{label(cfg)}] profiled {record.get('steps')} step(s) with the framework's profiler"
             )
 
     def finished(self, cfg: RunConfig, result: dict) -> None:
@@ -359,6 +366,9 @@ def _run_nodes(
     # Each run's compile caches in a folder of its own (its nodes share it), inside runs/, which the report
     # does not keep; or the user's shared folder (common/caches.py).
     env = caches.apply(env, cfg.compile_cache, workdir / "runs" / f"{name}.caches")
+    if cfg.profile:
+        # --profile: the run's traces in the report, traces/<run>/ (every rank and node of this host)
+        env[TRACES_ENV] = str(workdir / TRACES / name)
 
     def on_line(line: str) -> bool:
         record = progress.parse(line)
@@ -409,8 +419,24 @@ def _run_nodes(
         # node is the headline (the last line), the engine's own words before it.
         result["error"] = f"{result.get('error') or ''}\n{watch.lost()}".strip()
     result["log"] = f"logs/{nodes[0].log.name}"
+    result["profile"] = in_report(result.get("profile"), workdir, name)
     console.finished(cfg, result)
     return result
+
+
+def in_report(profile: dict | None, workdir: Path, name: str) -> dict | None:
+    """A run's profile record with its trace named from the report's folder (traces/<run>/...); a trace the worker
+    named but that is not there is said instead."""
+    if not profile or not profile.get("trace"):
+        return profile
+    trace = f"{TRACES}/{name}/{profile['trace']}"
+    if not (workdir / trace).is_file():
+        return {
+            **profile,
+            "trace": None,
+            "error": f"the worker named a trace that is not there ({trace})",
+        }
+    return {**profile, "trace": trace}
 
 
 def _not_started(cfg: RunConfig, console: Console, error: str) -> dict:

@@ -21,7 +21,8 @@ from common.config import imagenet_shaped
 from common.files import write_json_atomic
 from common.results import CONSISTENCY_LIMIT, SCHEMA_VERSION, Result
 from harness.reporting import flops, leftovers, provenance
-from harness.reporting.plots import plot_accuracy, plot_parity, plot_throughput
+from harness.reporting.limits import limits_section, profile_section
+from harness.reporting.plots import plot_accuracy, plot_breakdown, plot_parity, plot_throughput
 from harness.reporting.published import d2l_section, resnet50_section
 from harness.reporting.sections import (
     devices_line,
@@ -177,7 +178,9 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
         "evaluation and data shuffling excluded). TFLOP/s: the model's training FLOPs per image (3 x the forward "
         "pass's convolution and dense multiply-adds, counted from the architecture) x images/s; in brackets its "
         f"share of the devices' peak at the run's precision ({flops.PEAKS_SOURCE}; MFU), on a GPU whose peak "
-        "is known. Speed-up and efficiency: images/s against the 1-device run "
+        "is known; elsewhere its share of the framework's own matrix product measured on this host (\"of "
+        "matmul\"; below, How far from the machine's limit). Speed-up and efficiency: images/s against the "
+        "1-device run "
         "of the same backend and strategy in this report (efficiency = speed-up / devices). "
         "Test acc: after the last epoch.",
         "",
@@ -211,6 +214,8 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
         notes = consistency_notes(rows)
         if notes:
             L += ["**Figures that disagree**:", ""] + notes + [""]
+    L += profile_section(rows, plots.get("breakdown", False))
+    L += limits_section(rows)
     if plots.get("accuracy"):
         L += ["![Test accuracy per epoch](accuracy.png)", ""]
     if plots.get("throughput"):
@@ -265,12 +270,13 @@ def results_document(results: list[dict | Result], meta: dict) -> dict:
 
 
 def draw_plots(rows, directory: Path, parity=None) -> dict[str, bool]:
-    """accuracy.png, throughput.png and (for `parity`'s figures) parity.png in `directory`; which of them
-    there was anything to draw for."""
+    """accuracy.png, throughput.png, breakdown.png (--profile) and (for `parity`'s figures) parity.png in
+    `directory`; which of them there was anything to draw for."""
     limit = parity.get("limit") if isinstance(parity, dict) else None
     return {
         "accuracy": plot_accuracy(rows, directory / "accuracy.png"),
         "throughput": plot_throughput(rows, directory / "throughput.png"),
+        "breakdown": plot_breakdown(rows, directory / "breakdown.png"),
         "parity": plot_parity(
             parity_rows(parity),
             limit if isinstance(limit, (int, float)) else 1.10,

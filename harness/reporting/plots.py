@@ -114,3 +114,35 @@ def plot_parity(rows: list[dict], limit: float, path: Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def plot_breakdown(rows: list[Row], path: Path) -> bool:
+    """Each profiled run's step as a bar of its categories (milliseconds), on one axis: the --profile breakdown."""
+    from common.profiling import CATEGORIES
+
+    profiled = [
+        row.result
+        for row in rows
+        if row.result.ok and row.result.profile and row.result.profile.get("seconds")
+    ]
+    if not profiled:
+        return False
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9, 1.4 + 0.45 * len(profiled)))
+    names = [" ".join(map(str, key(r)[:3])) + " dev" for r in profiled]
+    left = [0.0] * len(profiled)
+    for category, label in CATEGORIES.items():
+        widths = [1e3 * (r.profile["seconds"].get(category) or 0.0) for r in profiled]
+        if any(widths):
+            ax.barh(range(len(profiled)), widths, left=left, label=label)
+            left = [a + b for a, b in zip(left, widths)]
+    ax.set_yticks(range(len(profiled)), names)
+    ax.invert_yaxis()
+    ax.set_xlabel("milliseconds per profiled step")
+    ax.set_title("Where a step's time goes")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

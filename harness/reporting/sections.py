@@ -320,6 +320,8 @@ def parity_section(parity, plotted: bool) -> list[str]:
     rows = parity_rows(parity)
     limit = parity.get("limit") if isinstance(parity, dict) else None
     limit = limit if isinstance(limit, (int, float)) else 1.10
+    alpha = parity.get("alpha") if isinstance(parity, dict) else None
+    alpha = alpha if isinstance(alpha, (int, float)) and 0 < alpha < 1 else 0.05
     lines = ["## Speed parity", ""]
     cells = []
     for r in rows:
@@ -345,7 +347,7 @@ def parity_section(parity, plotted: bool) -> list[str]:
             "strategy step ms",
             "idiom step ms",
             "ratio",
-            "95% interval",
+            f"{1 - alpha:.1%} interval".replace(".0%", "%"),
             "trials",
             "verdict",
         ],
@@ -372,7 +374,9 @@ def parity_section(parity, plotted: bool) -> list[str]:
         "device before its timer starts. Ratio: the strategy's median step over the idiom's (1.00 is "
         f"parity; at most {limit:.2f} is the goal). Interval: the two-level bootstrap of `compare` (trials "
         "drawn, then each trial's steps). The verdict reads the interval, not the point: an interval across "
-        f"{limit:.2f} is inconclusive, and more trials (`--repeat`) narrow it. On a GPU the idioms keep their "
+        f"{limit:.2f} is inconclusive, and more trials narrow it: an undecided strategy runs again, one trial "
+        "at a time, up to `--max-trials`, each look's interval widened to pay for looking again "
+        "(docs/parity.md). On a GPU the idioms keep their "
         "framework's defaults (torch's cuDNN convolutions in TF32, JAX's default matmul precision) where the suite's "
         "fp32 turns TF32 off: part of a GPU ratio is that fairness rule.",
         "",

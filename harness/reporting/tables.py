@@ -50,6 +50,9 @@ class Row:
     speedup: float | None = None
     efficiency: float | None = None
     trials: Trials | None = None
+    # the framework's measured matmul peak on this host at the run's precision (TFLOP/s), from the run of the
+    # report that measured it (measured_peaks)
+    matmul_peak: float | None = None
 
     @property
     def repeated(self) -> bool:
@@ -86,13 +89,32 @@ def with_scaling(results: list[Result]) -> list[Row]:
         for row in rows
         if row.images_per_s and row.result.config.devices == 1 and row.result.config.nodes == 1
     }
+    peaks = measured_peaks(results)
     for row in rows:
         b = base.get(baseline(row.result))
         if row.images_per_s and b:
             row.speedup = row.images_per_s / b
             row.efficiency = row.speedup / row.result.config.devices
+        c = row.result.config
+        row.matmul_peak = peaks.get((c.backend, c.device_kind, peak_dtype(c.precision)))
     rows.sort(key=lambda row: key(row.result))
     return rows
+
+
+def peak_dtype(precision: str) -> str:
+    """The dtype of the matmul peak a run at `precision` is held to (TF32 has no peak measured: float32's)."""
+    return "bfloat16" if precision == "bf16" else "float32"
+
+
+def measured_peaks(results: list[Result]) -> dict[tuple, float]:
+    """{(backend, device kind, dtype): TFLOP/s}: the matmul peaks the report's runs measured (one run per
+    backend measures them: common/loop.py measured_peak)."""
+    peaks = {}
+    for r in results:
+        for dtype, tflops in ((r.peak or {}).get("tflops") or {}).items():
+            if tflops:
+                peaks[(r.config.backend, r.config.device_kind, dtype)] = tflops
+    return peaks
 
 
 def fmt(value, spec: str, missing: str = "—") -> str:
@@ -154,7 +176,7 @@ def device_name(result: Result) -> str:
 
 
 def model_flops(row: Row) -> tuple[float | None, float | None]:
-    """(achieved TFLOP/s, its fraction of the devices' peak): the model's training FLOPs per image
+    """(achieved TFLOP/s, its fraction of the devices' datasheet peak): the model's training FLOPs per image
     (harness/reporting/flops.py) times images/s; the fraction only on a GPU whose peak at the run's precision is
     known (else None)."""
     c = row.result.config
@@ -167,10 +189,15 @@ def model_flops(row: Row) -> tuple[float | None, float | None]:
 
 
 def flops_cell(row: Row) -> str:
+    """Achieved TFLOP/s and its fraction of a peak: the GPU's datasheet, else the framework's measured matmul."""
     achieved, mfu = model_flops(row)
     if achieved is None:
         return "—"
-    return f"{achieved:.3g} ({mfu:.1%})" if mfu is not None else f"{achieved:.3g} (no peak known)"
+    if mfu is not None:
+        return f"{achieved:.3g} ({mfu:.1%})"
+    if row.matmul_peak:
+        return f"{achieved:.3g} ({achieved / row.matmul_peak:.0%} of matmul)"
+    return f"{achieved:.3g} (no peak known)"
 
 
 def summary_cells(row: Row, repeated: bool) -> list[str]:

@@ -13,6 +13,7 @@ import pytest
 
 from common import manifest
 from common.backend import Backend
+from common.profiling import TRACES_ENV
 from common.worker import THREADS_ENV
 from harness.processes.envs import worker_env
 
@@ -66,11 +67,13 @@ def worker_config(**overrides) -> dict:
 
 def run_backend_worker(tmp_path, **overrides) -> tuple[int, dict]:
     """`python -m backends.<NAME>` end to end on worker_config(**overrides), started as the harness starts it (a
-    run's --threads also in THREADS_ENV, for a framework that sizes its threads when imported): (exit status,
-    result)."""
+    run's --threads also in THREADS_ENV, for a framework that sizes its threads when imported; --profile's traces
+    in tmp_path/traces): (exit status, result)."""
     cfg = worker_config(**overrides)
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     threads = {THREADS_ENV: str(cfg["threads"])} if cfg.get("threads") else {}
+    if cfg.get("profile"):
+        threads[TRACES_ENV] = str(tmp_path / "traces")
     proc = subprocess.run(
         [
             sys.executable,

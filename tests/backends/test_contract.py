@@ -21,11 +21,11 @@ import pytest
 
 from common import backend as backendlib
 from common import data as datalib
-from common import manifest
+from common import manifest, profiling
 from common.backend import Probe
 from common.config import RunConfig
 from common.errors import Unsupported
-from common.results import SCHEMA_VERSION
+from common.results import SCHEMA_VERSION, result_problem
 from common.trainer import METHODS, PROBES, Trainer
 from common.weights import he_scaled
 from tests.backends.conftest import NAME, ROOT, run_backend_worker, worker_config
@@ -66,13 +66,14 @@ def test_the_package_builds_a_backend_of_modules_that_provide_what_it_needs(back
         "strategies": backendlib.Strategies,
         "environment": backendlib.Environment,
         "distributed": backendlib.Distributed,
+        "profiling": backendlib.Profiling,
     }
     for name, protocol in protocols.items():
         module = importlib.import_module(f"backends.{NAME}.{name}")
         assert isinstance(module, protocol), f"{module.__name__} is no {protocol.__name__}"
-    assert (backend.models, backend.parallel, backend.strategies, backend.distributed) == tuple(
-        importlib.import_module(f"backends.{NAME}.{name}")
-        for name in ("models", "parallel", "strategies", "distributed")
+    modules = ("models", "parallel", "strategies", "distributed", "profiling")
+    assert tuple(getattr(backend, name) for name in modules) == tuple(
+        importlib.import_module(f"backends.{NAME}.{name}") for name in modules
     )
 
 
@@ -621,8 +622,15 @@ def entry(record: dict, dotted: str):
 def test_worker_trains_and_writes_a_complete_result(backend, strategy, tmp_path):
     """`python -m backends.<name>`: 2 epochs of LeNet on 2 devices, one thread per process, and a result with
     every part: the epochs (the loss falling), the environment record, the hashes, the warm-up, the timed steps,
-    and the allreduce of a buffer as large as the gradients, timed alone."""
-    overrides = {"strategy": strategy, "threads": 1, "timed_steps": 3}
+    the allreduce of a buffer as large as the gradients, timed alone, the --profile steps' trace and breakdown,
+    and the framework's matmul peak."""
+    overrides = {
+        "strategy": strategy,
+        "threads": 1,
+        "timed_steps": 3,
+        "profile": 2,
+        "measure_peak": True,
+    }
     if reason := refused_here(backend, worker_config(**overrides)):
         pytest.skip(reason)  # torch's dp without CUDA
     rc, r = run_backend_worker(tmp_path, **overrides)
@@ -639,6 +647,23 @@ def test_worker_trains_and_writes_a_complete_result(backend, strategy, tmp_path)
     assert r["compile_s"] > 0 and r["step_time"]["steps"] == 3
     assert r["allreduce"]["values"] == r["params"] and r["allreduce"]["bytes"] == 4 * r["params"]
     assert r["allreduce"]["repeats"] == 10 and r["allreduce"]["median_s"] > 0
+    assert_profiled(r["profile"], tmp_path / "traces", r["environment"]["processes"])
+    assert r["peak"]["tflops"]["float32"] > 0 and result_problem(r) is None
+
+
+def assert_profiled(profile: dict, folder, processes: int) -> None:
+    """--profile 2: every rank wrote a trace; rank 0's parses into the breakdown the run recorded, which spans its
+    steps within the stated margin and accounts for their wall time; the convolutions are in it."""
+    assert profile["error"] is None and profile["steps"] == 2, profile
+    traces = [p for p in folder.rglob("*.trace.json*") if p.is_file()]
+    assert len(traces) == processes, traces
+    again = profiling.breakdown(
+        folder / profile["trace"], profile["framework"], 2 * profile["step_s"], 2
+    )
+    assert again["seconds"] == pytest.approx(profile["seconds"])
+    assert profiling.coverage_problem(profile) is None, profile
+    assert sum(profile["seconds"].values()) == pytest.approx(profile["step_s"])
+    assert profile["seconds"]["conv_matmul"] + profile["seconds"]["fused"] > 0, profile
 
 
 def test_worker_reports_divergence(backend, strategy, meta, tmp_path):

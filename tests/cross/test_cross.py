@@ -262,24 +262,21 @@ def test_parity_times_a_strategy_beside_its_idiom_and_reports_the_ratio(tmp_path
 
 
 @pytest.mark.skipif("torch" not in BACKENDS, reason="TorchInductor's cache is torch's")
-def test_torchs_second_trial_compiles_as_cold_as_its_first_unless_a_cache_is_shared(tmp_path):
-    """TorchInductor keeps what it compiles on disk, by default in one folder per user: without the harness's
-    rule a `--compile` run's second trial (or any later run) would find its graphs compiled. Each trial starts
-    with an empty folder of its own; with --compile-cache the second finds what the first compiled."""
-
-    def files_at_start(*extra: str) -> list[int]:
-        out = tmp_path / f"reports{len(extra)}"
-        proc = harness(
-            *("--backend", "torch", "--strategy", "scratch", "--gpus", "1", "--device", "cpu"),
-            *("--model", "lenet", "--dataset", "synthetic", "--train-size", "32"),
-            *("--test-size", "16", "--batch-size", "16", "--epochs", "1", "--timed-steps", "0"),
-            *("--compile", "--repeat", "2", "--no-check", "--quiet", "--out", str(out), *extra),
-        )
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        (report,) = out.iterdir()
-        runs = json.loads((report / "results.json").read_text())["runs"]
-        return [r["environment"]["compile_cache"]["files_at_start"] for r in runs]
-
-    assert files_at_start() == [0, 0]
-    first, second = files_at_start("--compile-cache", str(tmp_path / "shared"))
-    assert first == 0 and second > 0  # the same count sees a warm cache
+def test_torchs_second_trial_finds_what_its_first_compiled_in_a_shared_cache(tmp_path):
+    """TorchInductor keeps what it compiles in the folder the harness gives it: with --compile-cache the second
+    trial of a `--compile` run finds what the first compiled, the first found nothing. Without it each trial gets
+    a fresh folder of its own (tests/harness/test_caches.py), so each compiles cold: the folders given are the
+    ones TorchInductor uses, which this test is here to prove on the real framework."""
+    out = tmp_path / "reports"
+    proc = harness(
+        *("--backend", "torch", "--strategy", "scratch", "--gpus", "1", "--device", "cpu"),
+        *("--model", "lenet", "--dataset", "synthetic", "--train-size", "32"),
+        *("--test-size", "16", "--batch-size", "16", "--epochs", "1", "--timed-steps", "0"),
+        *("--compile", "--repeat", "2", "--no-check", "--quiet", "--out", str(out)),
+        *("--compile-cache", str(tmp_path / "shared")),
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (report,) = out.iterdir()
+    runs = json.loads((report / "results.json").read_text())["runs"]
+    first, second = [r["environment"]["compile_cache"]["files_at_start"] for r in runs]
+    assert first == 0 and second > 0

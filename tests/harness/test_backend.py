@@ -40,7 +40,7 @@ def backend_with(engine, refusal=lambda cfg, dtype: None) -> Backend:
     strategies = types.SimpleNamespace(TRAINERS={}, REFERENCE="scratch")
     environment = types.SimpleNamespace(environment=lambda cfg: {}, refusal=refusal)
     nothing = types.SimpleNamespace()
-    return Backend("torch", nothing, nothing, strategies, environment, engine)
+    return Backend("torch", nothing, nothing, strategies, environment, engine, nothing)
 
 
 def config(**kw) -> RunConfig:
@@ -110,6 +110,43 @@ def test_a_probe_runs_its_config_inside_a_session_and_float64_gradients_use_the_
         ("leave", True),
     ]
     assert backend.float64_gradients("lenet", {}, X, Y) == ("gradients", "float64")
+
+
+class RunningEngine(Engine):
+    """An engine whose launch runs the job in this process, as rank 0."""
+
+    def launch(self, cfg, job, payload=None):
+        self.calls.append(("launch", job.__name__))
+        return job(cfg, 0, payload)
+
+
+def test_several_probes_of_one_configuration_run_in_one_launch_each_in_its_dtype(monkeypatch):
+    """`harness check` asks four probes of each configuration: one launch of its processes runs them all (a
+    strategy with ranks of its own starts them once), each on a fresh trainer, its batches in its dtype."""
+    engine = RunningEngine()
+    backend = backend_with(engine)
+    seen = []
+    monkeypatch.setattr(backend, "make_trainer", lambda cfg, w, dtype: dtype)
+    monkeypatch.setitem(
+        backendlib.PROBES,
+        "trace",
+        lambda trainer, batches: seen.append((trainer, batches[0][0].dtype)),
+    )
+    runs = [("trace", "float32", [(X, Y)]), ("trace", "float64", [(X, Y)])]
+    backend.run_probes(Probe("ddp", "lenet", 2), {}, runs, 0.1)
+    assert engine.calls == [("join", 1), ("launch", "probes_job"), ("leave", True)]
+    assert seen == [("float32", np.float32), ("float64", np.float64)]
+
+
+def test_probes_whose_dtype_is_refused_run_none_of_them():
+    engine = Engine()
+    backend = backend_with(
+        engine, refusal=lambda cfg, dtype: "no float64 here" if dtype == "float64" else None
+    )
+    runs = [("trace", "float32", [(X, Y)]), ("trace", "float64", [(X, Y)])]
+    with pytest.raises(Unsupported, match="no float64 here"):
+        backend.run_probes(Probe("ddp", "lenet", 2), {}, runs, 0.1)
+    assert engine.calls == []
 
 
 def test_a_job_sent_to_a_strategys_processes_finds_its_backend_by_name(monkeypatch):

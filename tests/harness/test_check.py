@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -465,6 +466,19 @@ class RecordingBackend:
             for n, s, kind in architectures.spec(model)
             if kind not in ("bn_mean", "bn_var")
         }
+
+    name = "torch"
+
+    def check_supported(self, cfg, dtype="float32"):
+        pass
+
+    def run_probes(self, probe, w, runs, lr):
+        return [
+            self.gradients(dataclasses.replace(probe, dtype=dtype), w, *batches[0])
+            if name == "gradients"
+            else self.train_trace(dataclasses.replace(probe, dtype=dtype), w, batches, lr)
+            for name, dtype, batches in runs
+        ]
 
     def gradients(self, probe, w, x, y):
         self.calls.append(("gradients", probe.strategy, probe.devices, probe.dtype, 1))

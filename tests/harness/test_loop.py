@@ -215,3 +215,99 @@ def test_the_run_records_its_mean_epoch_over_its_steps_at_the_median_step():
     )
     mean_epoch = sum(e["time_s"] for e in metrics["epochs"]) / 2
     assert metrics["epoch_over_steps"] == mean_epoch / (6 * metrics["step_time"]["median_s"])
+
+
+class RecordingProfiling:
+    """A backend's profiling.py that logs when its profiler starts and stops, writes a one-event trace, and whose
+    matrix product takes no time at all but advances `clock` by one second."""
+
+    def __init__(self, events: list, clock: list):
+        self.events, self.clock = events, clock
+
+    def record(self, cfg, folder, rank):
+        import contextlib
+        import json
+
+        from common.profiling import Recording
+
+        @contextlib.contextmanager
+        def recorded():
+            self.events.append("profiler on")
+            recording = Recording("torch")
+            yield recording
+            self.events.append("profiler off")
+            recording.path = folder / f"rank{rank}.trace.json"
+            event = {"ph": "X", "name": "aten::conv2d", "ts": 0, "dur": 10, "pid": 1, "tid": 1}
+            recording.path.write_text(json.dumps([event]))
+
+        return recorded()
+
+    def matmul(self, cfg, n, dtype):
+        def product():
+            self.clock[0] += 1.0
+
+        return product
+
+
+def test_the_profiled_steps_come_after_everything_timed_and_change_none_of_it(
+    tmp_path, monkeypatch
+):
+    """--profile: the profiler runs only after the epochs, the timed steps and the allreduce figure, around steps of
+    their own, each between two barriers; whatever ran before it is the run without --profile, event for event."""
+    monkeypatch.setenv("DPBENCH_TRACES", str(tmp_path))
+    plain, profiled = [], []
+    loop.run_training(RecordingTrainer(plain), config(timed_steps=2), datalib.synthetic(48, 8, 0))
+    metrics = loop.run_training(
+        RecordingTrainer(profiled),
+        config(timed_steps=2, profile=3),
+        datalib.synthetic(48, 8, 0),
+        RecordingProfiling(profiled, [0.0]),
+    )
+    start = profiled.index("profiler on")
+    assert profiled[:start] == plain + ["sync"]  # the work before it done, outside the trace
+    inside = profiled[start + 1 : profiled.index("profiler off")]
+    assert inside == ["put"] * 3 + ["sync", "step", "sync"] * 3
+    profile = metrics["profile"]
+    assert profile["steps"] == 3 and profile["trace"] == "rank0.trace.json"
+    assert profile["error"] is None and profile["framework"] == "torch"
+
+
+def test_without_profile_no_profiler_runs_and_the_run_says_none(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPBENCH_TRACES", str(tmp_path))
+    events = []
+    metrics = loop.run_training(
+        RecordingTrainer(events),
+        config(timed_steps=2),
+        datalib.synthetic(48, 8, 0),
+        RecordingProfiling(events, [0.0]),
+    )
+    assert "profiler on" not in events and metrics["profile"] is None and metrics["peak"] is None
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_measured_peak_is_the_best_rate_of_the_frameworks_matrix_product(monkeypatch):
+    """2 n^3 operations over the fastest timed product, in TFLOP/s, float32 and bfloat16, where the run asks."""
+    clock = [0.0]
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
+    profiling = RecordingProfiling([], clock)
+    peak = loop.measured_peak(config(measure_peak=True), profiling, rank=0)
+    n = loop.PEAK_SIDE["cpu"]
+    assert peak == {
+        "n": n,
+        "tflops": {"float32": 2 * n**3 / 1e12, "bfloat16": 2 * n**3 / 1e12},
+        "unmeasured": {},
+    }
+    assert loop.measured_peak(config(), profiling, rank=0) is None
+    assert loop.measured_peak(config(measure_peak=True), profiling, rank=1) is None
+
+
+def test_a_product_the_framework_lacks_leaves_its_peak_unmeasured_with_the_reason():
+    class NoBfloat16(RecordingProfiling):
+        def matmul(self, cfg, n, dtype):
+            if dtype == "bfloat16":
+                raise TypeError("data type 'bfloat16' not understood")
+            return lambda: None
+
+    peak = loop.measured_peak(config(measure_peak=True), NoBfloat16([], [0.0]), rank=0)
+    assert peak["tflops"]["bfloat16"] is None and peak["tflops"]["float32"] > 0
+    assert peak["unmeasured"] == {"bfloat16": "TypeError: data type 'bfloat16' not understood"}

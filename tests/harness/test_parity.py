@@ -237,3 +237,53 @@ def test_a_malformed_parity_field_in_results_json_still_renders(tmp_path, parity
     document.write(tmp_path, [result()], {**meta, "parity": parity_field})
     assert "## Speed parity" in (tmp_path / "report.md").read_text()
     assert not (tmp_path / "parity.png").exists()
+
+
+def test_an_undecided_strategy_gets_more_trials_until_its_interval_clears_a_line_or_the_cap(
+    monkeypatch, tmp_path
+):
+    """The sequential rule: after --repeat trials, only the strategies whose interval straddles a line run again,
+    with their idioms, one trial at a time, up to --max-trials; every look's interval is at 1 - 0.05 / looks."""
+    import argparse
+
+    from harness import run
+
+    # torch's scratch is clearly at parity; its ddp sits on the 1.10 line and never decides
+    medians = {"scratch": 1.0, "ddp": 1.10}
+    trials: dict = {}
+
+    def run_one(cfg, trial, pythons, workdir, console):
+        trials.setdefault(cfg.strategy, []).append(trial)
+        steps = noisy(0.1 * medians[cfg.strategy], trial * 7 + len(cfg.strategy))
+        return {**suite_trial(steps, cfg.strategy), "trial": trial}
+
+    def run_idiom(job, trial, python, workdir):
+        trials.setdefault("idiom", []).append(trial)
+        return idiom_trial(noisy(0.1, 100 + trial), trial)
+
+    monkeypatch.setattr(run, "run_one", run_one)
+    monkeypatch.setattr(parity, "run_idiom", run_idiom)
+    monkeypatch.setattr(run, "Pythons", lambda plan, say: lambda name: "python")
+    plan = Plan(configs=[config("torch", "scratch"), config("torch", "ddp")], repeat=3)
+    plan.backends = {"torch": None}
+    meta: dict = {}
+    args = argparse.Namespace(max_trials=6)
+    parity.carry_out(plan, args, parity.runner.Console(quiet=True), meta, tmp_path)
+    assert trials["scratch"] == [1, 2, 3]
+    assert trials["ddp"] == [1, 2, 3, 4, 5, 6] and trials["idiom"] == [1, 2, 3, 4, 5, 6]
+    figures = meta["parity"]
+    assert figures["alpha"] == pytest.approx(0.05 / 4) and figures["max_trials"] == 6
+    by_strategy = {r["strategy"]: r for r in figures["rows"]}
+    assert by_strategy["scratch"]["verdict"] == "at parity (within 1.10)"
+    assert by_strategy["ddp"]["verdict"].startswith("inconclusive") and by_strategy["ddp"][
+        "trials"
+    ] == [6, 6]
+
+
+def test_max_trials_below_repeat_is_refused(tmp_path):
+    assert_refused(
+        tmp_path,
+        *("--repeat", "4", "--max-trials", "3", "--out", str(tmp_path / "reports")),
+        command=("parity",),
+        match="--max-trials 3 is fewer than the --repeat 4 trials every side runs",
+    )

@@ -404,3 +404,76 @@ def test_a_committed_report_renders_again_from_its_results_json():
 
     table_lines = [without_flops(l) for l in rendered_summary if l.startswith("|")]
     assert table_lines == [l for l in summary if l.startswith("|")] and len(table_lines) > 3
+
+
+def profiled_result(strategy: str, conv: float, untraced: float, peak: float | None = None) -> dict:
+    """A ResNet-18 run at 100 images/s (0.273 TFLOP/s achieved) with a --profile breakdown of a 100 ms step, and
+    the framework's measured matmul peak where given; the host's theoretical peak 0.548 TFLOP/s."""
+    r = result(strategy=strategy)
+    seconds = {"conv_matmul": conv, "bn_elementwise": 0.1 - conv - untraced, "untraced": untraced}
+    r["profile"] = {
+        "framework": "torch",
+        "trace": f"traces/torch-{strategy}-x1/rank0.trace.json.gz",
+        "steps": 3,
+        "step_s": 0.1,
+        "trace_span_s": 0.3 if untraced < 0.05 else 0.1,
+        "coverage": 1.0 if untraced < 0.05 else 0.33,
+        "device": False,
+        "seconds": seconds,
+        "error": None,
+    }
+    r["environment"] = {
+        "cpu_peak": {"fp32_tflops": 0.548, "basis": "2 CPUs x 32 FLOP/cycle x 8.56 GHz"}
+    }
+    r["peak"] = (
+        {"n": 512, "tflops": {"float32": peak, "bfloat16": None}, "unmeasured": {}}
+        if peak
+        else None
+    )
+    return r
+
+
+def test_the_report_says_where_each_steps_time_goes_and_how_far_each_run_is_from_the_limits(
+    tmp_path,
+):
+    """--profile's shares per run with its trace linked, a breakdown that does not span its steps named, and each
+    run's achieved TFLOP/s against its framework's measured matmul peak (measured by one run, used by all of the
+    backend's rows) and the host's theoretical peak."""
+    runs = [profiled_result("scratch", 0.08, 0.0, peak=0.4), profiled_result("ddp", 0.03, 0.06)]
+    document.write(tmp_path, runs, {**META, "run_id": "x"})
+    text = (tmp_path / "report.md").read_text()
+    assert "## Where the time goes" in text and (tmp_path / "breakdown.png").is_file()
+    assert (
+        "| torch | scratch | 1 | 100 | — | 80% | 20% | 0% | [trace](traces/torch-scratch-x1/rank0.trace.json.gz) |"
+        in text
+    )
+    assert "| conv & matmul | BN & element-wise | untraced | trace |" in text
+    assert "- torch ddp x1: the trace spans 33% of the profiled steps' wall time" in text
+    assert "## How far from the machine's limit" in text
+    assert "| torch | scratch | 1 (sim.) | fp32 | 0.273 | 0.4 | 68% | 0.548 | 50% |" in text
+    assert "| torch | ddp | 1 (sim.) | fp32 | 0.273 | 0.4 | 68% | 0.548 | 50% |" in text
+    assert "0.273 (68% of matmul)" in text and "(2 CPUs x 32 FLOP/cycle x 8.56 GHz)" in text
+
+
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("profile", {"steps": 0, "step_s": 0.1}, "profile.steps is not a positive whole number"),
+        (
+            "profile",
+            {"steps": 2, "step_s": 0.1, "trace": "../../etc/passwd", "error": "x"},
+            "profile.trace",
+        ),
+        (
+            "profile",
+            {"steps": 2, "step_s": 0.1, "error": None, "seconds": {"conv": -1}},
+            "profile.seconds",
+        ),
+        ("peak", {"tflops": {"float32": "fast"}}, "peak.tflops"),
+    ],
+)
+def test_a_worker_result_with_a_bad_profile_or_peak_is_refused(field, value, says):
+    from common.results import result_problem
+
+    r = {**result(), "schema_version": SCHEMA_VERSION, field: value}
+    assert says in result_problem(r)

@@ -1,0 +1,315 @@
+"""Where a step's time goes: a framework's own trace read into the same few categories for every framework.
+
+`--profile N` records N more steps of a run with the framework's profiler (the backend's profiling.py), after
+the timed steps, so no timed figure changes. This module reads the trace it wrote (Chrome trace JSON, gzipped
+or not: torch.profiler's, MXNet's profiler's, and the Perfetto trace jax.profiler writes) and attributes the
+wall time of the profiled steps to CATEGORIES, by one rule for every framework:
+
+* an event's category is the first of its framework's PATTERNS its name matches, or, where an enclosing event
+  on the same thread has a category already, that one (the outermost match: torch's `aten::conv2d` and the
+  `aten::mkldnn_convolution` inside it are one convolution; an `Optimizer.step` holds the element-wise ops it
+  runs);
+* each instant of the trace goes to the category of highest precedence running on any thread (CATEGORIES'
+  order), so a framework's thread pools are not counted twice, and communication counts only where nothing
+  computes: its exposed share;
+* traced events that match no pattern are "other ops" (the framework's own work, Python, dispatch), and the
+  rest of the measured wall time, where nothing was traced, is "untraced" (waiting, the profiler's gaps).
+
+So the categories add up to the measured wall time of the profiled steps by construction; what is unaccounted
+is shown, not hidden. The trace's span (its first event to its last) is checked against that wall time:
+outside COVERAGE the report says the trace does not describe the steps.
+
+On a GPU, when the trace holds device events (torch's `kernel` and memcpy events, XLA's `/device:GPU` lanes),
+only those are attributed, and "untraced" is the device's idle time: what the host's overhead costs.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+# The categories, in order of precedence (where several run at once, the first counts), with their labels.
+CATEGORIES = {
+    "conv_matmul": "conv & matmul",
+    # MXNet's bulked segments: the convolutions of a forward or backward with the rest of it
+    "fused": "fused",
+    # pooling and the loss too
+    "bn_elementwise": "BN & element-wise",
+    "optimizer": "optimizer",
+    # exposed: only where nothing computes
+    "communication": "communication",
+    # host to device, and layout changes
+    "copies": "copies",
+    # the framework's own work, Python
+    "other_ops": "other ops",
+    # waiting, the profiler's gaps
+    "untraced": "untraced",
+}
+
+# Each framework's op names, by category: the first match decides (re.search, case-sensitive). The one table of
+# the mapping; docs/profiling.md shows it.
+# - torch: the aten operators and autograd's backward nodes (with their CUDA kernels on a GPU).
+# - jax: XLA's HLO instructions (on the CPU, with jax's host tracer at its verbose level); XLA fuses the SGD update
+#   into the element-wise fusions of the step, so jax's optimizer share is inside "bn_elementwise".
+# - mxnet: its operators; a hybridized network runs its forward and backward as bulked segments the profiler names
+#   `ImperativeBulk` ("fused"); ElementwiseSum is the kvstore's sum of the devices' gradients.
+HLO = r"^(end: )?"  # XLA marks the end of an asynchronous op with an event of its own
+PATTERNS = {
+    "torch": [
+        ("optimizer", r"Optimizer\.step|_foreach_|aten::sgd|SGD"),
+        ("communication", r"all_?reduce|broadcast_|barrier|gloo|nccl|c10d|all_?gather"),
+        ("conv_matmul", r"conv|Conv|addmm|Addmm|aten::mm\b|MmBackward|matmul|aten::linear|gemm"),
+        (
+            "bn_elementwise",
+            r"batch_norm|BatchNorm|relu|Relu|threshold|Threshold|pool|Pool|aten::(add|mul|sub|div|sum|"
+            r"mean|fill_|zero_|neg|exp|log|clamp|sqrt|rsqrt|where|eq|argmax)|AddBackward|MulBackward|"
+            r"MeanBackward|softmax|Softmax|nll_loss|NllLoss|cross_entropy|AccumulateGrad|elementwise",
+        ),
+        (
+            "copies",
+            r"copy|Copy|Memcpy|memcpy|Memset|memset|aten::to\b|_to_copy|pin_memory|contiguous",
+        ),
+    ],
+    "jax": [
+        (
+            "communication",
+            HLO + r"(all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)",
+        ),
+        (
+            "conv_matmul",
+            HLO + r"(convolution|dot|ynn_fusion|onednn|[a-z_]*(conv|gemm|dot)[a-z_]*fusion)"
+            r"|gemm|xmma|cutlass|cudnn|cublas",
+        ),
+        ("copies", HLO + r"(copy|wrapped_copy|[a-z_]*copy_fusion)|DevicePut|TransferTo|[Mm]emcpy"),
+        (
+            "bn_elementwise",
+            HLO + r"([a-z_]*fusion|wrapped_|reduce|select|add|multiply|subtract|divide|rsqrt|sqrt|"
+            r"maximum|minimum|negate|compare|convert|broadcast|pad|slice|concatenate|iota|scatter|"
+            r"gather|exponential|log|tanh|transpose)",
+        ),
+    ],
+    "mxnet": [
+        ("optimizer", r"sgd_update|sgd_mom_update|multi_sgd|preloaded_multi_sgd"),
+        ("communication", r"ElementwiseSum|KVStore|kvstore|PushPull"),
+        ("fused", r"ImperativeBulk"),
+        ("conv_matmul", r"Convolution|FullyConnected|\bdot\b|gemm|batch_dot"),
+        (
+            "bn_elementwise",
+            r"BatchNorm|Activation|relu|Pooling|elemwise|broadcast_|_plus|_minus|_mul|_div|softmax|"
+            r"pick|mean|sum|SoftmaxOutput|_scalar|argmax|Flatten|Reshape",
+        ),
+        ("copies", r"Copy|copy|_copyto"),
+    ],
+}
+
+# The trace's span over the measured wall time of the profiled steps must lie in this range for its breakdown to
+# describe them: below, the trace missed part of the steps; above, it holds much that is not a step.
+COVERAGE = (0.8, 1.25)
+
+# Events of a device, not of the host: torch's CUDA activity categories.
+DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset"}
+# Events that span the recording, not an op: torch's profiler session.
+SESSION_CATEGORIES = {"Trace"}
+
+
+@dataclass
+class Recording:
+    """What a backend's profiler recorded (profiling.py's `record`): the framework whose op names the trace holds
+    (a key of PATTERNS), and the trace file, once written."""
+
+    framework: str
+    path: Path | None = None
+
+
+# Where a run's traces go: the harness names a folder per run in the report (harness/processes/runner.py); a worker
+# started by hand writes them under ./traces.
+TRACES_ENV = "DPBENCH_TRACES"
+
+
+def traces_folder() -> Path:
+    folder = Path(os.environ.get(TRACES_ENV) or "traces")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def summary(recording: Recording, folder: Path, wall_s: float, steps: int) -> dict:
+    """A run's profile record: the framework, its trace's path in `folder`, the steps and their wall time, and
+    the trace's breakdown (breakdown()), or `error`, why there is none (the run itself is not failed by it)."""
+    record = {
+        "framework": recording.framework,
+        "trace": None,
+        "steps": steps,
+        "step_s": wall_s / steps,
+    }
+    path = recording.path
+    if path is None or not Path(path).is_file():
+        return {**record, "error": "the profiler wrote no trace"}
+    record["trace"] = Path(path).relative_to(folder).as_posix()
+    try:
+        return {**record, **breakdown(path, recording.framework, wall_s, steps), "error": None}
+    except TraceError as e:
+        return {**record, "error": str(e)}
+
+
+class TraceError(ValueError):
+    """A trace that cannot be read: one line, meant for the report."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """One traced event: its lane (process, thread), its start and end in microseconds, its name."""
+
+    lane: tuple
+    start: float
+    end: float
+    name: str
+
+
+# ------------------------------------------------------------------------ reading a trace
+
+
+def read_events(path: Path) -> list[dict]:
+    """A Chrome trace's events: the file is a list of events or an object with `traceEvents`."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, EOFError, ValueError, UnicodeDecodeError) as e:
+        raise TraceError(f"{Path(path).name}: not a readable Chrome trace ({e})") from None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+    if not isinstance(events, list):
+        raise TraceError(f"{Path(path).name}: no traceEvents list")
+    return [e for e in events if isinstance(e, dict)]
+
+
+def device_processes(events: list[dict]) -> set:
+    """The processes a trace names as a GPU's (XLA names them `/device:GPU:0`)."""
+    return {
+        e.get("pid")
+        for e in events
+        if e.get("ph") == "M"
+        and e.get("name") == "process_name"
+        and "GPU" in str((e.get("args") or {}).get("name", ""))
+    }
+
+
+def spans(events: list[dict]) -> list[Span]:
+    """The trace's timed events (complete `X` events, and `B`/`E` pairs per thread); on a GPU trace, only the
+    device's."""
+    gpu_pids = device_processes(events)
+    on_device = [e for e in events if e.get("cat") in DEVICE_CATEGORIES or e.get("pid") in gpu_pids]
+    out, open_ = [], {}
+    for e in on_device or [e for e in events if e.get("cat") not in SESSION_CATEGORIES]:
+        kind, lane, name = e.get("ph"), (e.get("pid"), e.get("tid")), str(e.get("name", ""))
+        start = e.get("ts")
+        if not isinstance(start, (int, float)) or isinstance(start, bool):
+            continue
+        if kind == "X" and isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0:
+            out.append(Span(lane, float(start), float(start + e["dur"]), name))
+        elif kind == "B":
+            open_.setdefault(lane, []).append((float(start), name))
+        elif kind == "E" and open_.get(lane):
+            begin, begun = open_[lane].pop()
+            out.append(Span(lane, begin, max(begin, float(start)), begun))
+    return out
+
+
+def on_device(events: list[dict]) -> bool:
+    return any(e.get("cat") in DEVICE_CATEGORIES for e in events) or bool(device_processes(events))
+
+
+# ------------------------------------------------------------------------ attributing the time
+
+
+def category(name: str, patterns: list[tuple[str, str]]) -> str | None:
+    for key, pattern in patterns:
+        if re.search(pattern, name):
+            return key
+    return None
+
+
+def lane_segments(lane_spans: list[Span], patterns) -> list[tuple[float, float, str]]:
+    """One thread's events as (start, end, category) pieces: each event takes the category of its outermost
+    categorised enclosing event, else its own; an event matching nothing is "other_ops". Nested events split
+    their parent, so the pieces do not overlap."""
+    pieces, stack = [], []  # stack: (end, category) of the open events
+    cursor = None
+    for s in sorted(lane_spans, key=lambda s: (s.start, -s.end)):
+        while stack and stack[-1][0] <= s.start:
+            end, cat = stack.pop()
+            if cursor < end:
+                pieces.append((cursor, end, cat))
+                cursor = end
+        if stack and cursor < s.start:
+            pieces.append((cursor, s.start, stack[-1][1]))
+        inherited = next((cat for _, cat in stack if cat != "other_ops"), None)
+        own = inherited or category(s.name, patterns) or "other_ops"
+        end = min(s.end, stack[-1][0]) if stack else s.end  # a child never outlives its parent
+        stack.append((end, own))
+        cursor = s.start
+    while stack:
+        end, cat = stack.pop()
+        if cursor < end:
+            pieces.append((cursor, end, cat))
+            cursor = end
+    return pieces
+
+
+def attribute(pieces: list[tuple[float, float, str]]) -> dict[str, float]:
+    """Microseconds per category: each instant to the category of highest precedence running then."""
+    order = list(CATEGORIES)
+    edges = sorted(
+        [(start, 1, cat) for start, end, cat in pieces if end > start]
+        + [(end, -1, cat) for start, end, cat in pieces if end > start]
+    )
+    running = dict.fromkeys(order, 0)
+    totals = dict.fromkeys(order, 0.0)
+    previous = None
+    for t, change, cat in edges:
+        if previous is not None and t > previous:
+            top = next((c for c in order if running[c] > 0), None)
+            if top is not None:
+                totals[top] += t - previous
+        running[cat] += change
+        previous = t
+    return totals
+
+
+def breakdown(path: Path, framework: str, wall_s: float, steps: int) -> dict:
+    """Seconds per step in each category of the trace at `path` (written by `framework`'s profiler: a key of
+    PATTERNS), from the measured wall time of its `steps` steps: {"steps", "step_s", "trace_span_s", "coverage",
+    "device", "seconds": {category: seconds per step}}. TraceError if the trace cannot be read or is empty."""
+    events = read_events(path)
+    timed = spans(events)
+    if not timed:
+        raise TraceError(f"{Path(path).name}: no timed events")
+    lanes: dict[tuple, list[Span]] = {}
+    for s in timed:
+        lanes.setdefault(s.lane, []).append(s)
+    pieces = [p for lane in lanes.values() for p in lane_segments(lane, PATTERNS[framework])]
+    micro = attribute(pieces)
+    span_s = (max(s.end for s in timed) - min(s.start for s in timed)) / 1e6
+    seconds = {key: micro[key] / 1e6 / steps for key in CATEGORIES if key != "untraced"}
+    seconds["untraced"] = max(0.0, wall_s / steps - sum(seconds.values()))
+    return {
+        "steps": steps,
+        "step_s": wall_s / steps,
+        "trace_span_s": span_s,
+        "coverage": span_s / wall_s if wall_s > 0 else None,
+        "device": on_device(events),
+        "seconds": seconds,
+    }
+
+
+def coverage_problem(profile: dict) -> str | None:
+    """Why a breakdown does not describe its steps (its trace's span against their wall time), or None."""
+    coverage = profile.get("coverage")
+    low, high = COVERAGE
+    if coverage is None or not low <= coverage <= high:
+        shown = "unknown" if coverage is None else f"{coverage:.0%}"
+        return f"the trace spans {shown} of the profiled steps' wall time (expected {low:.0%}-{high:.0%})"
+    return None

@@ -1,0 +1,167 @@
+"""Why a run is as fast as it is: where its step's time goes (the --profile breakdown, common/profiling.py), and how
+far it is from the machine's limit (its achieved TFLOP/s against the framework's measured matmul peak and the
+host's theoretical one, or a GPU's datasheet)."""
+
+from __future__ import annotations
+
+from common.profiling import CATEGORIES, coverage_problem
+from harness.reporting import flops
+from harness.reporting.tables import Row, devices_cell, fmt, milliseconds, model_flops, table
+
+
+def profiled(rows: list[Row]) -> list[Row]:
+    return [row for row in rows if row.result.ok and row.result.profile]
+
+
+def shown_categories(rows: list[Row]) -> list[str]:
+    """The categories some run spent time in, in CATEGORIES' order: a column none uses is left out."""
+    used = set()
+    for row in profiled(rows):
+        seconds = row.result.profile.get("seconds") or {}
+        used |= {k for k, v in seconds.items() if v and v > 0}
+    return [k for k in CATEGORIES if k in used]
+
+
+def breakdown_table(rows: list[Row]) -> list[str]:
+    """Per profiled run: the profiled step, the timed median beside it, and each category's share of the step."""
+    categories = shown_categories(rows)
+    body = []
+    for row in profiled(rows):
+        r, c, p = row.result, row.result.config, row.result.profile
+        seconds = p.get("seconds") or {}
+        step = p.get("step_s")
+        shares = [
+            fmt(seconds.get(k) / step if step and seconds.get(k) is not None else None, ".0%")
+            for k in categories
+        ]
+        trace = f"[trace]({p['trace']})" if p.get("trace") else "—"
+        body.append(
+            [
+                c.backend,
+                c.variant,
+                devices_cell(c, simulated=False),
+                milliseconds(step),
+                milliseconds(r.step_time and r.step_time.median_s),
+                *shares,
+                trace,
+            ]
+        )
+    if not body:
+        return []
+    header = ["backend", "strategy", "devices", "profiled step ms", "timed step ms"]
+    return table(header + [CATEGORIES[k] for k in categories] + ["trace"], body)
+
+
+def profile_notes(rows: list[Row]) -> list[str]:
+    """The profiled runs without a breakdown, and those whose trace does not span their steps."""
+    notes = []
+    for row in profiled(rows):
+        c, p = row.result.config, row.result.profile
+        name = f"{c.backend} {c.variant} x{c.devices}"
+        if p.get("error"):
+            notes.append(f"- {name}: no breakdown: {p['error']}")
+        elif problem := coverage_problem(p):
+            notes.append(f"- {name}: {problem}; its shares describe the trace, not the steps")
+    return notes
+
+
+def profile_section(rows: list[Row], plotted: bool) -> list[str]:
+    lines = breakdown_table(rows)
+    if not lines:
+        return []
+    L = ["## Where the time goes", ""] + lines + [""]
+    if plotted:
+        L += ["![Where a step's time goes](breakdown.png)", ""]
+    L += [
+        "Each run's --profile steps, recorded with its framework's own profiler after everything timed (torch."
+        "profiler, jax.profiler, MXNet's profiler; Keras through the framework it runs on), each step between "
+        "two barriers as a timed step is. Every instant of their wall time goes to one category: the op running "
+        "then (the outermost op with a category, on any thread; where several run at once, the first in the "
+        'table\'s order), or "untraced" where no op was. The shares add up to the profiled step. The profiled '
+        "step is slower than the timed one by what the profiler costs. The traces open in Perfetto "
+        "(ui.perfetto.dev) or TensorBoard as they are; the mapping from op names to categories and its limits "
+        "are in docs/profiling.md.",
+        "",
+    ]
+    notes = profile_notes(rows)
+    return L + (["**Breakdowns to read with care**:", ""] + notes + [""] if notes else [])
+
+
+def host_peak(rows: list[Row]) -> tuple[float | None, str]:
+    """The host's theoretical float32 peak and its basis, as the runs recorded it (common/sysinfo.py cpu_peak)."""
+    for row in rows:
+        peak = (row.result.environment or {}).get("cpu_peak") or {}
+        if peak.get("fp32_tflops"):
+            return peak["fp32_tflops"], peak.get("basis", "")
+    return None, ""
+
+
+def theoretical_peak(row: Row, cpu: float | None) -> float | None:
+    """The run's theoretical peak: the datasheet of its GPUs (x devices), or the host's CPU peak in float32."""
+    c = row.result.config
+    if c.device_kind == "gpu":
+        name = (row.result.environment or {}).get("devices") or [""]
+        peak = flops.peak_tflops(str(name[0]), c.precision)
+        return peak * c.devices if peak else None
+    return cpu if c.precision != "bf16" else None
+
+
+def limits_table(rows: list[Row]) -> list[str]:
+    cpu, _ = host_peak(rows)
+    body = []
+    for row in rows:
+        achieved, _ = model_flops(row)
+        if not row.result.ok or achieved is None:
+            continue
+        c = row.result.config
+        theoretical = theoretical_peak(row, cpu)
+        body.append(
+            [
+                c.backend,
+                c.variant,
+                devices_cell(c),
+                c.precision,
+                f"{achieved:.3g}",
+                fmt(row.matmul_peak, ".3g"),
+                fmt(achieved / row.matmul_peak if row.matmul_peak else None, ".0%"),
+                fmt(theoretical, ".3g"),
+                fmt(achieved / theoretical if theoretical else None, ".0%"),
+            ]
+        )
+    if not body:
+        return []
+    header = [
+        "backend",
+        "strategy",
+        "devices",
+        "precision",
+        "achieved TFLOP/s",
+        "matmul peak TFLOP/s",
+        "of matmul",
+        "theoretical TFLOP/s",
+        "of theoretical",
+    ]
+    return table(header, body)
+
+
+def limits_section(rows: list[Row]) -> list[str]:
+    lines = limits_table(rows)
+    if not lines:
+        return []
+    _, basis = host_peak(rows)
+    return (
+        ["## How far from the machine's limit", ""]
+        + lines
+        + [
+            "",
+            "Achieved: the model's training FLOPs per image (3 x the forward pass's convolution and dense "
+            "multiply-adds) times images/s. Matmul peak: the best rate of the framework's own matrix product "
+            "(float32, or bfloat16 for a bf16 run), measured on this host after the first run of each backend "
+            "(common/loop.py measured_peak): what the framework can reach here at best. Theoretical: a GPU's "
+            "datasheet times the devices, or the host's CPUs"
+            + (f" ({basis})" if basis else "")
+            + ", all the simulated devices of a CPU run sharing them. A run near its matmul peak is "
+            "limited by the machine; one far below it loses its time elsewhere (the table above says where).",
+            "",
+        ]
+    )

@@ -1,0 +1,162 @@
+"""Where a step's time goes (common/profiling.py): a Chrome trace read into the same categories for every framework,
+on hand-made traces whose answer is known to the microsecond (no framework; the contract suite reads real ones)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from common import profiling
+from common.profiling import Recording, TraceError
+
+
+def op(name: str, start: float, end: float, tid: int = 1, **extra) -> dict:
+    return {"ph": "X", "name": name, "ts": start, "dur": end - start, "pid": 1, "tid": tid, **extra}
+
+
+def write(tmp_path, events, name="t.json") -> str:
+    path = tmp_path / name
+    opener = gzip.open if name.endswith(".gz") else open
+    with opener(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    return path
+
+
+def seconds_of(tmp_path, events, framework="torch", wall_us=200.0, steps=1) -> dict:
+    path = write(tmp_path, events)
+    return profiling.breakdown(path, framework, wall_us / 1e6, steps)["seconds"]
+
+
+def micro(seconds: dict) -> dict:
+    """The non-zero categories in microseconds, rounded: what the hand-made traces are checked against."""
+    return {k: round(v * 1e6, 3) for k, v in seconds.items() if v}
+
+
+def test_an_op_takes_the_category_of_its_outermost_categorised_op_and_gaps_are_untraced(tmp_path):
+    """conv2d holds mkldnn_convolution (one convolution, 100 us); Optimizer.step holds the add_ it runs (an
+    optimizer's 50 us, not element-wise); the 50 us with nothing traced are untraced: 200 us in all."""
+    events = [
+        op("ProfilerStep#1", 0, 150),  # matches nothing: its children decide
+        op("aten::conv2d", 0, 100),
+        op("aten::mkldnn_convolution", 10, 90),
+        op("Optimizer.step#SGD.step", 100, 150),
+        op("aten::add_", 110, 140),
+    ]
+    assert micro(seconds_of(tmp_path, events)) == {
+        "conv_matmul": 100,
+        "optimizer": 50,
+        "untraced": 50,
+    }
+
+
+def test_an_instant_counts_once_for_the_category_first_in_the_table(tmp_path):
+    """Communication on another thread during a convolution is hidden by it: only its exposed 20 us count; an
+    unknown op's time is "other ops" only where nothing else runs."""
+    events = [
+        op("aten::conv2d", 0, 100, tid=1),
+        op("gloo:all_reduce", 80, 120, tid=2),
+        op("aten::empty", 0, 150, tid=3),
+    ]
+    assert micro(seconds_of(tmp_path, events)) == {
+        "conv_matmul": 100,
+        "communication": 20,
+        "other_ops": 30,
+        "untraced": 50,
+    }
+
+
+def test_begin_and_end_pairs_count_as_complete_events_and_gzip_is_read(tmp_path):
+    """MXNet writes `B`/`E` pairs; a gzipped trace reads as a plain one. Per step: two steps of 100 us."""
+    events = [
+        {"ph": "B", "name": "ImperativeBulk", "ts": 0, "pid": 0, "tid": 7},
+        {"ph": "E", "name": "ImperativeBulk", "ts": 60, "pid": 0, "tid": 7},
+        {"ph": "B", "name": "multi_sgd_update", "ts": 60, "pid": 0, "tid": 7},
+        {"ph": "E", "name": "multi_sgd_update", "ts": 80, "pid": 0, "tid": 7},
+        {"ph": "C", "name": "Memory", "ts": 10, "pid": 0, "args": {"x": 1}},
+    ]
+    path = write(tmp_path, events, "t.json.gz")
+    result = profiling.breakdown(path, "mxnet", 200e-6, 2)
+    assert micro(result["seconds"]) == {"fused": 30, "optimizer": 10, "untraced": 60}
+    assert result["step_s"] == pytest.approx(100e-6) and result["trace_span_s"] == pytest.approx(
+        80e-6
+    )
+
+
+def test_on_a_gpu_only_the_devices_events_count(tmp_path):
+    """A trace with CUDA kernels: the host's ops are left out, and the device's idle time is untraced."""
+    events = [
+        op("aten::conv2d", 0, 200, tid=1, cat="cpu_op"),
+        op("sm90_xmma_fprop_implicit_gemm", 20, 80, tid=9, cat="kernel"),
+        op("Memcpy HtoD (Pageable -> Device)", 0, 10, tid=10, cat="gpu_memcpy"),
+    ]
+    path = write(tmp_path, events)
+    result = profiling.breakdown(path, "torch", 200e-6, 1)
+    assert result["device"] and micro(result["seconds"]) == {
+        "conv_matmul": 60,
+        "copies": 10,
+        "untraced": 130,
+    }
+
+
+@pytest.mark.parametrize(
+    "framework, name, category",
+    [
+        ("torch", "autograd::engine::evaluate_function: ConvolutionBackward0", "conv_matmul"),
+        ("torch", "aten::native_batch_norm", "bn_elementwise"),
+        ("torch", "aten::_foreach_sub_", "optimizer"),
+        ("torch", "aten::copy_", "copies"),
+        ("torch", "aten::empty", None),
+        ("jax", "ynn_fusion.12", "conv_matmul"),
+        ("jax", "convolution-base-dilated.1", "conv_matmul"),
+        ("jax", "end: all-reduce", "communication"),
+        ("jax", "broadcast_add_fusion.3", "bn_elementwise"),
+        ("jax", "transpose_copy_fusion.2", "copies"),
+        ("jax", "ThunkExecutor::Execute", None),
+        ("jax", "Wait for donation holds", None),
+        ("mxnet", "ImperativeBulk", "fused"),
+        ("mxnet", "ElementwiseSum", "communication"),
+        ("mxnet", "multi_sgd_update", "optimizer"),
+        ("mxnet", "CopyCPU2CPU", "copies"),
+        ("mxnet", "DeleteVariable", None),
+    ],
+)
+def test_each_frameworks_op_names_map_to_the_shared_categories(framework, name, category):
+    """Names as the frameworks' profilers write them (torch 2.x, jax 0.10 on the CPU, MXNet 1.9)."""
+    assert profiling.category(name, profiling.PATTERNS[framework]) == category
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ("{not json", "not a readable Chrome trace"),
+        ('{"traceEvents": 3}', "no traceEvents list"),
+        ('{"traceEvents": [{"ph": "X", "name": "x", "ts": "soon", "dur": 1}]}', "no timed events"),
+        ("[]", "no timed events"),
+    ],
+)
+def test_a_trace_that_cannot_be_read_is_one_line(tmp_path, content, says):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(TraceError, match=says):
+        profiling.breakdown(path, "torch", 1.0, 1)
+
+
+def test_a_run_without_a_readable_trace_says_why_instead_of_failing(tmp_path):
+    (tmp_path / "bad.json").write_text("{not json")
+    unreadable = profiling.summary(Recording("torch", tmp_path / "bad.json"), tmp_path, 2.0, 2)
+    assert unreadable["trace"] == "bad.json" and unreadable["step_s"] == 1.0
+    assert unreadable["error"].startswith("bad.json: not a readable Chrome trace")
+    missing = profiling.summary(Recording("torch"), tmp_path, 2.0, 2)
+    assert missing["trace"] is None and missing["error"] == "the profiler wrote no trace"
+
+
+def test_a_trace_that_does_not_span_its_steps_is_named(tmp_path):
+    path = write(tmp_path, [op("aten::conv2d", 0, 100)])
+    covered = profiling.breakdown(path, "torch", 110e-6, 1)
+    short = profiling.breakdown(path, "torch", 500e-6, 1)
+    assert profiling.coverage_problem(covered) is None
+    assert profiling.coverage_problem(short) == (
+        "the trace spans 20% of the profiled steps' wall time (expected 80%-125%)"
+    )
