@@ -19,6 +19,7 @@ is known and measured; results.json holds the figures under "parity".
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -28,7 +29,8 @@ from pathlib import Path
 from common import caches, sysinfo
 from common import weights as weightslib
 from common.config import RunConfig
-from common.results import Result
+from common.profiling import CATEGORIES, TRACES_ENV
+from common.results import Result, profile_problem
 from harness import arguments, compare, run
 from harness.arguments import Parser, UsageError
 from harness.planning.plan import Devices, Plan, choose_devices, parse_gpus
@@ -37,11 +39,17 @@ from harness.processes import envs, runner
 from harness.reporting.tables import as_results
 
 LIMIT = 1.10  # the most a strategy's step may cost over its idiom's
+# Above this ratio a strategy's row says where its step loses time to its idiom's (the --profile breakdowns of
+# both), if no measured reason is known; REASONS categories with the most extra time are named.
+EXPLAINED = 1.05
+REASONS = 2
 ALPHA = 0.05  # the interval's: 95%
 # Interleaved trials per side: with fewer, a bootstrap interval of a median means little.
 DEFAULT_REPEAT = 6
 # The sequential rule's cap: an undecided strategy gets at most this many trials per side.
 DEFAULT_MAX_TRIALS = 12
+# Steps each side's first trial records with its framework's profiler (the breakdowns of a row's reason).
+DEFAULT_PROFILE = 3
 DEFAULT_TIMED_STEPS = 20
 SUITE_STEPS = 2  # the suite run's one training epoch: its steps are not what parity times
 
@@ -115,12 +123,17 @@ def measure_idiom(job: IdiomRun, trial: int, python: str, workdir: Path) -> dict
     except OSError as e:
         raise IdiomFailed(f"cannot write its config: {e.strerror or e}") from None
     cmd = [python, "-m", job.idiom.module, "--config", str(config), "--result", str(result)]
+    # the strategies' rule for compile caches: cold, or the shared folder
+    env = caches.apply(
+        idiom_env(job), job.cfg.compile_cache, folder / f"{name}-trial{trial}.caches"
+    )
+    traces = f"{runner.TRACES}/idiom-{name}-trial{trial}"
+    if job.cfg.profile:
+        env[TRACES_ENV] = str(workdir / traces)
     try:
         code, output = runner.launch(
             cmd,
-            caches.apply(  # the strategies' rule: cold, or the shared folder
-                idiom_env(job), job.cfg.compile_cache, folder / f"{name}-trial{trial}.caches"
-            ),
+            env,
             workdir / "logs" / f"idiom-{name}-trial{trial}.log",
             job.cfg.timeout,
         )
@@ -129,7 +142,11 @@ def measure_idiom(job: IdiomRun, trial: int, python: str, workdir: Path) -> dict
     if code != 0:
         ended = f"timed out after {job.cfg.timeout:g} s" if code is None else f"exited {code}"
         raise IdiomFailed(f"{ended}: {''.join(output[-3:]).strip()[-400:]}")
-    return checked_result(result, job.cfg)
+    record = checked_result(result, job.cfg)
+    return {
+        **record,
+        "profile": runner.in_report(record["profile"], workdir, traces.split("/", 1)[1]),
+    }
 
 
 def idiom_env(job: IdiomRun) -> dict:
@@ -153,7 +170,17 @@ def checked_result(path: Path, cfg: RunConfig) -> dict:
         raise IdiomFailed("it did not start from the run's canonical weights (weights_hash)")
     if not isinstance(doc.get("framework"), str) or not seconds(doc.get("warmup_s")):
         raise IdiomFailed("its result lacks its framework or warm-up time")
-    return {"framework": doc["framework"][:80], "warmup_s": doc["warmup_s"], "steps_s": steps}
+    profile = doc.get("profile")
+    problem = profile_problem(profile) if isinstance(profile, dict) else "not an object"
+    if profile is not None and problem:
+        # the timed steps stand; a profile that is not one is dropped, with the reason
+        profile = {"error": f"its profile is not one: {problem}"}
+    return {
+        "framework": doc["framework"][:80],
+        "warmup_s": doc["warmup_s"],
+        "steps_s": steps,
+        "profile": profile,
+    }
 
 
 def seconds(value) -> bool:
@@ -170,7 +197,10 @@ def schedule(plan: Plan) -> list[tuple[int, RunConfig | IdiomRun]]:
 
 def round_of(configs: list[RunConfig], trial: int) -> list[tuple[int, RunConfig | IdiomRun]]:
     """One trial of each of `configs` and of their idioms: per backend, its idioms then its strategies, the
-    order reversed every other trial."""
+    order reversed every other trial. The first trial of each side records its --profile steps (the breakdowns a
+    row's reason is read from); the others do not."""
+    if trial > 1:
+        configs = [dataclasses.replace(c, profile=0) for c in configs]
     runs = []
     for backend in sorted({c.backend for c in configs}):
         mine = [c for c in configs if c.backend == backend]
@@ -327,6 +357,9 @@ def row(
     suite_step = statistics.median(s for t in mine for s in t)
     idiom_step = statistics.median(s for t in theirs for s in t)
     low, high = compare.ratio_interval(theirs, mine, alpha)
+    breakdowns = profiled_pair(suite, idioms)
+    if out["reason"] is None and breakdowns and suite_step / idiom_step > EXPLAINED:
+        out["reason"] = breakdown_reason(*breakdowns)
     return {
         **out,
         "suite_step_s": suite_step,
@@ -334,7 +367,32 @@ def row(
         "ratio": suite_step / idiom_step,
         "interval": [low, high],
         "verdict": verdict(low, high),
+        "breakdown": breakdowns and {"strategy": breakdowns[0], "idiom": breakdowns[1]},
     }
+
+
+def profiled_pair(suite: list[Result], idioms: list[dict]) -> tuple[dict, dict] | None:
+    """The strategy's and its idiom's profiled step (seconds per category), from their first profiled trials;
+    None unless both have one."""
+    mine = next((r.profile for r in suite if r.ok and r.profile and r.profile.get("seconds")), None)
+    theirs = next(
+        (
+            i["profile"]
+            for i in idioms
+            if isinstance(i.get("profile"), dict) and i["profile"].get("seconds")
+        ),
+        None,
+    )
+    return (mine["seconds"], theirs["seconds"]) if mine and theirs else None
+
+
+def breakdown_reason(mine: dict, theirs: dict) -> str:
+    """Where the strategy's profiled step spends more than its idiom's: the categories with the most extra time."""
+    extra = {k: mine.get(k, 0.0) - theirs.get(k, 0.0) for k in CATEGORIES}
+    total = sum(mine.values()) - sum(theirs.values())
+    larger = sorted(((v, k) for k, v in extra.items() if v > 0), reverse=True)[:REASONS]
+    where = ", ".join(f"{CATEGORIES[k]} +{1e3 * v:.3g} ms" for v, k in larger) or "no category"
+    return f"profiled (docs/profiling.md): a step takes {1e3 * total:+.3g} ms against its idiom's; more in {where}"
 
 
 def verdict(low: float, high: float) -> str:
@@ -410,6 +468,15 @@ def parity_flags() -> Parser:
         type=int,
         default=DEFAULT_TIMED_STEPS,
         help=f"steps timed one by one in each trial (default {DEFAULT_TIMED_STEPS})",
+    )
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=DEFAULT_PROFILE,
+        metavar="N",
+        help="record N more steps of each side's first trial with its framework's profiler, after the timed "
+        "ones: a strategy slower than its idiom by more than 5%% is explained from the two breakdowns "
+        "(default %(default)s; 0: none)",
     )
     p.add_argument(
         "--option",

@@ -1,53 +1,19 @@
 """MXNet's profiler around the profiled steps (--profile; common/profiling.py reads its trace), and MXNet's
-matrix-multiply peak on this host (the report's measured limit)."""
+matrix-multiply peak on this host (the report's measured limit): profilers/mxnet.py's, for this backend's runs."""
 
 from __future__ import annotations
 
-import contextlib
-import gzip
-import shutil
 from pathlib import Path
 
 from backends.mxnet.parallel import devices
-from common.profiling import Recording
-
-import mxnet as mx
+from profilers import mxnet as profiler
 
 
-@contextlib.contextmanager
 def record(cfg, folder: Path, rank: int):
-    """MXNet's profiler around the block: its operators, imperative and symbolic (a hybridized network's bulked
-    segments), not its C API calls or memory counters, which would make the trace ten times larger; its Chrome
-    trace dumped when the block ends and gzipped as rank<r>.trace.json.gz."""
-    raw = folder / f"rank{rank}.trace.json"
-    mx.profiler.set_config(
-        profile_symbolic=True,
-        profile_imperative=True,
-        profile_memory=False,
-        profile_api=False,
-        aggregate_stats=False,
-        filename=str(raw),
-    )
-    recording = Recording("mxnet")
-    mx.profiler.set_state("run")
-    try:
-        yield recording
-    finally:
-        mx.profiler.set_state("stop")
-    mx.profiler.dump()
-    recording.path = folder / f"rank{rank}.trace.json.gz"
-    with open(raw, "rb") as source, gzip.open(recording.path, "wb") as target:
-        shutil.copyfileobj(source, target)
-    raw.unlink()
+    """MXNet's profiler around the block; its trace as rank<r>.trace.json.gz."""
+    return profiler.record(folder, rank)
 
 
 def matmul(cfg, n: int, dtype: str):
     """One n x n matrix product in `dtype` on this process's first device, waited for: a call to time."""
-    device = devices(1, cfg.device_kind, cfg.first_gpu)[0]
-    a, b, c = (mx.nd.random.normal(shape=(n, n), ctx=device).astype(dtype) for _ in range(3))
-
-    def product() -> None:
-        mx.nd.dot(a, b, out=c)
-        c.wait_to_read()
-
-    return product
+    return profiler.matmul(n, dtype, devices(1, cfg.device_kind, cfg.first_gpu)[0])

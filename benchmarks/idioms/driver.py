@@ -4,28 +4,33 @@ network and its training step, written the way that framework's own examples wri
 
     python -m benchmarks.idioms.<name> --config run.json --result idiom.json [--trace N --dtype float64]
 
-An idiom module provides `FRAMEWORK` (its name and version, for the report) and
+An idiom module provides `FRAMEWORK` (its name and version, for the report),
 `training_step(weights, lr, dtype, device_kind) -> (put, step)`: `put(x, y)` moves one numpy batch to the device the
 framework's usual way, `step(batch)` takes one SGD step on it and returns its loss as a Python float (the
-host reading the loss is the step's sync, as in every example's loop).
+host reading the loss is the step's sync, as in every example's loop); and `record(folder, device_kind)`, its
+framework's profiler (profilers/), the one the backend's runs are recorded with.
 
 Timed like the suite's steps (common/loop.py's time_steps): one warm-up step (compilation), then
 `timed_steps` steps on the batches the suite's timed steps take, each batch put before its timer starts
-and each step timed alone. `--trace N` instead takes N steps on the first batches of epoch 0 and records
+and each step timed alone; then, where the run config asks (`profile`: parity asks it of the first trial), as many
+more steps as a suite run profiles, on the batches that follow, inside the framework's profiler: their trace and
+breakdown are read as a suite run's are (common/profiling.py), for parity's reasons. `--trace N` instead takes N
+steps on the first batches of epoch 0 and records
 their losses: the test that the idiom computes what the suite computes (tests/backends/test_contract.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import time
 
 from common import data as datalib
+from common import profiling
 from common import weights as weightslib
 from common.config import RunConfig
 from common.files import write_atomic
+from common.loop import batches_after_training
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -43,11 +48,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def timed_batches(cfg: RunConfig, dataset: datalib.Dataset) -> list:
     """The batches of the suite's timed steps: those of the epochs after its training, in order."""
-    epochs = itertools.count(cfg.epochs)
-    batches = itertools.chain.from_iterable(
-        datalib.train_batches(dataset, cfg.batch_size, cfg.seed, e) for e in epochs
-    )
-    return list(itertools.islice(batches, cfg.timed_steps))
+    return batches_after_training(cfg, dataset, 0, cfg.timed_steps)
 
 
 def time_steps(put, step, batches: list) -> tuple[list[float], list[float]]:
@@ -75,7 +76,22 @@ def measure(idiom, cfg: RunConfig) -> dict:
         "warmup_s": warmup,
         "steps_s": seconds,
         "losses": losses,
+        "profile": profile(idiom, cfg, put, step, dataset),
     }
+
+
+def profile(idiom, cfg: RunConfig, put, step, dataset: datalib.Dataset) -> dict | None:
+    """cfg.profile more steps after the timed ones, inside the framework's profiler, their batches those a suite
+    run profiles: the record a suite run makes (common/profiling.py summary), or None without `profile`."""
+    if not cfg.profile:
+        return None
+    folder = profiling.traces_folder()
+    batches = batches_after_training(cfg, dataset, cfg.timed_steps, cfg.profile)
+    with idiom.record(folder, cfg.device_kind) as recording:
+        start = time.perf_counter()
+        time_steps(put, step, batches)
+        wall = time.perf_counter() - start
+    return profiling.summary(recording, folder, wall, len(batches))
 
 
 def trace(idiom, cfg: RunConfig, steps: int, dtype: str) -> dict:

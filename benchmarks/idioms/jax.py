@@ -23,6 +23,7 @@ from flax import traverse_util
 from flax.training import train_state
 
 from benchmarks.idioms import driver
+from profilers import jax as profiler
 
 FRAMEWORK = f"jax {jax.__version__} (flax {flax.__version__}, optax {optax.__version__})"
 
@@ -143,6 +144,11 @@ def training_step(weights: dict, lr: float, dtype: str, device_kind: str):
         return float(loss)
 
     return put, step
+
+
+def record(folder, device_kind: str):
+    """jax.profiler around the profiled steps, as the jax backend's runs are recorded."""
+    return profiler.record(folder, 0)
 
 
 if __name__ == "__main__":

@@ -125,5 +125,17 @@ def training_step(weights: dict, lr: float, dtype: str, device_kind: str):
     return put, step
 
 
+def record(folder, device_kind: str):
+    """The profiler of the framework Keras runs on around the profiled steps, as the keras backend's runs on it
+    are recorded."""
+    # imported here, the one Keras runs on only: the other framework has no place in the idiom's process
+    profiler = importlib.import_module(f"profilers.{BACKEND}")
+    return (
+        profiler.record(folder, 0, device_kind == "gpu")
+        if BACKEND == "torch"
+        else profiler.record(folder, 0)
+    )
+
+
 if __name__ == "__main__":
     sys.exit(driver.main(sys.modules[__name__]))

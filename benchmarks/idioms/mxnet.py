@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 from benchmarks.idioms import driver
+from profilers import mxnet as profiler
 
 import mxnet as mx
 from mxnet import autograd, gluon
@@ -128,6 +129,11 @@ def training_step(weights: dict, lr: float, dtype: str, device_kind: str):
         return float(l.mean().asscalar())
 
     return put, step
+
+
+def record(folder, device_kind: str):
+    """MXNet's profiler around the profiled steps, as the mxnet backend's runs are recorded."""
+    return profiler.record(folder, 0)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from benchmarks.idioms import driver
+from profilers import torch as profiler
 
 FRAMEWORK = f"torch {torch.__version__}"
 
@@ -108,6 +109,11 @@ def training_step(weights: dict, lr: float, dtype: str, device_kind: str):
         return loss.item()
 
     return put, step
+
+
+def record(folder, device_kind: str):
+    """torch.profiler around the profiled steps, as the torch backend's runs are recorded."""
+    return profiler.record(folder, 0, device_kind == "gpu")
 
 
 if __name__ == "__main__":

@@ -59,9 +59,15 @@ class Trials:
         return min(self.kept, key=lambda r: abs((r.summary().get("images_per_s") or 0.0) - middle))
 
 
+# Config fields of what a run does after everything timed (common/loop.py): trials that differ only in them are
+# trials of one configuration (the first trial of a backend measures its matmul peak, parity profiles its first).
+AFTER_TIMING = ("profile", "measure_peak")
+
+
 def identity(r: Result) -> str:
-    """What makes two runs trials of one configuration: the same config, every field."""
-    return json.dumps(r.config.to_dict(), sort_keys=True)
+    """What makes two runs trials of one configuration: the same config, every field but AFTER_TIMING's."""
+    config = {k: v for k, v in r.config.to_dict().items() if k not in AFTER_TIMING}
+    return json.dumps(config, sort_keys=True)
 
 
 def keep(runs: list[Result]) -> tuple[list[Result], list[tuple[Result, str]]]:

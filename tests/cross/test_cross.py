@@ -241,7 +241,8 @@ def test_parity_times_a_strategy_beside_its_idiom_and_reports_the_ratio(tmp_path
     proc = harness(
         "parity",
         *("--backend", "torch", "--strategy", "scratch", "--device", "cpu"),
-        *("--repeat", "2", "--timed-steps", "3", "--batch-size", "8", "--dataset", "synthetic"),
+        *("--repeat", "2", "--max-trials", "2", "--timed-steps", "3", "--batch-size", "8"),
+        *("--dataset", "synthetic"),
         *("--out", str(out), "--quiet"),
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -252,12 +253,22 @@ def test_parity_times_a_strategy_beside_its_idiom_and_reports_the_ratio(tmp_path
     assert 0 < low <= row["ratio"] <= high
     text = (folder / "report.md").read_text()
     assert f"| torch | scratch | torch ({row['framework']}) |" in text
+    # both sides' first trials profiled (--profile 3 by default): the breakdowns a reason is read from
+    assert set(row["breakdown"]) == {"strategy", "idiom"}
+    assert (
+        row["breakdown"]["strategy"]["conv_matmul"] > 0
+        and row["breakdown"]["idiom"]["conv_matmul"] > 0
+    )
+    traces = sorted(p.name for p in (folder / "traces").iterdir())
+    assert traces == ["idiom-torch-trial1", "torch-scratch-x1-trial1"]
     assert sorted(p.name for p in folder.iterdir()) == [
         "accuracy.png",
+        "breakdown.png",
         "logs",
         "parity.png",
         "report.md",
         "results.json",
+        "traces",
     ]
 
 

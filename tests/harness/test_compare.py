@@ -457,6 +457,16 @@ def test_trials_drop_the_failed_and_of_five_the_fastest_and_slowest():
     assert [r.trial for r in t.kept] == [1, 3, 4]
 
 
+def test_trials_that_differ_only_in_what_runs_after_the_timing_are_one_configuration():
+    """The first trial measures the backend's matmul peak (parity's also profiles): still trials of one row."""
+    runs = [run_dict("torch", "scratch", 1, [0.1] * 4, trial=i + 1) for i in range(3)]
+    runs[0]["config"] = {**runs[0]["config"], "measure_peak": True, "profile": 3}
+    (t,) = trials.group(results_of(runs))
+    assert [r.trial for r in t.kept] == [1, 2, 3]
+    runs[2]["config"] = {**runs[2]["config"], "timed_steps": 7}
+    assert len(trials.group(results_of(runs))) == 2
+
+
 def test_the_summary_gives_the_median_and_range_of_the_trials_kept():
     runs = [
         run_dict("torch", "scratch", 1, [s] * 4, trial=i + 1)

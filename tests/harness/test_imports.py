@@ -43,7 +43,7 @@ def lint_imports(*args, cwd=ROOT, path=ROOT) -> subprocess.CompletedProcess:
 def test_the_import_contracts_hold():
     out = lint_imports()
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-2000:]
-    assert len(CONTRACTS) == 13
+    assert len(CONTRACTS) == 14
     for name in CONTRACTS:
         assert f"{name} KEPT" in out.stdout, name
 
@@ -77,7 +77,7 @@ def test_the_contracts_would_catch_the_old_cli_check_testing_cycle(tmp_path):
     shutil.copytree(
         ROOT / "harness", tmp_path / "harness", ignore=shutil.ignore_patterns("__pycache__")
     )
-    for name in ("common", "backends", "benchmarks"):
+    for name in ("common", "backends", "benchmarks", "profilers"):
         shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     cli = (tmp_path / "harness" / "cli.py").read_text()

@@ -287,3 +287,102 @@ def test_max_trials_below_repeat_is_refused(tmp_path):
         command=("parity",),
         match="--max-trials 3 is fewer than the --repeat 4 trials every side runs",
     )
+
+
+class FakeIdiom:
+    """An idiom without a framework: a step that takes no time, and a profiler that writes a one-op trace."""
+
+    FRAMEWORK = "fake 1.0"
+
+    def __init__(self):
+        self.recorded = 0
+
+    def training_step(self, weights, lr, dtype, device_kind):
+        return (lambda x, y: (x, y)), (lambda batch: 2.3)
+
+    def record(self, folder, device_kind):
+        import contextlib
+
+        from common.profiling import Recording
+
+        @contextlib.contextmanager
+        def recorded():
+            recording = Recording("torch")
+            yield recording
+            self.recorded += 1
+            recording.path = folder / "rank0.trace.json"
+            event = {"ph": "X", "name": "aten::conv2d", "ts": 0, "dur": 10, "pid": 1, "tid": 1}
+            recording.path.write_text(json.dumps([event]))
+
+        return recorded()
+
+
+def test_an_idiom_records_its_profiled_steps_after_the_timed_ones_when_the_run_asks(
+    tmp_path, monkeypatch
+):
+    from benchmarks.idioms import driver
+
+    monkeypatch.setenv("DPBENCH_TRACES", str(tmp_path))
+    idiom = FakeIdiom()
+    plain = driver.measure(idiom, config("torch", "scratch"))
+    assert plain["profile"] is None and idiom.recorded == 0
+    profiled = driver.measure(idiom, config("torch", "scratch", profile=2))
+    assert idiom.recorded == 1 and len(profiled["steps_s"]) == 4
+    assert profiled["profile"]["steps"] == 2 and profiled["profile"]["trace"] == "rank0.trace.json"
+    assert (
+        profiled["profile"]["error"] is None and profiled["profile"]["seconds"]["conv_matmul"] > 0
+    )
+
+
+def test_a_strategy_slower_than_its_idiom_says_where_from_both_breakdowns():
+    """Above 1.05, a row without a measured reason gets one from the two profiled steps: the categories where the
+    strategy spends the most extra time."""
+    mine = {"conv_matmul": 0.080, "bn_elementwise": 0.020, "other_ops": 0.015, "untraced": 0.005}
+    theirs = {"conv_matmul": 0.080, "bn_elementwise": 0.018, "other_ops": 0.002, "untraced": 0.000}
+
+    def trials(median: float, seconds: dict | None) -> tuple[list, list]:
+        suite = [suite_trial(noisy(median, seed)) for seed in range(6)]
+        if seconds:
+            suite[0]["profile"] = {
+                "steps": 3,
+                "step_s": sum(seconds.values()),
+                "seconds": seconds,
+                "error": None,
+            }
+        idioms = [idiom_trial(noisy(0.1, 10 + seed), seed + 1) for seed in range(6)]
+        idioms[0]["profile"] = {"steps": 3, "step_s": 0.1, "seconds": theirs, "error": None}
+        return suite, idioms
+
+    (slow,) = parity.figures(*trials(0.12, mine))["rows"]
+    assert slow["reason"] == (
+        "profiled (docs/profiling.md): a step takes +20 ms against its idiom's; more in other ops +13 ms, "
+        "untraced +5 ms"
+    )
+    assert slow["breakdown"] == {"strategy": mine, "idiom": theirs}
+    (close,) = parity.figures(*trials(0.101, mine))["rows"]
+    assert close["reason"] is None
+    (unprofiled,) = parity.figures(*trials(0.12, None))["rows"]
+    assert unprofiled["reason"] is None and unprofiled["breakdown"] is None
+
+
+def test_an_idioms_profile_that_is_not_one_is_dropped_and_its_timed_steps_stand(tmp_path):
+    cfg = config("torch", "scratch")
+    doc = {
+        "framework": "torch 2.x",
+        "warmup_s": 0.1,
+        "steps_s": [0.1] * cfg.timed_steps,
+        "weights_hash": weightslib.fingerprint(weightslib.for_run(cfg)),
+        "profile": {
+            "steps": 2,
+            "step_s": 0.1,
+            "trace": "/etc/passwd",
+            "error": None,
+            "seconds": {},
+        },
+    }
+    (tmp_path / "r.json").write_text(json.dumps(doc))
+    record = parity.checked_result(tmp_path / "r.json", cfg)
+    assert record["steps_s"] == doc["steps_s"]
+    assert record["profile"] == {
+        "error": "its profile is not one: profile.trace is not a path inside the run's traces folder"
+    }

@@ -1,0 +1,36 @@
+"""torch's profiler and matrix product (profilers/__init__.py)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity
+
+from common.profiling import Recording
+
+
+@contextlib.contextmanager
+def record(folder: Path, rank: int, gpu: bool):
+    """torch.profiler around the block (the CPU's operators, and the CUDA kernels on a GPU); its Chrome trace,
+    gzipped, written as rank<r>.trace.json.gz when the block ends."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    recording = Recording("torch")
+    with torch.profiler.profile(activities=activities) as profiler:
+        yield recording
+    recording.path = folder / f"rank{rank}.trace.json.gz"
+    profiler.export_chrome_trace(str(recording.path))
+
+
+def matmul(n: int, dtype: str, gpu: bool):
+    """One n x n matrix product in `dtype` on this process's current device, waited for: a call to time."""
+    device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    a, b, c = (torch.randn(n, n, dtype=getattr(torch, dtype), device=device) for _ in range(3))
+
+    def product() -> None:
+        torch.mm(a, b, out=c)
+        if gpu:
+            torch.cuda.synchronize(device)
+
+    return product
