@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity
 
+from common import sysinfo
 from common.profiling import Recording
 
 
@@ -24,7 +25,11 @@ def record(folder: Path, rank: int, gpu: bool):
 
 
 def matmul(n: int, dtype: str, gpu: bool):
-    """One n x n matrix product in `dtype` on this process's current device, waited for: a call to time."""
+    """One n x n matrix product in `dtype` on this process's current device, waited for: a call to time. On the
+    CPU it takes every usable CPU, whatever the run's threads per process: the peak is the host's, and a ddp rank
+    has only its share of the threads (the peak is the last thing a run measures, so nothing timed follows)."""
+    if not gpu:
+        torch.set_num_threads(sysinfo.usable_cpus())
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
     a, b, c = (torch.randn(n, n, dtype=getattr(torch, dtype), device=device) for _ in range(3))
 
