@@ -20,7 +20,7 @@ INITS = ("d2l", "he")  # the initialisers of common/weights.py
 PRECISIONS = ("fp32", "tf32", "bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 MAX_PREFETCH = 16
-# --profile: a trace of more steps only grows (gzipped, about 0.1 MB a ResNet-18 step in torch, 1 MB in MXNet)
+# --profile: a trace of more steps only grows (gzipped, 20-140 KB a ResNet-18 step on the CPU, by framework)
 MAX_PROFILE_STEPS = 50
 # --gpus on the CPU: the simulated devices a backend provides (XLA's are made at import)
 MAX_SIMULATED_DEVICES = 16
