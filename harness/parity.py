@@ -127,9 +127,9 @@ def measure_idiom(job: IdiomRun, trial: int, python: str, workdir: Path) -> dict
     env = caches.apply(
         idiom_env(job), job.cfg.compile_cache, folder / f"{name}-trial{trial}.caches"
     )
-    traces = f"{runner.TRACES}/idiom-{name}-trial{trial}"
+    traces = f"idiom-{name}-trial{trial}"
     if job.cfg.profile:
-        env[TRACES_ENV] = str(workdir / traces)
+        env[TRACES_ENV] = str(workdir / runner.TRACES / traces)
     try:
         code, output = runner.launch(
             cmd,
@@ -145,7 +145,7 @@ def measure_idiom(job: IdiomRun, trial: int, python: str, workdir: Path) -> dict
     record = checked_result(result, job.cfg)
     return {
         **record,
-        "profile": runner.in_report(record["profile"], workdir, traces.split("/", 1)[1]),
+        "profile": runner.in_report(record["profile"], workdir, traces),
     }
 
 

@@ -6,18 +6,26 @@ from __future__ import annotations
 
 from common.profiling import CATEGORIES, coverage_problem
 from harness.reporting import flops
-from harness.reporting.tables import Row, devices_cell, fmt, milliseconds, model_flops, table
+from harness.reporting.tables import (
+    Row,
+    device_name,
+    devices_cell,
+    fmt,
+    milliseconds,
+    model_flops,
+    table,
+)
 
 
 def profiled(rows: list[Row]) -> list[Row]:
-    return [row for row in rows if row.result.ok and row.result.profile]
+    return [row for row in rows if row.result.ok and row.profile]
 
 
 def shown_categories(rows: list[Row]) -> list[str]:
     """The categories some run spent time in, in CATEGORIES' order: a column none uses is left out."""
     used = set()
     for row in profiled(rows):
-        seconds = row.result.profile.get("seconds") or {}
+        seconds = row.profile.get("seconds") or {}
         used |= {k for k, v in seconds.items() if v and v > 0}
     return [k for k in CATEGORIES if k in used]
 
@@ -27,7 +35,7 @@ def breakdown_table(rows: list[Row]) -> list[str]:
     categories = shown_categories(rows)
     body = []
     for row in profiled(rows):
-        r, c, p = row.result, row.result.config, row.result.profile
+        r, c, p = row.result, row.result.config, row.profile
         seconds = p.get("seconds") or {}
         step = p.get("step_s")
         shares = [
@@ -56,7 +64,7 @@ def profile_notes(rows: list[Row]) -> list[str]:
     """The profiled runs without a breakdown, and those whose trace does not span their steps."""
     notes = []
     for row in profiled(rows):
-        c, p = row.result.config, row.result.profile
+        c, p = row.result.config, row.profile
         name = f"{c.backend} {c.variant} x{c.devices}"
         if p.get("error"):
             notes.append(f"- {name}: no breakdown: {p['error']}")
@@ -100,8 +108,7 @@ def theoretical_peak(row: Row, cpu: float | None) -> float | None:
     """The run's theoretical peak: the datasheet of its GPUs (x devices), or the host's CPU peak in float32."""
     c = row.result.config
     if c.device_kind == "gpu":
-        name = (row.result.environment or {}).get("devices") or [""]
-        peak = flops.peak_tflops(str(name[0]), c.precision)
+        peak = flops.peak_tflops(device_name(row.result), c.precision)
         return peak * c.devices if peak else None
     return cpu if c.precision != "bf16" else None
 

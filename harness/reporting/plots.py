@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from common.profiling import CATEGORIES
 from harness.reporting.tables import Row, key
 
 
@@ -118,21 +119,15 @@ def plot_parity(rows: list[dict], limit: float, path: Path) -> bool:
 
 def plot_breakdown(rows: list[Row], path: Path) -> bool:
     """Each profiled run's step as a bar of its categories (milliseconds), on one axis: the --profile breakdown."""
-    from common.profiling import CATEGORIES
-
-    profiled = [
-        row.result
-        for row in rows
-        if row.result.ok and row.result.profile and row.result.profile.get("seconds")
-    ]
+    profiled = [row for row in rows if row.result.ok and row.profile and row.profile.get("seconds")]
     if not profiled:
         return False
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 1.4 + 0.45 * len(profiled)))
-    names = [" ".join(map(str, key(r)[:3])) + " dev" for r in profiled]
+    names = [" ".join(map(str, key(row.result)[:3])) + " dev" for row in profiled]
     left = [0.0] * len(profiled)
     for category, label in CATEGORIES.items():
-        widths = [1e3 * (r.profile["seconds"].get(category) or 0.0) for r in profiled]
+        widths = [1e3 * (row.profile["seconds"].get(category) or 0.0) for row in profiled]
         if any(widths):
             ax.barh(range(len(profiled)), widths, left=left, label=label)
             left = [a + b for a, b in zip(left, widths)]

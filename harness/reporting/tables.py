@@ -58,6 +58,13 @@ class Row:
     def repeated(self) -> bool:
         return self.trials is not None and len(self.trials.runs) > 1
 
+    @property
+    def profile(self) -> dict | None:
+        """The configuration's --profile record: its first profiled trial's, which need not be the representative
+        one (parity profiles only each side's first trial)."""
+        runs = self.trials.runs if self.trials else [self.result]
+        return next((r.profile for r in runs if r.ok and r.profile), None)
+
 
 def baseline(r: Result) -> tuple:
     """The runs compared in speed-up: the same backend and strategy, options and levers, except an option

@@ -477,3 +477,18 @@ def test_a_worker_result_with_a_bad_profile_or_peak_is_refused(field, value, say
 
     r = {**result(), "schema_version": SCHEMA_VERSION, field: value}
     assert says in result_problem(r)
+
+
+@pytest.mark.parametrize("profiled_trial", [1, 2])
+def test_a_configuration_shows_the_breakdown_of_its_profiled_trial_whichever_trial_represents_it(
+    tmp_path, profiled_trial
+):
+    """Parity profiles only each side's first trial: the row's breakdown is that trial's, whichever trial the
+    summary's figures come from."""
+    runs = []
+    for trial in (1, 2):
+        r = profiled_result("scratch", 0.08, 0.0) if trial == profiled_trial else result()
+        runs.append({**r, "trial": trial})
+    document.write(tmp_path, runs, {**META, "run_id": "x"})
+    text = (tmp_path / "report.md").read_text()
+    assert "| torch | scratch | 1 | 100 |" in text and (tmp_path / "breakdown.png").is_file()
