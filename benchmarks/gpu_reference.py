@@ -6,16 +6,19 @@ ten-minute slot on a host without network:
  2. check       `harness check --gpus 1 --model resnet18`, torch and jax
  3. d2l-bf16    the d2l recipe (ResNet-18, 10 epochs, all 60,000/10,000 images, batch 256, lr 0.1) in bf16:
                 torch scratch and ddp, jax pmap and sharding, one GPU
- 4. d2l-fp32    the same four runs in fp32 (TF32 off)
- 5-6.           bf16 with the levers: torch --compile --channels-last --resident-data; jax --resident-data
- 7. resnet50    torchvision's ResNet-50 throughput preset, torch and jax
- 8. parity      each strategy beside its framework's own loop
- 9-10.          the whole torch and jax suites (`harness test`)
+ 5. d2l-fp32    the same four runs in fp32 (TF32 off)
+ 6. profile     the bf16 runs again, 2 epochs, each with 5 profiled steps and the measured matmul peak: where a
+                step's time goes on the GPU, and how far each framework is from the card's limit
+ 7-8.           bf16 with the levers, profiled: torch --compile --channels-last --resident-data; jax --resident-data
+ 9. resnet50    torchvision's ResNet-50 throughput preset, torch and jax, profiled
+ 10. parity     each strategy beside its framework's own loop
+ 11-12.         the whole torch and jax suites (`harness test`)
 
     python3 benchmarks/gpu_reference.py prepare              # where there is network: .data/ and .whl/ to carry
     python3 benchmarks/gpu_reference.py list                 # the pieces, their minutes and commands
     python3 benchmarks/gpu_reference.py run --budget 8       # on the GPU host: the first pieces that fit 8 minutes
     python3 benchmarks/gpu_reference.py run --piece 4        # one piece
+    python3 benchmarks/gpu_reference.py run --piece 6,7,9    # these pieces, in this order
     python3 benchmarks/gpu_reference.py run --smoke          # the training pieces on the CPU, cut to a few steps
 
 --budget picks pieces in order while their estimated minutes fit, and is also a deadline: a piece still running
@@ -61,6 +64,8 @@ PLATFORMS = [
 ]  # pip matches each tag exactly: the host's and the older ones it runs
 TRAIN = ["--gpus", "1", "--preset", "d2l"]
 BOTH = ["--backend", "torch,jax", "--strategy", "scratch,ddp,pmap,sharding"]
+# The pieces after the check ran it already (piece 3): their minutes go to training and its traces.
+PROFILED = ["--profile", "5", "--no-check"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,7 @@ PIECES = [
     Piece("check", 3.0, ["check", "--backend", "torch,jax", "--gpus", "1", "--model", "resnet18"]),
     Piece("d2l-bf16", 4.5, [*BOTH, *TRAIN, "--precision", "bf16"]),
     Piece("d2l-fp32", 6.0, [*BOTH, *TRAIN, "--precision", "fp32"]),
+    Piece("profile", 2.0, [*BOTH, *TRAIN, "--precision", "bf16", "--epochs", "2", *PROFILED]),
     Piece(
         "bf16-torch-levers",
         3.0,
@@ -95,14 +101,19 @@ PIECES = [
             "--compile",
             "--channels-last",
             "--resident-data",
+            *PROFILED,
         ],
     ),
     Piece(
         "bf16-jax-levers",
         2.0,
-        ["--backend", "jax", *TRAIN, "--precision", "bf16", "--resident-data"],
+        ["--backend", "jax", *TRAIN, "--precision", "bf16", "--resident-data", *PROFILED],
     ),
-    Piece("resnet50", 3.0, ["--backend", "torch,jax", "--preset", "resnet50", "--gpus", "1"]),
+    Piece(
+        "resnet50",
+        3.0,
+        ["--backend", "torch,jax", "--preset", "resnet50", "--gpus", "1", *PROFILED],
+    ),
     Piece("parity", 10.0, ["parity", "--backend", "torch,jax", "--gpus", "1"]),
     Piece("test-torch", 10.0, ["test", "--backend", "torch"]),
     Piece("test-jax", 10.0, ["test", "--backend", "jax"]),
@@ -289,6 +300,13 @@ def positive_minutes(text: str) -> float:
     return value
 
 
+def piece_numbers(text: str) -> list[int]:
+    try:
+        return [int(k) for k in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be piece numbers, comma-separated (got {text!r})")
+
+
 def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
@@ -302,7 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     for name, text in (("list", "print the pieces and their commands"), ("run", "run the pieces")):
         p = sub.add_parser(name, help=text)
-        p.add_argument("--piece", type=int, default=None, help=f"only piece K (1..{len(PIECES)})")
+        p.add_argument(
+            "--piece",
+            type=piece_numbers,
+            default=None,
+            metavar="K[,K...]",
+            help=f"only these pieces (1..{len(PIECES)}), in the order given",
+        )
         p.add_argument(
             "--budget",
             type=positive_minutes,
@@ -321,21 +345,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.action == "prepare":
         return prepare(Path(args.data_dir))
-    if args.piece is not None and not 1 <= args.piece <= len(PIECES):
+    outside = [k for k in args.piece or () if not 1 <= k <= len(PIECES)]
+    if outside:
         print(
-            f"gpu_reference: error: --piece must be 1..{len(PIECES)} (got {args.piece})",
+            f"gpu_reference: error: --piece must be 1..{len(PIECES)} (got {outside[0]})",
             file=sys.stderr,
         )
         return 2
-    pieces = PIECES if args.piece is None else [PIECES[args.piece - 1]]
+    pieces = PIECES if args.piece is None else [PIECES[k - 1] for k in args.piece]
     pieces = within_budget(pieces, args.budget)
     if not pieces:
         print(f"gpu_reference: error: no piece fits {args.budget:g} minutes", file=sys.stderr)
         return 2
     python = args.python or (None if args.smoke else sys.executable)
     if args.action == "list":
-        first = PIECES.index(pieces[0]) + 1
-        for i, piece in enumerate(pieces, start=first):
+        for piece in pieces:
+            i = PIECES.index(piece) + 1
             print(
                 f"{i}. {piece.name} (~{piece.minutes:g} min): {' '.join(command(piece.args, python, args.smoke)[1:])}"
             )

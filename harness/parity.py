@@ -29,7 +29,7 @@ from pathlib import Path
 from common import caches, sysinfo
 from common import weights as weightslib
 from common.config import RunConfig
-from common.profiling import CATEGORIES, TRACES_ENV
+from common.profiling import CATEGORIES, TRACES_ENV, step_seconds
 from common.results import Result, profile_problem
 from harness import arguments, compare, run
 from harness.arguments import Parser, UsageError
@@ -357,7 +357,7 @@ def row(
     suite_step = statistics.median(s for t in mine for s in t)
     idiom_step = statistics.median(s for t in theirs for s in t)
     low, high = compare.ratio_interval(theirs, mine, alpha)
-    breakdowns = profiled_pair(suite, idioms)
+    breakdowns = profiled_pair(suite, idioms, suite_step, idiom_step)
     if out["reason"] is None and breakdowns and suite_step / idiom_step > EXPLAINED:
         out["reason"] = breakdown_reason(*breakdowns)
     return {
@@ -371,9 +371,12 @@ def row(
     }
 
 
-def profiled_pair(suite: list[Result], idioms: list[dict]) -> tuple[dict, dict] | None:
-    """The strategy's and its idiom's profiled step (seconds per category), from their first profiled trials;
-    None unless both have one."""
+def profiled_pair(
+    suite: list[Result], idioms: list[dict], suite_step: float, idiom_step: float
+) -> tuple[dict, dict] | None:
+    """The strategy's and its idiom's profiled step (seconds per category), from their first profiled trials, each
+    against its median timed step (a GPU's idle time: common/profiling.py step_seconds); None unless both have
+    one."""
     mine = next((r.profile for r in suite if r.ok and r.profile and r.profile.get("seconds")), None)
     theirs = next(
         (
@@ -383,7 +386,9 @@ def profiled_pair(suite: list[Result], idioms: list[dict]) -> tuple[dict, dict] 
         ),
         None,
     )
-    return (mine["seconds"], theirs["seconds"]) if mine and theirs else None
+    if not (mine and theirs):
+        return None
+    return step_seconds(mine, suite_step), step_seconds(theirs, idiom_step)
 
 
 def breakdown_reason(mine: dict, theirs: dict) -> str:

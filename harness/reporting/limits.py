@@ -25,19 +25,20 @@ def shown_categories(rows: list[Row]) -> list[str]:
     """The categories some run spent time in, in CATEGORIES' order: a column none uses is left out."""
     used = set()
     for row in profiled(rows):
-        seconds = row.profile.get("seconds") or {}
+        seconds = row.profile_seconds
         used |= {k for k, v in seconds.items() if v and v > 0}
     return [k for k in CATEGORIES if k in used]
 
 
 def breakdown_table(rows: list[Row]) -> list[str]:
-    """Per profiled run: the profiled step, the timed median beside it, and each category's share of the step."""
+    """Per profiled run: the profiled step, the timed median beside it, and each category's share of the step (on
+    a GPU, of the timed step: common/profiling.py step_seconds)."""
     categories = shown_categories(rows)
     body = []
     for row in profiled(rows):
-        r, c, p = row.result, row.result.config, row.profile
-        seconds = p.get("seconds") or {}
-        step = p.get("step_s")
+        c, p = row.result.config, row.profile
+        seconds = row.profile_seconds
+        step = sum(seconds.values())
         shares = [
             fmt(seconds.get(k) / step if step and seconds.get(k) is not None else None, ".0%")
             for k in categories
@@ -48,8 +49,8 @@ def breakdown_table(rows: list[Row]) -> list[str]:
                 c.backend,
                 c.variant,
                 devices_cell(c, simulated=False),
-                milliseconds(step),
-                milliseconds(r.step_time and r.step_time.median_s),
+                milliseconds(p.get("step_s")),
+                milliseconds(row.timed_step_s),
                 *shares,
                 trace,
             ]
@@ -86,7 +87,10 @@ def profile_section(rows: list[Row], plotted: bool) -> list[str]:
         "two barriers as a timed step is. Every instant of their wall time goes to one category: the op running "
         "then (the outermost op with a category, on any thread; where several run at once, the first in the "
         'table\'s order), or "untraced" where no op was. The shares add up to the profiled step. The profiled '
-        "step is slower than the timed one by what the profiler costs. The traces open in Perfetto "
+        "step is slower than the timed one by what the profiler costs. On a GPU only the device's kernels and "
+        'copies count, and "untraced" is the device\'s idle time in a timed step: the timed step less the '
+        "kernels' time, since the profiler slows the host that launches the kernels, not the kernels. The "
+        "traces open in Perfetto "
         "(ui.perfetto.dev) or TensorBoard as they are; the mapping from op names to categories and its limits "
         "are in docs/profiling.md.",
         "",

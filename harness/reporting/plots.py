@@ -127,13 +127,13 @@ def plot_breakdown(rows: list[Row], path: Path) -> bool:
     names = [" ".join(map(str, key(row.result)[:3])) + " dev" for row in profiled]
     left = [0.0] * len(profiled)
     for category, label in CATEGORIES.items():
-        widths = [1e3 * (row.profile["seconds"].get(category) or 0.0) for row in profiled]
+        widths = [1e3 * (row.profile_seconds.get(category) or 0.0) for row in profiled]
         if any(widths):
             ax.barh(range(len(profiled)), widths, left=left, label=label)
             left = [a + b for a, b in zip(left, widths)]
     ax.set_yticks(range(len(profiled)), names)
     ax.invert_yaxis()
-    ax.set_xlabel("milliseconds per profiled step")
+    ax.set_xlabel("milliseconds per profiled step (on a GPU: per timed step)")
     ax.set_title("Where a step's time goes")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3)

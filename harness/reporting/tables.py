@@ -7,6 +7,7 @@ import statistics
 from dataclasses import dataclass
 
 from common import manifest
+from common.profiling import step_seconds
 from common.results import CONSISTENCY_LIMIT, Result
 from common.results import epoch_over_steps as epoch_over_steps_of
 from harness.reporting import flops
@@ -64,6 +65,17 @@ class Row:
         one (parity profiles only each side's first trial)."""
         runs = self.trials.runs if self.trials else [self.result]
         return next((r.profile for r in runs if r.ok and r.profile), None)
+
+    @property
+    def timed_step_s(self) -> float | None:
+        step = self.result.step_time
+        return step and step.median_s
+
+    @property
+    def profile_seconds(self) -> dict[str, float]:
+        """Its breakdown's seconds per step and category, as the report compares them (on a GPU, the device's
+        idle time is the timed step's: common/profiling.py step_seconds)."""
+        return step_seconds(self.profile or {}, self.timed_step_s)
 
 
 def baseline(r: Result) -> tuple:

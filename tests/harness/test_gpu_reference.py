@@ -37,12 +37,13 @@ def test_correctness_comes_first_then_the_d2l_recipe_in_bf16_on_one_gpu_with_the
         "3. check",
         "4. d2l-bf16",
         "5. d2l-fp32",
-        "6. bf16-torch-levers",
-        "7. bf16-jax-levers",
-        "8. resnet50",
-        "9. parity",
-        "10. test-torch",
-        "11. test-jax",
+        "6. profile",
+        "7. bf16-torch-levers",
+        "8. bf16-jax-levers",
+        "9. resnet50",
+        "10. parity",
+        "11. test-torch",
+        "12. test-jax",
     ]
     assert lines[0].endswith(
         "-m pytest -q -rs " + str(ROOT / "tests/backends/test_torch.py") + " -k cuda"
@@ -51,13 +52,20 @@ def test_correctness_comes_first_then_the_d2l_recipe_in_bf16_on_one_gpu_with_the
         "check --backend torch,jax --gpus 1 --model resnet18 --python torch=/opt/py --python jax=/opt/py"
         + (f" --data-dir {gpu_reference.DATA}" if gpu_reference.DATA.is_dir() else "")
     )
-    for line in lines[3:7]:
+    for line in lines[3:8]:
         assert "--gpus 1 --preset d2l" in line and "--device gpu" in line
         assert "--python torch=/opt/py --python jax=/opt/py" in line
     assert "--strategy scratch,ddp,pmap,sharding" in lines[3] and "--precision bf16" in lines[3]
-    assert "--compile --channels-last --resident-data" in lines[5]
-    assert lines[8].endswith("--device gpu --repeat 4")
-    assert lines[9].endswith("test --backend torch --python torch=/opt/py")
+    # after the check: each run's steps profiled, the check not run again
+    assert "--epochs 2 --profile 5 --no-check" in lines[5]
+    assert "--compile --channels-last --resident-data --profile 5 --no-check" in lines[6]
+    assert "--preset resnet50 --gpus 1 --profile 5 --no-check" in lines[8]
+    assert lines[9].endswith("--device gpu --repeat 4")
+    assert lines[10].endswith("test --backend torch --python torch=/opt/py")
+
+
+def test_pieces_named_by_number_run_in_the_order_given():
+    assert names(pieces("--piece", "9,6")) == ["9. resnet50", "6. profile"]
 
 
 def test_the_budget_takes_the_first_pieces_whose_minutes_fit():
@@ -79,7 +87,7 @@ def test_the_smoke_run_is_the_same_pieces_on_the_cpu_cut_to_a_few_steps():
         "--device cpu --epochs 1" in line and "--device gpu" not in line for line in smoke[3:7]
     )
     assert pieces("--piece", "5", "--smoke") == [smoke[4]]
-    assert smoke[8].endswith("--device cpu --batch-size 8 --repeat 2 --timed-steps 3")
+    assert smoke[9].endswith("--device cpu --batch-size 8 --repeat 2 --timed-steps 3")
 
 
 # A piece that writes what it finished on SIGTERM, as the harness does, and would otherwise run a minute.
@@ -110,7 +118,9 @@ def test_a_piece_running_past_the_budget_is_stopped_with_sigterm_and_counted_as_
 
 def test_a_piece_out_of_range_or_a_budget_nothing_fits_is_refused_in_one_line():
     for args, says in (
-        (["--piece", "12"], "--piece must be 1..11 (got 12)"),
+        (["--piece", "13"], "--piece must be 1..12 (got 13)"),
+        (["--piece", "6,0"], "--piece must be 1..12 (got 0)"),
+        (["--piece", "six"], "must be piece numbers, comma-separated"),
         (["--budget", "0.5"], "no piece fits 0.5 minutes"),
         (["--budget", "-1"], "must be a positive number of minutes"),
         (["--budget", "inf"], "must be a positive number of minutes"),

@@ -100,6 +100,23 @@ def test_on_a_gpu_only_the_devices_events_count(tmp_path):
     }
 
 
+def test_a_gpus_idle_time_is_the_timed_steps_the_kernels_leave(tmp_path):
+    """The profiler slows the host that launches the kernels, not the kernels: on a GPU the report counts the
+    kernels as traced and the idle time in the timed step; on a CPU it keeps the profiled step's breakdown."""
+    gpu = {"device": True, "seconds": {"conv_matmul": 60e-6, "copies": 10e-6, "untraced": 130e-6}}
+    assert micro(profiling.step_seconds(gpu, 100e-6)) == {
+        "conv_matmul": 60,
+        "copies": 10,
+        "untraced": 30,
+    }
+    # kernels longer than the timed step (a noisy step): no idle time, never a negative one
+    assert micro(profiling.step_seconds(gpu, 50e-6)) == {"conv_matmul": 60, "copies": 10}
+    cpu = {**gpu, "device": False}
+    assert profiling.step_seconds(cpu, 100e-6) == cpu["seconds"]
+    # without a timed step (a run that has none), the profiled step's
+    assert profiling.step_seconds(gpu, None) == gpu["seconds"]
+
+
 @pytest.mark.parametrize(
     "framework, name, category",
     [
@@ -115,6 +132,38 @@ def test_on_a_gpu_only_the_devices_events_count(tmp_path):
         ("jax", "transpose_copy_fusion.2", "copies"),
         ("jax", "ThunkExecutor::Execute", None),
         ("jax", "Wait for donation holds", None),
+        # CUDA kernels as an H200 ran them (torch 2.11 with CUDA 13, jax 0.11)
+        (
+            "torch",
+            "sm90_xmma_wgrad_indexed_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc",
+            "conv_matmul",
+        ),
+        (
+            "torch",
+            "void cutlass__5x_cudnn::Kernel<cutlass_tensorop_s1688fprop_optimized_tf32>",
+            "conv_matmul",
+        ),
+        ("torch", "nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", "conv_matmul"),
+        ("torch", "void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16>", "copies"),
+        (
+            "torch",
+            "void at::native::batch_norm_backward_kernel<c10::BFloat16, float>",
+            "bn_elementwise",
+        ),
+        ("torch", "Memcpy HtoD (Pinned -> Device)", "copies"),
+        (
+            "torch",
+            "void at::native::reduce_kernel<128, 4, at::native::ReduceOp<c10::BFloat16>>",
+            "bn_elementwise",
+        ),
+        (
+            "torch",
+            "void at::native::multi_tensor_apply_kernel<at::native::TensorListMetadata<3>>",
+            "optimizer",
+        ),
+        ("jax", "nvjet_sm90_tst_128x128_64x6_1x2_h_bz_splitK_NTT", "conv_matmul"),
+        ("jax", "input_reduce_select_fusion_9", "bn_elementwise"),
+        ("jax", "MemcpyH2D", "copies"),
         ("mxnet", "ImperativeBulk", "fused"),
         ("mxnet", "ElementwiseSum", "communication"),
         ("mxnet", "multi_sgd_update", "optimizer"),
@@ -123,7 +172,7 @@ def test_on_a_gpu_only_the_devices_events_count(tmp_path):
     ],
 )
 def test_each_frameworks_op_names_map_to_the_shared_categories(framework, name, category):
-    """Names as the frameworks' profilers write them (torch 2.x, jax 0.10 on the CPU, MXNet 1.9)."""
+    """Names as the frameworks' profilers write them (torch 2.x, jax 0.10 on the CPU, MXNet 1.9, and CUDA's)."""
     assert profiling.category(name, profiling.PATTERNS[framework]) == category
 
 

@@ -455,6 +455,24 @@ def test_the_report_says_where_each_steps_time_goes_and_how_far_each_run_is_from
     assert "0.273 (68% of matmul)" in text and "(2 CPUs x 32 FLOP/cycle x 8.56 GHz)" in text
 
 
+def test_on_a_gpu_the_breakdown_counts_the_kernels_and_the_timed_steps_idle_time(tmp_path):
+    """A GPU trace, profiled at twice the timed step (the profiler slows the host that launches the kernels): the
+    shares are of the timed step, with the kernels as traced and the rest of the timed step idle."""
+    r = profiled_result(
+        "scratch", 0.02, 0.06
+    )  # a 100 ms profiled step: 20 ms conv, 20 ms BN, 60 ms idle
+    r["profile"] = {**r["profile"], "device": True, "coverage": 1.0}
+    r["step_time"] = {"steps": 5, "median_s": 0.05, "p10_s": 0.05, "p90_s": 0.05}
+    document.write(tmp_path, [r], {**META, "run_id": "x"})
+    text = (tmp_path / "report.md").read_text()
+    # 50 ms timed: 40% conv, 40% BN, 20% idle
+    assert (
+        "| torch | scratch | 1 | 100 | 50 | 40% | 40% | 20% | [trace](traces/torch-scratch-x1/rank0.trace.json.gz) |"
+        in text
+    )
+    assert "the device's idle time in a timed step" in text
+
+
 @pytest.mark.parametrize(
     "field, value, says",
     [
