@@ -27,10 +27,11 @@ report before the slot ends (a command killed from outside would leave nothing).
 H200, measured where the table says so.
 
 `prepare` copies the four Fashion-MNIST files into .data/fashion-mnist/ and downloads, into .whl/, the wheels of
-the harness's lint tools (ruff, import-linter) for Python 3.12 on x86-64, which only pieces 9-10 need: the GPU host
-has numpy, matplotlib, tqdm, pillow, pytest, torch, jax, flax and optax. Both folders are ignored by git and travel
-with the working tree. `run` installs the carried wheels into the interpreter if it lacks them, then runs each
-piece with that interpreter for torch and JAX (--python); the reports land in reports/ as usual.
+the harness's test tools (ruff, import-linter, mlperf-logging) for Python 3.12 on x86-64, which only pieces 11-12
+need: the GPU host has numpy, matplotlib, tqdm, pillow, pytest, torch, jax, flax, optax, pandas and scipy. Both
+folders are ignored by git and travel with the working tree. `run` installs the carried wheels into the
+interpreter if it lacks them, then runs each piece with that interpreter for torch and JAX (--python); the reports
+land in reports/ as usual.
 """
 
 from __future__ import annotations
@@ -56,7 +57,10 @@ FILES = (
     "t10k-images-idx3-ubyte.gz",
     "t10k-labels-idx1-ubyte.gz",
 )
-LINT_TOOLS = {"ruff": "ruff", "import-linter": "importlinter"}  # pip name: module name
+# pip name: module name. mlperf-logging comes without its dependencies (pandas, scipy, pyyaml), which the GPU host
+# has and which would not fit the carried tree.
+TEST_TOOLS = {"ruff": "ruff", "import-linter": "importlinter", "mlperf-logging": "mlperf_logging"}
+WITHOUT_DEPENDENCIES = ("mlperf-logging",)
 PLATFORMS = [
     arg
     for tag in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any")
@@ -194,25 +198,25 @@ def prepare(source: Path) -> int:
         line.split("#")[0].strip()
         for line in (ROOT / "harness" / "requirements.txt").read_text().splitlines()
     ]
-    tools = [p for p in pins if p.split("==")[0] in LINT_TOOLS]
-    status = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--dest",
-            str(WHEELS),
-            "--only-binary=:all:",
-            "--python-version",
-            "3.12",
-            *PLATFORMS,
-            *tools,
-        ]
-    ).returncode
+    tools = [p for p in pins if p.split("==")[0] in TEST_TOOLS]
+    alone = [p for p in tools if p.split("==")[0] in WITHOUT_DEPENDENCIES]
+    download = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--dest",
+        str(WHEELS),
+        "--only-binary=:all:",
+        "--python-version",
+        "3.12",
+        *PLATFORMS,
+    ]
+    status = subprocess.run(download + [p for p in tools if p not in alone]).returncode
+    status = status or subprocess.run(download + ["--no-deps", *alone]).returncode
     if status:
         print(
-            "gpu_reference: error: pip could not download the lint tools' wheels", file=sys.stderr
+            "gpu_reference: error: pip could not download the test tools' wheels", file=sys.stderr
         )
         return 1
     print(f"Carried: {DATA} and the wheels of {', '.join(tools)} in {WHEELS}")
@@ -220,11 +224,12 @@ def prepare(source: Path) -> int:
 
 
 def install_carried(python: str | None) -> None:
-    """The lint tools `harness test` needs, from .whl/, into this interpreter when it runs the pieces and lacks them."""
+    """The test tools `harness test` needs, from .whl/, into this interpreter when it runs the pieces and lacks
+    them."""
     if python != sys.executable or not WHEELS.is_dir():
         return
     lacking = [
-        name for name, module in LINT_TOOLS.items() if importlib.util.find_spec(module) is None
+        name for name, module in TEST_TOOLS.items() if importlib.util.find_spec(module) is None
     ]
     if lacking:
         subprocess.run(

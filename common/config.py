@@ -184,6 +184,9 @@ class RunConfig:
     # the side of ImageNet-shaped images (None: the model's, 224); Fashion-MNIST is 28
     image_size: int | None = None
     seed: int = 0
+    # the seed of the batch order alone (None: `seed`'s): with --target-accuracy and --repeat, each trial after the
+    # first trains on an order of its own from the same initial weights (harness/planning/plan.py Plan.runs)
+    order_seed: int | None = None
     timeout: float = 3600.0
     threads: int | None = None  # CPU threads per process; None: the framework's default
     # Backend-specific options declared in backends/<name>/backend.toml, e.g. {"kvstore": "device"};
@@ -207,6 +210,9 @@ class RunConfig:
     # run starts its caches cold, in a folder of its own (common/caches.py).
     compile_cache: str | None = None
     timed_steps: int = 20  # steady-state steps timed one by one after training (step statistics)
+    # --target-accuracy: stop after the first epoch whose test accuracy reaches it (--epochs is the cap); None: train
+    # every epoch
+    target_accuracy: float | None = None
     # steps recorded with the framework's profiler after everything timed (--profile; 0: none): common/profiling.py
     profile: int = 0
     # measure the framework's matmul peak on this host after training (the harness asks it of one run per backend)
@@ -261,6 +267,11 @@ class RunConfig:
     def image_side(self) -> int:
         """The side of the square images this run trains on."""
         return image_side(self.model, self.dataset, self.image_size)
+
+    @property
+    def batch_seed(self) -> int:
+        """The seed of the batch order: order_seed where given, else the run's seed."""
+        return self.seed if self.order_seed is None else self.order_seed
 
     @property
     def per_device_batch(self) -> int:
@@ -318,6 +329,10 @@ class RunConfig:
             raise ConfigError(
                 f"--compile-cache takes an absolute folder (got {self.compile_cache!r})"
             )
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ConfigError(
+                f"--target-accuracy must be a test accuracy in (0, 1] (got {self.target_accuracy})"
+            )
         if self.timed_steps < 0:
             raise ConfigError(f"--timed-steps must be at least 0 (got {self.timed_steps})")
         if not 0 <= self.profile <= MAX_PROFILE_STEPS:
@@ -337,6 +352,8 @@ class RunConfig:
             )
         check_lr(self.lr)
         check_seed(self.seed)
+        if self.order_seed is not None:
+            check_seed(self.order_seed)
         check_timeout(self.timeout)
         check_threads(self.threads)
         for name in ("train_size", "test_size"):

@@ -35,8 +35,8 @@ import time
 import numpy as np
 
 from common import data as datalib
+from common import mllog, progress, sysinfo
 from common import profiling as profilinglib
-from common import progress, sysinfo
 from common import weights as weightslib
 from common.errors import Diverged
 from common.results import epoch_over_steps
@@ -53,19 +53,15 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset, profiling=None
         return evaluate_only(trainer, cfg, dataset)
     report = trainer.rank == 0
 
+    if report:
+        log_parameters(cfg, dataset)
     compiles = CompileCount(trainer)
     compile_s = warm_up(trainer, cfg, dataset)
     compiles.close("warmup")
     if report:
         progress.emit("warmup", seconds=compile_s)
 
-    epochs = []
-    for epoch in range(cfg.epochs):
-        record = train_epoch(trainer, cfg, dataset, epoch, compiles)
-        epochs.append(record)
-        if report:
-            progress.emit("epoch", **record, epochs=cfg.epochs)
-
+    epochs, target = train_to_target(trainer, cfg, dataset, compiles)
     saved = save_weights(trainer, cfg)
     compiles.open()
     step_time = step_statistics(time_steps(trainer, cfg, dataset), cfg.batch_size)
@@ -77,6 +73,7 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset, profiling=None
     return {
         "epochs": epochs,
         "final_test_acc": epochs[-1]["test_acc"],
+        "target": target,
         "saved_weights": saved,
         "compile_s": compile_s,
         "compiles": compiles.counts,
@@ -90,17 +87,99 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset, profiling=None
         "params": trainer.param_count(),
         "weights_hash": weightslib.fingerprint(trainer.weights),
         "memory": {**trainer.memory(), "peak_host_rss_mb": sysinfo.peak_rss_mb()},
-        "data_hash": datalib.batch_sequence_hash(dataset, cfg.batch_size, cfg.seed, cfg.epochs),
+        "data_hash": datalib.batch_sequence_hash(
+            dataset, cfg.batch_size, cfg.batch_seed, cfg.epochs
+        ),
         "test_examples": len(dataset.y_test),
         "train_examples": len(dataset.y_train),
     }
+
+
+def log_parameters(cfg, dataset: datalib.Dataset) -> None:
+    """The run's parameters in MLPerf's log (common/mllog.py), before anything is timed."""
+    mllog.event("global_batch_size", cfg.batch_size)
+    mllog.event("opt_name", "sgd")
+    mllog.event("opt_base_learning_rate", cfg.lr)
+    mllog.event("seed", cfg.seed)
+    mllog.event("train_samples", len(dataset.y_train))
+    mllog.event("eval_samples", len(dataset.y_test))
+    for name in (
+        "backend",
+        "strategy",
+        "devices",
+        "model",
+        "precision",
+        "target_accuracy",
+        "batch_seed",
+    ):
+        mllog.event(mllog.PREFIX + name, getattr(cfg, name))
+    mllog.event(mllog.PREFIX + "variant", cfg.variant)
+
+
+def train_to_target(
+    trainer: Trainer, cfg, dataset: datalib.Dataset, compiles
+) -> tuple[list, dict | None]:
+    """The epochs, each timed, then evaluated (outside its time); with --target-accuracy, up to the first whose
+    test accuracy reaches the target. Every rank gets the same accuracy (evaluate() sums the ranks' counts), so
+    every rank stops after the same epoch. Returns the epoch records and the target record (None without a
+    target): the epoch it was reached at, the timed training seconds to it (the epochs' times summed) and the wall
+    seconds from run_start to its evaluation (the evaluations and the batches' assembly included)."""
+    report = trainer.rank == 0
+    if report:
+        mllog.start("run_start")
+    started = time.perf_counter()
+    epochs, reached_at = [], None
+    for epoch in range(cfg.epochs):
+        if report:
+            mllog.start("epoch_start", epoch_num=epoch + 1)
+        record = train_epoch(trainer, cfg, dataset, epoch, compiles)
+        if report:
+            mllog.end("epoch_stop", epoch_num=epoch + 1)
+        record["test_acc"] = test_accuracy(trainer, cfg, dataset)
+        wall = time.perf_counter() - started
+        epochs.append(record)
+        if report:
+            mllog.event("eval_accuracy", record["test_acc"], epoch_num=epoch + 1)
+            progress.emit("epoch", **record, epochs=cfg.epochs)
+        if cfg.target_accuracy is not None and record["test_acc"] >= cfg.target_accuracy:
+            reached_at = (epoch + 1, wall)
+            break
+    target = target_record(cfg, epochs, reached_at)
+    if report:
+        success = target is None or target["reached"]
+        if target is not None and target["reached"]:
+            mllog.event(mllog.PREFIX + "time_to_target_s", target["train_s"])
+        mllog.end("run_stop", status="success" if success else "aborted")
+    return epochs, target
+
+
+def target_record(cfg, epochs: list[dict], reached_at: tuple[int, float] | None) -> dict | None:
+    """--target-accuracy's record: {"accuracy", "reached", "epoch", "train_s", "wall_s"}, the last three None
+    where the run never reached it (None without a target)."""
+    if cfg.target_accuracy is None:
+        return None
+    record = {"accuracy": cfg.target_accuracy, "reached": reached_at is not None}
+    if reached_at is None:
+        return {**record, "epoch": None, "train_s": None, "wall_s": None}
+    epoch, wall = reached_at
+    return {
+        **record,
+        "epoch": epoch,
+        "train_s": sum(e["time_s"] for e in epochs[:epoch]),
+        "wall_s": wall,
+    }
+
+
+def test_accuracy(trainer: Trainer, cfg, dataset: datalib.Dataset) -> float:
+    correct, total = trainer.evaluate(datalib.test_batches(dataset, cfg.eval_batch_size))
+    return correct / total
 
 
 def warm_up(trainer: Trainer, cfg, dataset: datalib.Dataset) -> float:
     """One step on the first batch, between barriers (the compile, where the framework compiles), then the
     trainer reset to the initial weights: the slowest rank's seconds."""
     trainer.reset()
-    first = datalib.train_batches(dataset, cfg.batch_size, cfg.seed, 0)[:1]
+    first = datalib.train_batches(dataset, cfg.batch_size, cfg.batch_seed, 0)[:1]
     if cfg.resident_data:
         first = trainer.stage(first)
     trainer.sync()
@@ -114,11 +193,13 @@ def warm_up(trainer: Trainer, cfg, dataset: datalib.Dataset) -> float:
 
 
 def train_epoch(trainer: Trainer, cfg, dataset: datalib.Dataset, epoch: int, compiles) -> dict:
-    """One timed epoch, then its loss and accuracy read back and the test set evaluated: its record.
+    """One timed epoch, then its loss and accuracy read back: its record (the test accuracy is added by the caller).
     `compiles` counts what the framework compiled between the epoch's barriers."""
     report = trainer.rank == 0
     steps = datalib.steps_per_epoch(len(dataset.y_train), cfg.batch_size)
-    batches = datalib.train_batches(dataset, cfg.batch_size, cfg.seed, epoch)  # before the timer
+    batches = datalib.train_batches(
+        dataset, cfg.batch_size, cfg.batch_seed, epoch
+    )  # before the timer
     if cfg.resident_data:
         batches = trainer.stage(batches)
     handles = []
@@ -141,7 +222,6 @@ def train_epoch(trainer: Trainer, cfg, dataset: datalib.Dataset, epoch: int, com
     train_loss = loss_sum / images
     if not math.isfinite(train_loss):
         raise Diverged(f"training loss became {train_loss} in epoch {epoch + 1}")
-    test_correct, test_total = trainer.evaluate(datalib.test_batches(dataset, cfg.eval_batch_size))
     return {
         "epoch": epoch + 1,
         "time_s": seconds,
@@ -150,7 +230,6 @@ def train_epoch(trainer: Trainer, cfg, dataset: datalib.Dataset, epoch: int, com
         "images_per_s": images / seconds,
         "train_loss": train_loss,
         "train_acc": correct / images,
-        "test_acc": test_correct / test_total,
     }
 
 
@@ -202,7 +281,7 @@ def batches_after_training(cfg, dataset: datalib.Dataset, skip: int, count: int)
     """`count` batches of the epochs after the trained ones, after the first `skip` of them."""
     epochs = itertools.count(cfg.epochs)
     batches = itertools.chain.from_iterable(
-        datalib.train_batches(dataset, cfg.batch_size, cfg.seed, e) for e in epochs
+        datalib.train_batches(dataset, cfg.batch_size, cfg.batch_seed, e) for e in epochs
     )
     return list(itertools.islice(batches, skip, skip + count))
 

@@ -143,6 +143,8 @@ class Result:
     data_hash: str | None = None  # the training batch sequence
     error: str | None = None
     final_test_acc: float | None = None
+    # --target-accuracy: {"accuracy", "reached", "epoch", "train_s", "wall_s"} (common/loop.py target_record)
+    target: dict | None = None
     saved_weights: SavedWeights | None = None
     step_time: StepTime | None = None
     allreduce: Allreduce | None = None
@@ -154,6 +156,9 @@ class Result:
     test_examples: int | None = None
     train_examples: int | None = None
     log: str | None = None  # set by the harness: logs/<run>.log
+    mllog: str | None = (
+        None  # set by the harness: logs/<run>.mllog, MLPerf's log lines (common/mllog.py)
+    )
     trial: int | None = None  # set by the harness with --repeat: 1, 2, ... (else None)
     extra: dict = field(default_factory=dict)  # top-level fields this version does not know
 
@@ -364,9 +369,11 @@ FIELD_TYPES = {
     "allreduce": (dict, type(None)),
     "profile": (dict, type(None)),
     "peak": (dict, type(None)),
+    "target": (dict, type(None)),
     "weights_hash": (str, type(None)),
     "data_hash": (str, type(None)),
     "log": (str, type(None)),
+    "mllog": (str, type(None)),
     "compiles": (dict, type(None)),
     "saved_weights": (dict, type(None)),
 }
@@ -469,7 +476,11 @@ def _metrics_problem(result: dict) -> str | None:
             part.get(k) is None or _number(part[k]) for k in optional[name]
         ):
             return f"{name} lacks a field or has one that is not a number"
-    problem = profile_problem(result.get("profile")) or peak_problem(result.get("peak"))
+    problem = (
+        profile_problem(result.get("profile"))
+        or peak_problem(result.get("peak"))
+        or target_problem(result.get("target"), len(result.get("epochs") or []))
+    )
     if problem:
         return problem
     samples = (result.get("step_time") or {}).get("samples_s")
@@ -477,6 +488,24 @@ def _metrics_problem(result: dict) -> str | None:
         isinstance(samples, list) and all(_number(s) and s > 0 for s in samples)
     ):
         return "step_time.samples_s is not a list of positive numbers"
+    return None
+
+
+def target_problem(target, epochs: int) -> str | None:
+    """Why a run's --target-accuracy record (common/loop.py target_record) is not one the report can rank, or
+    None. A run stops at the epoch that reaches its target: its last of `epochs`."""
+    if target is None:
+        return None
+    if not (_number(target.get("accuracy")) and 0 < target["accuracy"] <= 1):
+        return "target.accuracy is not an accuracy"
+    if not isinstance(target.get("reached"), bool):
+        return "target.reached is not true or false"
+    if not target["reached"]:
+        return None
+    if not (type(target.get("epoch")) is int and target["epoch"] == epochs >= 1):
+        return "target.epoch is not the run's last epoch"
+    if not all(_number(target.get(k)) and target[k] > 0 for k in ("train_s", "wall_s")):
+        return "target.train_s or target.wall_s is not a positive number"
     return None
 
 

@@ -155,6 +155,7 @@ def training_flags(
     batch_default: int | None,
     batch_help: str,
     init_help: str,
+    init_default: str | None = "d2l",
 ) -> Parser:
     """--batch-size, --lr, --seed, --init: what one SGD step starts from and does."""
     p = _group()
@@ -163,7 +164,7 @@ def training_flags(
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the initial weights and of the batch order"
     )
-    p.add_argument("--init", choices=weightslib.INITS, default="d2l", help=init_help)
+    p.add_argument("--init", choices=weightslib.INITS, default=init_default, help=init_help)
     return p
 
 
@@ -274,7 +275,9 @@ def run_parents() -> list[Parser]:
             "global batch, split evenly across the devices "
             "(default: the preset's per-device batch x devices)",
             "initial weights: d2l (kernels ~ N(0, 0.01), the seeds' recipe) or he (the same draws "
-            "rescaled to He's std sqrt(2 / fan_in))",
+            "rescaled to He's std sqrt(2 / fan_in)). Default: the preset's (he for lenet-target, whose "
+            "ReLU LeNet does not learn from d2l's small kernels; d2l otherwise)",
+            init_default=None,
         ),
         data_flags(),
         nodes_flags(),
@@ -299,12 +302,27 @@ def run_flags() -> Parser:
         "2,048/1,000 images, batch 32 and lr 0.05 per device. auto: d2l on GPUs, quick on CPU. "
         "resnet50: ResNet-50 on 5,120/1,000 synthetic 224x224 images, 1 epoch, batch 256 and lr 0.1 "
         "per device, bf16 (a GPU's throughput); resnet50-quick: a few steps of ResNet-50 on 32x32 "
-        "synthetic images, batch 4 per device (CPU)",
+        "synthetic images, batch 4 per device (CPU). d2l-target: d2l stopped at 0.91 test accuracy; "
+        "lenet-target: LeNet on all of Fashion-MNIST to its target on a CPU (docs/time-to-accuracy.md)",
     )
     p.add_argument(
         "--model", choices=MODELS, default=None, help="network (default: the preset's, resnet18)"
     )
-    p.add_argument("--epochs", type=int, default=None, help="epochs (default: the preset's)")
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="epochs (default: the preset's); with --target-accuracy, the most epochs a run may take",
+    )
+    p.add_argument(
+        "--target-accuracy",
+        type=float,
+        default=None,
+        metavar="A",
+        help="stop each run after the first epoch whose test accuracy reaches A (0 < A <= 1; evaluated after "
+        "every epoch, outside the timed loop), and report its time to target: the timed seconds of its epochs "
+        "up to there, and the epoch (docs/time-to-accuracy.md). Default: the preset's, else none",
+    )
     p.add_argument(
         "--train-size",
         type=int,

@@ -1,6 +1,6 @@
-"""`python -m harness`: the command line. Each subcommand (run, check, parity, test, list, compare, report, project) is
-its module's function (`main`), chosen by the parser (`set_defaults(func=...)`): harness/run.py, check.py, parity.py,
-testing.py, compare.py, report.py, projection.py.
+"""`python -m harness`: the command line. Each subcommand (run, check, parity, test, list, compare, history, report,
+project) is its module's function (`main`), chosen by the parser (`set_defaults(func=...)`): harness/run.py, check.py,
+parity.py, testing.py, compare.py, history.py, report.py, projection.py.
 
 Without a subcommand the flags are `run`'s: `python -m harness --backend jax --gpus 2` is
 `python -m harness run --backend jax --gpus 2`. Parsing and planning are harness/planning/plan.py's.
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harness import arguments, check, compare, parity, projection, report, run, testing
+from harness import arguments, check, compare, history, parity, projection, report, run, testing
 from harness.arguments import HelpFormatter, Parser, UsageError
 from harness.planning.plan import build_plan, choose_devices, parse_pythons
 from harness.processes import interrupts
@@ -29,7 +29,7 @@ __all__ = [
     "parse_pythons",
 ]
 
-COMMANDS = ("run", "check", "parity", "test", "list", "compare", "report", "project")
+COMMANDS = ("run", "check", "parity", "test", "list", "compare", "history", "report", "project")
 
 EPILOG = (
     "`python -m harness COMMAND --help` shows a subcommand's flags. Examples: "
@@ -125,6 +125,13 @@ def build_parser() -> Parser:
         compare.parents(),
         "compare runs: the change per configuration, significance, exit 1 on a regression",
         compare.DESCRIPTION,
+    )
+    add(
+        "history",
+        history.main,
+        history.parents(),
+        "each configuration's figures across reports, in time order, with each change beyond noise marked",
+        history.DESCRIPTION,
     )
     add(
         "report",

@@ -53,6 +53,7 @@ COMPARABLE = (
     "init",
     "seed",
     "timed_steps",
+    "target_accuracy",
     "simulated",
 )
 ACCEPTABLE = ("versions", "devices")
@@ -222,8 +223,36 @@ def judge(old: Trials, new: Trials, args, accept: set[str]) -> Verdict:
         notes.append(
             f"accuracy drift {acc_old:.4f} -> {acc_new:.4f} (beyond {args.accuracy_tolerance:g})"
         )
+    notes += target_notes(old, new)
     v.note = "; ".join(notes)
     return v
+
+
+def target_notes(old: Trials, new: Trials) -> list[str]:
+    """Time to target, judged by the spread of the trials (each trial trains on its own batch order, so the spread
+    is what rounding alone gives a run's convergence): a change where the two ranges do not overlap; a target one
+    side reaches in every trial and the other in none."""
+    times = []
+    for side in (old, new):
+        records = [r.target for r in side.kept if r.target]
+        if not records:
+            return []
+        times.append(sorted(t["train_s"] for t in records if t["reached"]))
+    (a, b) = times
+    if bool(a) != bool(b):
+        return [f"target reached {'only in NEW' if b else 'only in OLD'}"]
+    if not a:
+        return []
+    span = f"time to target {statistics.median(a):.1f} -> {statistics.median(b):.1f} s"
+    if b[0] > a[-1]:
+        return [
+            f"{span}: slower beyond the trials' spread ({a[0]:.1f}-{a[-1]:.1f} vs {b[0]:.1f}-{b[-1]:.1f})"
+        ]
+    if b[-1] < a[0]:
+        return [
+            f"{span}: faster beyond the trials' spread ({a[0]:.1f}-{a[-1]:.1f} vs {b[0]:.1f}-{b[-1]:.1f})"
+        ]
+    return []
 
 
 def compare(old: list[Result], new: list[Result], args) -> list[Verdict]:

@@ -25,11 +25,16 @@ class Preset:
     dataset: str = "fashion-mnist"
     image_size: int | None = None  # the side of ImageNet-shaped images (None: the model's, 224)
     precision: str = "fp32"
+    init: str = "d2l"  # the initial weights (common/weights.py)
+    # stop a run at the first epoch whose test accuracy reaches it (--target-accuracy); None: every epoch
+    target_accuracy: float | None = None
 
     def with_flags(self, args) -> "Preset":
         """The preset with the value of every flag the command line gives in place of its own."""
         given = {
-            name: getattr(args, name) for name in PRESET_FLAGS if getattr(args, name) is not None
+            name: getattr(args, name)
+            for name in PRESET_FLAGS
+            if getattr(args, name, None) is not None
         }
         return dataclasses.replace(self, **given)
 
@@ -52,7 +57,15 @@ PRESET_FLAGS = (
     "dataset",
     "image_size",
     "precision",
+    "init",
+    "target_accuracy",
 )
+
+# LeNet's time-to-accuracy preset on a CPU, measured on a 2-core host (docs/time-to-accuracy.md).
+TARGET_LENET = 0.85
+LENET_EPOCHS = 10
+LENET_BATCH = 128
+LENET_LR = 0.1
 
 # d2l's recipe (GPU) and a quick CPU preset that finishes in a few minutes on 2 cores; ResNet-50 on
 # ImageNet-shaped synthetic images, for the GPU (torchvision's recipe: batch 256 and lr 0.1 per device, in bf16,
@@ -67,6 +80,31 @@ PRESETS = {
         train_size=None,
         test_size=None,
         timed_steps=50,
+    ),
+    # time to accuracy (docs/time-to-accuracy.md): d2l's recipe stopped at the seed chapter's 0.91, at most its 10
+    # epochs; LeNet on all of Fashion-MNIST to TARGET_LENET on a CPU in minutes
+    "d2l-target": Preset(
+        "d2l recipe to 0.91 test accuracy",
+        model="resnet18",
+        epochs=10,
+        batch_per_device=256,
+        lr_per_device=0.1,
+        train_size=None,
+        test_size=None,
+        timed_steps=50,
+        target_accuracy=0.91,
+    ),
+    "lenet-target": Preset(
+        f"LeNet to {TARGET_LENET} test accuracy (CPU)",
+        model="lenet",
+        epochs=LENET_EPOCHS,
+        batch_per_device=LENET_BATCH,
+        lr_per_device=LENET_LR,
+        train_size=None,
+        test_size=None,
+        timed_steps=10,
+        init="he",
+        target_accuracy=TARGET_LENET,
     ),
     "quick": Preset(
         "CPU quick preset (data subset)",

@@ -155,7 +155,21 @@ class Plan:
         the configurations instead of falling on one."""
         if self.repeat == 1:
             return [(cfg, None) for cfg in self.configs]
-        return [(cfg, trial) for trial in range(1, self.repeat + 1) for cfg in self.configs]
+        return [
+            (trial_config(cfg, trial), trial)
+            for trial in range(1, self.repeat + 1)
+            for cfg in self.configs
+        ]
+
+
+def trial_config(cfg: RunConfig, trial: int) -> RunConfig:
+    """A trial's config. With --target-accuracy, each trial after the first trains on a batch order of its own
+    (order seed = seed + trial - 1) from the same initial weights: every framework is deterministic here, so
+    repeating one order would repeat one time to target, and the spread that rounding alone gives a run's
+    convergence would stay unmeasured (docs/time-to-accuracy.md)."""
+    if cfg.target_accuracy is None or trial == 1:
+        return cfg
+    return dataclasses.replace(cfg, order_seed=cfg.seed + trial - 1)
 
 
 @dataclass
@@ -314,7 +328,7 @@ def make_config(
         threads=args.threads,
         options=options,
         bn=args.bn,
-        init=args.init,
+        init=preset.init,
         precision=args.precision,
         compile=args.compile,
         channels_last=args.channels_last,
@@ -323,6 +337,7 @@ def make_config(
         prefetch=args.prefetch,
         compile_cache=args.compile_cache,
         timed_steps=preset.timed_steps,
+        target_accuracy=preset.target_accuracy,
         profile=args.profile,
         load_weights=os.path.abspath(args.load_weights) if args.load_weights else None,
         save_weights=os.path.abspath(args.save_weights) if args.save_weights else None,

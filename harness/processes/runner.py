@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from common import caches, progress
+from common import caches, mllog, progress
 from common.config import RunConfig
 from common.network import free_port, interface_of
 from common.profiling import TRACES_ENV
@@ -419,6 +419,9 @@ def _run_nodes(
         # node is the headline (the last line), the engine's own words before it.
         result["error"] = f"{result.get('error') or ''}\n{watch.lost()}".strip()
     result["log"] = f"logs/{nodes[0].log.name}"
+    mllog_path = nodes[0].log.with_suffix(".mllog")
+    if mllog.extract(nodes[0].log, mllog_path):
+        result["mllog"] = f"logs/{mllog_path.name}"
     result["profile"] = in_report(result.get("profile"), workdir, name)
     console.finished(cfg, result)
     return result

@@ -22,7 +22,13 @@ from common.files import write_json_atomic
 from common.results import CONSISTENCY_LIMIT, SCHEMA_VERSION, Result
 from harness.reporting import flops, leftovers, provenance
 from harness.reporting.limits import limits_section, profile_section
-from harness.reporting.plots import plot_accuracy, plot_breakdown, plot_parity, plot_throughput
+from harness.reporting.plots import (
+    plot_accuracy,
+    plot_breakdown,
+    plot_parity,
+    plot_throughput,
+    plot_time_to_accuracy,
+)
 from harness.reporting.published import d2l_section, resnet50_section
 from harness.reporting.sections import (
     devices_line,
@@ -42,6 +48,7 @@ from harness.reporting.tables import (
     failures,
     steps_table,
     summary_table,
+    targets,
     trials_table,
     with_scaling,
 )
@@ -182,9 +189,11 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
         "matmul\"; below, How far from the machine's limit). Speed-up and efficiency: images/s against the "
         "1-device run "
         "of the same backend and strategy in this report (efficiency = speed-up / devices). "
-        "Test acc: after the last epoch.",
+        "Test acc: after the last epoch." + TARGET_NOTE * any(targets(row) for row in rows),
         "",
     ]
+    if plots.get("time_to_accuracy"):
+        L += ["![Time to accuracy](time_to_accuracy.png)", ""]
     L += parity_section(meta.get("parity"), plots.get("parity", False))
     trials = trials_table(rows)
     if trials:
@@ -256,6 +265,15 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
     return "\n".join(L)
 
 
+TARGET_NOTE = (
+    " Time to target (--target-accuracy): the timed training seconds of the epochs up to the first whose test "
+    "accuracy reached the target, and that epoch; the run stopped there. The test set is evaluated after every "
+    "epoch, outside the timed loop, so the figure moves in steps of one epoch (docs/time-to-accuracy.md). With "
+    "several trials, the median and the range over those that reached it; one that did not is counted, not "
+    "ranked."
+)
+
+
 def results_document(results: list[dict | Result], meta: dict) -> dict:
     """What results.json holds: every number of the report, written in the current schema
     (common.results.load_results_json reads it back). A provenance it could not read back (a killed harness's
@@ -276,6 +294,7 @@ def draw_plots(rows, directory: Path, parity=None) -> dict[str, bool]:
     return {
         "accuracy": plot_accuracy(rows, directory / "accuracy.png"),
         "throughput": plot_throughput(rows, directory / "throughput.png"),
+        "time_to_accuracy": plot_time_to_accuracy(rows, directory / "time_to_accuracy.png"),
         "breakdown": plot_breakdown(rows, directory / "breakdown.png"),
         "parity": plot_parity(
             parity_rows(parity),

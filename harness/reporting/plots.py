@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from common.profiling import CATEGORIES
@@ -45,6 +46,37 @@ def plot_accuracy(rows: list[Row], path: Path) -> bool:
     ax.set_title("Test accuracy per epoch")
     ax.grid(alpha=0.3)
     ax.set_xticks(sorted({e.epoch for r in ok for e in r.epochs}))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_time_to_accuracy(rows: list[Row], path: Path) -> bool:
+    """--target-accuracy: every run's test accuracy against its timed training seconds, on the same axes, with
+    the target as a line (drawn only where a run had a target)."""
+    ok = [row.result for row in rows if row.result.ok and row.result.epochs]
+    targets = sorted({r.target["accuracy"] for r in ok if r.target})
+    if not targets:
+        return False
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for r in ok:
+        seconds = list(itertools.accumulate(e.time_s for e in r.epochs))
+        ax.plot(
+            seconds,
+            [e.test_acc for e in r.epochs],
+            marker="o",
+            markerfacecolor="none",
+            label=" ".join(map(str, key(r)[:3])) + " dev",
+        )
+    for target in targets:
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("timed training seconds (evaluation excluded)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"Time to accuracy (target {', '.join(f'{t:g}' for t in targets)})")
+    ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -170,6 +170,33 @@ def trials_cell(row: Row) -> str:
     return f"{len(t.kept)} of {len(t.runs)}" if t else "1 of 1"
 
 
+def targets(row: Row) -> list[dict]:
+    """The --target-accuracy records of the row's trials that finished (every trial's: trials are not dropped
+    for their convergence)."""
+    runs = row.trials.runs if row.trials else [row.result]
+    return [r.target for r in runs if r.ok and r.target]
+
+
+def target_cell(row: Row) -> str:
+    """Time to target: the median timed training seconds to the target and the median epoch, with the range
+    over trials; a run that never reached it is counted, not ranked."""
+    records = targets(row)
+    if not records:
+        return "—"
+    reached = [t for t in records if t["reached"]]
+    missed = len(records) - len(reached)
+    if not reached:
+        return f"not reached in {row.result.config.epochs} epochs"
+    times = [t["train_s"] for t in reached]
+    epochs = [t["epoch"] for t in reached]
+    cell = f"{statistics.median(times):.1f} s (epoch {statistics.median(epochs):g})"
+    if len(reached) > 1:
+        cell += f" [{min(times):.1f}-{max(times):.1f} s, epochs {min(epochs)}-{max(epochs)}]"
+    if missed:
+        cell += f"; {missed} of {len(records)} not reached"
+    return cell
+
+
 SUMMARY_HEADER = [
     "backend",
     "strategy",
@@ -219,7 +246,7 @@ def flops_cell(row: Row) -> str:
     return f"{achieved:.3g} (no peak known)"
 
 
-def summary_cells(row: Row, repeated: bool) -> list[str]:
+def summary_cells(row: Row, repeated: bool, targeted: bool = False) -> list[str]:
     r, c = row.result, row.result.config
     cells = [
         c.backend,
@@ -237,14 +264,22 @@ def summary_cells(row: Row, repeated: bool) -> list[str]:
         peak_memory(r),
         fmt(r.params, ","),
     ]
-    return cells + ([trials_cell(row)] if repeated else [])
+    return (
+        cells + ([target_cell(row)] if targeted else []) + ([trials_cell(row)] if repeated else [])
+    )
 
 
 def summary_table(rows: list[Row]) -> list[str]:
-    """The report's first table: one row per configuration that finished; a trials column with --repeat."""
+    """The report's first table: one row per configuration that finished; a time-to-target column with
+    --target-accuracy, a trials column with --repeat."""
     repeated = any(row.repeated for row in rows)
-    body = [summary_cells(row, repeated) for row in rows if row.result.ok]
-    header = SUMMARY_HEADER + (["trials kept"] if repeated else [])
+    targeted = any(targets(row) for row in rows)
+    body = [summary_cells(row, repeated, targeted) for row in rows if row.result.ok]
+    header = (
+        SUMMARY_HEADER
+        + (["time to target"] if targeted else [])
+        + (["trials kept"] if repeated else [])
+    )
     return table(header, body) if body else ["No run finished successfully."]
 
 
@@ -279,11 +314,25 @@ def summary_records(rows: list[Row]) -> list[dict]:
                 "step_median_s": step,
                 "epoch_over_steps": epoch_over_steps(row, step),
                 "params": r.params,
+                **target_figures(row),
                 "trials": len(row.trials.runs) if row.trials else 1,
                 "trials_kept": len(row.trials.kept) if row.trials else int(r.ok),
             }
         )
     return records
+
+
+def target_figures(row: Row) -> dict:
+    """Time to target as plain numbers: the medians over the trials that reached it, and how many did."""
+    records = targets(row)
+    reached = [t for t in records if t["reached"]]
+    median = statistics.median
+    return {
+        "target_accuracy": records[0]["accuracy"] if records else None,
+        "time_to_target_s": median(t["train_s"] for t in reached) if reached else None,
+        "epochs_to_target": median(t["epoch"] for t in reached) if reached else None,
+        "target_reached": f"{len(reached)} of {len(records)}" if records else None,
+    }
 
 
 def milliseconds(seconds: float | None) -> str:
@@ -293,7 +342,7 @@ def milliseconds(seconds: float | None) -> str:
     ms = 1e3 * seconds
     if ms >= 100:
         return f"{ms:.0f}"
-    return f"{ms:.3g}" if ms >= 1 else f"{ms:.2g}"
+    return f"{ms:#.3g}" if ms >= 1 else f"{ms:.2g}"
 
 
 def step_statistics(row: Row) -> tuple[float, float, float, int]:

@@ -59,14 +59,16 @@ class Trials:
         return min(self.kept, key=lambda r: abs((r.summary().get("images_per_s") or 0.0) - middle))
 
 
-# Config fields of what a run does after everything timed (common/loop.py): trials that differ only in them are
-# trials of one configuration (the first trial of a backend measures its matmul peak, parity profiles its first).
+# Config fields in which the trials of one configuration may differ: what a run does after everything timed
+# (common/loop.py; the first trial of a backend measures its matmul peak, parity profiles its first), and the batch
+# order of a time-to-accuracy trial (harness/planning/plan.py trial_config).
 AFTER_TIMING = ("profile", "measure_peak")
+TRIAL_FIELDS = (*AFTER_TIMING, "order_seed")
 
 
 def identity(r: Result) -> str:
-    """What makes two runs trials of one configuration: the same config, every field but AFTER_TIMING's."""
-    config = {k: v for k, v in r.config.to_dict().items() if k not in AFTER_TIMING}
+    """What makes two runs trials of one configuration: the same config, every field but TRIAL_FIELDS'."""
+    config = {k: v for k, v in r.config.to_dict().items() if k not in TRIAL_FIELDS}
     return json.dumps(config, sort_keys=True)
 
 

@@ -68,7 +68,7 @@ def worker_config(**overrides) -> dict:
 def run_backend_worker(tmp_path, **overrides) -> tuple[int, dict]:
     """`python -m backends.<NAME>` end to end on worker_config(**overrides), started as the harness starts it (a
     run's --threads also in THREADS_ENV, for a framework that sizes its threads when imported; --profile's traces
-    in tmp_path/traces): (exit status, result)."""
+    in tmp_path/traces): (exit status, result). Its standard output is kept in tmp_path/worker.log."""
     cfg = worker_config(**overrides)
     (tmp_path / "c.json").write_text(json.dumps(cfg))
     threads = {THREADS_ENV: str(cfg["threads"])} if cfg.get("threads") else {}
@@ -90,4 +90,5 @@ def run_backend_worker(tmp_path, **overrides) -> tuple[int, dict]:
         env=worker_env(**threads),
         timeout=300,
     )
+    (tmp_path / "worker.log").write_text(proc.stdout)
     return proc.returncode, json.loads((tmp_path / "r.json").read_text())

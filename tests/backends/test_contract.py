@@ -21,7 +21,7 @@ import pytest
 
 from common import backend as backendlib
 from common import data as datalib
-from common import manifest, profiling
+from common import manifest, mllog, profiling
 from common.backend import Probe
 from common.config import RunConfig
 from common.errors import Unsupported
@@ -623,13 +623,15 @@ def test_worker_trains_and_writes_a_complete_result(backend, strategy, tmp_path)
     """`python -m backends.<name>`: 2 epochs of LeNet on 2 devices, one thread per process, and a result with
     every part: the epochs (the loss falling), the environment record, the hashes, the warm-up, the timed steps,
     the allreduce of a buffer as large as the gradients, timed alone, the --profile steps' trace and breakdown,
-    and the framework's matmul peak."""
+    and the framework's matmul peak; and MLPerf's log from rank 0, here with a target no run reaches (1.0), so
+    every rank trains both epochs and the run stops "aborted"."""
     overrides = {
         "strategy": strategy,
         "threads": 1,
         "timed_steps": 3,
         "profile": 2,
         "measure_peak": True,
+        "target_accuracy": 1.0,
     }
     if reason := refused_here(backend, worker_config(**overrides)):
         pytest.skip(reason)  # torch's dp without CUDA
@@ -649,6 +651,30 @@ def test_worker_trains_and_writes_a_complete_result(backend, strategy, tmp_path)
     assert r["allreduce"]["repeats"] == 10 and r["allreduce"]["median_s"] > 0
     assert_profiled(r["profile"], tmp_path / "traces", r["environment"]["processes"])
     assert r["peak"]["tflops"]["float32"] > 0 and result_problem(r) is None
+    assert r["target"] == {
+        "accuracy": 1.0,
+        "reached": False,
+        "epoch": None,
+        "train_s": None,
+        "wall_s": None,
+    }
+    assert_mllog(tmp_path / "worker.log", r)
+
+
+def assert_mllog(log, r: dict) -> None:
+    """Rank 0's MLPerf log lines, once each: run_start, the two epochs, each evaluation's accuracy the result's,
+    run_stop (the harness copies them into logs/<run>.mllog; tests/harness/test_mllog.py reads them with MLCommons'
+    parser)."""
+    records = [rec for rec in map(mllog.parse, log.read_text().splitlines()) if rec]
+    keys = [rec["key"] for rec in records if not rec["key"].startswith(mllog.PREFIX)]
+    assert keys[keys.index("run_start") :] == ["run_start"] + [
+        "epoch_start",
+        "epoch_stop",
+        "eval_accuracy",
+    ] * 2 + ["run_stop"], keys
+    accuracies = [rec["value"] for rec in records if rec["key"] == "eval_accuracy"]
+    assert accuracies == [e["test_acc"] for e in r["epochs"]]
+    assert records[-1]["metadata"] == {"status": "aborted"}
 
 
 def assert_profiled(profile: dict, folder, processes: int) -> None:

@@ -674,3 +674,46 @@ def test_report_of_a_corrupt_results_file_is_exit_2(tmp_path):
         and "it has no list of runs" in out.stderr
         and len(out.stderr.splitlines()) == 1
     )
+
+
+def target_trials(seconds: list[float]) -> trials.Trials:
+    """torch scratch, one trial per time to target (each reached at its only epoch)."""
+    rng = np.random.default_rng(0)
+    runs = [
+        run_dict(
+            "torch",
+            "scratch",
+            1,
+            samples_of(rng, ROWS[0]),
+            trial=i + 1,
+            target={"accuracy": 0.5, "reached": True, "epoch": 1, "train_s": s, "wall_s": s + 1},
+        )
+        for i, s in enumerate(seconds)
+    ]
+    assert all(result_problem(r) is None for r in runs)
+    (t,) = trials.group([Result.from_dict(r) for r in runs])
+    return t
+
+
+@pytest.mark.parametrize(
+    "old, new, says",
+    [
+        (
+            [10, 11, 12],
+            [15, 16, 17],
+            "time to target 11.0 -> 16.0 s: slower beyond the trials' spread",
+        ),
+        (
+            [15, 16, 17],
+            [10, 11, 12],
+            "time to target 16.0 -> 11.0 s: faster beyond the trials' spread",
+        ),
+        ([10, 11, 14], [12, 13, 15], None),  # the ranges overlap: within what rounding alone moves
+    ],
+)
+def test_time_to_target_changes_only_beyond_the_spread_of_the_trials(old, new, says):
+    notes = compare.target_notes(target_trials(old), target_trials(new))
+    if says is None:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and says in notes[0], notes

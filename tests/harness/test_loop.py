@@ -311,3 +311,103 @@ def test_a_product_the_framework_lacks_leaves_its_peak_unmeasured_with_the_reaso
     peak = loop.measured_peak(config(measure_peak=True), NoBfloat16([], [0.0]), rank=0)
     assert peak["tflops"]["bfloat16"] is None and peak["tflops"]["float32"] > 0
     assert peak["unmeasured"] == {"bfloat16": "TypeError: data type 'bfloat16' not understood"}
+
+
+class ImprovingTrainer(RecordingTrainer):
+    """A trainer whose test accuracy after epoch k is accuracies[k-1]."""
+
+    def __init__(self, events: list, accuracies: list[float]):
+        super().__init__(events)
+        self.accuracies, self.evaluations = accuracies, 0
+
+    def evaluate(self, batches):
+        total = sum(len(y) for _, y in batches)
+        self.evaluations += 1
+        return round(self.accuracies[self.evaluations - 1] * total), total
+
+
+def mllog_lines(text: str) -> list[tuple[str, str, object, dict]]:
+    from common import mllog
+
+    return [
+        (r["event_type"], r["key"], r["value"], r["metadata"])
+        for r in map(mllog.parse, text.splitlines())
+        if r is not None
+    ]
+
+
+def test_a_run_stops_at_the_first_epoch_that_reaches_its_target_and_times_the_epochs_up_to_it(
+    capsys,
+):
+    """--target-accuracy 0.75 with accuracies 0.5, 0.75, 0.9: two epochs trained, the time to target is their
+    timed seconds, and MLPerf's log says run_start, two epochs, their accuracies and run_stop: success."""
+    events = []
+    trainer = ImprovingTrainer(events, [0.5, 0.75, 0.9, 0.95])
+    metrics = loop.run_training(
+        trainer, config(epochs=4, target_accuracy=0.75), recording_dataset(events)
+    )
+    epochs = metrics["epochs"]
+    assert [e["test_acc"] for e in epochs] == [0.5, 0.75]
+    target = metrics["target"]
+    assert target["reached"] and target["epoch"] == 2 and target["accuracy"] == 0.75
+    assert target["train_s"] == epochs[0]["time_s"] + epochs[1]["time_s"]
+    # the wall time holds the evaluations too
+    assert target["wall_s"] >= target["train_s"]
+    # evaluation is outside every epoch's timer
+    assert all("evaluate" not in e for e in timed_epochs(events))
+    lines = mllog_lines(capsys.readouterr().out)
+    keys = [(kind, key) for kind, key, _, _ in lines if not key.startswith("dpbench_")]
+    assert keys[keys.index(("INTERVAL_START", "run_start")) :] == [
+        ("INTERVAL_START", "run_start"),
+        ("INTERVAL_START", "epoch_start"),
+        ("INTERVAL_END", "epoch_stop"),
+        ("POINT_IN_TIME", "eval_accuracy"),
+        ("INTERVAL_START", "epoch_start"),
+        ("INTERVAL_END", "epoch_stop"),
+        ("POINT_IN_TIME", "eval_accuracy"),
+        ("INTERVAL_END", "run_stop"),
+    ]
+    accuracies = [(v, m["epoch_num"]) for _, k, v, m in lines if k == "eval_accuracy"]
+    assert accuracies == [(0.5, 1), (0.75, 2)]
+    assert lines[-1][3] == {"status": "success"}
+    parameters = {k: v for _, k, v, _ in lines}
+    assert parameters["global_batch_size"] == 8 and parameters["opt_base_learning_rate"] == 0.1
+    assert parameters["seed"] == 0 and parameters["dpbench_target_accuracy"] == 0.75
+    assert parameters["dpbench_time_to_target_s"] == target["train_s"]
+
+
+def test_a_run_that_never_reaches_its_target_trains_every_epoch_and_says_so(capsys):
+    trainer = ImprovingTrainer([], [0.5, 0.6])
+    metrics = loop.run_training(
+        trainer, config(epochs=2, target_accuracy=0.9), datalib.synthetic(48, 8, 0)
+    )
+    assert len(metrics["epochs"]) == 2
+    assert metrics["target"] == {
+        "accuracy": 0.9,
+        "reached": False,
+        "epoch": None,
+        "train_s": None,
+        "wall_s": None,
+    }
+    assert mllog_lines(capsys.readouterr().out)[-1][1:] == ("run_stop", None, {"status": "aborted"})
+
+
+def test_without_a_target_every_epoch_trains_and_the_run_records_none():
+    trainer = ImprovingTrainer([], [0.99, 0.99])
+    metrics = loop.run_training(trainer, config(epochs=2), datalib.synthetic(48, 8, 0))
+    assert len(metrics["epochs"]) == 2 and metrics["target"] is None
+
+
+def test_an_order_seed_changes_the_batch_order_and_not_the_initial_weights():
+    """A time-to-accuracy trial's own order (harness/planning/plan.py trial_config): other batches, and a batch
+    sequence hash that says so, from the same initial weights."""
+    stepped, metrics = [], []
+    for order_seed in (None, 0, 1):
+        trainer = RecordingTrainer([])
+        metrics.append(
+            loop.run_training(trainer, config(order_seed=order_seed), datalib.synthetic(48, 8, 0))
+        )
+        stepped.append(trainer.stepped)
+    assert stepped[0] == stepped[1] != stepped[2]
+    assert metrics[0]["data_hash"] == metrics[1]["data_hash"] != metrics[2]["data_hash"]
+    assert metrics[0]["weights_hash"] == metrics[2]["weights_hash"]

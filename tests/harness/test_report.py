@@ -488,6 +488,18 @@ def test_on_a_gpu_the_breakdown_counts_the_kernels_and_the_timed_steps_idle_time
             "profile.seconds",
         ),
         ("peak", {"tflops": {"float32": "fast"}}, "peak.tflops"),
+        ("target", {"accuracy": 1.5, "reached": False}, "target.accuracy"),
+        ("target", {"accuracy": 0.9, "reached": "yes"}, "target.reached"),
+        (
+            "target",
+            {"accuracy": 0.9, "reached": True, "epoch": 5, "train_s": 1.0, "wall_s": 2.0},
+            "target.epoch is not the run's last epoch",
+        ),
+        (
+            "target",
+            {"accuracy": 0.9, "reached": True, "epoch": 2, "train_s": -1.0, "wall_s": 2.0},
+            "target.train_s",
+        ),
     ],
 )
 def test_a_worker_result_with_a_bad_profile_or_peak_is_refused(field, value, says):

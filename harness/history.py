@@ -1,0 +1,237 @@
+"""`python -m harness history [DIR ...]`: each configuration's figures across many reports, in time order.
+
+A DIR is a report folder (holding results.json) or a folder of them (reports/, the default). A configuration is a
+row of `compare` (backend, strategy with its options and levers, devices, nodes) with the training recipe that makes
+its figures comparable (compare's COMPARABLE fields and the device kind): a report that trains another recipe starts
+a history of its own rather than a false step. For each, in the order the reports started: the suite commit that
+made it, the median step time, images/s, time to target where the runs had one, and `compare`'s mark against the
+report before it (`+` slower, `-` faster, `~` no significant change, `x` not comparable: asv's marks, at compare's
+defaults). A slow drift over many commits shows as a line that climbs; a step beyond noise is marked where it
+happened.
+
+It writes history.md and a plot per configuration with at least two reports into --out (default history/), and
+prints the Markdown. A folder that is not a readable report is skipped with one line on the standard error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.results import Result, load_results_json
+from harness import compare
+from harness.arguments import Parser, UsageError
+from harness.reporting.tables import milliseconds, table
+from harness.reporting.trials import Trials, group
+
+DESCRIPTION = (
+    "Show each configuration's step time, images/s and time to target across reports, in time order, with the "
+    "suite commit of each and compare's mark (+ slower, - faster, ~ no change, x not comparable) against the "
+    "report before it; writes history.md and a plot per configuration."
+)
+
+
+def parents() -> list[Parser]:
+    p = Parser(add_help=False)
+    p.add_argument(
+        "folders",
+        nargs="*",
+        default=["reports"],
+        metavar="DIR",
+        help="report folders, or folders of report folders (default: reports)",
+    )
+    p.add_argument(
+        "--out",
+        default="history",
+        help="where history.md and the plots are written (default: history)",
+    )
+    return [p]
+
+
+@dataclass
+class Report:
+    path: Path
+    started: str
+    commit: str
+    results: list[Result]
+
+
+@dataclass
+class Point:
+    report: Report
+    trials: Trials
+    mark: str = ""  # compare's mark against the configuration's previous report ("" for the first)
+    note: str = ""
+
+
+def find_reports(folders: list[str], say) -> list[Report]:
+    """The readable reports under `folders`, in the order they started; each folder that is not one is said."""
+    reports, seen = [], set()
+    for folder in map(Path, folders):
+        if not folder.is_dir():
+            say(f"skipped {folder}: not a folder")
+            continue
+        candidates = (
+            [folder]
+            if (folder / "results.json").exists()
+            else sorted(p for p in folder.iterdir() if p.is_dir())
+        )
+        for path in candidates:
+            if path.resolve() in seen:
+                continue
+            seen.add(path.resolve())
+            try:
+                results, meta = load_results_json(path)
+            except ValueError as e:
+                say(f"skipped {path}: {e}")
+                continue
+            reports.append(Report(path, meta["started"], commit_of(meta), results))
+    return sorted(reports, key=lambda r: (r.started, str(r.path)))
+
+
+def commit_of(meta: dict) -> str:
+    """The suite commit that made a report, short, with a `+` for uncommitted changes; `?` where unknown."""
+    provenance = meta.get("provenance") or {}
+    commit = provenance.get("commit")
+    if not commit:
+        return "?"
+    return commit[:7] + ("+" if provenance.get("uncommitted_changes") else "")
+
+
+def series_key(t: Trials) -> tuple:
+    """A history's configuration: compare's row and what makes two reports' figures comparable."""
+    c = t.config
+    return (*compare.row_key(t), c.device_kind, *(getattr(c, f) for f in compare.COMPARABLE))
+
+
+def histories(reports: list[Report]) -> dict[tuple, list[Point]]:
+    """Each configuration's points, in report order, each marked against the one before."""
+    out: dict[tuple, list[Point]] = {}
+    for report in reports:
+        for trials in group(report.results):
+            if not trials.kept:
+                continue
+            out.setdefault(series_key(trials), []).append(Point(report, trials))
+    defaults = argparse.Namespace(factor=1.1, alpha=0.05, accuracy_tolerance=0.01, accept="")
+    for points in out.values():
+        for before, point in zip(points, points[1:]):
+            verdict = compare.judge(before.trials, point.trials, defaults, set())
+            point.mark, point.note = verdict.mark, verdict.note
+    return out
+
+
+def step_of(t: Trials) -> float | None:
+    samples = t.step_samples()
+    return statistics.median(samples) if samples else None
+
+
+def target_of(t: Trials) -> str:
+    reached = [r.target["train_s"] for r in t.kept if r.target and r.target["reached"]]
+    if not any(r.target for r in t.kept):
+        return "—"
+    return f"{statistics.median(reached):.1f}" if reached else "not reached"
+
+
+def title(key: tuple) -> str:
+    """backend strategy, devices: the recipe (model, batch, training images, epochs)."""
+    backend, variant, devices, nodes, kind = key[:5]
+    recipe = dict(zip(compare.COMPARABLE, key[5:]))
+    where = f"{devices} {kind.upper()}" + (f" on {nodes} nodes" if nodes > 1 else "")
+    images = "all" if recipe["train_size"] is None else f"{recipe['train_size']:,}"
+    return (
+        f"{backend} {variant}, {where}: {recipe['model']}, batch {recipe['batch_size']}, {images} images, "
+        f"{recipe['epochs']} epoch(s)"
+    )
+
+
+def history_table(points: list[Point]) -> list[str]:
+    body = [
+        [
+            p.report.path.name,
+            p.report.started,
+            p.report.commit,
+            milliseconds(step_of(p.trials)),
+            "—"
+            if p.trials.median("images_per_s") is None
+            else f"{p.trials.median('images_per_s'):.1f}",
+            target_of(p.trials),
+            p.mark,
+            p.note,
+        ]
+        for p in points
+    ]
+    header = ["report", "started", "commit", "step ms", "images/s", "time to target s", "", "note"]
+    return table(header, body)
+
+
+def document(series: dict[tuple, list[Point]], plotted: dict[tuple, str]) -> str:
+    """A section per configuration seen in several reports; those seen in one, listed after them."""
+    L = ["# History", "", compare.legend(argparse.Namespace(factor=1.1, alpha=0.05)), ""]
+    ordered = sorted(series.items(), key=lambda kv: title(kv[0]))
+    for key, points in ordered:
+        if len(points) > 1:
+            L += [f"## {title(key)}", ""] + history_table(points) + [""]
+            L += [f"![{title(key)}]({plotted[key]})", ""] if key in plotted else []
+    once = [
+        f"- {title(key)}: {points[0].report.path.name}"
+        for key, points in ordered
+        if len(points) == 1
+    ]
+    if once:
+        L += ["## In one report only", ""] + once + [""]
+    return "\n".join(L)
+
+
+def plot(points: list[Point], name: str, path: Path) -> None:
+    from harness.reporting.plots import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    steps = [1e3 * (step_of(p.trials) or float("nan")) for p in points]
+    ax.plot(range(len(points)), steps, marker="o")
+    for i, p in enumerate(points):
+        if p.mark in (compare.SLOWER, compare.FASTER):
+            ax.annotate(
+                p.mark, (i, steps[i]), textcoords="offset points", xytext=(0, 8), ha="center"
+            )
+    ax.set_xticks(range(len(points)), [p.report.commit for p in points], rotation=45, fontsize=7)
+    ax.set_xlabel("report (suite commit), in time order")
+    ax.set_ylabel("median step ms")
+    ax.set_title(name, fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def file_name(key: tuple) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", title(key)).strip("-") + ".png"
+
+
+def main(args) -> int:
+    """`python -m harness history`, its flags parsed (cli.build_parser)."""
+    reports = find_reports(args.folders, lambda line: print(line, file=sys.stderr))
+    if not reports:
+        raise UsageError(f"no readable report in {', '.join(args.folders)}")
+    series = histories(reports)
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        plotted = {}
+        for key, points in series.items():
+            if len(points) > 1:
+                plot(points, title(key), out / file_name(key))
+                plotted[key] = file_name(key)
+        text = document(series, plotted)
+        (out / "history.md").write_text(text + "\n")
+    except OSError as e:
+        raise UsageError(
+            f"--out {out}: cannot be written ({e.strerror or type(e).__name__})"
+        ) from None
+    print(text)
+    print(f"\nHistory: {out / 'history.md'}", file=sys.stderr)
+    return 0

@@ -1,0 +1,72 @@
+"""`harness history`: each configuration's figures across reports, in time order, with compare's marks; synthetic
+reports with a planted slow one, no framework."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from tests.harness.helpers import run_harness
+from tests.harness.test_compare import PROVENANCE, run_dict, write_runs
+
+
+def reports(tmp_path, slowdowns: list[float]) -> list:
+    """One report per slowdown of torch scratch on 1 device (3 trials of 20 steps each, 3% noise), started in
+    that order, each from its own commit."""
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, slowdown in enumerate(slowdowns):
+        runs = [
+            run_dict(
+                "torch",
+                "scratch",
+                1,
+                list(0.1 * slowdown * (1 + 0.03 * rng.standard_normal(20))),
+                trial,
+            )
+            for trial in (1, 2, 3)
+        ]
+        path = write_runs(
+            tmp_path / "reports" / f"2026112{i}-000000-torch",
+            runs,
+            {**PROVENANCE, "commit": f"{i}" * 40},
+        )
+        doc = json.loads((path / "results.json").read_text())
+        (path / "results.json").write_text(
+            json.dumps({**doc, "started": f"2026-11-2{i} 00:00:00 UTC"})
+        )
+        paths.append(path)
+    return paths
+
+
+def test_a_planted_slow_report_is_marked_where_it_happened_and_the_rest_are_not(tmp_path):
+    reports(tmp_path, [1.0, 1.01, 1.3, 1.3])
+    (tmp_path / "reports" / "notes").mkdir()  # a foreign folder
+    bad = tmp_path / "reports" / "20261129-000000-bad"
+    bad.mkdir()
+    (bad / "results.json").write_text("{not json")
+    out = tmp_path / "history"
+    result = run_harness("history", str(tmp_path / "reports"), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| 2026")]
+    assert [row.split(" | ")[2] for row in rows] == ["0000000", "1111111", "2222222", "3333333"]
+    marks = [row.split(" | ")[6] for row in rows]
+    assert marks == ["", "~", "+", "~"], rows
+    # the median step as measured: 100 ms, then 130 (3% noise)
+    steps = [float(row.split(" | ")[3]) for row in rows]
+    assert np.allclose(steps, [100, 101, 130, 130], rtol=0.02), steps
+    skipped = [line for line in result.stderr.splitlines() if line.startswith("skipped")]
+    assert len(skipped) == 2 and all(len(line.splitlines()) == 1 for line in skipped)
+    assert any("notes" in line for line in skipped) and any("bad" in line for line in skipped)
+    assert (out / "history.md").read_text().startswith("# History")
+    pngs = list(out.glob("*.png"))
+    assert len(pngs) == 1 and pngs[0].stat().st_size > 1000
+
+
+def test_nothing_readable_is_one_line_and_exit_2(tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = run_harness("history", str(tmp_path / "empty"), "--out", str(tmp_path / "h"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("harness: error: no readable report")
+    assert "Traceback" not in result.stderr
