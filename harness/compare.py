@@ -142,8 +142,9 @@ def incomparable(old: Trials, new: Trials, accept: set[str]) -> list[str]:
         if getattr(a.config, name) != getattr(b.config, name)
     ]
     for name, label in (("weights_hash", "initial weights"), ("data_hash", "batch sequence")):
-        if getattr(a, name) and getattr(b, name) and getattr(a, name) != getattr(b, name):
-            why.append(f"{label} hash {getattr(a, name)[:12]} vs {getattr(b, name)[:12]}")
+        ha, hb = base_hash(old, name), base_hash(new, name)
+        if ha and hb and ha != hb:
+            why.append(f"{label} hash {ha[:12]} vs {hb[:12]}")
     ea, eb = a.environment, b.environment
     if "versions" not in accept and ea.get("framework_version") != eb.get("framework_version"):
         why.append(
@@ -162,6 +163,13 @@ def incomparable(old: Trials, new: Trials, accept: set[str]) -> list[str]:
             f"precision {(ea.get('precision') or {}).get('mode')} vs {(eb.get('precision') or {}).get('mode')}"
         )
     return why
+
+
+def base_hash(t: Trials, name: str) -> str | None:
+    """A row's weights or batch-sequence hash: its trials' on the run's own batch order (a time-to-accuracy trial
+    after the first trains on an order of its own: harness/planning/plan.py trial_config)."""
+    hashes = [getattr(r, name) for r in t.runs if r.config.order_seed is None and getattr(r, name)]
+    return hashes[0] if hashes else None
 
 
 @dataclass

@@ -209,7 +209,9 @@ def compile_cache_lines(results: list[Result]) -> list[str]:
 def hashes_section(results: list[Result]) -> list[str]:
     ok = [r for r in results if r.ok]
     weights = {r.weights_hash for r in ok if r.weights_hash}
-    data = {r.data_hash for r in ok if r.data_hash}  # (evaluation-only runs train on nothing)
+    # (evaluation-only runs train on nothing; a time-to-accuracy trial's own batch order is said apart)
+    data = {r.data_hash for r in ok if r.data_hash and r.config.order_seed is None}
+    orders = sorted({r.config.order_seed for r in ok if r.config.order_seed is not None})
     lines = []
     if weights:
         lines.append(
@@ -229,6 +231,12 @@ def hashes_section(results: list[Result]) -> list[str]:
                 else "differs between runs (different device counts drop a different partial batch "
                 "or use a different global batch): "
                 + ", ".join(sorted(f"`{str(d)[:16]}`" for d in data))
+            )
+            + (
+                f"; the time-to-accuracy trials after the first train on orders of their own (order seeds "
+                f"{', '.join(map(str, orders))})"
+                if orders
+                else ""
             )
         )
     return lines

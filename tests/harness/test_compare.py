@@ -717,3 +717,27 @@ def test_time_to_target_changes_only_beyond_the_spread_of_the_trials(old, new, s
         assert notes == []
     else:
         assert len(notes) == 1 and says in notes[0], notes
+
+
+def test_trials_on_orders_of_their_own_are_compared_by_the_first_trials_batch_sequence():
+    """Time-to-accuracy trials after the first train on their own batch orders (order_seed), so their batch
+    hashes differ between the two runs; the rows still compare, by the first trial's order, which both share."""
+
+    def side(order_hash: str) -> trials.Trials:
+        rng = np.random.default_rng(0)
+        runs = []
+        for trial, pace in (
+            (1, 1.2),
+            (2, 1.0),
+            (3, 0.9),
+        ):  # the median trial is an order of its own
+            r = run_dict("torch", "scratch", 1, samples_of(rng, ROWS[0], pace), trial=trial)
+            if trial > 1:
+                r["config"]["order_seed"] = trial - 1
+                r["data_hash"] = order_hash * 64
+            runs.append(r)
+        (t,) = trials.group([Result.from_dict(r) for r in runs])
+        assert t.representative().config.order_seed == 1
+        return t
+
+    assert compare.incomparable(side("e"), side("f"), set()) == []
