@@ -189,7 +189,11 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
         "matmul\"; below, How far from the machine's limit). Speed-up and efficiency: images/s against the "
         "1-device run "
         "of the same backend and strategy in this report (efficiency = speed-up / devices). "
-        "Test acc: after the last epoch." + TARGET_NOTE * any(targets(row) for row in rows),
+        "Test acc: after the last epoch. Rounding alone moves it: runs of the same math part after a few "
+        "steps, so two accuracies differ only where the gap exceeds the spread of each over trials on their "
+        "own batch orders (--target-accuracy with --repeat; docs/time-to-accuracy.md)."
+        + TARGET_NOTE
+        * any(targets(row) for row in rows),
         "",
     ]
     if plots.get("time_to_accuracy"):

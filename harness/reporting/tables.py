@@ -342,7 +342,7 @@ def milliseconds(seconds: float | None) -> str:
     ms = 1e3 * seconds
     if ms >= 100:
         return f"{ms:.0f}"
-    return f"{ms:#.3g}" if ms >= 1 else f"{ms:.2g}"
+    return f"{ms:.3g}" if ms >= 1 else f"{ms:.2g}"
 
 
 def step_statistics(row: Row) -> tuple[float, float, float, int]:
