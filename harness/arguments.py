@@ -460,6 +460,18 @@ def run_flags() -> Parser:
     p.add_argument(
         "--quiet", action="store_true", help="no progress bar, only a line per finished run"
     )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print every planned run and every refusal with its reason, and exit 0: nothing is trained, no "
+        "environment is built",
+    )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="end with one line of JSON on the standard output (the report's folder and each configuration's "
+        "figures) instead of the report's folder alone; progress and diagnostics are on the standard error",
+    )
     return p
 
 

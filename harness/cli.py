@@ -166,6 +166,23 @@ def parse(argv: list[str]):
     return args
 
 
+def entry() -> None:
+    """The `dpbench` command that `pip install -e .` puts on PATH: `python -m harness`, run from the checkout the
+    install points at. A copy installed without -e has no checkout (no backends' environments, requirement files
+    or idioms beside it): it refuses in one line."""
+    from harness.processes import envs
+
+    if not (envs.ROOT / "pyproject.toml").is_file() or not (envs.ROOT / "backends").is_dir():
+        print(
+            "dpbench: error: this copy was installed without -e, apart from its checkout; install it with "
+            "`pip install -e .` in the checkout (the backends' environments and files live there)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    envs.bootstrap(sys.argv[1:])
+    sys.exit(main())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

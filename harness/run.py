@@ -6,6 +6,7 @@ Parsing and planning are harness/planning/plan.py's; the command line, harness/c
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import sys
@@ -16,7 +17,7 @@ from common import manifest
 from harness import check
 from harness.arguments import UsageError
 from harness.planning.plan import Devices, Plan, build_plan, choose_devices
-from harness.processes import disk, envs, interrupts, runner
+from harness.processes import devices, disk, envs, interrupts, runner
 from harness.reporting import document, leftovers, provenance, tables
 
 
@@ -111,6 +112,9 @@ def run_benchmark(args, argv: list[str], carry_out=None) -> int:
     """Plan, run and report. `carry_out(plan, args, console, meta, workdir) -> results` runs the plan: this
     module's `run_all`, or parity's, which adds the idioms' runs and puts the parity figures in `meta`."""
     plan = build_plan(args)
+    if getattr(args, "dry_run", False):
+        print("\n".join(dry_run(plan, args)))
+        return 0
     console = runner.Console(quiet=args.quiet)
     meta = {
         "command": "python -m harness " + " ".join(shlex.quote(a) for a in argv),
@@ -137,8 +141,59 @@ def run_benchmark(args, argv: list[str], carry_out=None) -> int:
     if final is None:
         return interrupts.exit_status() or 1
     console.say(f"\nReport: {final / 'report.md'}")
+    # the standard output holds this one line, for `dir=$(python -m harness ...)` and tools
+    print(json.dumps(summary_line(final, results)) if getattr(args, "json", False) else final)
     bad = [r for r in results if r["status"] not in ("ok", "unavailable")]
     return interrupts.exit_status() or (1 if bad else 0)
+
+
+def summary_line(report: Path, results: list[dict]) -> dict:
+    """--json: the report's folder and each configuration's summary figures (`harness report --format json`'s)."""
+    rows = tables.with_scaling(tables.as_results(results))
+    return {"report": str(report), "runs": tables.summary_records(rows)}
+
+
+def dry_run(plan: Plan, args) -> list[str]:
+    """--dry-run: the devices, every run in the order it would start, every refusal with its reason, and the
+    environments each backend would use (built on first use)."""
+    lines = [
+        "Dry run: nothing is trained and no environment is built.",
+        Devices(plan.device_kind, plan.gpus, plan.detection).line,
+    ]
+    if plan.topology.how:
+        lines.append(f"Nodes: {plan.topology.how}")
+    lines.append(f"Preset: {plan.preset}")
+    lines.append(f"Would run {len(plan.runs)} run(s), in this order:")
+    for cfg, trial in plan.runs:
+        lines.append(f"  {run_line(cfg, trial)}")
+    if plan.not_run:
+        lines.append("Would not run:")
+        lines += [f"  {runner.label(cfg)}: {reason}" for cfg, reason in plan.not_run]
+    if args.check:
+        lines.append(
+            "Before them, the equivalence check of these configurations (--no-check skips it)."
+        )
+    for name in sorted(plan.backends):
+        lines.append(f"Environment of {name}: {environment_line(name, plan)}")
+    return lines
+
+
+def run_line(cfg, trial: int | None) -> str:
+    target = f", stop at test accuracy {cfg.target_accuracy:g}" if cfg.target_accuracy else ""
+    return (
+        f"{runner.label(cfg)}{f' trial {trial}' if trial else ''}: {cfg.model}, batch {cfg.batch_size}, "
+        f"lr {cfg.lr:g}, {cfg.epochs} epoch(s){target}, train {cfg.train_size or 'all'} / test "
+        f"{cfg.test_size or 'all'} images"
+    )
+
+
+def environment_line(name: str, plan: Plan) -> str:
+    if name in plan.pythons:
+        return f"{plan.pythons[name]} (--python)"
+    requirements = envs.requirements_for(plan.backends[name].requirements, devices.driver_version())
+    where = (envs.VENVS / name).relative_to(envs.ROOT)
+    state = "ready" if envs.is_current(name, requirements) else "would be built on first use"
+    return f"{where} from {requirements.relative_to(envs.ROOT)} ({state})"
 
 
 def create_staging(out: str, backends: list[str], meta: dict) -> document.Staging:

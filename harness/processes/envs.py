@@ -168,4 +168,8 @@ def bootstrap(argv: list[str]) -> None:
         print(f"harness: error: {e}", file=sys.stderr)
         sys.exit(2)
     os.environ[BOOTSTRAPPED] = "1"
+    # from any working folder (the `dpbench` command): the checkout on the path of the re-run harness
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
+    )
     os.execv(str(python), [str(python), "-m", "harness", *argv])
