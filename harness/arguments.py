@@ -173,16 +173,19 @@ def nodes_flags(hosts: bool = True) -> Parser:
     p = _group()
     p.add_argument(
         "--nodes",
+        "--nnodes",
         type=name_list,
         default=None,
         metavar="M",
         help="nodes (hosts) x --gpus devices each: a count (2) or a sweep (1,2). Without --node-rank "
         "all nodes run on this host as process groups over 127.0.0.1 (simulated). Default: 1, "
-        "or Slurm's task count under srun",
+        "or the launcher's: Slurm's task count under srun (one task per node), WORLD_SIZE where torchrun's "
+        "or Kubernetes' variables are set (docs/nodes.md)",
     )
     if hosts:
         p.add_argument(
             "--node-rank",
+            "--node_rank",
             type=int,
             default=None,
             metavar="R",
@@ -194,7 +197,24 @@ def nodes_flags(hosts: bool = True) -> Parser:
             default=None,
             metavar="HOST:PORT",
             help="with --node-rank: where node 0 listens (its engine's rendezvous), reachable from every "
-            "host; under Slurm: the first host of the job, port 29500",
+            "host; under Slurm: the first host of the job, port 29500; under torchrun's or Kubernetes' "
+            "variables: MASTER_ADDR:MASTER_PORT",
+        )
+        p.add_argument(
+            "--master-addr",
+            "--master_addr",
+            type=nonempty,
+            default=None,
+            metavar="HOST",
+            help="torchrun's spelling: --coordinator HOST:PORT with --master-port PORT (default 29500)",
+        )
+        p.add_argument(
+            "--master-port",
+            "--master_port",
+            type=int,
+            default=None,
+            metavar="PORT",
+            help="torchrun's spelling, with --master-addr",
         )
         p.add_argument(
             "--join-timeout",
@@ -265,8 +285,9 @@ def run_parents() -> list[Parser]:
         backends_flags(),
         devices_flags(
             None,
-            "data-parallel devices: a count (2) or a sweep (1,2,4). Default: 1,2 "
-            "(1 with a single GPU). Without GPUs these are simulated CPU devices",
+            "data-parallel devices: a count (2) or a sweep (1,2,4). Default: Slurm's GPUs per node "
+            "(SLURM_GPUS_ON_NODE) where it gives them, else 1,2 (1 with a single GPU). Without GPUs these are "
+            "simulated CPU devices",
         ),
         training_flags(
             None,

@@ -6,9 +6,14 @@ rendezvous, jax.distributed's coordinator, MXNet's ps-lite scheduler), at the co
 * Loopback (no --node-rank): this harness starts all M nodes itself, as process groups on this host over
   127.0.0.1, each run at a fresh free port; the report says the nodes are simulated.
 * Real hosts: the same command on every host, with --nodes M, --node-rank R and --coordinator HOST:PORT
-  (node 0's host, reachable from all). Under Slurm (`srun`), the three come from SLURM_NTASKS, SLURM_PROCID
-  and the first host of SLURM_NODELIST. Node 0's host writes the report; the other hosts keep their own
-  logs and per-node results in their --out (their numbers are node 0's: every figure is reduced across ranks).
+  (node 0's host, reachable from all; torchrun's spellings --nnodes, --node_rank, --master-addr and --master-port
+  are read too). Node 0's host writes the report; the other hosts keep their own logs and per-node results in
+  their --out (their numbers are node 0's: every figure is reduced across ranks).
+* Launchers (launched()): under Slurm (`srun`, one task per node) the three come from SLURM_NTASKS, SLURM_PROCID
+  and the first host of SLURM_NODELIST, and the GPUs per node from SLURM_GPUS_ON_NODE; under torchrun's or
+  Kubernetes' variables (a Kubeflow PyTorchJob: one pod per node) from WORLD_SIZE, RANK, MASTER_ADDR and
+  MASTER_PORT. One task or process per GPU is refused in one line that names the variables and the fix: the
+  harness is one process per node and starts that node's processes for its GPUs itself.
 """
 
 from __future__ import annotations
@@ -76,23 +81,16 @@ def from_args(args, environ=os.environ) -> Topology:
         check_peer_timeout(args.peer_timeout)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    slurm = "SLURM_PROCID" in environ and int(environ.get("SLURM_NTASKS", "1") or 1) > 1
-    if args.nodes is None and slurm and args.node_rank is None:
-        host = first_slurm_host(
-            environ.get("SLURM_NODELIST", environ.get("SLURM_JOB_NODELIST", ""))
-        )
-        coordinator = args.coordinator or f"{host}:{DEFAULT_PORT}"
-        topology = Topology(
-            (int(environ["SLURM_NTASKS"]),),
-            int(environ["SLURM_PROCID"]),
-            coordinator,
-            f"Slurm: task {environ['SLURM_PROCID']} of {environ['SLURM_NTASKS']}, coordinator "
-            f"{coordinator}",
-        )
+    coordinator = coordinator_flag(args)
+    by_launcher = (
+        launched(environ, coordinator) if args.nodes is None and args.node_rank is None else None
+    )
+    if by_launcher is not None:
+        topology = by_launcher
     else:
         counts = parse_counts(args.nodes) if args.nodes is not None else (1,)
         if args.node_rank is None:
-            if args.coordinator:
+            if coordinator:
                 raise UsageError(
                     "--coordinator goes with --node-rank (one node per host); without --node-rank "
                     "every node runs here over 127.0.0.1 at a free port"
@@ -104,7 +102,7 @@ def from_args(args, environ=os.environ) -> Topology:
             )
             refuse_host_flags_on_loopback(args)
             return Topology(counts, None, None, how)
-        if not args.coordinator:
+        if not coordinator:
             raise UsageError(
                 "--node-rank needs --coordinator HOST:PORT (node 0's host, reachable from every node)"
             )
@@ -113,8 +111,8 @@ def from_args(args, environ=os.environ) -> Topology:
         topology = Topology(
             counts,
             args.node_rank,
-            args.coordinator,
-            f"node {args.node_rank} of {counts[0]}, coordinator {args.coordinator}",
+            coordinator,
+            f"node {args.node_rank} of {counts[0]}, coordinator {coordinator}",
         )
     if not 0 <= topology.node_rank < max(topology.counts):
         raise UsageError(
@@ -127,6 +125,112 @@ def from_args(args, environ=os.environ) -> Topology:
     return dataclasses.replace(
         topology, join_timeout=args.join_timeout, peer_timeout=args.peer_timeout, **this_host(args)
     )
+
+
+def coordinator_flag(args) -> str | None:
+    """--coordinator HOST:PORT, or torchrun's --master-addr HOST with --master-port PORT (default 29500)."""
+    addr, port = getattr(args, "master_addr", None), getattr(args, "master_port", None)
+    if addr is None and port is None:
+        return args.coordinator
+    if args.coordinator is not None:
+        raise UsageError("give --coordinator HOST:PORT or --master-addr/--master-port, not both")
+    if addr is None:
+        raise UsageError("--master-port goes with --master-addr (node 0's host)")
+    return f"{addr}:{DEFAULT_PORT if port is None else port}"
+
+
+def launched(environ, coordinator: str | None) -> Topology | None:
+    """The nodes a launcher's variables give (Slurm's, else torchrun's and Kubernetes'), or None where none says
+    there are several: one node, as without a launcher. `coordinator` (the flag) overrides the launcher's."""
+    if "SLURM_PROCID" in environ:
+        return slurm_nodes(environ, coordinator)
+    if "WORLD_SIZE" in environ or "MASTER_ADDR" in environ:
+        return torchrun_nodes(environ, coordinator)
+    return None
+
+
+def whole_number(environ, name: str, default: int | None = None) -> int | None:
+    """A launcher's variable read as a whole number (absent: `default`); anything else is refused in one line."""
+    text = environ.get(name)
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"{name}={text!r} is not a whole number") from None
+    if value < 0:
+        raise UsageError(f"{name}={text!r} is negative")
+    return value
+
+
+def slurm_nodes(environ, coordinator: str | None) -> Topology | None:
+    """srun with one task per node: SLURM_NTASKS nodes, this one SLURM_PROCID, meeting at the job's first host.
+    Several tasks on a node (one per GPU) is refused: the harness starts a node's GPU processes itself."""
+    tasks = whole_number(environ, "SLURM_NTASKS", 1)
+    nodes = whole_number(
+        environ, "SLURM_NNODES", whole_number(environ, "SLURM_JOB_NUM_NODES", tasks)
+    )
+    if tasks != nodes:
+        raise UsageError(
+            f"Slurm runs {tasks} tasks on {nodes} node(s) (SLURM_NTASKS={tasks}, SLURM_NNODES={nodes}): the "
+            "harness is one task per node and starts the node's processes for its GPUs itself; launch it with "
+            "`srun --ntasks-per-node=1` (#SBATCH --ntasks-per-node=1) and give the GPUs per node with --gpus "
+            "(docs/nodes.md)"
+        )
+    if tasks <= 1:
+        return None
+    rank = whole_number(environ, "SLURM_PROCID")
+    if rank >= tasks:
+        raise UsageError(f"SLURM_PROCID={rank} is not below SLURM_NTASKS={tasks}")
+    host = first_slurm_host(environ.get("SLURM_NODELIST", environ.get("SLURM_JOB_NODELIST", "")))
+    coordinator = coordinator or f"{host}:{DEFAULT_PORT}"
+    return Topology(
+        (tasks,), rank, coordinator, f"Slurm: task {rank} of {tasks}, coordinator {coordinator}"
+    )
+
+
+def torchrun_nodes(environ, coordinator: str | None) -> Topology | None:
+    """torchrun's and Kubernetes' variables with one process per node (a Kubeflow PyTorchJob's pods, an Indexed
+    Job): WORLD_SIZE nodes, this one RANK, meeting at MASTER_ADDR:MASTER_PORT. Several processes on a node
+    (LOCAL_WORLD_SIZE > 1: one per GPU) is refused: the harness starts a node's GPU processes itself."""
+    world = whole_number(environ, "WORLD_SIZE", 1)
+    local = whole_number(environ, "LOCAL_WORLD_SIZE", 1)
+    if local > 1:
+        raise UsageError(
+            f"LOCAL_WORLD_SIZE={local}: the launcher starts a process per GPU, but the harness is one process "
+            "per node and starts the node's processes for its GPUs itself; launch one process per node "
+            "(torchrun --nproc-per-node=1, or a pod per node) and give the GPUs per node with --gpus "
+            "(docs/nodes.md)"
+        )
+    if world <= 1:
+        return None
+    missing = [name for name in ("RANK", "MASTER_ADDR") if not environ.get(name)]
+    if missing and not (coordinator and missing == ["MASTER_ADDR"]):
+        raise UsageError(
+            f"WORLD_SIZE={world} says {world} nodes, but {' and '.join(missing)} is not set: each node needs "
+            "its RANK and node 0's MASTER_ADDR (and MASTER_PORT, default 29500)"
+        )
+    rank = whole_number(environ, "RANK")
+    if rank >= world:
+        raise UsageError(f"RANK={rank} is not below WORLD_SIZE={world}")
+    port = whole_number(environ, "MASTER_PORT", DEFAULT_PORT)
+    coordinator = coordinator or f"{environ['MASTER_ADDR']}:{port}"
+    return Topology(
+        (world,),
+        rank,
+        coordinator,
+        f"WORLD_SIZE/RANK: node {rank} of {world}, coordinator {coordinator}",
+    )
+
+
+def launcher_gpus(environ=os.environ) -> int | None:
+    """The GPUs per node a launcher gives this task: Slurm's SLURM_GPUS_ON_NODE, else SLURM_GPUS_PER_NODE
+    ("8", "h100:8"); None where it gives none."""
+    if environ.get("SLURM_GPUS_ON_NODE"):
+        return whole_number(environ, "SLURM_GPUS_ON_NODE") or None
+    text = environ.get("SLURM_GPUS_PER_NODE", "")
+    count = text.rsplit(":", 1)[-1] if text else ""
+    return int(count) if count.isdigit() and int(count) > 0 else None
 
 
 def this_host(args) -> dict:

@@ -348,19 +348,22 @@ def make_config(
         raise UsageError(str(e)) from None
 
 
+def default_gpus(topology, kind: str, gpus: list[str]) -> list[int]:
+    """--gpus when not given: the GPUs per node a launcher gives (Slurm's), else 1 and 2 (1 across nodes, or with
+    a single GPU)."""
+    given = nodelib.launcher_gpus()
+    if given:
+        return [given]
+    return [1] if max(topology.counts) > 1 else [1, 2] if kind == "cpu" or len(gpus) >= 2 else [1]
+
+
 def build_plan(args) -> Plan:
     names = parse_backends(args.backend)
     pythons = parse_pythons(args.python)
     devices = choose_devices(args)
     kind, gpus = devices.kind, devices.gpus
     topology = nodelib.from_args(args)
-    counts = (
-        parse_gpus(args.gpus)
-        if args.gpus is not None
-        else (
-            [1] if max(topology.counts) > 1 else [1, 2] if kind == "cpu" or len(gpus) >= 2 else [1]
-        )
-    )
+    counts = parse_gpus(args.gpus) if args.gpus is not None else default_gpus(topology, kind, gpus)
     check_device_counts(
         counts, kind, gpus, devices.why, max(topology.counts) if topology.loopback else 1
     )

@@ -71,6 +71,96 @@ def test_slurm_tasks_are_the_nodes_and_the_first_host_the_coordinator():
     assert not topology.runs_here(3) and topology.runs_here(4)
 
 
+def test_slurm_with_one_task_per_node_counts_its_nodes_and_gives_its_gpus():
+    """#SBATCH --nodes=2 --ntasks-per-node=1 --gpus-per-node=8: two nodes, 8 GPUs each by default."""
+    environ = {
+        "SLURM_PROCID": "1",
+        "SLURM_NTASKS": "2",
+        "SLURM_NNODES": "2",
+        "SLURM_NODELIST": "gpu[01-02]",
+        "SLURM_GPUS_ON_NODE": "8",
+    }
+    topology = nodes.from_args(args(), environ=environ)
+    assert (topology.counts, topology.node_rank, topology.coordinator) == ((2,), 1, "gpu01:29500")
+    assert nodes.launcher_gpus(environ) == 8
+    assert nodes.launcher_gpus({"SLURM_GPUS_PER_NODE": "h100:4"}) == 4
+    assert nodes.launcher_gpus({}) is None
+
+
+def test_a_single_slurm_task_is_one_node_as_without_slurm():
+    environ = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NNODES": "1"}
+    assert nodes.from_args(args(), environ=environ) == nodes.Topology((1,), None, None, "")
+
+
+def test_kubernetes_and_torchrun_variables_are_the_nodes_and_the_master_the_coordinator():
+    """A Kubeflow PyTorchJob's pod (one per node): WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT."""
+    environ = {
+        "WORLD_SIZE": "3",
+        "RANK": "2",
+        "MASTER_ADDR": "job-master-0",
+        "MASTER_PORT": "23456",
+    }
+    topology = nodes.from_args(args(), environ=environ)
+    assert (topology.counts, topology.node_rank, topology.coordinator) == (
+        (3,),
+        2,
+        "job-master-0:23456",
+    )
+    assert "WORLD_SIZE/RANK: node 2 of 3" in topology.how
+    # the port defaults to torchrun's
+    environ = {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "10.0.0.5"}
+    assert nodes.from_args(args(), environ=environ).coordinator == "10.0.0.5:29500"
+    # WORLD_SIZE 1: one node
+    assert nodes.from_args(args(), environ={"WORLD_SIZE": "1", "RANK": "0"}).loopback
+
+
+def test_torchruns_flag_spellings_are_read_as_the_suites():
+    parsed = cli.parse(
+        [*BASE, "--nnodes", "2", "--node_rank", "1", "--master-addr", "h", "--master-port", "7"]
+    )
+    topology = nodes.from_args(parsed, environ={})
+    assert (topology.counts, topology.node_rank, topology.coordinator) == ((2,), 1, "h:7")
+
+
+@pytest.mark.parametrize(
+    "environ, message",
+    [
+        (
+            {"SLURM_PROCID": "0", "SLURM_NTASKS": "16", "SLURM_NNODES": "2"},
+            r"Slurm runs 16 tasks on 2 node\(s\) \(SLURM_NTASKS=16, SLURM_NNODES=2\): the harness is one "
+            r"task per node .* `srun --ntasks-per-node=1`",
+        ),
+        (
+            {"SLURM_PROCID": "0", "SLURM_NTASKS": "8", "SLURM_NNODES": "1"},
+            "Slurm runs 8 tasks on 1 node",
+        ),
+        (
+            {"SLURM_PROCID": "4", "SLURM_NTASKS": "4", "SLURM_NNODES": "4"},
+            "SLURM_PROCID=4 is not below",
+        ),
+        (
+            {"SLURM_PROCID": "0", "SLURM_NTASKS": "four"},
+            "SLURM_NTASKS='four' is not a whole number",
+        ),
+        (
+            {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "RANK": "0", "MASTER_ADDR": "m"},
+            r"LOCAL_WORLD_SIZE=8: .*\(torchrun --nproc-per-node=1",
+        ),
+        ({"WORLD_SIZE": "2", "MASTER_ADDR": "m"}, "WORLD_SIZE=2 says 2 nodes, but RANK is not set"),
+        ({"WORLD_SIZE": "2", "RANK": "0"}, "but MASTER_ADDR is not set"),
+        ({"WORLD_SIZE": "2", "RANK": "2", "MASTER_ADDR": "m"}, "RANK=2 is not below WORLD_SIZE=2"),
+        ({"WORLD_SIZE": "2", "RANK": "-1", "MASTER_ADDR": "m"}, "RANK='-1' is negative"),
+        (
+            {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "m", "MASTER_PORT": "x"},
+            "MASTER_PORT='x'",
+        ),
+    ],
+)
+def test_inconsistent_launcher_variables_are_refused_in_one_line(environ, message):
+    with pytest.raises(UsageError, match=message):
+        nodes.from_args(args(), environ=environ)
+
+
 @pytest.mark.parametrize(
     "nodelist, first", [("n1", "n1"), ("a[1-3]", "a1"), ("x[05]", "x05"), ("h1,h2", "h1")]
 )
@@ -106,6 +196,8 @@ def test_first_slurm_host(nodelist, first):
         (dict(peer_timeout=0.5), "--peer-timeout must be at least 1 second"),  # one host too
         (dict(nodes="0"), "--nodes must be at least 1"),
         (dict(nodes="two"), "--nodes takes a node count"),
+        (dict(master_port=7), "--master-port goes with --master-addr"),
+        (dict(master_addr="h", coordinator="h:1"), "not both"),
     ],
 )
 def test_bad_node_flags_are_refused_in_one_line(given, message):
