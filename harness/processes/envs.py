@@ -159,7 +159,11 @@ def bootstrap(argv: list[str]) -> None:
     with `pip install -e .[test]` done, nothing happens here.
     """
     needed = ["numpy", "matplotlib", "tqdm", "PIL"]
-    needed += ["pytest", "ruff", "importlinter", "mlperf_logging"] if argv[:1] == ["test"] else []
+    needed += (
+        ["pytest", "ruff", "importlinter", "mlperf_logging", "jsonschema"]
+        if argv[:1] == ["test"]
+        else []
+    )
     if not _missing(needed) or os.environ.get(BOOTSTRAPPED):
         return
     try:
