@@ -28,8 +28,8 @@ H200, measured where the table says so.
 
 `prepare` copies the four Fashion-MNIST files into .data/fashion-mnist/ and downloads, into .whl/, the wheels of
 the harness's test tools (ruff, import-linter, mlperf-logging, jsonschema) for Python 3.12 on x86-64, which only
-pieces 11-12 need: the GPU host has numpy, matplotlib, tqdm, pillow, pytest, torch, jax, flax, optax, pandas and scipy. Both
-folders are ignored by git and travel with the working tree. `run` installs the carried wheels into the
+pieces 11-12 need: the GPU host has numpy, matplotlib, tqdm, pillow, pytest, torch, jax, flax, optax, pandas and
+scipy. Both folders are ignored by git and travel with the working tree. `run` installs the carried wheels into the
 interpreter if it lacks them, then runs each piece with that interpreter for torch and JAX (--python); the reports
 land in reports/ as usual.
 """
