@@ -11,14 +11,15 @@ ten-minute slot on a host without network:
                 step's time goes on the GPU, and how far each framework is from the card's limit
  7-8.           bf16 with the levers, profiled: torch --compile --channels-last --resident-data; jax --resident-data
  9. resnet50    torchvision's ResNet-50 throughput preset, torch and jax, profiled
- 10. parity     each strategy beside its framework's own loop
- 11-12.         the whole torch and jax suites (`harness test`)
+ 10. d2l-target time to 0.91 test accuracy in bf16, 3 trials each on their own batch orders
+ 11. parity     each strategy beside its framework's own loop
+ 12-13.         the whole torch and jax suites (`harness test`)
 
     python3 benchmarks/gpu_reference.py prepare              # where there is network: .data/ and .whl/ to carry
     python3 benchmarks/gpu_reference.py list                 # the pieces, their minutes and commands
     python3 benchmarks/gpu_reference.py run --budget 8       # on the GPU host: the first pieces that fit 8 minutes
     python3 benchmarks/gpu_reference.py run --piece 4        # one piece
-    python3 benchmarks/gpu_reference.py run --piece 6,7,9    # these pieces, in this order
+    python3 benchmarks/gpu_reference.py run --piece 10,7     # these pieces, in this order
     python3 benchmarks/gpu_reference.py run --smoke          # the training pieces on the CPU, cut to a few steps
 
 --budget picks pieces in order while their estimated minutes fit, and is also a deadline: a piece still running
@@ -28,7 +29,7 @@ H200, measured where the table says so.
 
 `prepare` copies the four Fashion-MNIST files into .data/fashion-mnist/ and downloads, into .whl/, the wheels of
 the harness's test tools (ruff, import-linter, mlperf-logging, jsonschema) for Python 3.12 on x86-64, which only
-pieces 11-12 need: the GPU host has numpy, matplotlib, tqdm, pillow, pytest, torch, jax, flax, optax, pandas and
+pieces 12-13 need: the GPU host has numpy, matplotlib, tqdm, pillow, pytest, torch, jax, flax, optax, pandas and
 scipy. Both folders are ignored by git and travel with the working tree. `run` installs the carried wheels into the
 interpreter if it lacks them, then runs each piece with that interpreter for torch and JAX (--python); the reports
 land in reports/ as usual.
@@ -122,6 +123,22 @@ PIECES = [
         "resnet50",
         3.0,
         ["--backend", "torch,jax", "--preset", "resnet50", "--gpus", "1", *PROFILED],
+    ),
+    Piece(
+        "d2l-target",
+        5.0,
+        [
+            *BOTH,
+            "--gpus",
+            "1",
+            "--preset",
+            "d2l-target",
+            "--precision",
+            "bf16",
+            "--repeat",
+            "3",
+            "--no-check",
+        ],
     ),
     Piece("parity", 10.0, ["parity", "--backend", "torch,jax", "--gpus", "1"]),
     Piece("test-torch", 10.0, ["test", "--backend", "torch"]),

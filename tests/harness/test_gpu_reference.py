@@ -41,9 +41,10 @@ def test_correctness_comes_first_then_the_d2l_recipe_in_bf16_on_one_gpu_with_the
         "7. bf16-torch-levers",
         "8. bf16-jax-levers",
         "9. resnet50",
-        "10. parity",
-        "11. test-torch",
-        "12. test-jax",
+        "10. d2l-target",
+        "11. parity",
+        "12. test-torch",
+        "13. test-jax",
     ]
     assert lines[0].endswith(
         "-m pytest -q -rs " + str(ROOT / "tests/backends/test_torch.py") + " -k cuda"
@@ -60,8 +61,9 @@ def test_correctness_comes_first_then_the_d2l_recipe_in_bf16_on_one_gpu_with_the
     assert "--epochs 2 --profile 5 --no-check" in lines[5]
     assert "--compile --channels-last --resident-data --profile 5 --no-check" in lines[6]
     assert "--preset resnet50 --gpus 1 --profile 5 --no-check" in lines[8]
-    assert lines[9].endswith("--device gpu --repeat 4")
-    assert lines[10].endswith("test --backend torch --python torch=/opt/py")
+    assert "--preset d2l-target --precision bf16 --repeat 3" in lines[9]
+    assert lines[10].endswith("--device gpu --repeat 4")
+    assert lines[11].endswith("test --backend torch --python torch=/opt/py")
 
 
 def test_pieces_named_by_number_run_in_the_order_given():
@@ -87,7 +89,7 @@ def test_the_smoke_run_is_the_same_pieces_on_the_cpu_cut_to_a_few_steps():
         "--device cpu --epochs 1" in line and "--device gpu" not in line for line in smoke[3:7]
     )
     assert pieces("--piece", "5", "--smoke") == [smoke[4]]
-    assert smoke[9].endswith("--device cpu --batch-size 8 --repeat 2 --timed-steps 3")
+    assert smoke[10].endswith("--device cpu --batch-size 8 --repeat 2 --timed-steps 3")
 
 
 # A piece that writes what it finished on SIGTERM, as the harness does, and would otherwise run a minute.
@@ -118,8 +120,8 @@ def test_a_piece_running_past_the_budget_is_stopped_with_sigterm_and_counted_as_
 
 def test_a_piece_out_of_range_or_a_budget_nothing_fits_is_refused_in_one_line():
     for args, says in (
-        (["--piece", "13"], "--piece must be 1..12 (got 13)"),
-        (["--piece", "6,0"], "--piece must be 1..12 (got 0)"),
+        (["--piece", "14"], "--piece must be 1..13 (got 14)"),
+        (["--piece", "6,0"], "--piece must be 1..13 (got 0)"),
         (["--piece", "six"], "must be piece numbers, comma-separated"),
         (["--budget", "0.5"], "no piece fits 0.5 minutes"),
         (["--budget", "-1"], "must be a positive number of minutes"),
