@@ -135,7 +135,7 @@ def train_to_target(
         record = train_epoch(trainer, cfg, dataset, epoch, compiles)
         if report:
             mllog.end("epoch_stop", epoch_num=epoch + 1)
-        record["test_acc"] = test_accuracy(trainer, cfg, dataset)
+        record["test_acc"] = evaluated_accuracy(trainer, cfg, dataset)
         wall = time.perf_counter() - started
         epochs.append(record)
         if report:
@@ -170,7 +170,7 @@ def target_record(cfg, epochs: list[dict], reached_at: tuple[int, float] | None)
     }
 
 
-def test_accuracy(trainer: Trainer, cfg, dataset: datalib.Dataset) -> float:
+def evaluated_accuracy(trainer: Trainer, cfg, dataset: datalib.Dataset) -> float:
     correct, total = trainer.evaluate(datalib.test_batches(dataset, cfg.eval_batch_size))
     return correct / total
 
