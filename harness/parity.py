@@ -36,7 +36,7 @@ from harness.arguments import Parser, UsageError
 from harness.planning.plan import Devices, Plan, choose_devices, parse_gpus
 from harness.presets import PRESETS
 from harness.processes import envs, runner
-from harness.reporting.tables import as_results
+from harness.reporting.tables import as_results, milliseconds
 
 LIMIT = 1.10  # the most a strategy's step may cost over its idiom's
 # Above this ratio a strategy's row says where its step loses time to its idiom's (the --profile breakdowns of
@@ -392,12 +392,23 @@ def profiled_pair(
 
 
 def breakdown_reason(mine: dict, theirs: dict) -> str:
-    """Where the strategy's profiled step spends more than its idiom's: the categories with the most extra time."""
-    extra = {k: mine.get(k, 0.0) - theirs.get(k, 0.0) for k in CATEGORIES}
+    """Where the strategy's profiled step spends more than its idiom's: the categories with the most extra time. A
+    profiled step no longer than the idiom's does not show the difference the trials measure, and says so: its
+    steps are a few, from the first trial only."""
     total = sum(mine.values()) - sum(theirs.values())
+    if total <= 0:
+        return (
+            f"profiled (docs/profiling.md): its profiled step is not longer than its idiom's "
+            f"({milliseconds(sum(mine.values()))} vs {milliseconds(sum(theirs.values()))} ms): the first "
+            "trial's profiled steps do not show the difference the trials measure"
+        )
+    extra = {k: mine.get(k, 0.0) - theirs.get(k, 0.0) for k in CATEGORIES}
     larger = sorted(((v, k) for k, v in extra.items() if v > 0), reverse=True)[:REASONS]
-    where = ", ".join(f"{CATEGORIES[k]} +{1e3 * v:.3g} ms" for v, k in larger) or "no category"
-    return f"profiled (docs/profiling.md): a step takes {1e3 * total:+.3g} ms against its idiom's; more in {where}"
+    where = ", ".join(f"{CATEGORIES[k]} +{milliseconds(v)} ms" for v, k in larger)
+    return (
+        f"profiled (docs/profiling.md): a step takes +{milliseconds(total)} ms against its idiom's; more in "
+        f"{where}"
+    )
 
 
 def verdict(low: float, high: float) -> str:
