@@ -25,7 +25,7 @@ from common import caches, mllog, progress
 from common.config import RunConfig
 from common.network import free_port, interface_of
 from common.profiling import TRACES_ENV
-from common.results import failed_result, load_result, tail
+from common.results import ERROR_TAIL_CHARS, failed_result, load_result, tail
 from common.worker import DEVICES_ENV, LIFELINE_ENV, THREADS_ENV
 from harness.nodes import rollcall
 from harness.nodes.watch import PeerLost
@@ -493,6 +493,8 @@ class Node:
         """The worker's result, or a failed / timeout one with the tail of its output; `peer_grace`: the seconds it
         was given after another node had ended (None: none had)."""
         cfg = self.cfg
+        # MLPerf's log lines are records (logs/<run>.mllog), not what went wrong: an error's tail leaves them out
+        output = [line for line in output if mllog.MARKER not in line]
         if returncode is None and peer_grace is not None:
             result = failed_result(
                 cfg.to_dict(),
@@ -514,10 +516,13 @@ class Node:
                 reason = f"worker exited with status {returncode} and no valid result ({e})"
                 # The report's headline is the error's last line: the worker's own last words if it failed,
                 # but the reason itself if it exited 0 (its output then says nothing about what went wrong).
+                cause = readable_cause(output)
+                # the reason and the cause whole, the output's tail in what the error's length leaves them
+                room = max(ERROR_TAIL_CHARS // 4, ERROR_TAIL_CHARS - len(reason) - len(cause) - 8)
                 error = (
-                    tail("".join(output)) + "\n" + reason
+                    tail("".join(output), room) + "\n" + reason
                     if returncode == 0
-                    else reason + "\n" + tail("".join(output)) + readable_cause(output)
+                    else reason + "\n" + tail("".join(output), room) + cause
                 )
                 result = failed_result(cfg.to_dict(), "failed", error)
         if result.get("error"):

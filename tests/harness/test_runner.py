@@ -68,6 +68,24 @@ def test_crashing_worker_gives_failed_row_and_report(tmp_path):
     assert (report / "logs" / "torch-scratch-x1.log").is_file()
 
 
+def test_a_dead_workers_error_keeps_how_it_ended_whatever_it_printed(tmp_path):
+    """A worker that printed MLPerf's log lines and pages of output, then died: its error still begins with how it
+    ended (the line a failed node's headline is made of), and holds none of the MLPerf lines."""
+    noise = 'for i in $(seq 300); do echo \':::MLLOG {"key": "seed", "i": \'$i\'}\'; done; '
+    noise += (
+        'for i in $(seq 100); do echo "loading shard $i of a long list of data files"; done; exit 3'
+    )
+    python = fake_python(tmp_path, noise)
+    out = tmp_path / "reports"
+    result = run_harness(*BASE, "--gpus", "1", "--python", f"torch={python}", "--out", str(out))
+    assert result.returncode == 1
+    (run,) = json.loads((only_report(out) / "results.json").read_text())["runs"]
+    assert run["error"].startswith("worker exited with status 3 and no valid result"), run["error"][
+        :200
+    ]
+    assert ":::MLLOG" not in run["error"] and "loading shard 100 of" in run["error"]
+
+
 def test_a_worker_is_told_the_simulated_devices_its_run_uses(tmp_path):
     """XLA makes its CPU devices when jax is imported, and a step is slower with more of them than the run uses:
     each one-node CPU run's worker gets its own device count (common.worker.DEVICES_ENV)."""
