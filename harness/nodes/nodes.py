@@ -207,7 +207,8 @@ def torchrun_nodes(environ, coordinator: str | None) -> Topology | None:
     missing = [name for name in ("RANK", "MASTER_ADDR") if not environ.get(name)]
     if missing and not (coordinator and missing == ["MASTER_ADDR"]):
         raise UsageError(
-            f"WORLD_SIZE={world} says {world} nodes, but {' and '.join(missing)} is not set: each node needs "
+            f"WORLD_SIZE={world} says {world} nodes, but {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not set: each node needs "
             "its RANK and node 0's MASTER_ADDR (and MASTER_PORT, default 29500)"
         )
     rank = whole_number(environ, "RANK")
