@@ -130,8 +130,11 @@ def step_of(t: Trials) -> float | None:
 
 
 def target_of(t: Trials) -> str:
-    reached = [r.target["train_s"] for r in t.kept if r.target and r.target["reached"]]
-    if not any(r.target for r in t.kept):
+    """The median time to target over every finished trial, as the report counts them (tables.targets): trials
+    are not dropped for their convergence."""
+    records = [r.target for r in t.runs if r.ok and r.target]
+    reached = [record["train_s"] for record in records if record["reached"]]
+    if not records:
         return "—"
     return f"{statistics.median(reached):.1f}" if reached else "not reached"
 
