@@ -87,6 +87,8 @@ class JaxTrainer(Trainer):
         self.batch_sharding = device_axis_sharding(self.devs)  # batches: split along axis 0
         self.state = None
         self._last = None  # the latest step's (loss sums, correct), for sync
+        # the steps queued ahead of the devices, bounded on simulated CPU devices (xla.StepQueue)
+        self._queued = xla.StepQueue.for_devices(cfg.device_kind)
         # reduce_gradients()' reduced gradients, for update() and canonical_gradients()
         self._grads = None
         self._new_stats = None  # reduce_gradients()' new BatchNorm statistics, for update()
@@ -118,6 +120,7 @@ class JaxTrainer(Trainer):
         the same math: test_contract proves the same weights."""
         params, stats, opt_state, metrics = self._step(*self.state, *self._on_devices(x, y))
         self.state, self._last = (params, stats, opt_state), metrics
+        self._queued.add(metrics)
         self._grads = self._new_stats = None
         return metrics
 

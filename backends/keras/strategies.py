@@ -186,6 +186,8 @@ class DistributionTrainer(KerasTrainer):
         self._predict = shared.predict
         self.state = None  # (trainable, non-trainable, optimizer variables): lists of jax arrays
         self._last = None  # the latest step's (loss sum, correct), for sync
+        # the steps queued ahead of the devices, bounded on simulated CPU devices (xla.StepQueue)
+        self._queued = xla.StepQueue.for_devices(cfg.device_kind)
         self._grads = None  # reduce_gradients()' gradients, for update() and canonical_gradients()
         self._new_statistics = None
 
@@ -226,6 +228,7 @@ class DistributionTrainer(KerasTrainer):
         weights), the state donated."""
         trainable, statistics, optimizer, metrics = self._step(*self.state, *self._on_devices(x, y))
         self.state, self._last = (trainable, statistics, optimizer), metrics
+        self._queued.add(metrics)
         self._grads = self._new_statistics = None
         return metrics
 

@@ -307,6 +307,21 @@ def test_the_timed_allreduce_is_a_psum_that_really_sums(backend, strategy):
         assert a.dtype == np.float32 and a.size == 1000 and np.all(a == 6.0)
 
 
+def test_the_host_queues_few_steps_ahead_of_simulated_devices(backend, strategy):
+    """XLA's CPU client can deadlock with many collective steps queued (backends/xla.py): a trainer on simulated
+    devices waits for the step CPU_STEPS_AHEAD back before it queues another; on a GPU the queue is not bounded."""
+    import jax
+
+    from backends import xla
+
+    t = trainer(backend, strategy, "lenet", 2, 8, dtype="float32")
+    x, y = batch(8)
+    metrics = [t.step(x, y) for _ in range(xla.CPU_STEPS_AHEAD + 3)]
+    assert len(t._queued) == xla.CPU_STEPS_AHEAD
+    assert all(leaf.is_ready() for m in metrics[:3] for leaf in jax.tree.leaves(m))
+    assert xla.StepQueue.for_devices("gpu").ahead is None
+
+
 def test_a_staged_batch_gives_the_numpy_step_without_a_copy(backend, strategy):
     """Batches from `stage` (--resident-data) take the numpy batches' steps (float64), with no host-to-device
     transfer in the step; a numpy batch afterwards is still copied and accepted."""

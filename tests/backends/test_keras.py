@@ -107,6 +107,19 @@ def test_the_models_are_channels_last_with_or_without_the_lever(backend, strateg
     assert max_abs_diff(plain, start) > 1e-3 and max_abs_diff(lever, plain) == 0
 
 
+def test_distribution_queues_few_steps_ahead_of_simulated_devices(backend):
+    """XLA's CPU client can deadlock with many collective steps queued (backends/xla.py): the distribution
+    trainer on simulated devices waits for the step CPU_STEPS_AHEAD back before it queues another."""
+    from backends import xla
+
+    cfg = Probe("distribution", "lenet", 2).config("keras", 8, 0.5)
+    t = backend.make_trainer(cfg, backend.initial_weights("lenet", 0), "float32")
+    x, y = batch(8)
+    for _ in range(xla.CPU_STEPS_AHEAD + 3):
+        t.step(x, y)
+    assert len(t._queued) == xla.CPU_STEPS_AHEAD
+
+
 @pytest.mark.rounding
 def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same(backend, strategy):
     """--precision bf16, the mixed_bfloat16 policy: the weights stay float32; LeNet's step is further from the
