@@ -1,8 +1,7 @@
 """What the trainers that compile with XLA share, jax's and Keras's distribution (Keras on jax): the count of
 XLA's compilations in this process, the key their compiled programs are shared under, and how far the host may
-queue steps ahead of the simulated CPU devices. It stands beside the
-backends, not in one, so that both use one listener and one key while neither imports the other
-(pyproject.toml's import contracts)."""
+queue steps ahead of the simulated CPU devices. It stands beside the backends, not in one, so that both use one
+listener, one key and one bound while neither imports the other (pyproject.toml's import contracts)."""
 
 from __future__ import annotations
 
