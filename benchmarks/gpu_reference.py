@@ -67,6 +67,9 @@ TEST_TOOLS = {
     "jsonschema": "jsonschema",
 }
 WITHOUT_DEPENDENCIES = ("mlperf-logging",)
+# Keras has never been on the GPU host: it and the two of its dependencies the host lacks travel as wheels (pure
+# Python but optree), installed without dependencies (numpy, absl-py, rich, h5py, ml-dtypes are there).
+KERAS = {"keras": "keras", "namex": "namex", "optree": "optree"}
 PLATFORMS = [
     arg
     for tag in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any")
@@ -76,49 +79,119 @@ TRAIN = ["--gpus", "1", "--preset", "d2l"]
 BOTH = ["--backend", "torch,jax", "--strategy", "scratch,ddp,pmap,sharding"]
 # The pieces after the check ran it already (piece 3): their minutes go to training and its traces.
 PROFILED = ["--profile", "5", "--no-check"]
+D2L_BF16 = [*TRAIN, "--precision", "bf16"]
+# torch at its best on a GPU: Inductor's code with CUDA graphs (what XLA does with every step), in NHWC
+GRAPHS = ["--compile", "--compile-mode", "reduce-overhead"]
+TORCH_BEST = [*GRAPHS, "--channels-last"]
+TORCH_SCRATCH = ["--backend", "torch", "--strategy", "scratch"]
+LEVER_EPOCHS = ["--epochs", "2", "--no-check"]
+# torch's own words on its CUDA graphs (captured, or skipped and why), in each worker's log beside the report
+TORCH_GRAPH_LOGS = {"TORCH_LOGS": "cudagraphs,perf_hints"}
 
 
 @dataclass(frozen=True)
 class Piece:
     name: str
-    # minutes on one H200, the machine's start not counted: measured for the first four (71 s, 21 s, over 120 s and
-    # 237 s) with some margin, d2l-fp32 from its 5.3-5.7 s epochs, the rest estimated
+    # minutes on one H200, the machine's start not counted: the earlier pieces measured (the first four took 71 s,
+    # 21 s, over 120 s and 237 s; a profiled 2-epoch d2l run about 22 s), the compiled ones estimated with margin
     minutes: float
     args: list[
         str
     ]  # harness arguments; for a "pytest" piece: the backend and pytest's -k selection
+    env: dict | None = None  # added to the piece's environment
 
 
-# In the order of what a first GPU hour must buy: correctness, then the d2l recipe in bf16, then the rest.
+# In the order of what the next GPU hour must buy: each framework at its best (torch with CUDA graphs, beside JAX
+# on the same card), what each torch lever gives alone, ResNet-50 at its best, Keras's first GPU run; then the
+# reference pieces that earlier leases ran (correctness, the d2l recipe, the rest).
 PIECES = [
+    Piece(
+        "torch-best",
+        1.8,
+        [
+            "--backend",
+            "torch",
+            "--strategy",
+            "scratch,ddp",
+            *D2L_BF16,
+            *TORCH_BEST,
+            "--resident-data",
+            "--epochs",
+            "4",
+            *PROFILED,
+        ],
+        TORCH_GRAPH_LOGS,
+    ),
+    Piece(
+        "jax-resident",
+        1.0,
+        ["--backend", "jax", *D2L_BF16, "--resident-data", "--epochs", "4", *PROFILED],
+    ),
+    Piece(
+        "torch-graphs", 0.8, [*TORCH_SCRATCH, *D2L_BF16, *GRAPHS, *LEVER_EPOCHS], TORCH_GRAPH_LOGS
+    ),
+    Piece(
+        "resnet50-torch-channels-last",
+        1.0,
+        [
+            "--backend",
+            "torch",
+            "--preset",
+            "resnet50",
+            "--gpus",
+            "1",
+            "--channels-last",
+            "--profile",
+            "3",
+            "--no-check",
+        ],
+    ),
+    Piece(
+        "resnet50-torch-compile",
+        1.5,
+        [
+            "--backend",
+            "torch",
+            "--preset",
+            "resnet50",
+            "--gpus",
+            "1",
+            "--channels-last",
+            "--compile",
+            "--profile",
+            "3",
+            "--no-check",
+        ],
+    ),
+    Piece("keras", 2.0, ["--backend", "keras", *D2L_BF16, *LEVER_EPOCHS]),
+    Piece(
+        "resnet50-jax-resident",
+        1.2,
+        [
+            "--backend",
+            "jax",
+            "--strategy",
+            "sharding",
+            "--preset",
+            "resnet50",
+            "--gpus",
+            "1",
+            "--resident-data",
+            "--no-check",
+        ],
+    ),
+    Piece("torch-compile", 0.6, [*TORCH_SCRATCH, *D2L_BF16, "--compile", *LEVER_EPOCHS]),
+    Piece("torch-resident", 0.4, [*TORCH_SCRATCH, *D2L_BF16, "--resident-data", *LEVER_EPOCHS]),
+    Piece(
+        "torch-channels-last", 0.4, [*TORCH_SCRATCH, *D2L_BF16, "--channels-last", *LEVER_EPOCHS]
+    ),
+    Piece("parity", 10.0, ["parity", "--backend", "torch,jax", "--gpus", "1"]),
     Piece("gpu-tests-torch", 1.5, ["pytest", "torch", "cuda"]),
     Piece("gpu-tests-jax", 0.5, ["pytest", "jax", "gpu"]),
     Piece("check", 3.0, ["check", "--backend", "torch,jax", "--gpus", "1", "--model", "resnet18"]),
     Piece("d2l-bf16", 4.5, [*BOTH, *TRAIN, "--precision", "bf16"]),
     Piece("d2l-fp32", 6.0, [*BOTH, *TRAIN, "--precision", "fp32"]),
     Piece("profile", 2.0, [*BOTH, *TRAIN, "--precision", "bf16", "--epochs", "2", *PROFILED]),
-    Piece(
-        "bf16-torch-levers",
-        3.0,
-        [
-            "--backend",
-            "torch",
-            "--strategy",
-            "scratch,ddp",
-            *TRAIN,
-            "--precision",
-            "bf16",
-            "--compile",
-            "--channels-last",
-            "--resident-data",
-            *PROFILED,
-        ],
-    ),
-    Piece(
-        "bf16-jax-levers",
-        2.0,
-        ["--backend", "jax", *TRAIN, "--precision", "bf16", "--resident-data", *PROFILED],
-    ),
     Piece(
         "resnet50",
         3.0,
@@ -140,7 +213,6 @@ PIECES = [
             "--no-check",
         ],
     ),
-    Piece("parity", 10.0, ["parity", "--backend", "torch,jax", "--gpus", "1"]),
     Piece("test-torch", 10.0, ["test", "--backend", "torch"]),
     Piece("test-jax", 10.0, ["test", "--backend", "jax"]),
 ]
@@ -170,9 +242,15 @@ def command(args: list[str], python: str | None, smoke: bool) -> list[str]:
         backend, selection = args[1], args[2]
         test_file = str(ROOT / "tests" / "backends" / f"test_{backend}.py")
         return [python or sys.executable, "-m", "pytest", "-q", "-rs", test_file, "-k", selection]
+    if smoke:  # CUDA graphs: there are none on the CPU
+        args = without_graphs(args)
     harness = [python or sys.executable, "-m", "harness", *args]
     # (a backend a piece does not run ignores its --python)
-    pythons = ["--python", f"torch={python}", "--python", f"jax={python}"] if python else []
+    pythons = (
+        [a for name in ("torch", "jax", "keras") for a in ("--python", f"{name}={python}")]
+        if python
+        else []
+    )
     if sub == "test":  # the harness's tests, then the backend's on the GPU
         return harness + (["--python", f"{args[2]}={python}"] if python else [])
     data = ["--data-dir", str(DATA)] if DATA.is_dir() else []
@@ -183,9 +261,16 @@ def command(args: list[str], python: str | None, smoke: bool) -> list[str]:
     return harness + pythons + data + (SMOKE if smoke else ["--device", "gpu"])
 
 
+def without_graphs(args: list[str]) -> list[str]:
+    """The arguments without `--compile-mode reduce-overhead`."""
+    k = next((i for i in range(len(args) - 1) if args[i : i + 2] == GRAPHS[1:]), None)
+    return args if k is None else args[:k] + args[k + 2 :]
+
+
 def piece_env(piece: Piece) -> dict:
-    """A pytest piece runs inside one backend, as `harness test` would run it (DPBENCH_BACKEND)."""
-    env = dict(os.environ)
+    """A pytest piece runs inside one backend, as `harness test` would run it (DPBENCH_BACKEND); a piece's own
+    variables are added."""
+    env = {**os.environ, **(piece.env or {})}
     if piece.args[0] == "pytest":
         env["DPBENCH_BACKEND"] = piece.args[1]
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
@@ -246,18 +331,22 @@ def prepare(source: Path) -> int:
 
 
 def install_carried(python: str | None) -> None:
-    """The test tools `harness test` needs, from .whl/, into this interpreter when it runs the pieces and lacks
-    them."""
+    """The test tools `harness test` needs and Keras, from .whl/, into this interpreter when it runs the pieces and
+    lacks them."""
     if python != sys.executable or not WHEELS.is_dir():
         return
-    lacking = [
-        name for name, module in TEST_TOOLS.items() if importlib.util.find_spec(module) is None
-    ]
-    if lacking:
-        subprocess.run(
-            [python, "-m", "pip", "install", "--no-index", "--find-links", str(WHEELS), *lacking],
-            check=False,
-        )
+    pip = [python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(WHEELS)]
+    tools = lacking(TEST_TOOLS)
+    if tools:
+        subprocess.run(pip + tools, check=False)
+    keras = lacking(KERAS)
+    if keras:
+        subprocess.run(pip + ["--no-deps", *keras], check=False)
+
+
+def lacking(packages: dict[str, str]) -> list[str]:
+    """The pip names of the packages whose module this interpreter cannot import."""
+    return [name for name, module in packages.items() if importlib.util.find_spec(module) is None]
 
 
 # After SIGTERM a harness writes the runs that finished into its report, then exits: the time it is given for that.
