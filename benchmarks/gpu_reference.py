@@ -1,21 +1,27 @@
 """The GPU reference, in the order that buys the most certainty per minute of GPU time, in pieces that each fit a
 ten-minute slot on a host without network:
 
- 1. gpu-tests   the tests that skip without a GPU: torch's CUDA tests (float64 steps of dp and NCCL ddp, pinned-
-                memory prefetch, TF32, bf16 autocast, channels-last, compile, sync BatchNorm) and jax's GPU tests
- 2. check       `harness check --gpus 1 --model resnet18`, torch and jax
- 3. d2l-bf16    the d2l recipe (ResNet-18, 10 epochs, all 60,000/10,000 images, batch 256, lr 0.1) in bf16:
-                torch scratch and ddp, jax pmap and sharding, one GPU
- 5. d2l-fp32    the same four runs in fp32 (TF32 off)
- 6. profile     the bf16 runs again, 2 epochs, each with 5 profiled steps and the measured matmul peak: where a
-                step's time goes on the GPU, and how far each framework is from the card's limit
- 7-8.           bf16 with the levers, profiled: torch --compile --channels-last --resident-data; jax --resident-data
- 9. resnet50    torchvision's ResNet-50 throughput preset, torch and jax, profiled
- 10. d2l-target time to 0.91 test accuracy in bf16, 3 trials each on their own batch orders
- 11. parity     each strategy beside its framework's own loop
- 12-13.         the whole torch and jax suites (`harness test`)
+ 1. torch-best      torch at its best on the d2l recipe in bf16 (torch.compile with CUDA graphs, channels-last,
+                    batches resident on the device), scratch and ddp, 4 epochs, profiled, torch's own log of the
+                    graphs it captured in each worker's log
+ 2. jax-resident    JAX beside it on the same card: pmap and sharding with resident batches, 4 epochs, profiled
+ 3. torch-graphs    CUDA graphs alone (compile reduce-overhead), torch scratch, 2 epochs
+ 4-5. resnet50-torch-*  torchvision's ResNet-50 throughput preset in torch, channels-last, then compiled too
+ 6. keras           Keras ddp and distribution on the d2l recipe in bf16, 2 epochs (Keras's wheels are carried)
+ 7. resnet50-jax-resident  JAX sharding's ResNet-50 with resident batches
+ 8-10. torch-*      each other torch lever alone (compile, resident data, channels-last), 2 epochs
+ 11. parity         each strategy beside its framework's own loop
+ 12-13. gpu-tests   the tests that skip without a GPU: torch's CUDA tests and jax's GPU tests
+ 14. check          `harness check --gpus 1 --model resnet18`, torch and jax
+ 15-16. d2l-*       the d2l recipe (ResNet-18, 10 epochs, all 60,000/10,000 images, batch 256, lr 0.1) in bf16,
+                    then fp32: torch scratch and ddp, jax pmap and sharding, one GPU
+ 17. profile        the bf16 runs again, 2 epochs, profiled
+ 18. resnet50       ResNet-50, torch and jax as they are, profiled
+ 19. d2l-target     time to 0.91 test accuracy in bf16, 3 trials each on their own batch orders
+ 20-21.             the whole torch and jax suites (`harness test`)
 
     python3 benchmarks/gpu_reference.py prepare              # where there is network: .data/ and .whl/ to carry
+    python3 benchmarks/gpu_reference.py prepare --tests      # ... with the test tools' wheels (pieces 20-21)
     python3 benchmarks/gpu_reference.py list                 # the pieces, their minutes and commands
     python3 benchmarks/gpu_reference.py run --budget 8       # on the GPU host: the first pieces that fit 8 minutes
     python3 benchmarks/gpu_reference.py run --piece 4        # one piece
@@ -28,11 +34,13 @@ report before the slot ends (a command killed from outside would leave nothing).
 H200, measured where the table says so.
 
 `prepare` copies the four Fashion-MNIST files into .data/fashion-mnist/ and downloads, into .whl/, the wheels of
-the harness's test tools (ruff, import-linter, mlperf-logging, jsonschema) for Python 3.12 on x86-64, which only
-pieces 12-13 need: the GPU host has numpy, matplotlib, tqdm, pillow, pytest, torch, jax, flax, optax, pandas and
-scipy. Both folders are ignored by git and travel with the working tree. `run` installs the carried wheels into the
-interpreter if it lacks them, then runs each piece with that interpreter for torch and JAX (--python); the reports
-land in reports/ as usual.
+Keras and the two of its dependencies a GPU host may lack (namex, optree), and with --tests those of the harness's
+test tools (ruff, import-linter, mlperf-logging, jsonschema), for Python 3.12 on x86-64: the GPU host has numpy,
+matplotlib, tqdm, pillow, pytest, torch, jax, flax, optax, pandas and scipy. Both folders are ignored by git and
+travel with the working tree (the test tools' wheels are left out by default: with the data and the committed
+reports they would pass the size a working tree may have). `run` installs the carried wheels into the interpreter
+if it lacks them, then runs each piece with that interpreter for torch, JAX and Keras (--python); the reports land
+in reports/ as usual.
 """
 
 from __future__ import annotations
@@ -290,7 +298,7 @@ def within_budget(pieces: list[Piece], minutes: float | None) -> list[Piece]:
     return chosen
 
 
-def prepare(source: Path) -> int:
+def prepare(source: Path, tests: bool) -> int:
     missing = [f for f in FILES if not (source / f).is_file()]
     if missing:
         print(
@@ -301,12 +309,10 @@ def prepare(source: Path) -> int:
     DATA.mkdir(parents=True, exist_ok=True)
     for f in FILES:
         shutil.copyfile(source / f, DATA / f)
-    pins = [
-        line.split("#")[0].strip()
-        for line in (ROOT / "harness" / "requirements.txt").read_text().splitlines()
-    ]
-    tools = [p for p in pins if p.split("==")[0] in TEST_TOOLS]
-    alone = [p for p in tools if p.split("==")[0] in WITHOUT_DEPENDENCIES]
+    tools = pinned(ROOT / "harness" / "requirements.txt", TEST_TOOLS) if tests else []
+    keras = pinned(ROOT / "backends" / "keras" / "requirements.txt", KERAS)
+    keras += [name for name in KERAS if name not in {p.split("==")[0] for p in keras}]
+    alone = [p for p in tools if p.split("==")[0] in WITHOUT_DEPENDENCIES] + keras
     download = [
         sys.executable,
         "-m",
@@ -319,15 +325,20 @@ def prepare(source: Path) -> int:
         "3.12",
         *PLATFORMS,
     ]
-    status = subprocess.run(download + [p for p in tools if p not in alone]).returncode
+    with_dependencies = [p for p in tools if p not in alone]
+    status = subprocess.run(download + with_dependencies).returncode if with_dependencies else 0
     status = status or subprocess.run(download + ["--no-deps", *alone]).returncode
     if status:
-        print(
-            "gpu_reference: error: pip could not download the test tools' wheels", file=sys.stderr
-        )
+        print("gpu_reference: error: pip could not download the wheels to carry", file=sys.stderr)
         return 1
-    print(f"Carried: {DATA} and the wheels of {', '.join(tools)} in {WHEELS}")
+    print(f"Carried: {DATA} and the wheels of {', '.join(tools + keras)} in {WHEELS}")
     return 0
+
+
+def pinned(requirements: Path, packages: dict[str, str]) -> list[str]:
+    """The pins (NAME==VERSION) of `packages` in a requirements file."""
+    pins = [line.split("#")[0].strip() for line in requirements.read_text().splitlines()]
+    return [p for p in pins if p.split("==")[0] in packages]
 
 
 def install_carried(python: str | None) -> None:
@@ -336,12 +347,17 @@ def install_carried(python: str | None) -> None:
     if python != sys.executable or not WHEELS.is_dir():
         return
     pip = [python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(WHEELS)]
-    tools = lacking(TEST_TOOLS)
+    tools = carried(lacking(TEST_TOOLS))
     if tools:
         subprocess.run(pip + tools, check=False)
-    keras = lacking(KERAS)
+    keras = carried(lacking(KERAS))
     if keras:
         subprocess.run(pip + ["--no-deps", *keras], check=False)
+
+
+def carried(names: list[str]) -> list[str]:
+    """The packages among `names` whose wheel is in .whl/ (a wheel's file name spells '-' as '_')."""
+    return [n for n in names if any(WHEELS.glob(f"{n.replace('-', '_')}-*.whl"))]
 
 
 def lacking(packages: dict[str, str]) -> list[str]:
@@ -434,6 +450,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--data-dir", default="/usr/share/datasets/fashion-mnist", help="the Fashion-MNIST files"
     )
+    p.add_argument(
+        "--tests",
+        action="store_true",
+        help="also the test tools' wheels (pieces test-torch, test-jax)",
+    )
     for name, text in (("list", "print the pieces and their commands"), ("run", "run the pieces")):
         p = sub.add_parser(name, help=text)
         p.add_argument(
@@ -460,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--smoke", action="store_true", help="on the CPU, cut to a few steps")
     args = parser.parse_args(argv)
     if args.action == "prepare":
-        return prepare(Path(args.data_dir))
+        return prepare(Path(args.data_dir), args.tests)
     outside = [k for k in args.piece or () if not 1 <= k <= len(PIECES)]
     if outside:
         print(

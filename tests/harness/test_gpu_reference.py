@@ -29,45 +29,81 @@ def names(lines: list[str]) -> list[str]:
     return [line.split(" (~")[0] for line in lines]
 
 
-def test_correctness_comes_first_then_the_d2l_recipe_in_bf16_on_one_gpu_with_the_hosts_interpreter():
+def test_each_framework_at_its_best_comes_first_then_each_lever_alone_then_the_reference_pieces():
     lines = pieces()
     assert names(lines) == [
-        "1. gpu-tests-torch",
-        "2. gpu-tests-jax",
-        "3. check",
-        "4. d2l-bf16",
-        "5. d2l-fp32",
-        "6. profile",
-        "7. bf16-torch-levers",
-        "8. bf16-jax-levers",
-        "9. resnet50",
-        "10. d2l-target",
+        "1. torch-best",
+        "2. jax-resident",
+        "3. torch-graphs",
+        "4. resnet50-torch-channels-last",
+        "5. resnet50-torch-compile",
+        "6. keras",
+        "7. resnet50-jax-resident",
+        "8. torch-compile",
+        "9. torch-resident",
+        "10. torch-channels-last",
         "11. parity",
-        "12. test-torch",
-        "13. test-jax",
+        "12. gpu-tests-torch",
+        "13. gpu-tests-jax",
+        "14. check",
+        "15. d2l-bf16",
+        "16. d2l-fp32",
+        "17. profile",
+        "18. resnet50",
+        "19. d2l-target",
+        "20. test-torch",
+        "21. test-jax",
     ]
-    assert lines[0].endswith(
+    # torch at its best: Inductor with CUDA graphs, NHWC, batches on the device, profiled; JAX beside it
+    assert (
+        "--backend torch --strategy scratch,ddp --gpus 1 --preset d2l --precision bf16 --compile "
+        "--compile-mode reduce-overhead --channels-last --resident-data --epochs 4 --profile 5 --no-check"
+    ) in lines[0]
+    assert (
+        "--backend jax --gpus 1 --preset d2l --precision bf16 --resident-data --epochs 4"
+        in lines[1]
+    )
+    # each torch lever alone, 2 epochs of the same recipe
+    for line, lever in zip(
+        (lines[2], *lines[7:10]),
+        (
+            "--compile --compile-mode reduce-overhead",
+            "--compile",
+            "--resident-data",
+            "--channels-last",
+        ),
+    ):
+        assert (
+            f"--strategy scratch --gpus 1 --preset d2l --precision bf16 {lever} --epochs 2" in line
+        )
+    assert "--preset resnet50 --gpus 1 --channels-last --compile --profile 3" in lines[4]
+    # Keras's own interpreter is the host's too, with its carried wheels
+    assert "--backend keras" in lines[5] and "--python keras=/opt/py" in lines[5]
+    for line in lines[:10]:
+        assert "--device gpu" in line and "--python torch=/opt/py --python jax=/opt/py" in line
+    assert lines[10].endswith("--device gpu --repeat 4")
+    assert lines[11].endswith(
         "-m pytest -q -rs " + str(ROOT / "tests/backends/test_torch.py") + " -k cuda"
     )
-    assert lines[2].endswith(
+    assert lines[13].endswith(
         "check --backend torch,jax --gpus 1 --model resnet18 --python torch=/opt/py --python jax=/opt/py"
+        + " --python keras=/opt/py"
         + (f" --data-dir {gpu_reference.DATA}" if gpu_reference.DATA.is_dir() else "")
     )
-    for line in lines[3:8]:
-        assert "--gpus 1 --preset d2l" in line and "--device gpu" in line
-        assert "--python torch=/opt/py --python jax=/opt/py" in line
-    assert "--strategy scratch,ddp,pmap,sharding" in lines[3] and "--precision bf16" in lines[3]
-    # after the check: each run's steps profiled, the check not run again
-    assert "--epochs 2 --profile 5 --no-check" in lines[5]
-    assert "--compile --channels-last --resident-data --profile 5 --no-check" in lines[6]
-    assert "--preset resnet50 --gpus 1 --profile 5 --no-check" in lines[8]
-    assert "--preset d2l-target --precision bf16 --repeat 3" in lines[9]
-    assert lines[10].endswith("--device gpu --repeat 4")
-    assert lines[11].endswith("test --backend torch --python torch=/opt/py")
+    assert "--preset d2l-target --precision bf16 --repeat 3" in lines[18]
+    assert lines[19].endswith("test --backend torch --python torch=/opt/py")
+
+
+def test_torch_logs_its_cuda_graphs_where_a_piece_captures_them():
+    for piece in gpu_reference.PIECES:
+        graphs = "reduce-overhead" in piece.args
+        assert (
+            gpu_reference.piece_env(piece).get("TORCH_LOGS") == "cudagraphs,perf_hints"
+        ) == graphs
 
 
 def test_pieces_named_by_number_run_in_the_order_given():
-    assert names(pieces("--piece", "9,6")) == ["9. resnet50", "6. profile"]
+    assert names(pieces("--piece", "9,6")) == ["9. torch-resident", "6. keras"]
 
 
 def test_the_budget_takes_the_first_pieces_whose_minutes_fit():
@@ -79,15 +115,17 @@ def test_the_budget_takes_the_first_pieces_whose_minutes_fit():
 
 
 def test_a_pytest_piece_runs_inside_its_backend():
-    env = gpu_reference.piece_env(gpu_reference.PIECES[1])
+    env = gpu_reference.piece_env(gpu_reference.PIECES[12])
     assert env["DPBENCH_BACKEND"] == "jax" and str(ROOT) in env["PYTHONPATH"].split(":")
 
 
 def test_the_smoke_run_is_the_same_pieces_on_the_cpu_cut_to_a_few_steps():
     smoke = pieces("--smoke")
     assert all(
-        "--device cpu --epochs 1" in line and "--device gpu" not in line for line in smoke[3:7]
+        "--device cpu --epochs 1" in line and "--device gpu" not in line for line in smoke[:10]
     )
+    # CUDA graphs are refused on the CPU: the smoke run compiles without them
+    assert "--compile --channels-last" in smoke[0] and "reduce-overhead" not in smoke[0]
     assert pieces("--piece", "5", "--smoke") == [smoke[4]]
     assert smoke[10].endswith("--device cpu --batch-size 8 --repeat 2 --timed-steps 3")
 
@@ -107,7 +145,7 @@ def test_a_piece_running_past_the_budget_is_stopped_with_sigterm_and_counted_as_
     monkeypatch.setattr(
         gpu_reference, "command", lambda *a: [sys.executable, "-c", WRITES_ON_SIGTERM]
     )
-    two = gpu_reference.PIECES[3:5]
+    two = gpu_reference.PIECES[14:16]
     started = time.monotonic()
     status = gpu_reference.run(two, python=None, smoke=False, deadline=time.monotonic() + 1)
     out = capfd.readouterr().out
@@ -120,8 +158,8 @@ def test_a_piece_running_past_the_budget_is_stopped_with_sigterm_and_counted_as_
 
 def test_a_piece_out_of_range_or_a_budget_nothing_fits_is_refused_in_one_line():
     for args, says in (
-        (["--piece", "14"], "--piece must be 1..13 (got 14)"),
-        (["--piece", "6,0"], "--piece must be 1..13 (got 0)"),
+        (["--piece", "22"], "--piece must be 1..21 (got 22)"),
+        (["--piece", "6,0"], "--piece must be 1..21 (got 0)"),
         (["--piece", "six"], "must be piece numbers, comma-separated"),
         (["--budget", "0.5"], "no piece fits 0.5 minutes"),
         (["--budget", "-1"], "must be a positive number of minutes"),
