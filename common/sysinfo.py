@@ -126,6 +126,7 @@ class EnvironmentRecord:
     sgd_update: str
     collective: str | None
     batchnorm: str
+    layout: str  # the layout the model computes in, by the tensors' strides: NCHW or NHWC
     details: dict
 
 
@@ -159,5 +160,6 @@ def environment(cfg, record: EnvironmentRecord) -> dict:
         "sgd_update": record.sgd_update,
         "collective": record.collective,
         "batchnorm": record.batchnorm,
+        "layout": record.layout,
         "details": record.details,
     }

@@ -168,6 +168,7 @@ def environment(cfg) -> dict:
             sgd_update="optax.sgd inside the compiled step, (params, batch_stats, opt_state) donated",
             collective=collective(cfg),
             batchnorm=BATCHNORM[cfg.bn],
+            layout="NHWC",  # flax's convolutions; the NCHW batches are transposed in the step (models.py)
             details=details(cfg),
         ),
     )

@@ -31,9 +31,16 @@ def launch(cfg: RunConfig, job, payload=None):
 def launch_ddp(cfg: RunConfig, job, payload=None):
     """Run job(cfg, rank, payload) in every rank of every node, Keras on torch in each; this node's first
     rank's value (torch's launch_ddp)."""
-    # the ranks (and their forkserver, Keras on torch imported once) take it
+    # the ranks (and their forkserver) take it
     with keras_backend(RANKS_FRAMEWORK):
-        return torch_ranks.launch_ddp(cfg, job, payload, preload=("keras",))
+        return torch_ranks.launch_ddp(cfg, job, payload, preload=preloaded(cfg))
+
+
+def preloaded(cfg: RunConfig) -> tuple[str, ...]:
+    """Keras on torch imported once in the ranks' forkserver, on the CPU only: on a GPU, importing it initialises
+    CUDA there (Keras's torch backend places its default device at import), and a rank forked from a process that
+    has CUDA cannot use it ("Cannot re-initialize CUDA in forked subprocess"); each rank imports Keras itself."""
+    return ("keras",) if cfg.device_kind != "gpu" else ()
 
 
 @contextlib.contextmanager

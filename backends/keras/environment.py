@@ -210,6 +210,7 @@ def environment(cfg) -> dict:
             else "keras.optimizers.SGD.stateless_apply inside the compiled step",
             collective=collective(cfg),
             batchnorm=BATCHNORM[cfg.bn],
+            layout="NHWC",  # DATA_FORMAT, whatever --channels-last says
             details={
                 "keras_backend": FRAMEWORK[cfg.strategy],
                 "data_format": DATA_FORMAT,

@@ -172,6 +172,7 @@ def environment(cfg) -> dict:
             sgd_update=sgd_update(cfg),
             collective=collective(cfg),
             batchnorm=batchnorm(cfg),
+            layout="NCHW",  # Gluon's default; --channels-last is refused
             details={
                 "engine": f"threaded engine per device, {engine_workers()} worker thread(s) per context",
                 "kvstore": kvstore(cfg) if cfg.strategy == "gluon" else None,

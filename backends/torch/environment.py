@@ -13,6 +13,7 @@ import shutil
 
 import torch
 
+from backends.torch import models
 from common import loop, sysinfo
 
 BATCHNORM = {
@@ -181,10 +182,8 @@ def environment(cfg) -> dict:
                 "dp": "nn.DataParallel scatter/gather + reduce",
             }.get(cfg.strategy),
             batchnorm=BATCHNORM[cfg.bn],
-            details={
-                "memory_format": "channels_last" if cfg.channels_last else "contiguous_format",
-                **(engine_details(cfg) if ddp else {}),
-            },
+            layout=models.layout(cfg),
+            details=engine_details(cfg) if ddp else {},
         ),
     )
 

@@ -240,6 +240,39 @@ def prepare(net: nn.Module, cfg) -> nn.Module:
     return net.to(memory_format=torch.channels_last) if cfg.channels_last else net
 
 
+def layout(cfg) -> str:
+    """The layout the model computes in: NHWC with --channels-last, else NCHW (laid_out() makes the batches so)."""
+    return "NHWC" if cfg.channels_last else "NCHW"
+
+
+def laid_out(x: torch.Tensor, cfg) -> torch.Tensor:
+    """A 4-d batch in the run's layout, by its strides too. cuDNN computes in NHWC when the input's strides say
+    so, and a one-channel batch is contiguous in both layouts: Fashion-MNIST's arrive with NHWC's strides
+    (784, 1, 28, 1), which made a run without --channels-last compute in NHWC. Restriding a batch already
+    contiguous in the layout changes only the strides of its size-1 axes: no copy."""
+    if x.dim() != 4:
+        return x
+    memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    if not x.is_contiguous(memory_format=memory_format):
+        return x.contiguous(memory_format=memory_format)
+    return x.as_strided(x.shape, canonical_strides(tuple(x.shape), layout(cfg)))
+
+
+def canonical_strides(shape: tuple[int, int, int, int], name: str) -> tuple[int, int, int, int]:
+    """The strides of a dense (N, C, H, W) tensor stored in `name` order (NCHW or NHWC), in elements."""
+    _, c, h, w = shape
+    if name == "NHWC":
+        return (h * w * c, 1, w * c, c)
+    return (c * h * w, h * w, w, 1)
+
+
+def computed_layout(x: torch.Tensor) -> str:
+    """The layout torch computes a 4-d input in, read from its strides as torch itself reads them."""
+    from torch._prims_common import suggest_memory_format  # torch's own rule; no public twin
+
+    return "NHWC" if suggest_memory_format(x) == torch.channels_last else "NCHW"
+
+
 def compiled_graphs(cfg) -> int:
     """The graphs torch.compile has compiled in this process (dynamo's own count); 0 without --compile, where
     nothing is compiled."""

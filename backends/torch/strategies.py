@@ -98,7 +98,7 @@ class TorchTrainer(Trainer):
         return contextlib.nullcontext()
 
     def _memory_format(self, x: torch.Tensor) -> torch.Tensor:
-        return x.contiguous(memory_format=torch.channels_last) if self.cfg.channels_last else x
+        return models.laid_out(x, self.cfg)
 
     def _placed(self, x, y):
         """The inputs of reduce_gradients() on their devices: as put() or stage() left them, else placed now."""

@@ -191,6 +191,18 @@ def test_what_each_strategy_refuses_and_why(backend):
     )
 
 
+def test_ddp_ranks_import_keras_themselves_on_a_gpu():
+    """On a GPU, Keras imported in the ranks' forkserver initialises CUDA there, and every rank forked from it
+    fails ("Cannot re-initialize CUDA in forked subprocess", as on an H200): only a CPU run preloads it."""
+    from backends.keras.distributed import preloaded
+    from common.config import RunConfig
+
+    def ddp(kind):
+        return RunConfig(backend="keras", strategy="ddp", devices=1, device_kind=kind)
+
+    assert preloaded(ddp("cpu")) == ("keras",) and preloaded(ddp("gpu")) == ()
+
+
 def test_environment_records_the_framework_under_keras_and_the_levers(backend):
     from common.config import RunConfig
 

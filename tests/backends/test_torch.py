@@ -237,10 +237,7 @@ def test_environment_records_the_levers(backend):
     assert env["precision"]["autocast"] == {"device_type": "cpu", "dtype": "bfloat16"}
     assert env["precision"]["tf32_matmul"] is False and env["precision"]["tf32_cudnn"] is False
     assert env["compile"].endswith(" of the DistributedDataParallel-wrapped module")
-    assert (
-        env["details"]["memory_format"] == "channels_last"
-        and env["levers"]["resident_data"] is True
-    )
+    assert env["layout"] == "NHWC" and env["levers"]["resident_data"] is True
 
 
 def test_worker_runs_ddp_with_every_lever_that_runs_on_the_cpu(tmp_path):
@@ -257,8 +254,43 @@ def test_worker_runs_ddp_with_every_lever_that_runs_on_the_cpu(tmp_path):
     assert r["step_time"]["steps"] == 3
     assert r["allreduce"]["values"] == 129_068 and r["allreduce"]["repeats"] == 10
     env = r["environment"]
-    assert env["precision"]["mode"] == "bf16" and env["details"]["memory_format"] == "channels_last"
+    assert env["precision"]["mode"] == "bf16" and env["layout"] == "NHWC"
     assert np.isfinite(r["epochs"][0]["train_loss"])
+
+
+def test_the_recorded_layout_is_the_one_the_model_computes_in(backend):
+    """Fashion-MNIST's batches reach torch with NHWC's strides (784, 1, 28, 1) (a one-channel batch is contiguous
+    in both layouts), so cuDNN computed a run without --channels-last in NHWC while the record said NCHW. The
+    record, the placed batch and the first convolution's output now agree, read by torch's own rule."""
+    import torch
+
+    from backends.torch.models import computed_layout
+    from common.data import Dataset, train_batches
+    from common.data.fashion_mnist import _images
+
+    u8 = np.random.default_rng(0).integers(0, 256, (16, 28, 28), dtype=np.uint8)
+    labels = np.zeros(16, np.int32)
+    data = Dataset("fashion-mnist", "test", _images(u8), labels, _images(u8), labels)
+    x, y = train_batches(data, 8, seed=0, epoch=0)[0]
+    assert torch.from_numpy(x).stride() == (
+        784,
+        1,
+        28,
+        1,
+    )  # as the data arrives: the bug's precondition
+    for channels_last in (False, True):
+        trainer = scratch_trainer(backend, channels_last=channels_last)
+        recorded = backend.environment(trainer.cfg)["layout"]
+        assert recorded == ("NHWC" if channels_last else "NCHW")
+        (placed, *_), _ = trainer.place(x, y)
+        first_conv = next(m for m in trainer.module.modules() if isinstance(m, torch.nn.Conv2d))
+        outputs = []
+        handle = first_conv.register_forward_hook(lambda m, i, out: outputs.append(out))
+        with torch.no_grad():
+            trainer.module(placed)
+        handle.remove()
+        assert computed_layout(placed) == computed_layout(outputs[0]) == recorded
+        assert np.array_equal(placed.numpy(), x[:4])  # the same values, only the strides told
 
 
 # ------------------------------------------------------------------ prefetch, foreach, cuDNN autotuning, compile modes

@@ -61,6 +61,7 @@ def test_the_environment_record_keeps_its_json_shape():
         sgd_update="torch.optim.SGD",
         collective="gloo",
         batchnorm="local",
+        layout="NCHW",
         details={"engine": "torchrun"},
     )
     env = sysinfo.environment(cfg, record)
@@ -91,6 +92,7 @@ def test_the_environment_record_keeps_its_json_shape():
         "sgd_update": "torch.optim.SGD",
         "collective": "gloo",
         "batchnorm": "local",
+        "layout": "NCHW",
         "details": {"engine": "torchrun"},
     }
     assert list(env)[len(host) :] == [
@@ -112,5 +114,6 @@ def test_the_environment_record_keeps_its_json_shape():
         "sgd_update",
         "collective",
         "batchnorm",
+        "layout",
         "details",
     ]
