@@ -302,6 +302,17 @@ def load_result(path, config: dict) -> dict:
 META_FIELDS = ("run_id", "command", "started", "preset", "data_source")
 # results.json's meta["provenance"] (v3; null or absent: unknown), each field null where it could not be found.
 PROVENANCE_TYPES = {"version": str, "commit": str, "uncommitted_changes": bool, "host": str}
+# provenance["machine"] (common/sysinfo.py machine, with the GPUs the harness found): absent from reports written
+# before it was recorded (unknown), each field null where it could not be found; lists hold names.
+MACHINE_TYPES = {
+    "cpu": str,
+    "cpu_vendor": str,
+    "cpu_family": int,
+    "cpu_model": int,
+    "vector_isa": list,
+    "cpus": int,
+    "gpus": list,
+}
 
 
 def readable_versions() -> str:
@@ -327,7 +338,32 @@ def provenance_problem(provenance) -> str | None:
         value = provenance.get(name)
         if value is not None and not (value and value.isprintable()):
             return f"provenance.{name} is not one line of printable text"
+    return machine_problem(provenance.get("machine"))
+
+
+def machine_problem(machine) -> str | None:
+    """Why provenance.machine is not one the report and compare can print (None: it is, or it is unknown)."""
+    if machine is None:
+        return None
+    if not isinstance(machine, dict):
+        return f"provenance.machine is a {type(machine).__name__}, not an object"
+    for name, kind in MACHINE_TYPES.items():
+        value = machine.get(name)
+        if value is not None and not _machine_value(value, kind):
+            return f"provenance.machine.{name} is not a {MACHINE_WORDS[kind]}"
     return None
+
+
+MACHINE_WORDS = {str: "line of text", int: "whole number", list: "list of names"}
+
+
+def _machine_value(value, kind) -> bool:
+    if kind is int:
+        return type(value) is int and value >= 0
+    names = value if kind is list and isinstance(value, list) else [value]
+    return isinstance(value, kind) and all(
+        isinstance(n, str) and n and n.isprintable() for n in names
+    )
 
 
 def load_results_json(path) -> tuple[list[Result], dict]:

@@ -21,6 +21,7 @@ import typing
 
 from common.config import RunConfig
 from common.results import (
+    MACHINE_TYPES,
     META_FIELDS,
     PROVENANCE_TYPES,
     READABLE_VERSIONS,
@@ -84,12 +85,25 @@ def run_schema() -> dict:
     return schema
 
 
+def machine_schema() -> dict:
+    """provenance.machine: the CPU, its vector sets, the usable cores and the GPUs, each field null where unknown."""
+    names = {"type": ["array", "null"], "items": {"type": "string"}}
+    return {
+        "type": "object",
+        "properties": {
+            name: names if kind is list else {"type": [SCALARS[kind], "null"]}
+            for name, kind in MACHINE_TYPES.items()
+        },
+    }
+
+
 def results_schema() -> dict:
     """results.json: the report's meta, its provenance (v3), and its runs."""
     provenance = {
         "type": "object",
         "properties": {
-            name: {"type": [SCALARS[kind], "null"]} for name, kind in PROVENANCE_TYPES.items()
+            **{name: {"type": [SCALARS[kind], "null"]} for name, kind in PROVENANCE_TYPES.items()},
+            "machine": {"anyOf": [machine_schema(), {"type": "null"}]},
         },
     }
     return {

@@ -31,6 +31,72 @@ def cpuinfo_field(name: str) -> str | None:
     return None
 
 
+# The vector instruction sets that set the width of XLA's and oneDNN's CPU kernels: cpuinfo's flag, the report's
+# name. A host with AVX-512 runs those kernels twice as wide as an AVX2-only one: a figure depends on which it had.
+VECTOR_SETS = (
+    ("avx2", "AVX2"),
+    ("avx512f", "AVX-512"),
+    ("avx512_bf16", "AVX512-BF16"),
+    ("amx_tile", "AMX"),
+    ("amx_bf16", "AMX-BF16"),
+)
+
+
+CPUINFO = "/proc/cpuinfo"
+
+
+def read_cpuinfo() -> str:
+    """CPUINFO's text ("" where there is none or it cannot be read)."""
+    try:
+        with open(CPUINFO, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def first_processor(text: str) -> dict[str, str]:
+    """The `name : value` fields of cpuinfo's first processor (its first block of lines); odd lines skipped."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break
+            continue
+        name, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(name.strip(), value.strip())
+    return fields
+
+
+def whole(text: str | None) -> int | None:
+    return int(text) if text and text.isascii() and text.isdigit() else None
+
+
+def cpu_identity(cpuinfo: str) -> dict:
+    """The CPU as cpuinfo's text names it: model name, vendor, family and model numbers (which tell apart CPUs a
+    hypervisor names alike, e.g. AMD's Zen 3 and Zen 4 as "AMD EPYC"), and the vector sets of VECTOR_SETS among
+    its flags, in that order. A field cpuinfo lacks is None (no flags at all: the vector sets are unknown)."""
+    fields = first_processor(cpuinfo)
+    flags = set(fields["flags"].split()) if "flags" in fields else None
+    return {
+        "cpu": fields.get("model name") or None,
+        "cpu_vendor": fields.get("vendor_id") or None,
+        "cpu_family": whole(fields.get("cpu family")),
+        "cpu_model": whole(fields.get("model")),
+        "vector_isa": None
+        if flags is None
+        else [name for flag, name in VECTOR_SETS if flag in flags],
+    }
+
+
+def machine() -> dict:
+    """The host a run's figures depend on: its CPU (cpu_identity; without a model name, what Python's platform
+    says) and the CPUs this process may use."""
+    cpu = cpu_identity(read_cpuinfo())
+    fallback = platform.processor() or platform.machine() or None
+    return {**cpu, "cpu": cpu["cpu"] or fallback, "cpus": usable_cpus()}
+
+
 # A core's float32 operations per cycle: 2 (a fused multiply-add) x 2 FMA units x the lanes of the widest vector
 # it advertises. AMD's AVX-512 (Zen 4) runs as two 256-bit halves: the lanes of AVX2.
 FMA_UNITS = 2
@@ -83,8 +149,7 @@ def host() -> dict:
         "python": platform.python_version(),
         "numpy": numpy.__version__,
         "platform": platform.platform(),
-        "cpu": cpu_model(),
-        "cpus": usable_cpus(),
+        **machine(),  # cpu, its vendor, family, model and vector sets, cpus
         "cpu_peak": cpu_peak(),
     }
 

@@ -15,8 +15,13 @@ Rows are compared only where the comparison means something: the same initial we
 effective precision. Other rows are flagged with the reason, not compared; `--accept versions` (a framework
 upgrade) or `--accept devices` (another machine) compares across what the user means to change.
 
-Above each table, one line says where the two runs' code or host differ (results.json's provenance: another
-commit, uncommitted changes, another host), or that a side's is unknown (written before schema v3).
+Rows of two runs on different machines (results.json's provenance.machine: another CPU, vector instruction sets,
+usable cores or GPUs) are marked `x` with the difference named, their figures shown but not judged: such a change
+in speed says nothing about the code. Where a side's machine is unknown (a report written before it was recorded),
+no difference is invented: a `+` or `-` stays, noting the machine is unknown.
+
+Above each table, one line says where the two runs' code, host or machine differ (results.json's provenance:
+another commit, uncommitted changes, another host or machine), or that a side's is unknown.
 """
 
 from __future__ import annotations
@@ -189,7 +194,35 @@ class Verdict:
         return self.new_step / self.old_step if self.old_step and self.new_step else None
 
 
-def judge(old: Trials, new: Trials, args, accept: set[str]) -> Verdict:
+def judge(
+    old: Trials, new: Trials, args, accept: set[str], machines: tuple = (None, None)
+) -> Verdict:
+    """The row's verdict, `machines` the two runs' (provenance.machine; None where unknown)."""
+    return across_machines(judge_figures(old, new, args, accept), *machines, accept)
+
+
+def across_machines(v: Verdict, old: dict | None, new: dict | None, accept: set[str]) -> Verdict:
+    """A verdict of figures from two machines: `x` naming the difference (kept, noted, with --accept devices);
+    a speed mark beside an unknown machine says so."""
+    if v.mark in (NOT_COMPARABLE, ONE_SIDE):
+        return v
+    moved = provenance.machine_change(old, new)
+    unknown = [side for side, m in (("OLD", old), ("NEW", new)) if m is None]
+    if moved and "devices" in accept:
+        v.note = join_notes(f"another machine (accepted): {moved}", v.note)
+    elif moved:
+        v.mark, v.note = NOT_COMPARABLE, join_notes(f"another machine: {moved}", v.note)
+    elif unknown and v.mark in (SLOWER, FASTER):
+        v.note = join_notes(f"machine unknown for {' and '.join(unknown)}", v.note)
+    return v
+
+
+def join_notes(*notes: str) -> str:
+    return "; ".join(n for n in notes if n)
+
+
+def judge_figures(old: Trials, new: Trials, args, accept: set[str]) -> Verdict:
+    """The row's verdict on its figures alone (which machine measured them aside)."""
     key = row_key(old)
     why = incomparable(old, new, accept)
     if why:
@@ -263,12 +296,15 @@ def target_notes(old: Trials, new: Trials) -> list[str]:
     return []
 
 
-def compare(old: list[Result], new: list[Result], args) -> list[Verdict]:
+def compare(
+    old: list[Result], new: list[Result], args, machines: tuple = (None, None)
+) -> list[Verdict]:
+    """Every row's verdict; `machines` the two runs' (provenance.machine; None where unknown)."""
     accept = {w for w in args.accept.split(",") if w}
     olds = {row_key(t): t for t in group(old)}
     news = {row_key(t): t for t in group(new)}
     verdicts = [
-        judge(olds[k], news[k], args, accept)
+        judge(olds[k], news[k], args, accept, machines)
         if k in news
         else Verdict(k, ONE_SIDE, note="only in OLD")
         for k in olds
@@ -349,12 +385,18 @@ def load(path: str) -> tuple[list[Result], dict]:
         raise UsageError(str(e)) from None
 
 
+def machine_of(meta: dict) -> dict | None:
+    """The machine a report's meta records (None: unknown)."""
+    return provenance.machine_of(meta.get("provenance"))
+
+
 def legend(args) -> str:
     return (
         f"Marks: {SLOWER} slower, {FASTER} faster (median step time beyond x{args.factor:g}, and the "
         f"bootstrap's {100 * (1 - args.alpha):g}% interval of the step-time ratio, over trials and their steps, "
-        f"excludes 1), {NO_CHANGE} no significant change, {NOT_COMPARABLE} not comparable, {ONE_SIDE} in one "
-        "run only."
+        f"excludes 1), {NO_CHANGE} no significant change, {NOT_COMPARABLE} not comparable (another recipe, "
+        "framework version, device, precision or machine: the note names it), "
+        f"{ONE_SIDE} in one run only."
     )
 
 
@@ -365,7 +407,8 @@ def main(args) -> int:
     slower = []
     for path in args.runs[1:]:
         new, new_meta = load(path)
-        verdicts = compare(old, new, args)
+        machines = (machine_of(old_meta), machine_of(new_meta))
+        verdicts = compare(old, new, args, machines)
         print(f"\n## {args.runs[0]} (OLD) -> {path} (NEW)\n")
         note = provenance.difference(old_meta.get("provenance"), new_meta.get("provenance"))
         if note:

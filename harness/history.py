@@ -7,7 +7,9 @@ a history of its own rather than a false step. For each, in the order the report
 made it, the median step time, images/s, time to target where the runs had one, and `compare`'s mark against the
 report before it (`+` slower, `-` faster, `~` no significant change, `x` not comparable: asv's marks, at compare's
 defaults). A slow drift over many commits shows as a line that climbs; a step beyond noise is marked where it
-happened.
+happened. A report made on another machine than the one before it (another CPU, vector instruction sets, usable
+cores or GPUs: results.json's provenance.machine) is marked `x` with the difference named, as compare marks it: its
+step says nothing about the code.
 
 It writes history.md and a plot per configuration with at least two reports into --out (default history/), and
 prints the Markdown. A folder that is not a readable report is skipped with one line on the standard error.
@@ -30,7 +32,8 @@ from harness.reporting.trials import Trials, group
 
 DESCRIPTION = (
     "Show each configuration's step time, images/s and time to target across reports, in time order, with the "
-    "suite commit of each and compare's mark (+ slower, - faster, ~ no change, x not comparable) against the "
+    "suite commit of each and compare's mark (+ slower, - faster, ~ no change, x not comparable: another machine, "
+    "say) against the "
     "report before it; writes history.md and a plot per configuration."
 )
 
@@ -58,6 +61,7 @@ class Report:
     started: str
     commit: str
     results: list[Result]
+    machine: dict | None = None  # provenance.machine (None: not recorded)
 
 
 @dataclass
@@ -89,7 +93,9 @@ def find_reports(folders: list[str], say) -> list[Report]:
             except ValueError as e:
                 say(f"skipped {path}: {e}")
                 continue
-            reports.append(Report(path, meta["started"], commit_of(meta), results))
+            reports.append(
+                Report(path, meta["started"], commit_of(meta), results, compare.machine_of(meta))
+            )
     return sorted(reports, key=lambda r: (r.started, str(r.path)))
 
 
@@ -119,7 +125,8 @@ def histories(reports: list[Report]) -> dict[tuple, list[Point]]:
     defaults = argparse.Namespace(factor=1.1, alpha=0.05, accuracy_tolerance=0.01, accept="")
     for points in out.values():
         for before, point in zip(points, points[1:]):
-            verdict = compare.judge(before.trials, point.trials, defaults, set())
+            machines = (before.report.machine, point.report.machine)
+            verdict = compare.judge(before.trials, point.trials, defaults, set(), machines)
             point.mark, point.note = verdict.mark, verdict.note
     return out
 

@@ -126,7 +126,7 @@ def run_benchmark(args, argv: list[str], carry_out=None) -> int:
         "data_source": plan.data_source,
         "backends": sorted(plan.backends),
         "topology": plan.topology.how,
-        "provenance": provenance.record(),  # the code and host as the run starts
+        "provenance": provenance.record(gpus=plan.gpus),  # the code and host as the run starts
     }
     for line in leftovers.keep_left_behind(Path(args.out), document.write):
         console.say(line)

@@ -153,6 +153,7 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
     L += [
         f"- Command: `{meta['command']}`",
         provenance.header_line(meta.get("provenance")),
+        provenance.machine_line(meta.get("provenance")),
         f"- Started {meta['started']}, finished {meta.get('finished', '—')}",
         f"- Preset: {meta['preset']}; model {model_line(cfg)}, {get('epochs')} epoch(s), "
         f"train {get('train_size') or all_images(cfg, 0)} / test {get('test_size') or all_images(cfg, 1)} images, "

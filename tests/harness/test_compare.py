@@ -18,6 +18,7 @@ from harness.cli import build_plan, parse
 from harness.reporting import provenance, trials
 from harness.reporting.tables import summary_table, with_scaling
 from tests.harness.helpers import fake_python, run_harness
+from tests.harness.test_machine import AVX2_ONLY, ZEN4
 from tests.harness.test_results import COMMITTED
 
 ROWS = [("torch", "scratch", 1), ("torch", "scratch", 2), ("jax", "pmap", 2)]
@@ -75,7 +76,8 @@ def samples_of(rng, row, slowdown=1.0, n=20) -> list[float]:
     return list(STEP_S[row[2]] * slowdown * (1 + 0.03 * rng.standard_normal(n)))
 
 
-PROVENANCE = {"version": "0.1.0", "commit": "a" * 40, "uncommitted_changes": False, "host": "alpha"}
+NO_MACHINE = {"version": "0.1.0", "commit": "a" * 40, "uncommitted_changes": False, "host": "alpha"}
+PROVENANCE = {**NO_MACHINE, "machine": ZEN4}
 
 
 def write_runs(path: Path, runs: list[dict], provenance: dict | None = PROVENANCE) -> Path:
@@ -196,7 +198,8 @@ def test_the_legend_says_what_each_mark_means(tmp_path):
     assert legend == (
         "Marks: + slower, - faster (median step time beyond x1.2, and the bootstrap's 90% interval of the "
         "step-time ratio, over trials and their steps, excludes 1), ~ no significant change, "
-        "x not comparable, ? in one run only."
+        "x not comparable (another recipe, framework version, device, precision or machine: the note names it), "
+        "? in one run only."
     )
 
 
@@ -292,6 +295,46 @@ def test_a_schema_v2_run_compares_with_a_v3_one_saying_its_provenance_is_unknown
     assert [line for line in out.stdout.splitlines() if line.startswith("Code")] == [
         "Code and host: unknown for OLD"
     ]
+
+
+def row_cells(stdout: str, backend: str) -> list[str]:
+    (line,) = [line for line in stdout.splitlines() if f"| {backend} |" in line]
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_rows_measured_with_other_vector_sets_are_marked_x_naming_the_difference(tmp_path):
+    """NEW 20% slower in its jax row, on a host with AVX2 only: not a regression of the code."""
+    avx2 = {**PROVENANCE, "machine": AVX2_ONLY}
+    old, new = two_sets(tmp_path, slow_row=("jax", "pmap", 2), provenance=(PROVENANCE, avx2))
+    out = run_harness("compare", str(old), str(new))
+    assert out.returncode == 0 and "REGRESSION" not in out.stdout, out.stdout
+    assert set(marks(out.stdout).values()) == {"x"}
+    jax = row_cells(out.stdout, "jax")
+    assert jax[-1] == "another machine: AVX-512 AVX512-BF16 -> AVX2 only"
+    assert abs(float(jax[6].rstrip("%")) - 20) < 4  # the figures are shown, not judged
+    assert (
+        "Code or host differ: machine AVX-512 AVX512-BF16 -> AVX2 only" in out.stdout.splitlines()
+    )
+    accepted = run_harness("compare", str(old), str(new), "--accept", "devices")
+    assert accepted.returncode == 1 and marks(accepted.stdout)[("jax", "pmap", 2)] == "+"
+    assert row_cells(accepted.stdout, "jax")[-1].startswith("another machine (accepted): AVX-512")
+
+
+def test_a_report_without_its_machine_keeps_its_marks_saying_the_machine_is_unknown(tmp_path):
+    old, new = two_sets(
+        tmp_path,
+        slow_row=("jax", "pmap", 2),
+        provenance=(NO_MACHINE, PROVENANCE),
+    )
+    out = run_harness("compare", str(old), str(new))
+    assert out.returncode == 1, out.stdout
+    assert marks(out.stdout) == {
+        ("torch", "scratch", 1): "~",
+        ("torch", "scratch", 2): "~",
+        ("jax", "pmap", 2): "+",
+    }
+    assert row_cells(out.stdout, "jax")[-1] == "machine unknown for OLD"
+    assert "Machine unknown for OLD" in out.stdout.splitlines()
 
 
 def test_rows_with_other_initial_weights_are_flagged_not_compared(tmp_path):

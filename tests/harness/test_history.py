@@ -8,12 +8,14 @@ import json
 import numpy as np
 
 from tests.harness.helpers import run_harness
-from tests.harness.test_compare import PROVENANCE, run_dict, write_runs
+from tests.harness.test_compare import NO_MACHINE, run_dict, write_runs
+from tests.harness.test_machine import AVX2_ONLY, ZEN4
 
 
-def reports(tmp_path, slowdowns: list[float]) -> list:
+def reports(tmp_path, slowdowns: list[float], machines: list | None = None) -> list:
     """One report per slowdown of torch scratch on 1 device (3 trials of 20 steps each, 3% noise), started in
-    that order, each from its own commit."""
+    that order, each from its own commit, on its machine of `machines` (None: not recorded; default: ZEN4)."""
+    machines = machines or [ZEN4] * len(slowdowns)
     rng = np.random.default_rng(0)
     paths = []
     for i, slowdown in enumerate(slowdowns):
@@ -30,7 +32,11 @@ def reports(tmp_path, slowdowns: list[float]) -> list:
         path = write_runs(
             tmp_path / "reports" / f"2026112{i}-000000-torch",
             runs,
-            {**PROVENANCE, "commit": f"{i}" * 40},
+            {
+                **NO_MACHINE,
+                "commit": f"{i}" * 40,
+                **({"machine": machines[i]} if machines[i] else {}),
+            },
         )
         doc = json.loads((path / "results.json").read_text())
         (path / "results.json").write_text(
@@ -70,3 +76,22 @@ def test_nothing_readable_is_one_line_and_exit_2(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("harness: error: no readable report")
     assert "Traceback" not in result.stderr
+
+
+def test_a_report_from_another_machine_is_marked_x_naming_it_and_one_without_its_machine_is_not(
+    tmp_path,
+):
+    """The step that is the host's (AVX-512 to AVX2 only) is x; a step from a report that recorded no machine
+    keeps its mark, saying the machine is unknown."""
+    reports(tmp_path, [1.0, 1.3, 1.3, 1.7], [ZEN4, AVX2_ONLY, None, AVX2_ONLY])
+    result = run_harness("history", str(tmp_path / "reports"), "--out", str(tmp_path / "history"))
+    assert result.returncode == 0, result.stderr
+    rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith("| 2026")]
+    steps = [float(row[3]) for row in rows]
+    assert np.allclose(steps, [100, 130, 130, 170], rtol=0.02), steps
+    assert [(row[6], row[7].rstrip(" |")) for row in rows] == [
+        ("", ""),
+        ("x", "another machine: AVX-512 AVX512-BF16 -> AVX2 only"),
+        ("~", ""),
+        ("+", "machine unknown for OLD"),
+    ]

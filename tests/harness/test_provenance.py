@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from common import sysinfo
 from harness.reporting import provenance
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
@@ -52,6 +53,7 @@ def test_a_clean_checkout_records_its_commit_version_and_host(checkout):
         "commit": git(checkout, "rev-parse", "HEAD"),
         "uncommitted_changes": False,
         "host": socket.gethostname(),
+        "machine": {**sysinfo.machine(), "gpus": []},  # no GPUs given
     }
 
 

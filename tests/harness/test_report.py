@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from common import sysinfo
 from common.config import RunConfig
 from common.results import SCHEMA_VERSION
 from harness.reporting import document, provenance, sections, tables
@@ -269,10 +270,12 @@ def test_a_run_records_its_provenance_in_results_json_and_its_header(tmp_path):
         "commit": recorded["commit"],
         "uncommitted_changes": recorded["uncommitted_changes"],  # whatever the tree holds now
         "host": socket.gethostname(),
+        "machine": {**sysinfo.machine(), "gpus": []},  # --device cpu: no GPU
     }
     assert recorded["uncommitted_changes"] in ((True, False) if recorded["commit"] else (None,))
     text = (directory / "report.md").read_text()
     assert f"- Code: dpbench {version}, commit {provenance.short(recorded['commit'])}" in text
+    assert provenance.machine_line(recorded) in text.splitlines()
 
 
 def test_a_committed_v2_report_re_renders_saying_its_code_was_not_recorded(tmp_path):
