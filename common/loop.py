@@ -23,7 +23,10 @@ A backend supplies a Trainer (common/trainer.py); this module decides what is ti
   buffer, timed alone, and its share of the median step;
 * two figures say whether the epochs are their steps: what the framework compiled in each timed
   part (only the warm-up should; trainer.compiles()), and the mean epoch over (its steps x the
-  median timed step), which the report shows where it exceeds common/results.py's CONSISTENCY_LIMIT.
+  median timed step), which the report marks outside common/results.py's CONSISTENCY_LOW to
+  CONSISTENCY_LIMIT;
+* with --profile on a GPU, the share of an epoch's step the device is busy (common/results.py's
+  device_busy): its kernels per step in the trace over the epoch's time per step.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from common import mllog, progress, sysinfo
 from common import profiling as profilinglib
 from common import weights as weightslib
 from common.errors import Diverged
-from common.results import epoch_over_steps
+from common.results import device_busy, epoch_over_steps
 from common.trainer import Trainer, feed
 
 
@@ -81,6 +84,7 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset, profiling=None
         "epoch_over_steps": epoch_over_steps(
             [e["time_s"] for e in epochs], epochs[0]["steps"], step_time and step_time["median_s"]
         ),
+        "device_busy": device_busy([e["time_s"] for e in epochs], epochs[0]["steps"], profile),
         "allreduce": allreduce,
         "profile": profile,
         "peak": peak,

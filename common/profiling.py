@@ -20,7 +20,9 @@ is shown, not hidden. The trace's span (its first event to its last) is checked 
 outside COVERAGE the report says the trace does not describe the steps.
 
 On a GPU, when the trace holds device events (torch's `kernel` and memcpy events, XLA's `/device:GPU` lanes),
-only those are attributed, and "untraced" is the device's idle time: what the host's overhead costs. The profiler
+only those are attributed, and "untraced" is the device's idle time: what the host's overhead costs. A stream runs
+its kernels one after another, never one inside another, so there each kernel keeps its own category and the
+stream's time is the union of its kernels (kernel_segments). The profiler
 slows the host that launches the kernels, not the kernels (on an H200 a profiled eager torch step took twice its
 timed one), so the report counts a GPU's idle time against the timed step (step_seconds()).
 """
@@ -167,6 +169,23 @@ def summary(recording: Recording, folder: Path, wall_s: float, steps: int) -> di
         return {**record, "error": str(e)}
 
 
+def reread(profile: dict, folder: Path) -> dict:
+    """A stored profile record (summary()'s) made anew from its trace in `folder` (the report's), by this version's
+    rules: what `harness report --reread-traces` writes back after the rules changed. As it was where it names no
+    trace or the trace is not there."""
+    trace = profile.get("trace")
+    if not trace or not (Path(folder) / trace).is_file():
+        return profile
+    record = {key: profile[key] for key in ("framework", "trace", "steps", "step_s")}
+    wall_s = profile["step_s"] * profile["steps"]
+    try:
+        figures = breakdown(Path(folder) / trace, profile["framework"], wall_s, profile["steps"])
+    except TraceError as e:
+        return {**record, "error": str(e)}
+    # the stored step_s, not wall_s / steps again: the same figure, without a rounding's change
+    return {**record, **figures, "step_s": profile["step_s"], "error": None}
+
+
 class TraceError(ValueError):
     """A trace that cannot be read: one line, meant for the report."""
 
@@ -245,7 +264,7 @@ def category(name: str, patterns: list[tuple[str, str]]) -> str | None:
 
 
 def lane_segments(lane_spans: list[Span], patterns) -> list[tuple[float, float, str]]:
-    """One thread's events as (start, end, category) pieces: each event takes the category of its outermost
+    """One host thread's events as (start, end, category) pieces: each event takes the category of its outermost
     categorised enclosing event, else its own; an event matching nothing is "other_ops". Nested events split
     their parent, so the pieces do not overlap."""
     pieces, stack = [], []  # stack: (end, category) of the open events
@@ -269,6 +288,14 @@ def lane_segments(lane_spans: list[Span], patterns) -> list[tuple[float, float, 
             pieces.append((cursor, end, cat))
             cursor = end
     return pieces
+
+
+def kernel_segments(lane_spans: list[Span], patterns) -> list[tuple[float, float, str]]:
+    """One device stream's kernels and copies as (start, end, category) pieces, each its own: a stream runs them
+    one after another, yet the tracer's timestamps overlap by fractions of a microsecond (half of an XLA stream's
+    kernels start before the previous one ends). Nesting them as a host thread's ops would clip each such kernel
+    to its predecessor's end and lose nearly all of it; attribute() counts an instant two pieces cover once."""
+    return [(s.start, s.end, category(s.name, patterns) or "other_ops") for s in lane_spans]
 
 
 def attribute(pieces: list[tuple[float, float, str]]) -> dict[str, float]:
@@ -295,14 +322,22 @@ def breakdown(path: Path, framework: str, wall_s: float, steps: int) -> dict:
     """Seconds per step in each category of the trace at `path` (written by `framework`'s profiler: a key of
     PATTERNS), from the measured wall time of its `steps` steps: {"steps", "step_s", "trace_span_s", "coverage",
     "device", "seconds": {category: seconds per step}}. TraceError if the trace cannot be read or is empty."""
-    events = read_events(path)
+    return events_breakdown(read_events(path), Path(path).name, framework, wall_s, steps)
+
+
+def events_breakdown(
+    events: list[dict], name: str, framework: str, wall_s: float, steps: int
+) -> dict:
+    """breakdown() of a trace's events already read (`name`: the trace's, for a TraceError)."""
     timed = spans(events)
     if not timed:
-        raise TraceError(f"{Path(path).name}: no timed events")
+        raise TraceError(f"{name}: no timed events")
+    device = on_device(events)
+    segments = kernel_segments if device else lane_segments
     lanes: dict[tuple, list[Span]] = {}
     for s in timed:
         lanes.setdefault(s.lane, []).append(s)
-    pieces = [p for lane in lanes.values() for p in lane_segments(lane, PATTERNS[framework])]
+    pieces = [p for lane in lanes.values() for p in segments(lane, PATTERNS[framework])]
     micro = attribute(pieces)
     span_s = (max(s.end for s in timed) - min(s.start for s in timed)) / 1e6
     seconds = {key: micro[key] / 1e6 / steps for key in CATEGORIES if key != "untraced"}
@@ -312,9 +347,17 @@ def breakdown(path: Path, framework: str, wall_s: float, steps: int) -> dict:
         "step_s": wall_s / steps,
         "trace_span_s": span_s,
         "coverage": span_s / wall_s if wall_s > 0 else None,
-        "device": on_device(events),
+        "device": device,
         "seconds": seconds,
     }
+
+
+def kernel_seconds(profile: dict | None) -> float | None:
+    """A device trace's kernels and copies per step (every category but "untraced"): what the profiler does not
+    slow. None without a device trace's breakdown."""
+    if not profile or not profile.get("device") or not profile.get("seconds"):
+        return None
+    return sum(v for k, v in profile["seconds"].items() if k != "untraced")
 
 
 def step_seconds(profile: dict, timed_step_s: float | None) -> dict[str, float]:
@@ -323,8 +366,8 @@ def step_seconds(profile: dict, timed_step_s: float | None) -> dict[str, float]:
     in a timed step: what the timed step leaves (none where the kernels fill it), since the profiler's cost on the
     host lengthens only the idle time."""
     seconds = dict(profile.get("seconds") or {})
-    if profile.get("device") and timed_step_s:
-        busy = sum(v for k, v in seconds.items() if k != "untraced")
+    busy = kernel_seconds(profile)
+    if busy is not None and timed_step_s:
         seconds["untraced"] = max(0.0, timed_step_s - busy)
     return seconds
 

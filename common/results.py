@@ -15,7 +15,8 @@ results.json) may lack fields and config fields added since (prefetch, compile_m
 from now on) adds to results.json's meta the `provenance` of the report: the suite's version, the git commit, whether
 the checkout had uncommitted changes, the host (harness/reporting/provenance.py); v1 and v2 files have none
 (unknown). A v3 run also records what its framework compiled in each timed part (`compiles`) and
-`epoch_over_steps`; a run read from an older file gets the latter from its epochs and step time, the same figure.
+`epoch_over_steps`, and, with a device trace, `device_busy`; a run read from an older file gets both from its epochs,
+step time and profile, the same figures.
 """
 
 from __future__ import annotations
@@ -28,11 +29,16 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from common.config import RunConfig
+from common.profiling import kernel_seconds
 
 SCHEMA_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)  # what load_result and load_results_json accept
 STATUSES = ("ok", "failed", "diverged", "timeout", "unavailable", "interrupted")
 ERROR_TAIL_CHARS = 2000
+
+
+# The run's figures a worker may write as "nan" or "inf" (common.files.finite).
+UNFINITE_FIGURES = ("compile_s", "final_test_acc", "epoch_over_steps", "device_busy")
 
 
 def _unfinite(value):
@@ -138,6 +144,8 @@ class Result:
     compiles: dict | None = None
     # The mean timed epoch over (its steps x the median timed step): common/loop.py's epoch_over_steps.
     epoch_over_steps: float | None = None
+    # With a device trace, the share of an epoch's step the device is busy: device_busy() below.
+    device_busy: float | None = None
     params: int | None = None
     weights_hash: str | None = None  # the initial weights' canonical fingerprint
     data_hash: str | None = None  # the training batch sequence
@@ -175,11 +183,7 @@ class Result:
         if not isinstance(d, dict) or not isinstance(d.get("config"), dict) or "status" not in d:
             raise ValueError("not a result: it needs a status and a config")
         names = {f.name for f in fields(cls)} - {"extra"}
-        kw = {
-            k: _unfinite(v) if k in ("compile_s", "final_test_acc", "epoch_over_steps") else v
-            for k, v in d.items()
-            if k in names
-        }
+        kw = {k: _unfinite(v) if k in UNFINITE_FIGURES else v for k, v in d.items() if k in names}
         # A config without prefetch predates the lever: each step copied its own batch (--prefetch 0).
         kw["config"] = RunConfig.from_dict({"prefetch": 0, **d["config"]})
         kw["environment"] = dict(d.get("environment") or {})
@@ -195,6 +199,11 @@ class Result:
                 [e.time_s for e in epochs],
                 epochs[0].steps if epochs else 0,
                 step_time and step_time.median_s,
+            )
+        if kw.get("device_busy") is None:  # nor this one
+            epochs = kw["epochs"]
+            kw["device_busy"] = device_busy(
+                [e.time_s for e in epochs], epochs[0].steps if epochs else 0, kw.get("profile")
             )
         extra = {k: v for k, v in d.items() if k not in names and k != "schema_version"}
         return cls(**kw, extra=extra)
@@ -238,6 +247,10 @@ class Result:
 # figure. Every strategy measured 0.95-1.25 in a parity run (2 steps an epoch, 2-core CPU), Keras's distribution
 # 4.4-6 while it compiled inside its epoch.
 CONSISTENCY_LIMIT = 1.3
+# Below this, a run's epochs took less than their steps timed alone: each timed step, between two barriers, pays
+# alone what an epoch's steps overlap (on a GPU, an asynchronous framework's dispatch and its sync). jax's ResNet-18
+# on an H200: 4.0 ms an epoch's step against a 5.08 ms timed one (0.79).
+CONSISTENCY_LOW = 0.85
 
 
 def epoch_over_steps(
@@ -249,6 +262,16 @@ def epoch_over_steps(
     if not epoch_seconds or not steps or not median_step_s:
         return None
     return sum(epoch_seconds) / len(epoch_seconds) / (steps * median_step_s)
+
+
+def device_busy(epoch_seconds: list[float], steps: int, profile: dict | None) -> float | None:
+    """The share of an epoch's step the device is busy: the kernels' seconds per step (the device trace's
+    breakdown, common/profiling.py kernel_seconds) over the mean timed epoch's seconds per step. Well below 1, the
+    device waits for the host; about 1, the device bounds the run. None without a device trace or epochs."""
+    kernels = kernel_seconds(profile)
+    if kernels is None or not epoch_seconds or not steps or not sum(epoch_seconds):
+        return None
+    return kernels / (sum(epoch_seconds) / len(epoch_seconds) / steps)
 
 
 # ------------------------------------------------------------------------ results on the wire (dicts)
@@ -432,7 +455,7 @@ def result_problem(result, config: dict | None = None) -> str | None:
     for name, kinds in FIELD_TYPES.items():
         if name in result and not isinstance(result[name], kinds):
             return f"{name} is a {type(result[name]).__name__}"
-    for name in ("compile_s", "params", "final_test_acc", "epoch_over_steps"):
+    for name in ("params", *UNFINITE_FIGURES):
         if result.get(name) is not None and not _number(result[name]):
             return f"{name} is not a number"
     compiles = result.get("compiles") or {}

@@ -26,6 +26,7 @@ from common.results import (
     PROVENANCE_TYPES,
     READABLE_VERSIONS,
     STATUSES,
+    UNFINITE_FIGURES,
     Epoch,
     Result,
     _Record,
@@ -79,9 +80,8 @@ def run_schema() -> dict:
         RunConfig, required=("backend", "strategy", "devices")
     )
     schema["properties"]["epochs"] = {"type": "array", "items": object_schema(Epoch)}
-    schema["properties"]["compile_s"] = type_schema(float | None, numeric=True)
-    schema["properties"]["final_test_acc"] = type_schema(float | None, numeric=True)
-    schema["properties"]["epoch_over_steps"] = type_schema(float | None, numeric=True)
+    for name in UNFINITE_FIGURES:
+        schema["properties"][name] = type_schema(float | None, numeric=True)
     return schema
 
 

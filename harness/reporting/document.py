@@ -19,7 +19,7 @@ from pathlib import Path
 from common import architectures
 from common.config import imagenet_shaped
 from common.files import write_json_atomic
-from common.results import CONSISTENCY_LIMIT, SCHEMA_VERSION, Result
+from common.results import CONSISTENCY_LIMIT, CONSISTENCY_LOW, SCHEMA_VERSION, Result
 from harness.reporting import flops, leftovers, provenance
 from harness.reporting.limits import limits_section, profile_section
 from harness.reporting.plots import (
@@ -221,8 +221,12 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
             "large as the gradients, timed alone (median of 10); GB/s = bytes / time (algorithm bandwidth). "
             "Allreduce / step is an upper bound on what communication costs a step: DDP overlaps its bucketed "
             "allreduces with the backward pass, and simulated CPU devices share one memory. Epoch / steps: "
-            f"the s/epoch above over (steps per epoch x the median step); beyond {CONSISTENCY_LIMIT:g} (bold) "
-            "the two figures disagree, and the run is named below.",
+            f"the s/epoch above over (steps per epoch x the median step); below {CONSISTENCY_LOW:g} or beyond "
+            f"{CONSISTENCY_LIMIT:g} (bold) the two figures disagree, and the run is named below. On a GPU, "
+            f"below {CONSISTENCY_LOW:g}: the timed step, from barrier to barrier, charges an asynchronous "
+            "framework its dispatch and its sync every step, which an epoch's steps overlap with the device's "
+            f"work, so the epoch is faster than its steps at the median step; beyond {CONSISTENCY_LIMIT:g}: the "
+            "epoch loses time its steps do not show (the input pipeline between steps, a compile inside it).",
             "",
         ]
         notes = consistency_notes(rows)

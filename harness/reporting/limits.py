@@ -30,10 +30,17 @@ def shown_categories(rows: list[Row]) -> list[str]:
     return [k for k in CATEGORIES if k in used]
 
 
+def on_a_device(rows: list[Row]) -> bool:
+    """Whether some profiled run has a device trace: only then has the table a device busy column."""
+    return any((row.profile or {}).get("device") for row in profiled(rows))
+
+
 def breakdown_table(rows: list[Row]) -> list[str]:
     """Per profiled run: the profiled step, the timed median beside it, and each category's share of the step (on
-    a GPU, of the timed step: common/profiling.py step_seconds)."""
+    a GPU, of the timed step: common/profiling.py step_seconds); with a device trace, the share of its epoch's step
+    the device is busy."""
     categories = shown_categories(rows)
+    busy = on_a_device(rows)
     body = []
     for row in profiled(rows):
         c, p = row.result.config, row.profile
@@ -52,13 +59,15 @@ def breakdown_table(rows: list[Row]) -> list[str]:
                 milliseconds(p.get("step_s")),
                 milliseconds(row.timed_step_s),
                 *shares,
+                *([fmt(row.device_busy, ".0%")] if busy else []),
                 trace,
             ]
         )
     if not body:
         return []
     header = ["backend", "strategy", "devices", "profiled step ms", "timed step ms"]
-    return table(header + [CATEGORIES[k] for k in categories] + ["trace"], body)
+    header += [CATEGORIES[k] for k in categories] + (["device busy"] if busy else [])
+    return table(header + ["trace"], body)
 
 
 def profile_notes(rows: list[Row]) -> list[str]:
@@ -89,7 +98,11 @@ def profile_section(rows: list[Row], plotted: bool) -> list[str]:
         'table\'s order), or "untraced" where no op was. The shares add up to the profiled step. The profiled '
         "step is slower than the timed one by what the profiler costs. On a GPU only the device's kernels and "
         'copies count, and "untraced" is the device\'s idle time in a timed step: the timed step less the '
-        "kernels' time, since the profiler slows the host that launches the kernels, not the kernels. The "
+        "kernels' time, since the profiler slows the host that launches the kernels, not the kernels. A stream "
+        "runs its kernels one after another: each keeps its own category, and an instant two overlapping "
+        "kernels' timestamps share counts once. Device busy (a GPU run): the kernels' time per step over the "
+        "epoch's time per step (s/epoch over the steps of an epoch), the share of a step the device works; well "
+        "below 100% the host bounds the run, about 100% the device does. The "
         "traces open in Perfetto "
         "(ui.perfetto.dev) or TensorBoard as they are; the mapping from op names to categories and its limits "
         "are in docs/profiling.md.",

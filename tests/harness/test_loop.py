@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from common import data as datalib
 from common import loop
@@ -217,12 +218,15 @@ def test_the_run_records_its_mean_epoch_over_its_steps_at_the_median_step():
     assert metrics["epoch_over_steps"] == mean_epoch / (6 * metrics["step_time"]["median_s"])
 
 
-class RecordingProfiling:
-    """A backend's profiling.py that logs when its profiler starts and stops, writes a one-event trace, and whose
-    matrix product takes no time at all but advances `clock` by one second."""
+HOST_OP = {"ph": "X", "name": "aten::conv2d", "ts": 0, "dur": 10, "pid": 1, "tid": 1}
 
-    def __init__(self, events: list, clock: list):
-        self.events, self.clock = events, clock
+
+class RecordingProfiling:
+    """A backend's profiling.py that logs when its profiler starts and stops, writes a one-event trace (a host op,
+    or the event given), and whose matrix product takes no time at all but advances `clock` by one second."""
+
+    def __init__(self, events: list, clock: list, traced: dict = HOST_OP):
+        self.events, self.clock, self.traced = events, clock, traced
 
     def record(self, cfg, folder, rank):
         import contextlib
@@ -237,8 +241,7 @@ class RecordingProfiling:
             yield recording
             self.events.append("profiler off")
             recording.path = folder / f"rank{rank}.trace.json"
-            event = {"ph": "X", "name": "aten::conv2d", "ts": 0, "dur": 10, "pid": 1, "tid": 1}
-            recording.path.write_text(json.dumps([event]))
+            recording.path.write_text(json.dumps([self.traced]))
 
         return recorded()
 
@@ -270,6 +273,30 @@ def test_the_profiled_steps_come_after_everything_timed_and_change_none_of_it(
     profile = metrics["profile"]
     assert profile["steps"] == 3 and profile["trace"] == "rank0.trace.json"
     assert profile["error"] is None and profile["framework"] == "torch"
+    assert metrics["device_busy"] is None  # a host's trace: no device to be busy
+
+
+def test_a_gpu_run_records_the_share_of_its_epochs_step_the_device_is_busy(tmp_path, monkeypatch):
+    """A device trace of 30 us of kernels over the 3 profiled steps: 10 us a step, over the mean epoch's time per
+    step (6 steps an epoch)."""
+    monkeypatch.setenv("DPBENCH_TRACES", str(tmp_path))
+    kernel = {
+        "ph": "X",
+        "name": "sm90_xmma_fprop",
+        "ts": 0,
+        "dur": 30,
+        "pid": 0,
+        "tid": 7,
+        "cat": "kernel",
+    }
+    metrics = loop.run_training(
+        RecordingTrainer([]),
+        config(timed_steps=2, profile=3),
+        datalib.synthetic(48, 8, 0),
+        RecordingProfiling([], [0.0], kernel),
+    )
+    epoch_step_s = sum(e["time_s"] for e in metrics["epochs"]) / 2 / 6
+    assert metrics["device_busy"] == pytest.approx(10e-6 / epoch_step_s)
 
 
 def test_without_profile_no_profiler_runs_and_the_run_says_none(tmp_path, monkeypatch):

@@ -371,6 +371,37 @@ def test_a_strategy_slower_than_its_idiom_says_where_from_both_breakdowns():
     assert unprofiled["reason"] is None and unprofiled["breakdown"] is None
 
 
+def test_a_stored_paritys_breakdowns_and_reasons_follow_its_profiles_once_re_read():
+    """`harness report --reread-traces`: once the strategy's profile is read again from its trace (its idle time
+    had been read as BN time), the row's breakdown and the reason read off it are the new profile's; the
+    figures, the verdict and a known reason stay."""
+    theirs = {"conv_matmul": 0.080, "bn_elementwise": 0.018, "other_ops": 0.002, "untraced": 0.0}
+    suite = [suite_trial(noisy(0.12, seed)) for seed in range(6)]
+    suite[0]["profile"] = {
+        "steps": 3,
+        "step_s": 0.12,
+        "seconds": {"conv_matmul": 0.080, "bn_elementwise": 0.038, "untraced": 0.002},
+        "error": None,
+    }
+    idioms = [idiom_trial(noisy(0.1, 10 + seed), seed + 1) for seed in range(6)]
+    idioms[0]["profile"] = {"steps": 3, "step_s": 0.1, "seconds": theirs, "error": None}
+    stored = parity.figures(suite, idioms)
+    (before,) = stored["rows"]
+    assert before["reason"].endswith("more in BN & element-wise +20 ms, untraced +2 ms")
+    re_read = {"conv_matmul": 0.080, "bn_elementwise": 0.018, "untraced": 0.022}
+    suite[0]["profile"] = {**suite[0]["profile"], "seconds": re_read}
+    parity.reread_breakdowns(stored, document.as_results(suite))
+    (after,) = stored["rows"]
+    assert after["reason"] == (
+        "profiled (docs/profiling.md): a step takes +20 ms against its idiom's; more in untraced +22 ms"
+    )
+    assert after["breakdown"] == {"strategy": re_read, "idiom": theirs}
+    assert (after["ratio"], after["verdict"]) == (before["ratio"], before["verdict"])
+    after["reason"] = "a known cost"
+    parity.reread_breakdowns(stored, document.as_results(suite))
+    assert stored["rows"][0]["reason"] == "a known cost"
+
+
 def test_an_idioms_profile_that_is_not_one_is_dropped_and_its_timed_steps_stand(tmp_path):
     cfg = config("torch", "scratch")
     doc = {

@@ -1,5 +1,6 @@
 """Where a step's time goes (common/profiling.py): a Chrome trace read into the same categories for every framework,
-on hand-made traces whose answer is known to the microsecond (no framework; the contract suite reads real ones)."""
+on hand-made traces whose answer is known to the microsecond, and on the GPU traces committed with the reports (no
+framework; the contract suite reads real ones as they are written)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from common import profiling
 from common.profiling import Recording, TraceError
+from tests.harness.helpers import ROOT
 
 
 def op(name: str, start: float, end: float, tid: int = 1, **extra) -> dict:
@@ -98,6 +100,69 @@ def test_on_a_gpu_only_the_devices_events_count(tmp_path):
         "copies": 10,
         "untraced": 130,
     }
+
+
+def kernel(category: str, start: float, end: float, framework: str) -> dict:
+    """A kernel of `category` as torch's profiler writes it (category "kernel", on its stream) or as XLA's (on a
+    stream of a process named /device:GPU:0, no category), named as an H200 ran them."""
+    name = KERNELS[framework][category]
+    if framework == "torch":
+        return op(name, start, end, tid=7, pid=0, cat="kernel")
+    return op(name, start, end, tid=14, pid=1)
+
+
+KERNELS = {
+    "torch": {
+        "bn_elementwise": "void at::native::batch_norm_collect_statistics_kernel<bf16>",
+        "conv_matmul": "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc",
+        "copies": "void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16>",
+    },
+    "jax": {
+        "bn_elementwise": "input_reduce_fusion_57",
+        "conv_matmul": "sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc",
+        "copies": "memcpy32_post",
+    },
+}
+XLA_DEVICE = {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/device:GPU:0"}}
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_kernels_of_one_stream_that_overlap_are_each_counted_whole_and_their_overlap_once(
+    tmp_path, framework
+):
+    """A stream runs its kernels one after another, but the tracer's timestamps overlap by fractions of a
+    microsecond: a kernel that starts 0.2 us before the previous one ends is not inside it. Each keeps its own
+    category, whole; the 0.2 us both cover counts once, to the category first in the table. Of a 200 us step,
+    the kernels' 120.2 us less two such overlaps: a union of 119.8 us."""
+    events = [
+        XLA_DEVICE,
+        kernel("bn_elementwise", 0, 50, framework),
+        kernel(
+            "conv_matmul", 49.8, 99.8, framework
+        ),  # first in the table: the shared 0.2 us is its
+        kernel("conv_matmul", 120, 130, framework),
+        kernel("copies", 129.8, 140, framework),
+    ]
+    seconds = micro(seconds_of(tmp_path, events, framework))
+    assert seconds == {
+        "conv_matmul": 60,
+        "bn_elementwise": 49.8,
+        "copies": 10,  # not clipped to the convolution's end at 130
+        "untraced": 80.2,
+    }
+    assert sum(v for k, v in seconds.items() if k != "untraced") == pytest.approx(119.8)
+
+
+def test_a_host_threads_ops_still_nest_in_their_parent():
+    """On a host thread an op inside another is its child: clipped to its parent's end, in its category."""
+    spans = [
+        profiling.Span((1, 1), 0, 100, "Optimizer.step#SGD.step"),
+        profiling.Span((1, 1), 90, 120, "aten::add_"),
+    ]
+    assert profiling.lane_segments(spans, profiling.PATTERNS["torch"]) == [
+        (0, 90, "optimizer"),
+        (90, 100, "optimizer"),
+    ]
 
 
 def test_a_gpus_idle_time_is_the_timed_steps_the_kernels_leave(tmp_path):
@@ -209,3 +274,93 @@ def test_a_trace_that_does_not_span_its_steps_is_named(tmp_path):
     assert profiling.coverage_problem(short) == (
         "the trace spans 20% of the profiled steps' wall time (expected 80%-125%)"
     )
+
+
+# ------------------------------------------------------------------------ the committed GPU traces
+
+
+def committed_gpu_traces() -> list[tuple[str, str]]:
+    """(report, trace) of every committed run and idiom whose profile is a device's: the traces a GPU wrote."""
+    found = []
+    for path in sorted(ROOT.glob("reports/*/results.json")):
+        doc = json.loads(path.read_text())
+        records = doc["runs"] + ((doc.get("parity") or {}).get("idioms") or [])
+        for record in records:
+            profile = record.get("profile") or {}
+            if profile.get("device") and profile.get("trace"):
+                found.append((path.parent.name, profile["trace"]))
+    return found
+
+
+GPU_TRACES = committed_gpu_traces()
+GPU_TRACE_IDS = [f"{report}/{trace.split('/')[1]}" for report, trace in GPU_TRACES]
+
+
+@pytest.fixture(scope="module")
+def device_events():
+    """Each committed GPU trace's device events and process names, read once for the module's tests (the host's
+    events, most of a trace, are not attributed on a GPU)."""
+    read: dict[str, list[dict]] = {}
+
+    def events_of(report: str, trace: str) -> list[dict]:
+        path = ROOT / "reports" / report / trace
+        if path not in read:
+            events = profiling.read_events(path)
+            gpus = profiling.device_processes(events)
+            read[path] = [
+                e
+                for e in events
+                if e.get("ph") == "M"
+                or e.get("cat") in profiling.DEVICE_CATEGORIES
+                or e.get("pid") in gpus
+            ]
+        return read[path]
+
+    return events_of
+
+
+def stored_profile(report: str, trace: str) -> dict:
+    doc = json.loads((ROOT / "reports" / report / "results.json").read_text())
+    records = doc["runs"] + ((doc.get("parity") or {}).get("idioms") or [])
+    return next(r["profile"] for r in records if (r.get("profile") or {}).get("trace") == trace)
+
+
+def union_us(events: list[dict]) -> float:
+    """The time any device event covers, counted once: the intervals sorted and merged."""
+    intervals = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X")
+    total, end = 0.0, float("-inf")
+    for start, stop in intervals:
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def test_the_committed_reports_hold_gpu_traces():
+    assert len(GPU_TRACES) >= 20  # the H200 runs of 2026-11-26, jax's and torch's
+
+
+@pytest.mark.parametrize("report, trace", GPU_TRACES, ids=GPU_TRACE_IDS)
+def test_a_gpu_traces_breakdown_accounts_for_the_union_of_its_kernels(report, trace, device_events):
+    """Every instant some kernel or copy runs is in the breakdown, once: jax's ResNet-18 streams, whose kernels
+    overlap their predecessor's timestamps by fractions of a microsecond, read 3.10 ms of kernels a step where
+    the trace holds 3.73 while each overlapping kernel was clipped to its predecessor's end."""
+    events, profile = device_events(report, trace), stored_profile(report, trace)
+    steps = profile["steps"]
+    got = profiling.events_breakdown(
+        events, trace, profile["framework"], profile["step_s"] * steps, steps
+    )
+    kernels_us = profiling.kernel_seconds(got) * steps * 1e6
+    assert kernels_us == pytest.approx(union_us(events), rel=0.01)
+
+
+@pytest.mark.parametrize("report, trace", GPU_TRACES, ids=GPU_TRACE_IDS)
+def test_a_committed_gpu_breakdown_is_the_one_its_trace_gives(report, trace, device_events):
+    """The figures a committed report shows are its traces' by the rules of this version (`harness report DIR
+    --reread-traces` after a rule changes)."""
+    profile = stored_profile(report, trace)
+    steps = profile["steps"]
+    got = profiling.events_breakdown(
+        device_events(report, trace), trace, profile["framework"], profile["step_s"] * steps, steps
+    )
+    assert got["seconds"] == pytest.approx(profile["seconds"], rel=1e-9, abs=1e-12)

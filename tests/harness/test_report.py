@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import socket
@@ -13,7 +14,7 @@ import pytest
 from common import sysinfo
 from common.config import RunConfig
 from common.results import SCHEMA_VERSION
-from harness.reporting import document, provenance, sections, tables
+from harness.reporting import document, limits, provenance, sections, tables
 from tests.harness.helpers import ROOT, fake_python, run_harness
 
 
@@ -187,6 +188,31 @@ def test_a_run_whose_epochs_are_not_its_steps_is_named_with_its_figures():
     ]
     assert "| **2.62** |" in "\n".join(tables.steps_table(rows))
     assert "**Figures that disagree**" in document.render([slow, fine], {**META, "run_id": "x"}, {})
+
+
+def test_an_epoch_faster_than_its_steps_at_the_median_step_is_named_too():
+    """jax's ResNet-18 on an H200: 234-step epochs of 0.94 s against a 5.08 ms median timed step, 0.79: each timed
+    step pays alone the dispatch and sync an epoch's steps overlap. Below 0.85 and beyond 1.3 the cell is bold;
+    a ratio printed as 0.85 or 1.30 is not."""
+    fast, fine = result(backend="jax", strategy="pmap"), result()
+    fast["epochs"] = [{**e, "steps": 234, "time_s": 0.94} for e in fast["epochs"]]
+    fast["step_time"] = {"steps": 50, "median_s": 0.00508, "p10_s": 0.005, "p90_s": 0.0052}
+    fine["step_time"] = {"steps": 50, "median_s": 0.32, "p10_s": 0.32, "p90_s": 0.32}  # 64 x 0.32 s
+    rows = tables.with_scaling(tables.as_results([fast, fine]))
+    assert tables.consistency_notes(rows) == [
+        "- **jax pmap** on 1 (sim.): its s/epoch is 0.79x its steps at the median step time (below "
+        "0.85): its epochs overlap what each timed step, between two barriers, pays alone"
+    ]
+    steps = "\n".join(tables.steps_table(rows))
+    assert "| **0.79** |" in steps and "| 1.00 |" in steps
+    cells = [tables.consistency_cell(r) for r in (0.844, 0.846, 1.304, 1.306)]
+    assert cells == ["**0.84**", "0.85", "1.30", "**1.31**"]  # flagged as printed
+    text = document.render([fast, fine], {**META, "run_id": "x"}, {})
+    assert (
+        "below 0.85: the timed step, from barrier to barrier, charges an asynchronous framework"
+        in text
+    )
+    assert "beyond 1.3: the epoch loses time its steps do not show (the input pipeline" in text
 
 
 def resnet50_on(gpu: str, ips: float) -> dict:
@@ -466,14 +492,64 @@ def test_on_a_gpu_the_breakdown_counts_the_kernels_and_the_timed_steps_idle_time
     )  # a 100 ms profiled step: 20 ms conv, 20 ms BN, 60 ms idle
     r["profile"] = {**r["profile"], "device": True, "coverage": 1.0}
     r["step_time"] = {"steps": 5, "median_s": 0.05, "p10_s": 0.05, "p90_s": 0.05}
-    document.write(tmp_path, [r], {**META, "run_id": "x"})
+    r["epochs"] = [{**e, "time_s": 4.0} for e in r["epochs"]]  # 64 steps: 62.5 ms an epoch's step
+    cpu = profiled_result("ddp", 0.08, 0.0)
+    document.write(tmp_path, [r, cpu], {**META, "run_id": "x"})
     text = (tmp_path / "report.md").read_text()
-    # 50 ms timed: 40% conv, 40% BN, 20% idle
+    # 50 ms timed: 40% conv, 40% BN, 20% idle; the device busy 40 ms of an epoch's 62.5 ms step, 64%
     assert (
-        "| torch | scratch | 1 | 100 | 50 | 40% | 40% | 20% | [trace](traces/torch-scratch-x1/rank0.trace.json.gz) |"
-        in text
+        "| torch | scratch | 1 | 100 | 50 | 40% | 40% | 20% | 64% "
+        "| [trace](traces/torch-scratch-x1/rank0.trace.json.gz) |" in text
     )
-    assert "the device's idle time in a timed step" in text
+    assert "| torch | ddp | 1 | 100 | — | 80% | 20% | 0% | — | [trace]" in text  # no device trace
+    assert "the device's idle time in a timed step" in text and "Device busy (a GPU run)" in text
+    runs = {
+        r["config"]["strategy"]: r
+        for r in json.loads((tmp_path / "results.json").read_text())["runs"]
+    }
+    assert (
+        runs["scratch"]["device_busy"] == pytest.approx(0.64) and runs["ddp"]["device_busy"] is None
+    )
+
+
+def test_a_cpu_reports_breakdown_has_no_device_busy_column():
+    rows = tables.with_scaling(tables.as_results([profiled_result("scratch", 0.08, 0.0)]))
+    assert "device busy" not in limits.breakdown_table(rows)[0]
+
+
+def test_reread_traces_writes_each_breakdown_as_its_trace_gives_it_now(tmp_path):
+    """A GPU report whose stored breakdown a former rule read (each kernel that overlaps its predecessor's
+    timestamps clipped to its end: 60 us of the kernels' 119.8): `report --reread-traces` reads the trace again
+    into results.json, device busy with it, and renders report.md from them. A 150 us timed step: 60 us of
+    convolutions (40%), 49.8 of BN (33%), 10 of copies (7%), 30.2 idle (20%); an epoch's step 200 us: 60% busy."""
+    trace = tmp_path / "traces" / "torch-scratch-x1" / "rank0.trace.json.gz"
+    trace.parent.mkdir(parents=True)
+    kernels = [
+        ("void at::native::batch_norm_collect_statistics_kernel<bf16>", 0, 50),
+        ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", 49.8, 99.8),
+        ("sm90_xmma_dgrad_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", 120, 130),
+        ("void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16>", 129.8, 140),
+    ]
+    events = [
+        {"ph": "X", "name": n, "ts": a, "dur": b - a, "pid": 0, "tid": 7, "cat": "kernel"}
+        for n, a, b in kernels
+    ]
+    with gzip.open(trace, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    r = profiled_result("scratch", 0.0, 0.0)
+    stale = {"conv_matmul": 10e-6, "bn_elementwise": 50e-6, "untraced": 140e-6}
+    r["profile"] = {**r["profile"], "steps": 1, "step_s": 200e-6, "device": True, "seconds": stale}
+    r["step_time"] = {"steps": 5, "median_s": 150e-6, "p10_s": 150e-6, "p90_s": 150e-6}
+    r["epochs"] = [{**e, "time_s": 64 * 200e-6} for e in r["epochs"]]
+    document.write(tmp_path, [r], {**META, "run_id": "x"})
+    out = run_harness("report", str(tmp_path), "--reread-traces")
+    assert out.returncode == 0, out.stderr
+    (run,) = json.loads((tmp_path / "results.json").read_text())["runs"]
+    seconds = {k: round(v * 1e6, 3) for k, v in run["profile"]["seconds"].items() if v}
+    assert seconds == {"conv_matmul": 60, "bn_elementwise": 49.8, "copies": 10, "untraced": 80.2}
+    assert run["device_busy"] == pytest.approx(119.8 / 200)
+    text = (tmp_path / "report.md").read_text()
+    assert "| torch | scratch | 1 | 0.2 | 0.15 | 40% | 33% | 7% | 20% | 60% | [trace]" in text
 
 
 @pytest.mark.parametrize(

@@ -277,6 +277,30 @@ def test_a_result_without_the_figure_gets_it_from_its_epochs_and_steps():
     assert Result.from_dict(ok_result(epoch_over_steps=1.1)).epoch_over_steps == 1.1
 
 
+GPU_PROFILE = {
+    "device": True,
+    "seconds": {"conv_matmul": 0.02, "bn_elementwise": 0.02, "untraced": 0.06},
+}
+
+
+def test_device_busy_is_the_kernels_per_step_over_the_epochs_time_per_step():
+    """40 ms of kernels a step, epochs of 64 steps in 3 s and 5 s (62.5 ms a step): busy 64% of it. Without a
+    device trace (a CPU's, or no breakdown) there is no such figure."""
+    from common.results import device_busy
+
+    assert device_busy([3.0, 5.0], 64, GPU_PROFILE) == pytest.approx(0.64)
+    assert device_busy([3.0, 5.0], 64, {**GPU_PROFILE, "device": False}) is None
+    assert device_busy([3.0, 5.0], 64, {"device": True, "error": "no trace"}) is None
+    assert device_busy([], 64, GPU_PROFILE) is None
+
+
+def test_a_result_without_device_busy_gets_it_from_its_epochs_and_profile():
+    """ok_result's epochs: 2 s of 32 steps, 62.5 ms a step."""
+    assert Result.from_dict(ok_result(profile=GPU_PROFILE)).device_busy == pytest.approx(0.64)
+    assert Result.from_dict(ok_result(profile=GPU_PROFILE, device_busy=0.5)).device_busy == 0.5
+    assert Result.from_dict(ok_result()).device_busy is None
+
+
 @pytest.mark.parametrize(
     "fields, reason",
     [
@@ -284,6 +308,7 @@ def test_a_result_without_the_figure_gets_it_from_its_epochs_and_steps():
         ({"compiles": {"epochs": -1}}, "compiles holds something other than counts"),
         ({"compiles": [1]}, "compiles is a list"),
         ({"epoch_over_steps": "fast"}, "epoch_over_steps is not a number"),
+        ({"device_busy": "high"}, "device_busy is not a number"),
     ],
 )
 def test_a_workers_compile_counts_and_consistency_figure_are_checked(fields, reason):
