@@ -349,6 +349,23 @@ def events_breakdown(
         "coverage": span_s / wall_s if wall_s > 0 else None,
         "device": device,
         "seconds": seconds,
+        **({"launches": launches(events, steps)} if device else {}),
+    }
+
+
+# The CUDA calls with which a host starts work on a GPU, as the tracers name them (the runtime's and the driver's):
+# one replayed graph (CUDA graphs: torch's reduce-overhead, XLA's command buffers), or one kernel.
+GRAPH_LAUNCH = re.compile(r"^(cudaGraphLaunch|cuGraphLaunch)\b")
+KERNEL_LAUNCH = re.compile(r"^(cudaLaunchKernel|cuLaunchKernel|cudaLaunchCooperativeKernel)")
+
+
+def launches(events: list[dict], steps: int) -> dict[str, float]:
+    """The host's launches per profiled step, counted from the trace: {"graphs", "kernels"}. Whether a run replayed
+    CUDA graphs is read here, not from its flags: a framework may skip its graphs without failing."""
+    names = [str(e.get("name", "")) for e in events if e.get("ph") == "X"]
+    return {
+        "graphs": sum(1 for n in names if GRAPH_LAUNCH.match(n)) / steps,
+        "kernels": sum(1 for n in names if KERNEL_LAUNCH.match(n)) / steps,
     }
 
 

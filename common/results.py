@@ -595,6 +595,13 @@ def profile_problem(profile) -> str | None:
         return "profile.seconds is not a table of seconds"
     if profile.get("coverage") is not None and not _number(profile["coverage"]):
         return "profile.coverage is not a number"
+    launches = profile.get("launches")
+    if launches is not None and not (
+        isinstance(launches, dict)
+        and set(launches) == {"graphs", "kernels"}
+        and all(_number(v) and v >= 0 for v in launches.values())
+    ):
+        return "profile.launches is not a count of graphs and kernels"
     return None
 
 

@@ -59,15 +59,23 @@ def breakdown_table(rows: list[Row]) -> list[str]:
                 milliseconds(p.get("step_s")),
                 milliseconds(row.timed_step_s),
                 *shares,
-                *([fmt(row.device_busy, ".0%")] if busy else []),
+                *([fmt(row.device_busy, ".0%"), launches_cell(p.get("launches"))] if busy else []),
                 trace,
             ]
         )
     if not body:
         return []
     header = ["backend", "strategy", "devices", "profiled step ms", "timed step ms"]
-    header += [CATEGORIES[k] for k in categories] + (["device busy"] if busy else [])
+    header += [CATEGORIES[k] for k in categories]
+    header += ["device busy", "launches / step"] if busy else []
     return table(header + ["trace"], body)
+
+
+def launches_cell(launches: dict | None) -> str:
+    """The host's launches per step: replayed CUDA graphs and single kernels ("—" where not counted)."""
+    if not launches:
+        return "—"
+    return f"{launches['graphs']:.0f} graphs + {launches['kernels']:.0f} kernels"
 
 
 def profile_notes(rows: list[Row]) -> list[str]:
@@ -102,7 +110,9 @@ def profile_section(rows: list[Row], plotted: bool) -> list[str]:
         "runs its kernels one after another: each keeps its own category, and an instant two overlapping "
         "kernels' timestamps share counts once. Device busy (a GPU run): the kernels' time per step over the "
         "epoch's time per step (s/epoch over the steps of an epoch), the share of a step the device works; well "
-        "below 100% the host bounds the run, about 100% the device does. The "
+        "below 100% the host bounds the run, about 100% the device does. Launches / step: the CUDA graphs the "
+        "host replayed and the kernels it launched one by one in a profiled step, counted from the trace (a "
+        "replayed graph runs many kernels for one launch: torch's reduce-overhead, XLA's command buffers). The "
         "traces open in Perfetto "
         "(ui.perfetto.dev) or TensorBoard as they are; the mapping from op names to categories and its limits "
         "are in docs/profiling.md.",

@@ -364,3 +364,45 @@ def test_a_committed_gpu_breakdown_is_the_one_its_trace_gives(report, trace, dev
         device_events(report, trace), trace, profile["framework"], profile["step_s"] * steps, steps
     )
     assert got["seconds"] == pytest.approx(profile["seconds"], rel=1e-9, abs=1e-12)
+
+
+def test_a_gpu_traces_launches_are_counted_per_step_from_the_hosts_cuda_calls(tmp_path):
+    """Graphs replayed and kernels launched one by one, by the CUDA runtime's and driver's names as torch's and
+    XLA's tracers write them, per profiled step; a CPU trace has none to count."""
+    events = [
+        op("cudaGraphLaunch", 0, 5, tid=1, cat="cuda_runtime"),
+        op("cuGraphLaunch (CudaGraph:251)", 10, 15, tid=1),
+        op("cudaLaunchKernel", 20, 22, tid=1, cat="cuda_runtime"),
+        op("cuLaunchKernelEx", 30, 32, tid=1),
+        op("cudaGraphInstantiate", 40, 60, tid=1, cat="cuda_runtime"),  # a capture, not a launch
+        op("sm90_xmma_fprop_implicit_gemm", 20, 80, tid=9, cat="kernel"),
+    ]
+    on_gpu = profiling.breakdown(write(tmp_path, events), "torch", 200e-6, 2)
+    assert on_gpu["launches"] == {"graphs": 1.0, "kernels": 1.0}
+    on_cpu = profiling.breakdown(write(tmp_path, events[:4]), "torch", 200e-6, 2)
+    assert "launches" not in on_cpu
+
+
+@pytest.mark.parametrize(
+    "report, trace, graphs, kernels",
+    [
+        # torch with --compile-mode reduce-overhead: the forward's and the backward's graphs, then the loss, the
+        # metrics and the foreach update launched one by one
+        (
+            "20261126-235148-torch",
+            "traces/torch-scratch-bf16-compile-reduce-overhead-channels_last-resident_data--x1/rank0.trace.json.gz",
+            2,
+            16,
+        ),
+        # torch eager: every kernel from the host
+        ("20261126-102658-jax-torch", "traces/torch-scratch-bf16--x1/rank0.trace.json.gz", 0, 466),
+    ],
+)
+def test_a_committed_gpu_runs_launches_say_whether_it_replayed_cuda_graphs(
+    report, trace, graphs, kernels
+):
+    profile = stored_profile(report, trace)
+    counted = profiling.launches(
+        profiling.read_events(ROOT / "reports" / report / trace), profile["steps"]
+    )
+    assert profile["launches"] == counted == {"graphs": graphs, "kernels": kernels}

@@ -498,10 +498,12 @@ def test_on_a_gpu_the_breakdown_counts_the_kernels_and_the_timed_steps_idle_time
     text = (tmp_path / "report.md").read_text()
     # 50 ms timed: 40% conv, 40% BN, 20% idle; the device busy 40 ms of an epoch's 62.5 ms step, 64%
     assert (
-        "| torch | scratch | 1 | 100 | 50 | 40% | 40% | 20% | 64% "
+        "| torch | scratch | 1 | 100 | 50 | 40% | 40% | 20% | 64% | — "
         "| [trace](traces/torch-scratch-x1/rank0.trace.json.gz) |" in text
-    )
-    assert "| torch | ddp | 1 | 100 | — | 80% | 20% | 0% | — | [trace]" in text  # no device trace
+    )  # (launches not counted in this record)
+    assert (
+        "| torch | ddp | 1 | 100 | — | 80% | 20% | 0% | — | — | [trace]" in text
+    )  # no device trace
     assert "the device's idle time in a timed step" in text and "Device busy (a GPU run)" in text
     runs = {
         r["config"]["strategy"]: r
@@ -549,7 +551,10 @@ def test_reread_traces_writes_each_breakdown_as_its_trace_gives_it_now(tmp_path)
     assert seconds == {"conv_matmul": 60, "bn_elementwise": 49.8, "copies": 10, "untraced": 80.2}
     assert run["device_busy"] == pytest.approx(119.8 / 200)
     text = (tmp_path / "report.md").read_text()
-    assert "| torch | scratch | 1 | 0.2 | 0.15 | 40% | 33% | 7% | 20% | 60% | [trace]" in text
+    assert (
+        "| torch | scratch | 1 | 0.2 | 0.15 | 40% | 33% | 7% | 20% | 60% | 0 graphs + 0 kernels | [trace]"
+        in text
+    )
 
 
 @pytest.mark.parametrize(
