@@ -1,19 +1,25 @@
 """`python -m harness test`: the harness's tests here, each backend's tests inside its own environment.
 
-Each suite is a pytest run with a JUnit XML report; the counts are added up and the
-last line printed is `N passed, N failed` (and skipped). Exit status 0 only if nothing
-failed and every suite ran at least one test.
+Each suite is a pytest run with a JUnit XML report; the counts are added up per pass and in all, and the last line
+printed is `N passed, N failed` (and skipped). Exit status 0 only if nothing failed and every suite ran at least
+one test.
 
-`--portable` runs the backend and cross-backend tests whose verdict rests on how the CPU kernels
-round (marked `rounding`: a float32 or bf16 tolerance) again, on one CPU with every framework's
-CPU kernels capped to SSE4.1/SSE4.2 (x86-64-v2, numpy 2's own floor), so that a pass says the
-tests hold on any x86-64 CPU, not only on the one they were written on. The other tests judge
-float64 identities, exact copies, processes and records: no kernel's rounding decides them.
+The portable pass (`--passes portable`, or `--portable`) runs the backend and cross-backend tests whose verdict
+rests on how the CPU kernels round (marked `rounding`: a float32 or bf16 tolerance) again, on one CPU with every
+framework's CPU kernels capped to SSE4.1/SSE4.2 (x86-64-v2, numpy 2's own floor), so that a pass says the tests hold
+on any x86-64 CPU, not only on the one they were written on. The other tests judge float64 identities, exact
+copies, processes and records: no kernel's rounding decides them. `--passes normal,portable` runs both passes'
+suites from one queue, so that no lane waits for another pass.
+
+Every pass keeps what it measured in TIMES_FILE: per suite its wall time and each test's, with the date and the
+host. The next pass starts the suites longest first by those times, prints the longest tests, and its wall time
+against BUDGETS.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
@@ -24,11 +30,12 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
-from common import manifest
-from harness.arguments import Parser, UsageError, backends_flags, python_flags
+from common import manifest, sysinfo
+from harness.arguments import Parser, UsageError, backends_flags, name_list, python_flags
 from harness.planning.plan import parse_backends, parse_pythons
 from harness.processes import envs, runner
 from harness.processes.envs import ROOT
@@ -50,12 +57,31 @@ PORTABLE_ENV = {
 PORTABLE_XLA_FLAGS = "--xla_cpu_max_isa=SSE4_2 --xla_cpu_multi_thread_eigen=false"
 # What the portable pass selects: the tests marked `rounding` (pyproject.toml lists the marker).
 PORTABLE_SELECTION = ["-m", "rounding"]
-# The harness suite's title, and its wall time on one core of a 2-core CPU (backend.toml's [tests] minutes says a
-# backend's): the suites start longest first.
+PASSES = ("normal", "portable")
+# The suites start longest first, by the wall times the last pass measured (TIMES_FILE); a suite no pass has
+# measured (a fresh clone) by its declared minutes on one core of a 2-core CPU: backend.toml's [tests] minutes for a
+# backend's suite, these for the others (docs/testing.md's table).
 HARNESS_TITLE = "harness (no framework)"
-HARNESS_MINUTES = 4.0
-# The cross-backend suite's, likewise (tests/cross: every backend's check and checkpoint runs).
-CROSS_MINUTES = 5.5
+HARNESS_MINUTES = 5.5
+# tests/cross: every backend's check and checkpoint runs (470 s measured, less the Keras ResNet-50 row it dropped).
+CROSS_MINUTES = 6.0
+# A portable suite's: the portable pass took 358 s for its five suites on two lanes, probes included.
+PORTABLE_MINUTES = 2.0
+
+# What a pass measured, left behind (.gitignore keeps it out of the repository): per suite its wall time and each
+# test's, with the date and the host. JUnit's reports, the only other record of a test's time, live in a suite's
+# temporary folder.
+TIMES_FILE = ROOT / ".test-times.json"
+LONGEST_SHOWN = 10
+
+# The full pass's budget (`--passes normal,portable`, every backend, the environments' build included), by the widest
+# vector set the host has: XLA's and oneDNN's CPU kernels run half as wide without AVX-512. Set for 2 cores, where CI
+# took 1,278 s from a fresh clone on an AVX-512 host (the normal pass 1,104 s with the build, then the portable pass
+# 173 s), and 1,912-2,297 s at the five landings before on hosts of which the later had no AVX-512. A report, not a
+# failure: a loaded host must not fail CI.
+BUDGET_HOST = "a 2-core host"
+# seconds, the first vector set the host has (without either: AVX2's)
+BUDGETS = (("AVX-512", 900), ("AVX2", 1500))
 
 # One tiny computation per kernel library (a backend.toml's `kernels`), run in each backend's environment with the
 # portable environment and the library's own verbose switches, so that the pass starts by showing what the kernels
@@ -129,6 +155,15 @@ def junit_counts(path: Path) -> Counts:
     return c
 
 
+def junit_times(path: Path) -> dict[str, float]:
+    """Each test's seconds in a JUnit report (setup, call and teardown, as pytest counts them), by its id:
+    classname::name, e.g. tests.backends.test_contract::test_parameter_counts."""
+    return {
+        f"{case.get('classname')}::{case.get('name')}": float(case.get("time", 0.0))
+        for case in ET.parse(path).getroot().iter("testcase")
+    }
+
+
 def suite_env(extra_env: dict, portable: bool, caller: Mapping[str, str] = os.environ) -> dict:
     """A suite's environment: the caller's, with the project importable and the suite's own variables;
     portable adds the caps of PORTABLE_ENV and appends PORTABLE_XLA_FLAGS to the caller's XLA_FLAGS."""
@@ -167,14 +202,14 @@ def probe_facts(output: str) -> list[str]:
     return facts
 
 
-def probe(library: str, python: str) -> str:
-    """One line: what `library`'s kernels run with in the environment of `python`."""
+def probe(library: str, python: str, cpus: set[int]) -> str:
+    """One line: what `library`'s kernels run with in the environment of `python`, on `cpus`."""
     if library not in PROBES:
         return f"{library}: no probe for this library"
     verbose, code = PROBES[library]
     proc = start_on(
         [python, "-c", code],
-        {min(os.sched_getaffinity(0))},
+        cpus,
         cwd=ROOT,
         env={**suite_env({}, True), **verbose},
         stdout=subprocess.PIPE,
@@ -187,21 +222,33 @@ def probe(library: str, python: str) -> str:
     return f"{library}: " + "; ".join(probe_facts(stdout + stderr))
 
 
-def print_caps(pythons: dict[str, str]) -> None:
+def caps(pythons: dict[str, str], cpus: set[int]) -> list[str]:
     """One line per backend and kernel library: what the kernels are capped to, as the library reports it."""
-    print("\n=== portable: what each backend's CPU kernels run with ===", flush=True)
-    for name, python in pythons.items():
-        for library in manifest.load(name).kernels:
-            print(
-                f"{name}: {probe(library, python)}" if library != name else probe(library, python),
-                flush=True,
-            )
+    return [
+        f"{name}: {probe(library, python, cpus)}"
+        if library != name
+        else probe(library, python, cpus)
+        for name, python in pythons.items()
+        for library in manifest.load(name).kernels
+    ]
+
+
+@dataclass
+class Outcome:
+    """What one suite's run gave: its counts, everything pytest printed, its wall time, and each test's seconds by
+    its id (JUnit's classname::name)."""
+
+    counts: Counts
+    output: str
+    seconds: float
+    tests: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class Suite:
     """One pytest run: its title, the interpreter, the test paths, the environment, the pass's own selection
-    (PORTABLE_SELECTION or none) and the user's arguments."""
+    (PORTABLE_SELECTION or none), the user's arguments, its pass, and its declared minutes (what orders it before
+    a pass has measured it)."""
 
     title: str
     python: str
@@ -209,15 +256,45 @@ class Suite:
     env: dict
     selection: list[str]
     pytest_args: list[str]
+    pass_name: str = "normal"
+    minutes: float = 0.0
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.pass_name, self.title)
+
+    @property
+    def one_cpu(self) -> bool:
+        """The portable pass runs each suite on one CPU, whatever its lane holds."""
+        return self.pass_name == "portable"
+
+    def run(self, cpus: set[int] | None) -> Outcome:
+        return run_suite(self, cpus)
 
 
 @dataclass
-class Outcome:
-    """What one suite's run gave: its counts, everything pytest printed, and its wall time."""
+class Probes:
+    """The portable pass's opening evidence, what each backend's kernels run with: an item of the pass's queue like
+    a suite, on one CPU of the lane that takes it, so that no lane waits for it."""
 
-    counts: Counts
-    output: str
-    seconds: float
+    pythons: dict[str, str]
+    title: str = "what each backend's CPU kernels run with"
+    pass_name: str = "portable"
+    one_cpu: bool = True
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.pass_name, self.title)
+
+    def run(self, cpus: set[int]) -> Outcome:
+        start = time.monotonic()
+        return Outcome(Counts(), "\n".join(caps(self.pythons, cpus)), time.monotonic() - start)
+
+
+def label(key: tuple[str, str]) -> str:
+    """How the output names a pass's suite: a normal one by its title, a portable one after its pass."""
+    pass_name, title = key
+    return title if pass_name == "normal" else f"{pass_name}: {title}"
 
 
 class Running:
@@ -281,12 +358,12 @@ def run_suite(suite: Suite, cpus: set[int] | None = None) -> Outcome:
         if not xml.exists():
             output += f"\n{suite.title}: pytest exited with status {rc} and no report\n"
             return Outcome(Counts(failed=1), output, time.monotonic() - start)
-        counts = junit_counts(xml)
+        counts, tests = junit_counts(xml), junit_times(xml)
     # (with -k and the like, selecting nothing is fine)
     if counts.total == 0 and not suite.pytest_args:
         output += f"\n{suite.title}: no test ran; counted as a failure\n"
         counts.failed += 1
-    return Outcome(counts, output, time.monotonic() - start)
+    return Outcome(counts, output, time.monotonic() - start, tests)
 
 
 def lanes(jobs: int, cpus: set[int]) -> list[set[int]]:
@@ -297,12 +374,13 @@ def lanes(jobs: int, cpus: set[int]) -> list[set[int]]:
     return [set(ordered[i::jobs]) for i in range(jobs)]
 
 
-def run_suites(suites: list[Suite], jobs: int, one_cpu_each: bool = False) -> dict[str, Outcome]:
-    """Every suite, at most `jobs` at once, each on its own lane of CPUs, in the order given (longest first keeps
-    the lanes even); each suite's output is printed whole when it ends, with its wall time. `one_cpu_each` (the
-    portable pass): every suite on a single CPU, whatever the lane holds."""
-    pending = list(suites)
-    outcomes: dict[str, Outcome] = {}
+def run_suites(items: list, jobs: int) -> dict[tuple[str, str], Outcome]:
+    """Every item of one queue (the suites of either pass, the portable pass's Probes), at most `jobs` at once, each
+    lane taking the next item as soon as it is free, in the order given (longest first keeps the lanes even). A
+    normal suite runs on its lane's CPUs (on every CPU with one lane), a portable item on one CPU of its lane. Each
+    item's output is printed whole when it ends, with its wall time. The outcomes by the items' keys."""
+    pending = list(items)
+    outcomes: dict[tuple[str, str], Outcome] = {}
     lock = threading.Lock()
 
     def lane(cpus: set[int]) -> None:
@@ -310,15 +388,15 @@ def run_suites(suites: list[Suite], jobs: int, one_cpu_each: bool = False) -> di
             with lock:
                 if not pending:
                     return
-                suite = pending.pop(0)
-                print(
-                    f"started: {suite.title} (CPU {','.join(map(str, sorted(cpus)))})", flush=True
-                )
-            outcome = run_suite(suite, {min(cpus)} if one_cpu_each else cpus if jobs > 1 else None)
+                item = pending.pop(0)
+                used = item_cpus(item, cpus, jobs)
+                shown = ",".join(map(str, sorted(used or cpus)))
+                print(f"started: {label(item.key)} (CPU {shown})", flush=True)
+            outcome = item.run(used)
             with lock:
-                outcomes[suite.title] = outcome
+                outcomes[item.key] = outcome
                 print(
-                    f"\n=== {suite.title} ({outcome.seconds:.0f} s) ===\n{outcome.output.rstrip()}\n",
+                    f"\n=== {label(item.key)} ({outcome.seconds:.0f} s) ===\n{outcome.output.rstrip()}\n",
                     flush=True,
                 )
 
@@ -337,23 +415,42 @@ def run_suites(suites: list[Suite], jobs: int, one_cpu_each: bool = False) -> di
             pending.clear()  # no lane starts another suite
         RUNNING.stop()
         raise
-    return {suite.title: outcomes[suite.title] for suite in suites}
+    return {item.key: outcomes[item.key] for item in items}
 
 
-DESCRIPTION = "Run the harness tests, then each backend's tests in its own environment."
+def item_cpus(item, lane: set[int], jobs: int) -> set[int] | None:
+    """Where a queue's item runs: a portable one on one CPU of its lane; a normal one on its lane, or, with one
+    lane, wherever this process may run."""
+    if item.one_cpu:
+        return {min(lane)}
+    return lane if jobs > 1 else None
+
+
+DESCRIPTION = (
+    "Run the harness tests, then each backend's tests in its own environment (--passes normal,portable: "
+    "then again with capped CPU kernels, from one queue)."
+)
 
 
 def parents() -> list[Parser]:
     """The flags of `python -m harness test`."""
     own = Parser(add_help=False)
     own.add_argument(
+        "--passes",
+        type=name_list,
+        default=None,
+        metavar="PASSES",
+        help="the passes to run, from one queue: normal, portable, or normal,portable (CI's; default: normal). "
+        "The portable pass runs the backend and cross-backend tests whose verdict rests on the kernels' "
+        "rounding (marked rounding) on one CPU each with every framework's CPU kernels capped to "
+        "SSE4.1/SSE4.2 and one thread (torch: ATEN_CPU_CAPABILITY=default, oneDNN SSE41, "
+        "MKL_CBWR=COMPATIBLE; jax: XLA_FLAGS --xla_cpu_max_isa=SSE4_2; mxnet: oneDNN SSE41, OpenBLAS "
+        "Nehalem), to show the tests pass on any x86-64 CPU, and prints what each backend's kernels run with",
+    )
+    own.add_argument(
         "--portable",
         action="store_true",
-        help="run the backend and cross-backend tests whose verdict rests on the kernels' rounding "
-        "(marked rounding) on one CPU with every framework's CPU kernels capped to SSE4.1/SSE4.2 "
-        "and one thread (torch: ATEN_CPU_CAPABILITY=default, oneDNN SSE41, MKL_CBWR=COMPATIBLE; "
-        "jax: XLA_FLAGS --xla_cpu_max_isa=SSE4_2; mxnet: oneDNN SSE41, OpenBLAS Nehalem), to show "
-        "the tests pass on any x86-64 CPU; it first prints what each backend's kernels run with",
+        help="the same as --passes portable",
     )
     own.add_argument(
         "--jobs",
@@ -371,6 +468,22 @@ def parents() -> list[Parser]:
         python_flags("use this interpreter for BACKEND's tests instead of .venvs/BACKEND/"),
         own,
     ]
+
+
+def chosen_passes(passes: str | None, portable: bool) -> list[str]:
+    """The passes --passes (or --portable) names, each once, in PASSES's order; bad input in one line."""
+    if portable:
+        if passes not in (None, "portable"):
+            raise UsageError(
+                f"--portable is --passes portable: give one of them (got --passes {passes})"
+            )
+        return ["portable"]
+    asked = [p.strip() for p in (passes or "normal").split(",") if p.strip()]
+    if unknown := [p for p in asked if p not in PASSES]:
+        raise UsageError(
+            f"unknown pass {unknown[0]!r} in --passes; choose from {', '.join(PASSES)}"
+        )
+    return [p for p in PASSES if p in asked]
 
 
 def backend_pythons(
@@ -402,6 +515,33 @@ def say_line(text: str) -> None:
     print(text + "\n", end="", flush=True)
 
 
+def pass_suites(
+    pass_name: str, interpreters: dict[str, str], pytest_args: list[str]
+) -> list[Suite]:
+    """One pass's suites: the normal pass's start with the harness's own; the cross-backend suite needs two
+    backends and runs whole."""
+    portable = pass_name == "portable"
+    suites = [] if portable else [harness_suite(pytest_args)]
+    suites += [
+        backend_suite(name, python, portable, pytest_args) for name, python in interpreters.items()
+    ]
+    if len(interpreters) >= 2 and not pytest_args:
+        suites.append(cross_suite(interpreters, portable))
+    return suites
+
+
+def harness_suite(pytest_args: list[str]) -> Suite:
+    return Suite(
+        HARNESS_TITLE,
+        sys.executable,
+        ["tests/harness"],
+        suite_env({}, False),
+        [],
+        pytest_args,
+        minutes=HARNESS_MINUTES,
+    )
+
+
 def backend_suite(name: str, python: str, portable: bool, pytest_args: list[str]) -> Suite:
     """A backend's tests in its environment: the contract (test_contract.py, test_contract_*.py), then its own
     files (test_<name>.py, test_<name>_*.py)."""
@@ -413,67 +553,15 @@ def backend_suite(name: str, python: str, portable: bool, pytest_args: list[str]
     contract = files("test_contract.py", "test_contract_*.py")
     own = files(f"test_{name}.py", f"test_{name}_*.py")
     return Suite(
-        f"{name} (inside its environment)",
+        backend_suite_title(name),
         python,
         [*contract, *own],
         suite_env({"DPBENCH_BACKEND": name}, portable),
         PORTABLE_SELECTION if portable else [],
         pytest_args,
+        pass_of(portable),
+        PORTABLE_MINUTES if portable else manifest.load(name).test_minutes,
     )
-
-
-def longest_first(suites: list[Suite], names: list[str]) -> list[Suite]:
-    """The suites ordered by their declared minutes (backend.toml's [tests]), the longest first: the lanes then
-    end together."""
-    minutes = {backend_suite_title(n): manifest.load(n).test_minutes for n in names}
-    minutes[HARNESS_TITLE] = HARNESS_MINUTES
-    minutes[cross_title(names)] = CROSS_MINUTES
-    return sorted(suites, key=lambda s: -minutes.get(s.title, 0.0))
-
-
-def backend_suite_title(name: str) -> str:
-    return f"{name} (inside its environment)"
-
-
-def default_jobs() -> int:
-    """As many suites at once as there are usable CPUs (a compile, and most of a small test, runs on one)."""
-    return len(os.sched_getaffinity(0))
-
-
-def main(args) -> int:
-    """`python -m harness test`, its flags parsed (cli.build_parser)."""
-    started = time.monotonic()
-    names = [] if args.backend == "none" else parse_backends(args.backend)
-    if args.jobs is not None and args.jobs < 1:
-        raise UsageError(
-            f"--jobs takes the number of suites to run at once, at least 1 (got {args.jobs})"
-        )
-    jobs = args.jobs or default_jobs()
-    interpreters, outcomes = backend_pythons(names, parse_pythons(args.python))
-    if args.portable:
-        print_caps(interpreters)
-    suites = (
-        []
-        if args.portable
-        else [
-            Suite(
-                HARNESS_TITLE,
-                sys.executable,
-                ["tests/harness"],
-                suite_env({}, False),
-                [],
-                args.pytest_args,
-            )
-        ]
-    )
-    suites += [
-        backend_suite(name, python, args.portable, args.pytest_args)
-        for name, python in interpreters.items()
-    ]
-    if len(interpreters) >= 2 and not args.pytest_args:
-        suites.append(cross_suite(interpreters, args.portable))
-    outcomes.update(run_suites(longest_first(suites, names), jobs, one_cpu_each=args.portable))
-    return summarise(outcomes, args.portable, time.monotonic() - started)
 
 
 def cross_suite(interpreters: dict[str, str], portable: bool) -> Suite:
@@ -494,29 +582,220 @@ def cross_suite(interpreters: dict[str, str], portable: bool) -> Suite:
         env,
         PORTABLE_SELECTION if portable else [],
         [],
+        pass_of(portable),
+        PORTABLE_MINUTES if portable else CROSS_MINUTES,
     )
+
+
+def pass_of(portable: bool) -> str:
+    return "portable" if portable else "normal"
+
+
+def backend_suite_title(name: str) -> str:
+    return f"{name} (inside its environment)"
 
 
 def cross_title(names: list[str]) -> str:
     return f"cross-backend ({', '.join(names)})"
 
 
-def summarise(outcomes: dict[str, Outcome], portable: bool, seconds: float) -> int:
-    """One line per suite with its wall time, the pass's wall time, then the closing line `N passed, N failed,
-    N skipped`; the exit status (0 only if nothing failed and something passed)."""
-    total = Counts()
-    print(
-        f"\n=== summary{' (portable: capped CPU kernels, one CPU per suite)' if portable else ''} ==="
+def longest_first(suites: list[Suite], measured: Mapping[str, float] | None = None) -> list[Suite]:
+    """The suites ordered by their wall time, the longest first, so that the lanes end together: the last measured
+    one (measured_seconds), else the declared minutes."""
+    measured = measured or {}
+    return sorted(suites, key=lambda s: -measured.get(times_key(s.key), s.minutes * 60))
+
+
+def default_jobs() -> int:
+    """As many suites at once as there are usable CPUs (a compile, and most of a small test, runs on one)."""
+    return len(os.sched_getaffinity(0))
+
+
+def main(args) -> int:
+    """`python -m harness test`, its flags parsed (cli.build_parser)."""
+    started = time.monotonic()
+    passes = chosen_passes(args.passes, args.portable)
+    names = [] if args.backend == "none" else parse_backends(args.backend)
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError(
+            f"--jobs takes the number of suites to run at once, at least 1 (got {args.jobs})"
+        )
+    jobs = args.jobs or default_jobs()
+    interpreters, unbuilt = backend_pythons(names, parse_pythons(args.python))
+    suites = [s for p in passes for s in pass_suites(p, interpreters, args.pytest_args)]
+    earlier = read_times(TIMES_FILE)
+    queue = longest_first(suites, measured_seconds(earlier))
+    if "portable" in passes:
+        # first: a few seconds, and the evidence the portable suites are read by
+        queue.insert(0, Probes(interpreters))
+    ran = run_suites(queue, jobs)
+    outcomes = {(passes[0], name): outcome for name, outcome in unbuilt.items()}
+    outcomes |= {s.key: ran[s.key] for s in suites}
+    seconds, host = time.monotonic() - started, sysinfo.machine()
+    last_pass = {"date": now(), "passes": passes, "backends": names, "wall_s": round(seconds, 1)}
+    measured = measured_suites(suites, outcomes, last_pass["date"])
+    keep_times(times_record(earlier, measured, host, last_pass))
+    print_longest(longest_tests(outcomes))
+    full = (
+        set(passes) == set(PASSES) and set(names) == set(manifest.known()) and not args.pytest_args
     )
-    for title, outcome in outcomes.items():
-        c = outcome.counts
+    return summarise(outcomes, passes, wall_time(seconds, host["vector_isa"], full))
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# ------------------------------------------------------------------------ what a pass measured, kept for the next
+
+
+def times_key(key: tuple[str, str]) -> str:
+    """A suite's name in TIMES_FILE: its pass and title."""
+    return ": ".join(key)
+
+
+def read_times(path: Path) -> dict:
+    """What an earlier pass kept in `path` ({} where there is none, or it is not a JSON object)."""
+    try:
+        times = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return times if isinstance(times, dict) else {}
+
+
+def measured_seconds(times: dict) -> dict[str, float]:
+    """Each suite's wall time in an earlier pass's record, by times_key; a value that is no positive number is
+    left out (its suite then has its declared minutes)."""
+    suites = times.get("suites")
+    if not isinstance(suites, dict):
+        return {}
+    seconds = {k: v.get("seconds") if isinstance(v, dict) else None for k, v in suites.items()}
+    return {
+        k: float(s)
+        for k, s in seconds.items()
+        if isinstance(s, int | float) and not isinstance(s, bool) and s > 0
+    }
+
+
+def measured_suites(suites: list[Suite], outcomes: dict, date: str) -> dict[str, dict]:
+    """This pass's suites as TIMES_FILE keeps them: date, wall time, counts and each test's seconds. Only whole
+    suites with a report: one run with the user's pytest arguments ran a part, and its time is not the suite's."""
+    return {
+        times_key(s.key): {
+            "date": date,
+            "seconds": round(o.seconds, 1),
+            "passed": o.counts.passed,
+            "failed": o.counts.failed,
+            "skipped": o.counts.skipped,
+            "tests": o.tests,
+        }
+        for s in suites
+        if (o := outcomes.get(s.key)) and o.tests and not s.pytest_args
+    }
+
+
+def times_record(
+    earlier: dict, measured: dict[str, dict], host: dict, last_pass: dict
+) -> dict | None:
+    """TIMES_FILE's new content: the suites this pass measured over those an earlier pass did on the same host
+    (another host's times would misorder this one's lanes), with the host and this pass's date, passes and wall
+    time. None where this pass measured no whole suite: the file stays as it was."""
+    if not measured:
+        return None
+    kept = earlier.get("suites") if earlier.get("host") == host else None
+    return {
+        **last_pass,
+        "host": host,
+        "suites": {**(kept if isinstance(kept, dict) else {}), **measured},
+    }
+
+
+def keep_times(record: dict | None) -> None:
+    """TIMES_FILE written whole; a failed write is one line, not a failed pass."""
+    if record is None:
+        return
+    staged = TIMES_FILE.with_name(TIMES_FILE.name + ".tmp")
+    try:
+        staged.write_text(json.dumps(record, indent=1) + "\n")
+        os.replace(staged, TIMES_FILE)
+    except OSError as e:
+        print(f"\nthe tests' times were not kept: {TIMES_FILE}: {e.strerror}", flush=True)
+        return
+    print(f"\nthe tests' times: {TIMES_FILE.name}", flush=True)
+
+
+def longest_tests(outcomes: dict, n: int = LONGEST_SHOWN) -> list[tuple[str, str, float]]:
+    """The `n` longest tests of a pass: (suite, test id, seconds), the longest first."""
+    rows = [
+        (label(key), test, seconds)
+        for key, outcome in outcomes.items()
+        for test, seconds in outcome.tests.items()
+    ]
+    return sorted(rows, key=lambda row: -row[2])[:n]
+
+
+def print_longest(rows: list[tuple[str, str, float]]) -> None:
+    if not rows:
+        return
+    print(f"\n=== the {len(rows)} longest tests ===")
+    for suite, test, seconds in rows:
+        print(f"{seconds:7.1f} s  {suite}  {test}")
+
+
+# ------------------------------------------------------------------------------------------------- the summary
+
+
+def budget(vector_isa: list[str] | None) -> tuple[int, str]:
+    """The full pass's budget in seconds on a host with `vector_isa`, and the host it is set for."""
+    isa, seconds = next(((isa, s) for isa, s in BUDGETS if isa in (vector_isa or [])), BUDGETS[-1])
+    return seconds, f"{BUDGET_HOST} with {isa}"
+
+
+def wall_time(seconds: float, vector_isa: list[str] | None, full: bool) -> list[str]:
+    """The pass's wall time against its budget; over it, one line more that says so. Only the full pass has one."""
+    limit, host = budget(vector_isa)
+    line = f"wall time of the pass: {seconds:,.0f} s ({seconds / 60:.1f} min)"
+    if not full:
+        return [
+            f"{line}; the budget, {limit:,} s on {host}, is the full pass's (--passes normal,portable, every backend)"
+        ]
+    over = (
+        [f"over budget by {seconds - limit:,.0f} s (a report, not a failure)"]
+        if seconds > limit
+        else []
+    )
+    return [f"{line}, budget {limit:,} s on {host}", *over]
+
+
+def counted(outcomes) -> Counts:
+    total = Counts()
+    for outcome in outcomes:
+        total.passed += outcome.counts.passed
+        total.failed += outcome.counts.failed
+        total.skipped += outcome.counts.skipped
+    return total
+
+
+def counts_line(c: Counts) -> str:
+    return f"{c.passed} passed, {c.failed} failed, {c.skipped} skipped"
+
+
+def summarise(outcomes: dict[tuple[str, str], Outcome], passes: list[str], wall: list[str]) -> int:
+    """One line per suite with its wall time, one per pass with its counts (`portable pass: N passed, ...`), the
+    pass's wall time (`wall`), then the closing line `N passed, N failed, N skipped`; the exit status (0 only if
+    nothing failed and something passed)."""
+    portable = " (portable: capped CPU kernels, one CPU per suite)" if "portable" in passes else ""
+    print(f"\n=== summary{portable} ===")
+    for (pass_name, title), outcome in outcomes.items():
         print(
-            f"{title.split(' ')[0]:10} {c.passed} passed, {c.failed} failed, {c.skipped} skipped "
+            f"{pass_name:9} {title.split(' ')[0]:14} {counts_line(outcome.counts)} "
             f"in {outcome.seconds:.0f} s"
         )
-        total.passed += c.passed
-        total.failed += c.failed
-        total.skipped += c.skipped
-    print(f"wall time of the pass: {seconds:.0f} s ({seconds / 60:.1f} min)")
-    print(f"{total.passed} passed, {total.failed} failed, {total.skipped} skipped", flush=True)
+    for pass_name in passes:
+        mine = [o for (p, _), o in outcomes.items() if p == pass_name]
+        print(f"{pass_name} pass: {counts_line(counted(mine))}")
+    for line in wall:
+        print(line)
+    total = counted(outcomes.values())
+    print(counts_line(total), flush=True)
     return 1 if total.failed or total.passed == 0 else 0

@@ -307,17 +307,24 @@ def test_the_timed_allreduce_is_a_psum_that_really_sums(backend, strategy):
         assert a.dtype == np.float32 and a.size == 1000 and np.all(a == 6.0)
 
 
-def test_the_host_queues_few_steps_ahead_of_simulated_devices(backend, strategy):
+def test_the_host_queues_few_steps_ahead_of_simulated_devices(backend, strategy, monkeypatch):
     """XLA's CPU client can deadlock with many collective steps queued (backends/xla.py): a trainer on simulated
-    devices waits for the step CPU_STEPS_AHEAD back before it queues another; on a GPU the queue is not bounded."""
+    devices waits for the step CPU_STEPS_AHEAD back before it queues another; on a GPU the queue is not bounded.
+    The oldest steps are waited for, in order (a step this small may be ready unwaited), and ready."""
     import jax
 
     from backends import xla
 
+    waited = []
+    wait = jax.block_until_ready
+    monkeypatch.setattr(
+        jax, "block_until_ready", lambda outputs: waited.append(outputs) or wait(outputs)
+    )
     t = trainer(backend, strategy, "lenet", 2, 8, dtype="float32")
     x, y = batch(8)
     metrics = [t.step(x, y) for _ in range(xla.CPU_STEPS_AHEAD + 3)]
     assert len(t._queued) == xla.CPU_STEPS_AHEAD
+    assert [i for w in waited for i, m in enumerate(metrics) if m is w] == [0, 1, 2]
     assert all(leaf.is_ready() for m in metrics[:3] for leaf in jax.tree.leaves(m))
     assert xla.StepQueue.for_devices("gpu").ahead is None
 

@@ -107,17 +107,26 @@ def test_the_models_are_channels_last_with_or_without_the_lever(backend, strateg
     assert max_abs_diff(plain, start) > 1e-3 and max_abs_diff(lever, plain) == 0
 
 
-def test_distribution_queues_few_steps_ahead_of_simulated_devices(backend):
+def test_distribution_queues_few_steps_ahead_of_simulated_devices(backend, monkeypatch):
     """XLA's CPU client can deadlock with many collective steps queued (backends/xla.py): the distribution
-    trainer on simulated devices waits for the step CPU_STEPS_AHEAD back before it queues another."""
+    trainer on simulated devices waits for the step CPU_STEPS_AHEAD back before it queues another. The oldest
+    steps are waited for, in order, and ready: a queue that dropped them without waiting would keep its length."""
+    import jax
+
     from backends import xla
 
+    waited = []
+    wait = jax.block_until_ready
+    monkeypatch.setattr(
+        jax, "block_until_ready", lambda outputs: waited.append(outputs) or wait(outputs)
+    )
     cfg = Probe("distribution", "lenet", 2).config("keras", 8, 0.5)
     t = backend.make_trainer(cfg, backend.initial_weights("lenet", 0), "float32")
     x, y = batch(8)
-    for _ in range(xla.CPU_STEPS_AHEAD + 3):
-        t.step(x, y)
+    metrics = [t.step(x, y) for _ in range(xla.CPU_STEPS_AHEAD + 3)]
     assert len(t._queued) == xla.CPU_STEPS_AHEAD
+    assert [i for w in waited for i, m in enumerate(metrics) if m is w] == [0, 1, 2]
+    assert all(leaf.is_ready() for m in metrics[:3] for leaf in jax.tree.leaves(m))
 
 
 @pytest.mark.rounding

@@ -313,7 +313,7 @@ def test_no_subcommand_means_run():
             ("check",),
             ("--backend", "--gpus", "--steps", "--model", "--bn", "--init", "(default: 1800.0)"),
         ),
-        (("test",), ("--backend", "--python", "--portable", "pytest_args")),
+        (("test",), ("--backend", "--python", "--passes", "--portable", "pytest_args")),
         (("list",), ("--device",)),
     ],
 )

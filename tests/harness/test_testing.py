@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import pytest
 
@@ -199,43 +201,79 @@ def test_every_kernel_library_a_backend_declares_has_a_probe():
     assert manifest.load("keras").kernels == ("torch", "jax")
 
 
-def suites_run(monkeypatch, portable: bool, pytest_args=(), jobs=None) -> dict[str, list[str]]:
-    """`python -m harness test` for torch and jax with the suites not run: each suite's title and the pytest
-    arguments after its test paths, in the order the lanes take them."""
+# A host as /proc/cpuinfo describes it, for the record a pass keeps and its budget.
+CPUINFO = "processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse4_2 avx2 fma\n"
+
+
+def fake_pass(
+    monkeypatch,
+    tmp_path,
+    passes=None,
+    portable=False,
+    pytest_args=(),
+    ran=None,
+    backend="torch,jax",
+):
+    """`python -m harness test` (torch and jax, or `backend`) on the host of CPUINFO, the suites not run: each gives
+    `ran(suite)`'s outcome (default: one passed test, no test's time). The one queue handed to run_suites, and the
+    exit status; TIMES_FILE is tmp_path/times.json."""
     from argparse import Namespace
 
-    calls = {}
+    queues = []
 
-    def run_suites(suites, jobs, one_cpu_each=False):
-        for s in suites:
-            calls[s.title.split(" ")[0]] = [*s.selection, *s.pytest_args]
-        return {s.title: testing.Outcome(testing.Counts(passed=1), "", 0.0) for s in suites}
+    def run_suites(items, jobs):
+        queues.append(list(items))
+        return {
+            i.key: (ran or (lambda s: testing.Outcome(testing.Counts(passed=1), "", 1.0)))(i)
+            for i in items
+        }
 
     monkeypatch.setattr(testing, "run_suites", run_suites)
-    monkeypatch.setattr(testing, "print_caps", lambda pythons: None)
+    monkeypatch.setattr(testing, "TIMES_FILE", tmp_path / "times.json")
+    (tmp_path / "cpuinfo").write_text(CPUINFO)
+    monkeypatch.setattr(testing.sysinfo, "CPUINFO", str(tmp_path / "cpuinfo"))
     monkeypatch.setattr(
         testing.envs, "ensure_backend", lambda name, requirements, say=print: f"python-{name}"
     )
     args = Namespace(
-        backend="torch,jax", python=[], portable=portable, pytest_args=list(pytest_args), jobs=jobs
+        backend=backend,
+        python=[],
+        passes=passes,
+        portable=portable,
+        pytest_args=list(pytest_args),
+        jobs=None,
     )
-    assert testing.main(args) == 0
-    return calls
+    status = testing.main(args)
+    (queue,) = queues  # one queue, whatever the passes
+    return queue, status
 
 
-def test_the_portable_pass_runs_the_rounding_tests_of_each_backend_and_across_them(monkeypatch):
-    assert suites_run(monkeypatch, True) == {
+def suites_run(monkeypatch, tmp_path, portable: bool, pytest_args=()) -> dict[str, list[str]]:
+    """Each suite of a fake pass by its short title, with the pytest arguments after its test paths."""
+    queue, status = fake_pass(monkeypatch, tmp_path, portable=portable, pytest_args=pytest_args)
+    assert status == 0
+    return {
+        s.title.split(" ")[0]: [*s.selection, *s.pytest_args]
+        for s in queue
+        if isinstance(s, testing.Suite)
+    }
+
+
+def test_the_portable_pass_runs_the_rounding_tests_of_each_backend_and_across_them(
+    monkeypatch, tmp_path
+):
+    assert suites_run(monkeypatch, tmp_path, True) == {
         "torch": ["-m", "rounding"],
         "jax": ["-m", "rounding"],
         "cross-backend": ["-m", "rounding"],
     }
-    assert suites_run(monkeypatch, False) == {
+    assert suites_run(monkeypatch, tmp_path, False) == {
         "harness": [],
         "torch": [],
         "jax": [],
         "cross-backend": [],
     }
-    assert suites_run(monkeypatch, True, ["-k", "split"])["torch"] == [
+    assert suites_run(monkeypatch, tmp_path, True, ["-k", "split"])["torch"] == [
         "-m",
         "rounding",
         "-k",
@@ -243,18 +281,301 @@ def test_the_portable_pass_runs_the_rounding_tests_of_each_backend_and_across_th
     ]
 
 
+def test_both_passes_run_from_one_queue_the_probes_first_then_the_longest_suite(
+    monkeypatch, tmp_path
+):
+    """No lane waits for the other pass: the normal and the portable suites are one queue, ordered by their
+    declared minutes on a fresh clone (the portable ones are short), the portable pass's probes first."""
+    from common import manifest
+
+    queue, _ = fake_pass(monkeypatch, tmp_path, passes="portable,normal")
+    assert isinstance(queue[0], testing.Probes) and queue[0].pythons == {
+        "torch": "python-torch",
+        "jax": "python-jax",
+    }
+    suites = queue[1:]
+    assert {s.pass_name for s in suites} == {"normal", "portable"}
+    seconds = [s.minutes * 60 for s in suites]
+    assert seconds == sorted(seconds, reverse=True)
+    assert suites[0].title == "jax (inside its environment)"
+    assert suites[0].minutes == manifest.load("jax").test_minutes
+    assert [s.key for s in suites if s.pass_name == "portable"] == [
+        ("portable", "torch (inside its environment)"),
+        ("portable", "jax (inside its environment)"),
+        ("portable", "cross-backend (torch, jax)"),
+    ]
+    assert all(s.one_cpu == (s.pass_name == "portable") for s in suites)
+    normal_only, _ = fake_pass(monkeypatch, tmp_path)
+    assert {i.pass_name for i in normal_only} == {"normal"}
+
+
+def test_passes_are_chosen_each_once_and_portable_is_the_portable_pass():
+    assert testing.chosen_passes(None, False) == ["normal"]
+    assert testing.chosen_passes("portable, normal,portable", False) == ["normal", "portable"]
+    assert testing.chosen_passes(None, True) == testing.chosen_passes("portable", False)
+    assert testing.chosen_passes("portable", True) == ["portable"]
+    with pytest.raises(testing.UsageError, match="unknown pass 'fast' in --passes"):
+        testing.chosen_passes("normal,fast", False)
+    with pytest.raises(testing.UsageError, match="--portable is --passes portable"):
+        testing.chosen_passes("normal", True)
+
+
+def test_an_item_of_the_portable_pass_runs_on_one_cpu_of_its_lane_a_normal_one_on_the_lane():
+    normal = testing.harness_suite([])
+    portable = testing.backend_suite("torch", "python", True, [])
+    assert testing.item_cpus(normal, {2, 3}, jobs=2) == {2, 3}
+    assert testing.item_cpus(normal, {2, 3}, jobs=1) is None  # one lane: wherever the pass may run
+    for item in (portable, testing.Probes({})):
+        assert testing.item_cpus(item, {2, 3}, jobs=1) == {2}
+        assert testing.item_cpus(item, {2, 3}, jobs=2) == {2}
+
+
+# A stand-in for a suite's pytest: it waits for each file named in $WAIT_FOR to exist, creates $DONE, writes a JUnit
+# report of one passed test of $SECONDS and prints its pass.
+FAKE_PYTEST = """#!{python}
+import os, sys, time
+deadline = time.monotonic() + 60
+for path in filter(None, os.environ.get("WAIT_FOR", "").split(",")):
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not os.path.exists(path):
+        sys.exit("never came: " + path)
+open(os.environ["DONE"], "w").close()
+xml = next(a.split("=", 1)[1] for a in sys.argv if a.startswith("--junitxml="))
+with open(xml, "w") as f:
+    f.write('<testsuites><testsuite tests="1" failures="0" errors="0" skipped="0">'
+            '<testcase classname="tests.fake" name="test_it" time="' + os.environ["SECONDS"] + '"/>'
+            '</testsuite></testsuites>')
+print(os.environ["PASS"], "ran")
+"""
+
+
+def test_a_lane_takes_the_other_passes_suites_while_a_long_suite_runs(tmp_path, monkeypatch):
+    """Two lanes, one queue: the long normal suite ends only after both portable suites have ended, which it
+    can only see if the other lane took them while it ran (in passes one after the other it would wait in vain)."""
+    fake = tmp_path / "fake-pytest"
+    fake.write_text(FAKE_PYTEST.format(python=sys.executable))
+    fake.chmod(0o755)
+    cpu = min(os.sched_getaffinity(0))
+    # two lanes on whatever this test may use (inside a pass, one CPU)
+    monkeypatch.setattr(testing, "lanes", lambda jobs, cpus: [{cpu}, {cpu}])
+
+    def suite(title, pass_name, seconds, wait_for=()):
+        env = {
+            **os.environ,
+            "PASS": pass_name,
+            "SECONDS": seconds,
+            "DONE": str(tmp_path / title),
+            "WAIT_FOR": ",".join(str(tmp_path / w) for w in wait_for),
+        }
+        return testing.Suite(title, str(fake), [], env, [], [], pass_name)
+
+    queue = [
+        suite("long", "normal", "300.5", wait_for=("short1", "short2")),
+        suite("short1", "portable", "2.25"),
+        suite("short2", "portable", "1.0"),
+    ]
+    outcomes = testing.run_suites(queue, jobs=2)
+    assert list(outcomes) == [("normal", "long"), ("portable", "short1"), ("portable", "short2")]
+    assert [o.counts for o in outcomes.values()] == [testing.Counts(passed=1)] * 3
+    assert outcomes[("normal", "long")].tests == {"tests.fake::test_it": 300.5}
+    assert outcomes[("portable", "short1")].output.startswith("portable ran")
+
+
+def test_a_suite_keeps_each_tests_seconds_from_its_junit_report(tmp_path):
+    report = tmp_path / "junit.xml"
+    report.write_text(
+        '<testsuites><testsuite tests="3" failures="1" errors="0" skipped="1">'
+        '<testcase classname="tests.backends.test_contract" name="test_steps[ddp]" time="12.500"/>'
+        '<testcase classname="tests.backends.test_contract" name="test_steps[scratch]" time="0.250">'
+        "<failure/></testcase>"
+        '<testcase classname="tests.backends.test_torch" name="test_on_gpu" time="0.001"><skipped/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    assert testing.junit_counts(report) == testing.Counts(passed=1, failed=1, skipped=1)
+    assert testing.junit_times(report) == {
+        "tests.backends.test_contract::test_steps[ddp]": 12.5,
+        "tests.backends.test_contract::test_steps[scratch]": 0.25,
+        "tests.backends.test_torch::test_on_gpu": 0.001,
+    }
+
+
+def one_test(seconds: dict[str, float]):
+    """A fake suite's outcome: one passed test of seconds[its short title] (the suite took one second more)."""
+
+    def ran(item):
+        s = seconds.get(item.title.split(" ")[0], 1.0)
+        tests = {f"tests.{item.title.split(' ')[0]}::test_{item.pass_name}": s}
+        return testing.Outcome(testing.Counts(passed=1), "", s + 1, tests)
+
+    return ran
+
+
+def test_the_pass_leaves_each_suites_times_with_its_date_and_host(monkeypatch, tmp_path):
+    fake_pass(monkeypatch, tmp_path, passes="normal,portable", ran=one_test({"torch": 30.0}))
+    kept = json.loads((tmp_path / "times.json").read_text())
+    assert kept["host"]["cpu"] == "AMD EPYC" and kept["host"]["vector_isa"] == ["AVX2"]
+    assert kept["passes"] == ["normal", "portable"] and kept["backends"] == ["torch", "jax"]
+    assert datetime.fromisoformat(kept["date"]).tzinfo is not None and kept["wall_s"] >= 0
+    assert sorted(kept["suites"]) == [
+        "normal: cross-backend (torch, jax)",
+        "normal: harness (no framework)",
+        "normal: jax (inside its environment)",
+        "normal: torch (inside its environment)",
+        "portable: cross-backend (torch, jax)",
+        "portable: jax (inside its environment)",
+        "portable: torch (inside its environment)",
+    ]
+    torch = kept["suites"]["portable: torch (inside its environment)"]
+    assert torch == {
+        "date": kept["date"],
+        "seconds": 31.0,
+        "passed": 1,
+        "failed": 0,
+        "skipped": 0,
+        "tests": {"tests.torch::test_portable": 30.0},
+    }
+
+
+def test_the_next_pass_keeps_the_suites_it_did_not_run_and_orders_its_lanes_by_the_times(
+    monkeypatch, tmp_path
+):
+    """A pass of one backend keeps the others' times; a pass with the user's pytest arguments ran part of each
+    suite and keeps nothing; the next pass starts the suites by the times measured (torch's 900 s before the
+    cross suite's declared 5.5 minutes, the harness's 2 s after everything), a suite never measured by its declared
+    minutes."""
+    fake_pass(monkeypatch, tmp_path, backend="torch", ran=one_test({"torch": 899.0}))
+    fake_pass(monkeypatch, tmp_path, backend="jax", ran=one_test({"jax": 9.0}))
+    kept = json.loads((tmp_path / "times.json").read_text())["suites"]
+    assert {k: v["seconds"] for k, v in kept.items()} == {
+        "normal: harness (no framework)": 2.0,
+        "normal: torch (inside its environment)": 900.0,
+        "normal: jax (inside its environment)": 10.0,
+    }
+    before = (tmp_path / "times.json").read_text()
+    fake_pass(monkeypatch, tmp_path, pytest_args=["-k", "split"], ran=one_test({"torch": 5.0}))
+    assert (tmp_path / "times.json").read_text() == before
+    queue, _ = fake_pass(monkeypatch, tmp_path, passes="normal,portable")
+    assert [testing.label(i.key) for i in queue] == [
+        "portable: what each backend's CPU kernels run with",
+        "torch (inside its environment)",
+        "cross-backend (torch, jax)",
+        "portable: torch (inside its environment)",
+        "portable: jax (inside its environment)",
+        "portable: cross-backend (torch, jax)",
+        "jax (inside its environment)",
+        "harness (no framework)",
+    ]
+
+
+def test_times_from_another_host_or_unreadable_ones_are_not_used(tmp_path):
+    same = {"cpu": "AMD EPYC", "vector_isa": ["AVX2"]}
+    earlier = {"host": same, "suites": {"normal: mxnet": {"seconds": 100}}}
+    now = {"normal: torch": {"seconds": 9}}
+    pass_ = {"date": "d"}
+    assert testing.times_record(earlier, now, same, pass_)["suites"] == {
+        "normal: mxnet": {"seconds": 100},
+        "normal: torch": {"seconds": 9},
+    }
+    other = {**same, "vector_isa": ["AVX2", "AVX-512"]}
+    assert testing.times_record(earlier, now, other, pass_)["suites"] == now
+    assert (
+        testing.times_record(earlier, {}, same, pass_) is None
+    )  # nothing measured: the file stays
+    assert testing.measured_seconds(
+        {
+            "suites": {
+                "a": {"seconds": 12.5},
+                "b": {"seconds": "12"},
+                "c": {"seconds": -1},
+                "d": {"seconds": True},
+                "e": [],
+            }
+        }
+    ) == {"a": 12.5}
+    assert testing.measured_seconds({"suites": []}) == {}
+    (tmp_path / "times.json").write_text("{not json")
+    assert testing.read_times(tmp_path / "times.json") == {}
+    assert testing.read_times(tmp_path / "absent.json") == {}
+
+
+def test_the_longest_tests_are_shown_longest_first_with_their_suite():
+    outcomes = {
+        ("normal", "torch (inside its environment)"): testing.Outcome(
+            testing.Counts(), "", 0.0, {f"t::test_{i}": float(i) for i in range(8)}
+        ),
+        ("portable", "jax (inside its environment)"): testing.Outcome(
+            testing.Counts(), "", 0.0, {"j::test_a": 6.5, "j::test_b": 100.0, "j::test_c": 0.5}
+        ),
+    }
+    rows = testing.longest_tests(outcomes)
+    assert len(rows) == testing.LONGEST_SHOWN == 10
+    assert rows[:3] == [
+        ("portable: jax (inside its environment)", "j::test_b", 100.0),
+        ("torch (inside its environment)", "t::test_7", 7.0),
+        ("portable: jax (inside its environment)", "j::test_a", 6.5),
+    ]
+    assert [r[2] for r in rows] == [100.0, 7.0, 6.5, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0, 0.5]
+
+
+def test_the_summary_counts_each_pass_then_all_of_them_last(capsys):
+    outcomes = {
+        ("normal", "harness (no framework)"): testing.Outcome(testing.Counts(10, 0, 1), "", 300.0),
+        ("normal", "torch (inside its environment)"): testing.Outcome(
+            testing.Counts(20, 1, 2), "", 500.0
+        ),
+        ("portable", "torch (inside its environment)"): testing.Outcome(
+            testing.Counts(5, 0, 0), "", 60.0
+        ),
+    }
+    status = testing.summarise(outcomes, ["normal", "portable"], ["wall time of the pass: 1 s"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-4:] == [
+        "normal pass: 30 passed, 1 failed, 3 skipped",
+        "portable pass: 5 passed, 0 failed, 0 skipped",
+        "wall time of the pass: 1 s",
+        "35 passed, 1 failed, 3 skipped",
+    ]
+    assert status == 1
+    del outcomes[("normal", "torch (inside its environment)")]
+    assert testing.summarise(outcomes, ["normal", "portable"], []) == 0
+
+
+def test_the_wall_time_is_held_to_the_budget_of_the_hosts_widest_vectors():
+    """Over budget is one line, a report: the status is the tests' alone. Only the full pass has a budget."""
+    assert testing.budget(["AVX2"]) == (1500, "a 2-core host with AVX2")
+    assert testing.budget(["AVX2", "AVX-512", "AVX512-BF16"]) == (900, "a 2-core host with AVX-512")
+    assert testing.budget([]) == testing.budget(None) == testing.budget(["AVX2"])
+    assert testing.wall_time(1450.4, ["AVX2"], full=True) == [
+        "wall time of the pass: 1,450 s (24.2 min), budget 1,500 s on a 2-core host with AVX2"
+    ]
+    assert testing.wall_time(1278.0, ["AVX2", "AVX-512"], full=True) == [
+        "wall time of the pass: 1,278 s (21.3 min), budget 900 s on a 2-core host with AVX-512",
+        "over budget by 378 s (a report, not a failure)",
+    ]
+    assert testing.wall_time(1278.0, ["AVX-512"], full=False) == [
+        "wall time of the pass: 1,278 s (21.3 min); the budget, 900 s on a 2-core host with AVX-512, is the "
+        "full pass's (--passes normal,portable, every backend)"
+    ]
+
+
+def test_ci_runs_the_readmes_test_command():
+    readme = (ROOT / "README.md").read_text()
+    command = "python3 -m harness test --passes normal,portable"
+    assert f"\n{command} " in readme
+    assert f"\n{command} | tee" in (ROOT / ".ci" / "run").read_text()
+
+
 def test_the_longest_suite_starts_first():
-    """The lanes end together when the longest suites start first (backend.toml's [tests] minutes)."""
+    """The lanes end together when the longest suites start first: on a fresh clone by their declared minutes
+    (backend.toml's [tests] minutes, HARNESS_MINUTES), every one of them stated."""
     from common import manifest
 
     suites = [
-        testing.Suite(t, "python", [], {}, [], [])
-        for t in (
-            testing.HARNESS_TITLE,
-            *(testing.backend_suite_title(n) for n in manifest.known()),
-        )
+        testing.harness_suite([]),
+        *(testing.backend_suite(n, "python", False, []) for n in manifest.known()),
     ]
-    ordered = [s.title.split(" ")[0] for s in testing.longest_first(suites, list(manifest.known()))]
+    ordered = [s.title.split(" ")[0] for s in testing.longest_first(suites)]
     minutes = {n: manifest.load(n).test_minutes for n in manifest.known()} | {
         "harness": testing.HARNESS_MINUTES
     }
