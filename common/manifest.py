@@ -48,6 +48,25 @@ class Lever:
     refused: str = ""  # why the backend does not offer it (or the other values)
 
 
+# The levers --best decides (backend.toml's [best]): how a step is compiled and laid out. Precision changes the
+# math and --resident-data where the batches wait, so those stay the user's to ask for, on both rows.
+BEST_LEVERS = ("compile", "compile_mode", "channels_last")
+DEVICE_KINDS = ("gpu", "cpu")
+
+
+@dataclass(frozen=True)
+class Best:
+    """--best: the framework's documented fastest mode, the levers it sets on each device kind, and why."""
+
+    why: str = ""
+    gpu: dict = field(default_factory=dict)  # {lever: value}, e.g. {"compile": True}
+    cpu: dict = field(default_factory=dict)
+
+    def on(self, kind: str) -> dict:
+        """The levers the best mode sets on `kind` devices ({}: the default is the best)."""
+        return dict(getattr(self, kind))
+
+
 @dataclass(frozen=True)
 class Manifest:
     name: str
@@ -56,6 +75,7 @@ class Manifest:
     strategies: dict[str, Strategy] = field(default_factory=dict)
     options: dict[str, Option] = field(default_factory=dict)
     levers: dict[str, Lever] = field(default_factory=dict)
+    best: Best = field(default_factory=Best)
     kernels: tuple[
         str, ...
     ] = ()  # the libraries whose CPU kernels it runs (the portable pass probes each)
@@ -116,9 +136,22 @@ def load(name: str) -> Manifest:
             k: Lever(k, v.get("summary", ""), _strings(v.get("values")), v.get("refused", ""))
             for k, v in d.get("levers", {}).items()
         },
+        best=read_best(d["name"], d.get("best", {})),
         kernels=_strings(d.get("kernels", [d["name"]])),
         test_minutes=float(d.get("tests", {}).get("minutes", 0.0)),
     )
+
+
+def read_best(name: str, table: dict) -> Best:
+    """backend.toml's [best], its levers checked: a typo there would quietly plan a best row that is the default."""
+    for kind in DEVICE_KINDS:
+        unknown = set(table.get(kind, {})) - set(BEST_LEVERS)
+        if unknown:
+            raise ValueError(
+                f"backends/{name}/backend.toml: [best.{kind}] sets {', '.join(sorted(unknown))}; "
+                f"--best decides {', '.join(BEST_LEVERS)} only"
+            )
+    return Best(table.get("why", ""), **{kind: dict(table.get(kind, {})) for kind in DEVICE_KINDS})
 
 
 def strategy_refusal(

@@ -423,6 +423,14 @@ def run_flags() -> Parser:
         "copy inside the timed steps)",
     )
     p.add_argument(
+        "--best",
+        action="store_true",
+        help="beside each run as asked, the same run in its framework's documented fastest mode for the "
+        "device (backend.toml's [best]: torch.compile with CUDA graphs and channels-last on a GPU, "
+        "MXNet's static hybridize, ...); one row where the best is the default (JAX). It chooses "
+        "--compile, --compile-mode and --channels-last; the other flags apply to both rows",
+    )
+    p.add_argument(
         "--prefetch",
         type=int,
         default=2,

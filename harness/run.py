@@ -127,6 +127,7 @@ def run_benchmark(args, argv: list[str], carry_out=None) -> int:
         "backends": sorted(plan.backends),
         "topology": plan.topology.how,
         "provenance": provenance.record(gpus=plan.gpus),  # the code and host as the run starts
+        **({"best": plan.best} if plan.best else {}),
     }
     for line in leftovers.keep_left_behind(Path(args.out), document.write):
         console.say(line)
@@ -169,6 +170,7 @@ def dry_run(plan: Plan, args) -> list[str]:
     if plan.not_run:
         lines.append("Would not run:")
         lines += [f"  {runner.label(cfg)}: {reason}" for cfg, reason in plan.not_run]
+    lines += best_lines(plan)
     if args.check:
         lines.append(
             "Before them, the equivalence check of these configurations (--no-check skips it)."
@@ -176,6 +178,13 @@ def dry_run(plan: Plan, args) -> list[str]:
     for name in sorted(plan.backends):
         lines.append(f"Environment of {name}: {environment_line(name, plan)}")
     return lines
+
+
+def best_lines(plan: Plan) -> list[str]:
+    """--best: what it switched on for each backend, or that its best is its default (one row), and why."""
+    if not plan.best:
+        return []
+    return ["--best (each backend.toml's [best]):"] + [f"  {note}" for note in plan.best.values()]
 
 
 def run_line(cfg, trial: int | None) -> str:
@@ -234,6 +243,8 @@ def run_all(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path
             f"{len(plan.runs)} run(s)"
             + (f" ({plan.repeat} trials each)" if plan.repeat > 1 else "")
         )
+        for line in best_lines(plan):
+            console.say(line)
         if args.check:
             # replaced by the table if the check finishes
             meta["equivalence"] = {"interrupted": True}

@@ -80,6 +80,18 @@ def hybridized(cfg) -> bool:
     return bool(cfg.compile) or MANIFEST.option(cfg.options, "hybridize") == "on"
 
 
+# --compile hybridizes as MXNet's performance guide and GluonCV's training scripts do: the cached graph's memory
+# allocated once and reused, its shapes taken as fixed (a new shape, such as a smaller last test batch, still runs,
+# re-planned). The hybridize option alone is d2l's plain hybridize().
+STATIC = {"static_alloc": True, "static_shape": True}
+STATIC_CALL = f"hybridize({', '.join(f'{k}={v}' for k, v in STATIC.items())})"
+
+
+def hybridize_flags(cfg) -> dict:
+    """The arguments of the run's hybridize() call."""
+    return dict(STATIC) if cfg.compile else {}
+
+
 def has_cuda() -> bool:
     return mx.runtime.Features().is_enabled("CUDA")
 
@@ -167,7 +179,7 @@ def environment(cfg) -> dict:
                 "NVIDIA_TF32_OVERRIDE": os.environ.get("NVIDIA_TF32_OVERRIDE"),
             },
             # A refused speed lever (common/levers.py, from backend.toml) makes the run unavailable; NCHW always.
-            compile="hybridize(), forced on whatever the hybridize option" if cfg.compile else None,
+            compile=f"{STATIC_CALL}, whatever the hybridize option" if cfg.compile else None,
             input_copies=input_copies(cfg),
             sgd_update=sgd_update(cfg),
             collective=collective(cfg),
@@ -177,6 +189,7 @@ def environment(cfg) -> dict:
                 "engine": f"threaded engine per device, {engine_workers()} worker thread(s) per context",
                 "kvstore": kvstore(cfg) if cfg.strategy == "gluon" else None,
                 "hybridize": hybridized(cfg),
+                "static_alloc": bool(cfg.compile),
                 **ps_lite(cfg),
             },
         ),

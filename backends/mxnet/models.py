@@ -23,7 +23,7 @@ import numpy as np
 
 from backends.mxnet.batchnorm import Norm, batchnorm, sync_batchnorm
 from backends.mxnet.compat import mx
-from backends.mxnet.environment import hybridized
+from backends.mxnet.environment import hybridize_flags, hybridized
 from backends.mxnet.parallel import as_ndarray
 from common import architectures
 from common.architectures import RESNET50_LAYERS
@@ -342,12 +342,13 @@ def statistics_shards(cfg: RunConfig) -> int:
 
 def network(cfg: RunConfig, ctx, dtype: str) -> gluon.HybridBlock:
     """The model initialised on ctx (a context or a list of them) in dtype, hybridized if the run
-    says so. Gluon's own initial values are overwritten with the canonical ones by reset()."""
+    says so (statically with --compile). Gluon's own initial values are overwritten with the canonical
+    ones by reset()."""
     net = build(cfg.model, norm_layers(cfg))
     net.initialize(ctx=ctx)
     net.cast(dtype)
     if hybridized(cfg):
-        net.hybridize()
+        net.hybridize(**hybridize_flags(cfg))
     return net
 
 

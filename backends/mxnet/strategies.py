@@ -23,7 +23,8 @@ BatchNorm's running statistics follow torch's convention (unbiased variance): ba
 around each step's forward and backward passes (RunningStatistics.step).
 Nothing is read back to the host inside a step: it returns NDArrays, read by collect().
 place() split_and_loads a batch onto the contexts (parallel.Shards), queued on the engine, and a
-step takes it as it is (put() for --prefetch, stage() for --resident-data). --compile is hybridize().
+step takes it as it is (put() for --prefetch, stage() for --resident-data).
+--compile is hybridize(static_alloc=True, static_shape=True) (environment.STATIC).
 allreduce_op() is the strategy's own reduction of one gradient-sized buffer: the hand-written
 allreduce (scratch), a kvstore of the run's type (gluon).
 dtype (the equivalence API only): "float64" runs the same strategy code, its split, reduction,

@@ -1,5 +1,6 @@
 """Parsing and planning: from the parsed flags to a Plan (one RunConfig per backend x strategy x option
-values x device count, and the rows that will not run, with the reason), refusing bad input up front.
+values x levers x device count, and the rows that will not run, with the reason), refusing bad input up front.
+The levers are those asked for and, with --best, also the backend's best mode for the devices (its [best]).
 
 Backends are known by their manifest, backends/<name>/backend.toml (common/manifest.py); nothing here
 imports a framework or starts a process.
@@ -147,6 +148,8 @@ class Plan:
     detection: str = ""  # how the GPUs were found, or why the devices are simulated
     data_source: str = ""
     repeat: int = 1  # trials of each config (--repeat)
+    # --best: what it does for each backend on these devices, one line each (the dry run's and the report's)
+    best: dict[str, str] = field(default_factory=dict)
 
     @property
     def runs(self) -> list[tuple[RunConfig, int | None]]:
@@ -250,15 +253,48 @@ def select_strategies(
     return chosen
 
 
+def check_best(args) -> None:
+    """--best decides the levers of backend.toml's [best]: one of them asked for as well is a contradiction."""
+    given = {
+        "--compile": args.compile,
+        "--compile-mode": args.compile_mode != "default",
+        "--channels-last": args.channels_last,
+    }
+    explicit = [flag for flag, asked in given.items() if asked]
+    if args.best and explicit:
+        raise UsageError(
+            f"--best chooses {', '.join(given)} per backend (its backend.toml's [best]); "
+            f"drop {', '.join(explicit)} or --best"
+        )
+
+
+def asked_levers(args) -> dict:
+    """The levers of the run as asked, every one (RunConfig's field names)."""
+    return {name: getattr(args, name) for name in leverlib.PLAIN}
+
+
+def lever_variants(args, backend: Manifest, kind: str) -> list[dict]:
+    """The levers of each row a strategy gets: the run as asked and, with --best, the same with the backend's best
+    mode on top (one row where its best is its default)."""
+    asked = asked_levers(args)
+    best = backend.best.on(kind)
+    if not args.best or not best:
+        return [asked]
+    return [asked, {**asked, **best}]
+
+
+def best_note(backend: Manifest, kind: str) -> str:
+    """What --best does for `backend` on `kind` devices, in one line."""
+    best = backend.best.on(kind)
+    if not best:
+        return f"{backend.name}: best is the default: {backend.best.why}"
+    switched = RunConfig(backend.name, "", 1, **best).levers
+    return f"{backend.name}: best switches on {', '.join(switched)}: {backend.best.why}"
+
+
 def refused_levers(args, backends: dict[str, Manifest], kind: str) -> dict[str, str]:
     """{backend: why it cannot run the asked levers}; an error if no selected backend can."""
-    asked = leverlib.asked(
-        precision=args.precision,
-        compile=args.compile,
-        compile_mode=args.compile_mode,
-        channels_last=args.channels_last,
-        resident_data=args.resident_data,
-    )
+    asked = leverlib.asked(**asked_levers(args))
     if args.compile_mode != "default" and not args.compile:
         raise UsageError(f"--compile-mode {args.compile_mode} needs --compile")
     if args.compile_mode == "reduce-overhead" and kind != "gpu":
@@ -292,8 +328,10 @@ def make_config(
     data_dir: str | None,
     topology: Topology = Topology(),
     nodes: int = 1,
+    levers: dict | None = None,
 ) -> RunConfig:
-    """One run of `preset` (the flags already in it) on n devices (in all, over `nodes` nodes)."""
+    """One run of `preset` (the flags already in it) on n devices (in all, over `nodes` nodes), with `levers`
+    (RunConfig's names; None: the levers as asked)."""
     loopback = topology.loopback
     coordinator = (
         None
@@ -329,11 +367,7 @@ def make_config(
         options=options,
         bn=args.bn,
         init=preset.init,
-        precision=args.precision,
-        compile=args.compile,
-        channels_last=args.channels_last,
-        resident_data=args.resident_data,
-        compile_mode=args.compile_mode,
+        **(asked_levers(args) if levers is None else levers),
         prefetch=args.prefetch,
         compile_cache=args.compile_cache,
         timed_steps=preset.timed_steps,
@@ -359,6 +393,7 @@ def default_gpus(topology, kind: str, gpus: list[str]) -> list[int]:
 
 def build_plan(args) -> Plan:
     names = parse_backends(args.backend)
+    check_best(args)
     pythons = parse_pythons(args.python)
     devices = choose_devices(args)
     kind, gpus = devices.kind, devices.gpus
@@ -396,32 +431,35 @@ def build_plan(args) -> Plan:
         topology=topology,
         repeat=args.repeat,
     )
+    if args.best:
+        plan.best = {name: best_note(backends[name], kind) for name in names}
     for name in names:
         for strategy, reason in strategies[name]:  # (none: no asked strategy is this backend's)
             reason = reason or refused.get(name)
-            for m in filter(topology.runs_here, topology.counts):
-                for variant in option_variants(backends[name], strategy, options, m > 1):
-                    for n in counts:
-                        cfg = make_config(
-                            args,
-                            preset,
-                            name,
-                            strategy,
-                            variant,
-                            n * m,
-                            kind,
-                            data_dir,
-                            topology,
-                            m,
-                        )
-                        why = reason or engine_refusal(backends[name], strategy, m)
-                        if why:
-                            plan.not_run.append((cfg, why))
-                        else:
-                            plan.configs.append(cfg)
+            for m, variant, levers, n in rows(
+                args, backends[name], strategy, options, kind, topology, counts
+            ):
+                cfg = make_config(
+                    args, preset, name, strategy, variant, n, kind, data_dir, topology, m, levers
+                )
+                why = reason or engine_refusal(backends[name], strategy, m)
+                if why:
+                    plan.not_run.append((cfg, why))
+                else:
+                    plan.configs.append(cfg)
     check_weights_flags(args, plan)
     plan.configs = measuring_peaks(plan.configs)
     return plan
+
+
+def rows(args, backend: Manifest, strategy: str, options, kind: str, topology: Topology, counts):
+    """(nodes, options, levers, devices in all) of every row of one strategy, in the plan's order: a variant's
+    device counts together, so that the report's scaling reads each variant's rows."""
+    for m in filter(topology.runs_here, topology.counts):
+        for variant in option_variants(backend, strategy, options, m > 1):
+            for levers in lever_variants(args, backend, kind):
+                for n in counts:
+                    yield m, variant, levers, n * m
 
 
 def measuring_peaks(configs: list[RunConfig]) -> list[RunConfig]:

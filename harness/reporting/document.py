@@ -31,6 +31,7 @@ from harness.reporting.plots import (
 )
 from harness.reporting.published import d2l_section, resnet50_section
 from harness.reporting.sections import (
+    best_section,
     devices_line,
     environment_section,
     equivalence_section,
@@ -197,6 +198,7 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
         * any(targets(row) for row in rows),
         "",
     ]
+    L += best_section(meta.get("best"))
     if plots.get("time_to_accuracy"):
         L += ["![Time to accuracy](time_to_accuracy.png)", ""]
     L += parity_section(meta.get("parity"), plots.get("parity", False))

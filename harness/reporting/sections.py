@@ -321,6 +321,23 @@ def faster_idioms(rows: list[dict]) -> list[tuple[str, float]]:
     ]
 
 
+def best_section(best) -> list[str]:
+    """--best (results.json's meta["best"], untrusted when re-read): what each backend's best mode switched on, or
+    that its best is its default, and why."""
+    if not isinstance(best, dict) or not best:
+        return []
+    notes = [f"- {' '.join(note.split())}" for note in best.values() if isinstance(note, str)]
+    return [
+        "## Best mode (--best)",
+        "",
+        "Each framework ran as asked and, beside it, in its documented fastest mode for these devices (its "
+        "backend.toml's [best]): the summary's rows with the levers named here.",
+        "",
+        *notes,
+        "",
+    ]
+
+
 def parity_section(parity, plotted: bool) -> list[str]:
     """`python -m harness parity`'s figures: each strategy's step time over its framework's idiom's."""
     if parity is None:

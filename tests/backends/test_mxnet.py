@@ -342,9 +342,38 @@ def test_compile_hybridizes_even_with_hybridize_off(backend, name):
     assert all(net._active for net in getattr(compiled, "replicas", [compiled.module]))
     assert environment(compiled.cfg)["details"]["hybridize"] is True
     assert environment(compiled.cfg)["levers"]["compile"] is True
-    assert environment(compiled.cfg)["compile"].startswith("hybridize()")
+    assert environment(compiled.cfg)["compile"].startswith(
+        "hybridize(static_alloc=True, static_shape=True)"
+    )
     assert environment(imperative.cfg)["details"]["hybridize"] is False
     assert environment(imperative.cfg)["compile"] is None
+
+
+@pytest.mark.parametrize("name", ["scratch", "gluon"])
+def test_compile_allocates_statically_and_still_evaluates_other_shapes(backend, name):
+    """--compile (and so --best) is hybridize(static_alloc=True, static_shape=True); the hybridize option alone is the
+    plain hybridize(). A static graph meets other shapes in evaluation (test batches of 12 and 5 after training on
+    shards of 6) and training shapes again after it: its predictions and its next step are the plain graph's."""
+    from backends.mxnet import models
+
+    static = lenet_trainer(backend, name, compile=True)
+    plain = lenet_trainer(backend, name, options={"hybridize": "on"})
+    for net in getattr(static, "replicas", [static.module]):
+        assert dict(net._flags)["static_alloc"] is True and dict(net._flags)["static_shape"] is True
+    assert dict(plain.module._flags)["static_alloc"] is False
+    (x, y), (x2, y2) = batches(2)
+    for trainer in (static, plain):
+        trainer.step(x, y)
+    images = [x, x2[:5]]
+    # labelled with the plain graph's predictions: the static graph scores all only if it predicts the same
+    predicted = [
+        plain.module(models.as_ndarray(t, plain.devs[0])).argmax(axis=1).asnumpy().astype(np.int64)
+        for t in images
+    ]
+    assert static.evaluate(list(zip(images, predicted))) == (17, 17)
+    for trainer in (static, plain):
+        trainer.step(x2, y2)
+    assert max_abs_diff(static.canonical(), plain.canonical()) == 0.0
 
 
 def run_worker(tmp_path, **overrides) -> tuple[int, dict]:
