@@ -54,10 +54,10 @@ def test_each_framework_at_its_best_comes_first_then_each_lever_alone_then_the_r
         "20. test-torch",
         "21. test-jax",
     ]
-    # torch at its best: Inductor with CUDA graphs, NHWC, batches on the device, profiled; JAX beside it
+    # torch as written and at its best (--best), batches on the device, profiled; JAX beside it
     assert (
-        "--backend torch --strategy scratch,ddp --gpus 1 --preset d2l --precision bf16 --compile "
-        "--compile-mode reduce-overhead --channels-last --resident-data --epochs 4 --profile 5 --no-check"
+        "--backend torch --strategy scratch,ddp --gpus 1 --preset d2l --precision bf16 --best "
+        "--resident-data --epochs 4 --profile 5 --no-check"
     ) in lines[0]
     assert (
         "--backend jax --gpus 1 --preset d2l --precision bf16 --resident-data --epochs 4"
@@ -96,7 +96,7 @@ def test_each_framework_at_its_best_comes_first_then_each_lever_alone_then_the_r
 
 def test_torch_logs_its_cuda_graphs_where_a_piece_captures_them():
     for piece in gpu_reference.PIECES:
-        graphs = "reduce-overhead" in piece.args
+        graphs = "reduce-overhead" in piece.args or "--best" in piece.args
         assert (
             gpu_reference.piece_env(piece).get("TORCH_LOGS") == "cudagraphs,perf_hints"
         ) == graphs
@@ -125,7 +125,7 @@ def test_the_smoke_run_is_the_same_pieces_on_the_cpu_cut_to_a_few_steps():
         "--device cpu --epochs 1" in line and "--device gpu" not in line for line in smoke[:10]
     )
     # CUDA graphs are refused on the CPU: the smoke run compiles without them
-    assert "--compile --channels-last" in smoke[0] and "reduce-overhead" not in smoke[0]
+    assert "--compile --epochs 2" in smoke[2] and "reduce-overhead" not in smoke[2]
     assert pieces("--piece", "5", "--smoke") == [smoke[4]]
     assert smoke[10].endswith("--device cpu --batch-size 8 --repeat 2 --timed-steps 3")
 
