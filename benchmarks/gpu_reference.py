@@ -92,6 +92,12 @@ D2L_BF16 = [*TRAIN, "--precision", "bf16"]
 GRAPHS = ["--compile", "--compile-mode", "reduce-overhead"]
 TORCH_SCRATCH = ["--backend", "torch", "--strategy", "scratch"]
 LEVER_EPOCHS = ["--epochs", "2", "--no-check"]
+RESNET50_TORCH = ["--backend", "torch", "--preset", "resnet50", "--gpus", "1"]
+PROFILED_3 = [
+    "--profile",
+    "3",
+    "--no-check",
+]  # ResNet-50's steps are long: three profiled are enough
 # torch's own words on its CUDA graphs (captured, or skipped and why), in each worker's log beside the report
 TORCH_GRAPH_LOGS = {"TORCH_LOGS": "cudagraphs,perf_hints"}
 
@@ -137,38 +143,11 @@ PIECES = [
     Piece(
         "torch-graphs", 0.8, [*TORCH_SCRATCH, *D2L_BF16, *GRAPHS, *LEVER_EPOCHS], TORCH_GRAPH_LOGS
     ),
-    Piece(
-        "resnet50-torch-channels-last",
-        1.0,
-        [
-            "--backend",
-            "torch",
-            "--preset",
-            "resnet50",
-            "--gpus",
-            "1",
-            "--channels-last",
-            "--profile",
-            "3",
-            "--no-check",
-        ],
-    ),
+    Piece("resnet50-torch-channels-last", 1.0, [*RESNET50_TORCH, "--channels-last", *PROFILED_3]),
     Piece(
         "resnet50-torch-compile",
         1.5,
-        [
-            "--backend",
-            "torch",
-            "--preset",
-            "resnet50",
-            "--gpus",
-            "1",
-            "--channels-last",
-            "--compile",
-            "--profile",
-            "3",
-            "--no-check",
-        ],
+        [*RESNET50_TORCH, "--channels-last", "--compile", *PROFILED_3],
     ),
     Piece("keras", 2.0, ["--backend", "keras", *D2L_BF16, *LEVER_EPOCHS]),
     Piece(
