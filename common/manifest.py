@@ -79,8 +79,10 @@ class Manifest:
     kernels: tuple[
         str, ...
     ] = ()  # the libraries whose CPU kernels it runs (the portable pass probes each)
-    # its test suite's wall time on one core of a 2-core CPU ([tests] minutes): `harness test` starts the longest first
+    # its test suite's wall time on one core of a 2-core CPU ([tests] minutes), and its portable suite's ([tests]
+    # portable_minutes): `harness test` starts the longest first
     test_minutes: float = 0.0
+    portable_test_minutes: float = 0.0
 
     def options_for(self, strategy: str) -> dict[str, Option]:
         return {
@@ -139,6 +141,7 @@ def load(name: str) -> Manifest:
         best=read_best(d["name"], d.get("best", {})),
         kernels=_strings(d.get("kernels", [d["name"]])),
         test_minutes=float(d.get("tests", {}).get("minutes", 0.0)),
+        portable_test_minutes=float(d.get("tests", {}).get("portable_minutes", 0.0)),
     )
 
 
