@@ -7,30 +7,6 @@ import platform
 import resource
 from dataclasses import dataclass
 
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cpuinfo_field(name: str) -> str | None:
-    """The first value of `name` in /proc/cpuinfo (None where there is none, or no such file)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.split(":", 1)[0].strip() == name:
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
-
-
 # The vector instruction sets that set the width of XLA's and oneDNN's CPU kernels: cpuinfo's flag, the report's
 # name. A host with AVX-512 runs those kernels twice as wide as an AVX2-only one: a figure depends on which it had.
 VECTOR_SETS = (
@@ -52,6 +28,11 @@ def read_cpuinfo() -> str:
             return f.read()
     except OSError:
         return ""
+
+
+def cpuinfo_field(name: str) -> str | None:
+    """The first processor's value of `name` in CPUINFO (None where there is none, or no such file)."""
+    return first_processor(read_cpuinfo()).get(name)
 
 
 def first_processor(text: str) -> dict[str, str]:
