@@ -35,6 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from common import manifest, sysinfo
+from common.files import write_json_atomic
 from harness.arguments import Parser, UsageError, backends_flags, name_list, python_flags
 from harness.planning.plan import parse_backends, parse_pythons
 from harness.processes import envs, runner
@@ -720,10 +721,8 @@ def keep_times(record: dict | None) -> None:
     """TIMES_FILE written whole; a failed write is one line, not a failed pass."""
     if record is None:
         return
-    staged = TIMES_FILE.with_name(TIMES_FILE.name + ".tmp")
     try:
-        staged.write_text(json.dumps(record, indent=1) + "\n")
-        os.replace(staged, TIMES_FILE)
+        write_json_atomic(TIMES_FILE, record)
     except OSError as e:
         print(f"\nthe tests' times were not kept: {TIMES_FILE}: {e.strerror}", flush=True)
         return
