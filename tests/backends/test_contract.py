@@ -883,7 +883,9 @@ def test_a_node_killed_mid_run_fails_the_run_with_its_error_and_ends_every_proce
             f"{NAME}={sys.executable}",
         ],
         cwd=ROOT,
-        env=worker_env(),
+        # the survivor's grace after node 1's failure, which it can only fail too (runner.FAILED_GRACE_ENV): 10 s
+        # by default, 1 here (CI time)
+        env=worker_env(DPBENCH_FAILED_NODE_GRACE_S="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -1,6 +1,6 @@
 """Across hosts for real, in every backend's environment: the README's recipe, one harness per host, each
-host with an address of its own (two network namespaces, tests/backends/hosts.py), for every strategy that
-has an engine. The machine's own name may resolve to 127.0.0.1 (as here, and on many hosts): the engines
+host with an address of its own (two network namespaces, tests/backends/hosts.py), for each engine a
+strategy runs its nodes with. The machine's own name may resolve to 127.0.0.1 (as here, and on many hosts): the engines
 must bind to the address the hosts reach each other at, which the harness finds at the nodes' roll call.
 
 The trained weights must be those of the same run on loopback nodes and in one process with 2 devices:
@@ -9,8 +9,11 @@ thread per process, so a shard's arithmetic is the same in each; and a sum of tw
 order. So the three are compared bit for bit: any difference is a different computation, not rounding.
 
 A backend whose nodes meet through another's engine (Keras's ddp: torch's launcher and process group) is proven in
-that backend's suite; a host lost mid-run is proven once per engine (jax's pmap and sharding share
-jax.distributed): what ends the run is the harness's heartbeats and the engine's own timeouts, not the strategy."""
+that backend's suite. Both tests run once per engine, with its first strategy (jax's pmap and sharding share
+jax.distributed): what crosses hosts is the engine's (its coordinator, the address it binds, its collectives), and
+what ends a run that lost a host is the harness's heartbeats and the engine's own timeouts, not the strategy. Each
+other strategy of an engine is proven on that engine's loopback nodes, bit for bit against one process
+(test_contract.py's test_two_nodes_take_the_steps_of_one_process_and_of_one_device)."""
 
 from __future__ import annotations
 
@@ -74,7 +77,7 @@ def run_here(tmp_path: Path, name: str, strategy: str, *extra: str) -> tuple[dic
     return weightslib.load(out / "weights.npz"), run_row(out)
 
 
-@pytest.mark.parametrize("engine_strategy", ENGINE_STRATEGIES)
+@pytest.mark.parametrize("engine_strategy", ONE_PER_ENGINE)
 def test_two_hosts_train_the_same_weights_as_loopback_nodes_and_one_process(
     backend, engine_strategy, tmp_path
 ):

@@ -569,7 +569,7 @@ def test_a_ddp_worker_killed_at_its_timeout_leaves_nothing_in_the_temp_dir(tmp_p
             "0",
             "--quiet",
             "--timeout",
-            "30",
+            "15",
             "--python",
             f"torch={TORCH}",
             "--out",

@@ -291,3 +291,14 @@ def test_console_draws_a_bar_on_a_terminal_and_plain_lines_elsewhere():
             assert text.rsplit("\r", 1)[1].splitlines() == lines
         else:
             assert text.splitlines() == lines[1:] if quiet else lines
+
+
+def test_the_failed_nodes_grace_is_shortened_only_by_a_number_of_seconds_within_its_default():
+    """The test suite shortens the wait after a node's failure (runner.FAILED_GRACE_ENV); anything else in the
+    variable leaves the default, never a longer wait or a traceback."""
+    from harness.processes.runner import FAILED_GRACE_ENV, failed_node_grace
+
+    assert failed_node_grace({}) == 10.0
+    assert failed_node_grace({FAILED_GRACE_ENV: "1"}) == 1.0
+    for bad in ("", "soon", "-1", "nan", "3600"):
+        assert failed_node_grace({FAILED_GRACE_ENV: bad}) == 10.0, bad
