@@ -14,15 +14,12 @@ from common import config as configlib
 from common import manifest
 from common import weights as weightslib
 from common.config import BN_MODES, COMPILE_MODES, DATASETS, MODELS, PRECISIONS, ConfigError
+from harness.errors import UsageError
 from harness.presets import PRESETS
 
 DEFAULT_TIMEOUT = 3600.0
 # across hosts: a host may be minutes late (building its environments on first use)
 DEFAULT_JOIN_TIMEOUT = 300.0
-
-
-class UsageError(Exception):
-    """Bad input: reported as one line, exit status 2."""
 
 
 class Parser(argparse.ArgumentParser):

@@ -27,8 +27,8 @@ from common.data import imagenet
 from common.manifest import Manifest
 from common.network import free_port
 from harness import arguments
-from harness.arguments import UsageError
 from harness.checking.equivalence import Measurements, Row, compare, compare_nodes, table
+from harness.errors import UsageError
 from harness.nodes.nodes import parse_counts as parse_node_counts
 from harness.planning.datasets import resolve_data
 from harness.planning.plan import (

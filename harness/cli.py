@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness import arguments, check, compare, history, parity, projection, report, run, testing
-from harness.arguments import HelpFormatter, Parser, UsageError
+from harness.arguments import HelpFormatter, Parser
+from harness.errors import UsageError
 from harness.planning.plan import build_plan, choose_devices, parse_pythons
 from harness.processes import interrupts
 

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from common.results import Result, load_results_json
-from harness.arguments import Parser, UsageError
+from harness.arguments import Parser
+from harness.errors import UsageError
 from harness.reporting import provenance
 from harness.reporting.tables import milliseconds, table
 from harness.reporting.trials import Trials, group

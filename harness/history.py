@@ -26,7 +26,8 @@ from pathlib import Path
 
 from common.results import Result, load_results_json
 from harness import compare
-from harness.arguments import Parser, UsageError
+from harness.arguments import Parser
+from harness.errors import UsageError
 from harness.reporting.tables import milliseconds, table
 from harness.reporting.trials import Trials, group
 

@@ -32,7 +32,8 @@ from common.config import RunConfig
 from common.profiling import CATEGORIES, TRACES_ENV, step_seconds
 from common.results import Result, profile_problem
 from harness import arguments, compare, run
-from harness.arguments import Parser, UsageError
+from harness.arguments import Parser
+from harness.errors import UsageError
 from harness.planning.plan import Devices, Plan, choose_devices, parse_gpus
 from harness.presets import PRESETS
 from harness.processes import envs, runner

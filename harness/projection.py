@@ -15,7 +15,8 @@ from pathlib import Path
 from common import architectures
 from common.files import write_atomic, write_text_atomic
 from common.results import Result, load_results_json
-from harness.arguments import Parser, UsageError
+from harness.arguments import Parser
+from harness.errors import UsageError
 from harness.reporting import scaling
 from harness.reporting.plots import pyplot
 from harness.reporting.published import NVIDIA_RESNET50_SOURCE, RESNET50_8GPU, RESNET50_BATCH

@@ -14,7 +14,8 @@ from common import profiling
 from common.files import write_json_atomic, write_text_atomic
 from common.results import Result, load_results_json
 from harness import parity
-from harness.arguments import Parser, UsageError
+from harness.arguments import Parser
+from harness.errors import UsageError
 from harness.reporting import document
 from harness.reporting.tables import summary_records, summary_table, with_scaling
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from common import manifest
 from harness import check
-from harness.arguments import UsageError
+from harness.errors import UsageError
 from harness.planning.plan import Devices, Plan, build_plan, choose_devices
 from harness.processes import devices, disk, envs, interrupts, runner
 from harness.reporting import document, leftovers, provenance, tables

@@ -36,7 +36,8 @@ from pathlib import Path
 
 from common import manifest, sysinfo
 from common.files import write_json_atomic
-from harness.arguments import Parser, UsageError, backends_flags, name_list, python_flags
+from harness.arguments import Parser, backends_flags, name_list, python_flags
+from harness.errors import UsageError
 from harness.planning.plan import parse_backends, parse_pythons
 from harness.processes import envs, runner
 from harness.processes.envs import ROOT

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from common import network
 from common.config import ConfigError, check_join_timeout, check_peer_timeout, parse_address
-from harness.arguments import UsageError
+from harness.errors import UsageError
 
 # torchrun's default master port: open in most cluster firewalls for this purpose
 DEFAULT_PORT = 29500

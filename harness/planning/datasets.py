@@ -19,7 +19,7 @@ from common.config import (
     imagenet_shaped,
 )
 from common.data import imagenet
-from harness.arguments import UsageError
+from harness.errors import UsageError
 from harness.presets import Preset
 from harness.processes import disk
 

@@ -17,7 +17,8 @@ from common import manifest
 from common import weights as weightslib
 from common.config import MAX_SIMULATED_DEVICES, ConfigError, RunConfig
 from common.manifest import Manifest, engine_refusal, strategy_refusal
-from harness.arguments import UsageError, check_shared
+from harness.arguments import check_shared
+from harness.errors import UsageError
 from harness.nodes import nodes as nodelib
 from harness.nodes.nodes import Topology
 from harness.planning.datasets import check_subset_sizes, explicit_size, resolve_data, settle_data

@@ -14,7 +14,7 @@ import pytest
 
 from common.config import RunConfig
 from harness import cli
-from harness.arguments import UsageError
+from harness.errors import UsageError
 from harness.nodes import nodes
 from harness.processes import runner
 from tests.harness.helpers import fake_python
