@@ -17,7 +17,6 @@ prints the Markdown. A folder that is not a readable report is skipped with one 
 
 from __future__ import annotations
 
-import argparse
 import re
 import statistics
 import sys
@@ -25,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.results import Result, load_results_json
-from harness import compare
 from harness.arguments import Parser
 from harness.errors import UsageError
+from harness.reporting import comparison
+from harness.reporting.comparison import Thresholds
 from harness.reporting.tables import milliseconds, table
 from harness.reporting.trials import Trials, group
 
@@ -95,7 +95,7 @@ def find_reports(folders: list[str], say) -> list[Report]:
                 say(f"skipped {path}: {e}")
                 continue
             reports.append(
-                Report(path, meta["started"], commit_of(meta), results, compare.machine_of(meta))
+                Report(path, meta["started"], commit_of(meta), results, comparison.machine_of(meta))
             )
     return sorted(reports, key=lambda r: (r.started, str(r.path)))
 
@@ -112,7 +112,7 @@ def commit_of(meta: dict) -> str:
 def series_key(t: Trials) -> tuple:
     """A history's configuration: compare's row and what makes two reports' figures comparable."""
     c = t.config
-    return (*compare.row_key(t), c.device_kind, *(getattr(c, f) for f in compare.COMPARABLE))
+    return (*comparison.row_key(t), c.device_kind, *(getattr(c, f) for f in comparison.COMPARABLE))
 
 
 def histories(reports: list[Report]) -> dict[tuple, list[Point]]:
@@ -123,11 +123,10 @@ def histories(reports: list[Report]) -> dict[tuple, list[Point]]:
             if not trials.kept:
                 continue
             out.setdefault(series_key(trials), []).append(Point(report, trials))
-    defaults = argparse.Namespace(factor=1.1, alpha=0.05, accuracy_tolerance=0.01, accept="")
     for points in out.values():
         for before, point in zip(points, points[1:]):
             machines = (before.report.machine, point.report.machine)
-            verdict = compare.judge(before.trials, point.trials, defaults, set(), machines)
+            verdict = comparison.judge(before.trials, point.trials, Thresholds(), machines)
             point.mark, point.note = verdict.mark, verdict.note
     return out
 
@@ -150,7 +149,7 @@ def target_of(t: Trials) -> str:
 def title(key: tuple) -> str:
     """backend strategy, devices: the recipe (model, batch, training images, epochs)."""
     backend, variant, devices, nodes, kind = key[:5]
-    recipe = dict(zip(compare.COMPARABLE, key[5:]))
+    recipe = dict(zip(comparison.COMPARABLE, key[5:]))
     where = f"{devices} {kind.upper()}" + (f" on {nodes} nodes" if nodes > 1 else "")
     images = "all" if recipe["train_size"] is None else f"{recipe['train_size']:,}"
     return (
@@ -181,7 +180,7 @@ def history_table(points: list[Point]) -> list[str]:
 
 def document(series: dict[tuple, list[Point]], plotted: dict[tuple, str]) -> str:
     """A section per configuration seen in several reports; those seen in one, listed after them."""
-    L = ["# History", "", compare.legend(argparse.Namespace(factor=1.1, alpha=0.05)), ""]
+    L = ["# History", "", comparison.legend(Thresholds()), ""]
     ordered = sorted(series.items(), key=lambda kv: title(kv[0]))
     for key, points in ordered:
         if len(points) > 1:
@@ -205,7 +204,7 @@ def plot(points: list[Point], name: str, path: Path) -> None:
     steps = [1e3 * (step_of(p.trials) or float("nan")) for p in points]
     ax.plot(range(len(points)), steps, marker="o")
     for i, p in enumerate(points):
-        if p.mark in (compare.SLOWER, compare.FASTER):
+        if p.mark in (comparison.SLOWER, comparison.FASTER):
             ax.annotate(
                 p.mark, (i, steps[i]), textcoords="offset points", xytext=(0, 8), ha="center"
             )

@@ -31,12 +31,13 @@ from common import weights as weightslib
 from common.config import RunConfig
 from common.profiling import CATEGORIES, TRACES_ENV, step_seconds
 from common.results import Result, profile_problem
-from harness import arguments, compare, run
+from harness import arguments, run
 from harness.arguments import Parser
 from harness.errors import UsageError
 from harness.planning.plan import Devices, Plan, choose_devices, parse_gpus
 from harness.presets import PRESETS
 from harness.processes import envs, runner
+from harness.reporting.comparison import ratio_interval
 from harness.reporting.tables import as_results, milliseconds
 
 LIMIT = 1.10  # the most a strategy's step may cost over its idiom's
@@ -357,7 +358,7 @@ def row(
         return {**out, "verdict": f"not measured: {why} finished no trial"}
     suite_step = statistics.median(s for t in mine for s in t)
     idiom_step = statistics.median(s for t in theirs for s in t)
-    low, high = compare.ratio_interval(theirs, mine, alpha)
+    low, high = ratio_interval(theirs, mine, alpha)
     breakdowns = profiled_pair(suite, idioms, suite_step, idiom_step)
     if out["reason"] is None and breakdowns and suite_step / idiom_step > EXPLAINED:
         out["reason"] = breakdown_reason(*breakdowns)

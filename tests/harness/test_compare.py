@@ -15,7 +15,7 @@ from common.loop import step_statistics
 from common.results import Result, new_result, result_problem
 from harness import compare
 from harness.cli import build_plan, parse
-from harness.reporting import provenance, trials
+from harness.reporting import comparison, provenance, trials
 from harness.reporting.tables import summary_table, with_scaling
 from tests.harness.helpers import fake_python, run_harness
 from tests.harness.test_machine import AVX2_ONLY, ZEN4
@@ -139,11 +139,11 @@ def test_the_interval_spans_1_for_the_same_distribution_and_not_for_a_shift():
     old = [list(0.1 * (1 + 0.03 * rng.standard_normal(30))) for _ in range(3)]
     same = [list(0.1 * (1 + 0.03 * rng.standard_normal(30))) for _ in range(3)]
     slower = [list(0.12 * (1 + 0.03 * rng.standard_normal(30))) for _ in range(3)]
-    low, high = compare.ratio_interval(old, same, 0.05)
+    low, high = comparison.ratio_interval(old, same, 0.05)
     assert low < 1 < high and high - low < 0.05
-    low, high = compare.ratio_interval(old, slower, 0.05)
+    low, high = comparison.ratio_interval(old, slower, 0.05)
     assert 1.15 < low < 1.2 < high < 1.25
-    assert compare.ratio_interval(old, slower, 0.05) == (
+    assert comparison.ratio_interval(old, slower, 0.05) == (
         low,
         high,
     )  # seeded: the same verdict every time
@@ -156,10 +156,10 @@ def test_the_spread_between_trials_counts_not_only_the_steps_within_them():
     rng = np.random.default_rng(0)
     trials = lambda paces: [list(pace * (1 + 0.01 * rng.standard_normal(30))) for pace in paces]
     old, new = trials([0.045, 0.055, 0.065]), trials([0.044, 0.050, 0.056])
-    low, high = compare.ratio_interval(old, new, 0.05)
+    low, high = comparison.ratio_interval(old, new, 0.05)
     assert low < 1 < high
     # one "trial" each: steps only
-    pooled = compare.ratio_interval([sum(old, [])], [sum(new, [])], 0.05)
+    pooled = comparison.ratio_interval([sum(old, [])], [sum(new, [])], 0.05)
     assert pooled[1] < 1
 
 
@@ -204,15 +204,15 @@ def test_the_legend_says_what_each_mark_means(tmp_path):
 
 
 def verdicts_of(old: Path, new: Path) -> dict[tuple, str]:
-    """compare.compare's marks, in this process: {(backend, strategy, devices): mark}."""
-    args = parse(["compare", str(old), str(new)])
+    """comparison.compare's marks, in this process: {(backend, strategy, devices): mark}."""
+    limits = compare.thresholds(parse(["compare", str(old), str(new)]))
     results = [compare.load(str(p))[0] for p in (old, new)]
-    return {v.key[:3]: v.mark for v in compare.compare(*results, args)}
+    return {v.key[:3]: v.mark for v in comparison.compare(*results, limits)}
 
 
 def test_the_marks_are_asvs_in_the_verdicts_themselves(tmp_path):
     old, new = two_sets(tmp_path, slow_row=("jax", "pmap", 2), fast_row=("torch", "scratch", 2))
-    assert (compare.SLOWER, compare.FASTER, compare.NOT_COMPARABLE) == ("+", "-", "x")
+    assert (comparison.SLOWER, comparison.FASTER, comparison.NOT_COMPARABLE) == ("+", "-", "x")
     assert verdicts_of(old, new) == {
         ("torch", "scratch", 1): "~",
         ("torch", "scratch", 2): "-",
@@ -755,7 +755,7 @@ def target_trials(seconds: list[float]) -> trials.Trials:
     ],
 )
 def test_time_to_target_changes_only_beyond_the_spread_of_the_trials(old, new, says):
-    notes = compare.target_notes(target_trials(old), target_trials(new))
+    notes = comparison.target_notes(target_trials(old), target_trials(new))
     if says is None:
         assert notes == []
     else:
@@ -783,4 +783,4 @@ def test_trials_on_orders_of_their_own_are_compared_by_the_first_trials_batch_se
         assert t.representative().config.order_seed == 1
         return t
 
-    assert compare.incomparable(side("e"), side("f"), set()) == []
+    assert comparison.incomparable(side("e"), side("f"), set()) == []
