@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from common import manifest
-from harness import check
+from harness.checking import workers
 from harness.errors import UsageError
 from harness.planning.plan import Devices, Plan, build_plan, choose_devices
 from harness.processes import devices, disk, envs, interrupts, runner
@@ -248,7 +248,7 @@ def run_all(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path
         if args.check:
             # replaced by the table if the check finishes
             meta["equivalence"] = {"interrupted": True}
-            meta["equivalence"] = check.equivalence(plan, console.say, workdir / "logs")
+            meta["equivalence"] = workers.equivalence(plan, console.say, workdir / "logs")
         training = True
         execute(plan, workdir, console, finished)
     except KeyboardInterrupt as e:

@@ -16,8 +16,7 @@ import pytest
 from common import architectures, checkjob, weights
 from common import measurements as measurements_lib
 from common.backend import Probe
-from harness import check
-from harness.checking import equivalence
+from harness.checking import equivalence, workers
 from tests.harness.helpers import fake_python
 from tests.harness.test_runner import processes_with
 
@@ -557,9 +556,9 @@ def test_a_request_without_one_device_still_measures_the_one_device_references(m
         arrays = with_float64(measurements("lenet", w0, runs=runs), "lenet", runs, 0)
         return equivalence.Measurements({**arrays, **as_float64_runs(arrays)}, {})
 
-    monkeypatch.setattr(check, "measure", fake_measure)
+    monkeypatch.setattr(workers, "measure", fake_measure)
     backends = {"torch": manifest.load("torch"), "jax": manifest.load("jax")}
-    request = check.CheckRequest(
+    request = workers.CheckRequest(
         models=["lenet"],
         strategies={"torch": ["ddp"], "jax": ["pmap"]},
         counts=[2],
@@ -573,7 +572,7 @@ def test_a_request_without_one_device_still_measures_the_one_device_references(m
         timeout=60,
         pythons={"torch": "python", "jax": "python"},
     )
-    rows, failures, _ = check.run_checks(backends, request, say=lambda m: None)
+    rows, failures, _ = workers.run_checks(backends, request, say=lambda m: None)
     assert jobs["torch"].devices == (1, 2) and jobs["jax"].devices == (1, 2) and not failures
     shown = {(r.check, r.devices) for r in rows}
     assert ("float32 vs float64", "1") in shown and ("k vs 1 device", "2") in shown
@@ -715,9 +714,9 @@ def test_a_skipped_list_with_a_malformed_key_is_unreadable(tmp_path):
     np.savez(out, x=np.zeros(1))
     Path(str(out) + ".skipped.json").write_text(json.dumps({"lenet|ddp|local": "no"}))
     with pytest.raises(
-        check.CheckError, match="unreadable torch.npz.skipped.json: not a measurement key"
+        workers.CheckError, match="unreadable torch.npz.skipped.json: not a measurement key"
     ):
-        check.worker_output(out)
+        workers.worker_output(out)
 
 
 # ------------------------------------------------------------- the check worker's process
@@ -730,13 +729,13 @@ def test_a_check_worker_is_launched_as_a_run_is(tmp_path):
         tmp_path, f"echo 'loading'\nsleep {marker} &\nsleep {marker}", name="hanging"
     )
     job = small_job(tmp_path)
-    with pytest.raises(check.CheckError, match="torch: no answer within 1 s"):
-        check.measure(check.Worker("torch", hanging, tmp_path, 1, tmp_path / "logs"), job)
+    with pytest.raises(workers.CheckError, match="torch: no answer within 1 s"):
+        workers.measure(workers.Worker("torch", hanging, tmp_path, 1, tmp_path / "logs"), job)
     assert "loading" in (tmp_path / "logs" / "check-torch.log").read_text()
     assert processes_with(f"sleep {marker}") == []
     failing = fake_python(tmp_path, "echo 'bad job' >&2; exit 3", name="failing")
-    with pytest.raises(check.CheckError, match="jax worker failed: bad job"):
-        check.measure(check.Worker("jax", failing, tmp_path, 30, tmp_path), job)
+    with pytest.raises(workers.CheckError, match="jax worker failed: bad job"):
+        workers.measure(workers.Worker("jax", failing, tmp_path, 30, tmp_path), job)
     assert (tmp_path / "check-jax.log").read_text().endswith("bad job\n")
 
 
@@ -771,6 +770,6 @@ def test_a_report_without_torch_measures_torch_as_its_reference(monkeypatch, bac
         asked.update(backends=sorted(backends), strategies=request.strategies)
         return [], {}, {}
 
-    monkeypatch.setattr(check, "run_checks", run_checks)
-    check.equivalence(plan, lambda line: None)
+    monkeypatch.setattr(workers, "run_checks", run_checks)
+    workers.equivalence(plan, lambda line: None)
     assert asked["strategies"] == expected and asked["backends"] == sorted(expected)
