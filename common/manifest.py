@@ -83,6 +83,9 @@ class Manifest:
     # portable_minutes): `harness test` starts the longest first
     test_minutes: float = 0.0
     portable_test_minutes: float = 0.0
+    # [profile] ops: the op names of its framework's --profile traces, (category, regex) in order, the first match
+    # deciding (common/profiling.py); none where its traces are another framework's (Keras's)
+    ops: tuple[tuple[str, str], ...] = ()
 
     def options_for(self, strategy: str) -> dict[str, Option]:
         return {
@@ -142,6 +145,7 @@ def load(name: str) -> Manifest:
         kernels=_strings(d.get("kernels", [d["name"]])),
         test_minutes=float(d.get("tests", {}).get("minutes", 0.0)),
         portable_test_minutes=float(d.get("tests", {}).get("portable_minutes", 0.0)),
+        ops=read_ops(d.get("profile", {}).get("ops", [])),
     )
 
 
@@ -155,6 +159,15 @@ def read_best(name: str, table: dict) -> Best:
                 f"--best decides {', '.join(BEST_LEVERS)} only"
             )
     return Best(table.get("why", ""), **{kind: dict(table.get(kind, {})) for kind in DEVICE_KINDS})
+
+
+def read_ops(entries: list) -> tuple[tuple[str, str], ...]:
+    """backend.toml's [profile] ops as (category, regex) pairs: a regex written as a list (to wrap a long one) is its
+    alternatives joined with "|"."""
+    return tuple(
+        (str(category), "|".join(regex) if isinstance(regex, list) else str(regex))
+        for category, regex in entries
+    )
 
 
 def strategy_refusal(

@@ -1,14 +1,14 @@
 """Where a step's time goes: a framework's own trace read into the same few categories for every framework.
 
-`--profile N` records N more steps of a run with the framework's profiler (the backend's profiling.py), after
+`--profile N` records N more steps of a run with the framework's profiler (profilers/<framework>.py), after
 the timed steps, so no timed figure changes. This module reads the trace it wrote (Chrome trace JSON, gzipped
 or not: torch.profiler's, MXNet's profiler's, and the Perfetto trace jax.profiler writes) and attributes the
 wall time of the profiled steps to CATEGORIES, by one rule for every framework:
 
-* an event's category is the first of its framework's PATTERNS its name matches, or, where an enclosing event
-  on the same thread has a category already, that one (the outermost match: torch's `aten::conv2d` and the
-  `aten::mkldnn_convolution` inside it are one convolution; an `Optimizer.step` holds the element-wise ops it
-  runs);
+* an event's category is the first of its framework's op names (framework_ops(), its backend.toml's [profile]
+  ops) its name matches, or, where an enclosing event on the same thread has a category already, that one (the
+  outermost match: torch's `aten::conv2d` and the `aten::mkldnn_convolution` inside it are one convolution; an
+  `Optimizer.step` holds the element-wise ops it runs);
 * each instant of the trace goes to the category of highest precedence running on any thread (CATEGORIES'
   order), so a framework's thread pools are not counted twice, and communication counts only where nothing
   computes: its exposed share;
@@ -36,6 +36,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from common import manifest
+
 # The categories, in order of precedence (where several run at once, the first counts), with their labels.
 CATEGORIES = {
     "conv_matmul": "conv & matmul",
@@ -54,71 +56,17 @@ CATEGORIES = {
     "untraced": "untraced",
 }
 
-# Each framework's op names, by category: the first match decides (re.search, case-sensitive). The one table of
-# the mapping; docs/profiling.md shows it.
-# - torch: the aten operators and autograd's backward nodes (with their CUDA kernels on a GPU).
-# - jax: XLA's HLO instructions (on the CPU, with jax's host tracer at its verbose level); XLA fuses the SGD update
-#   into the element-wise fusions of the step, so jax's optimizer share is inside "bn_elementwise".
-# - mxnet: its operators; a hybridized network runs its forward and backward as bulked segments the profiler names
-#   `ImperativeBulk` ("fused"); ElementwiseSum is the kvstore's sum of the devices' gradients.
-HLO = r"^(end: )?"  # XLA marks the end of an asynchronous op with an event of its own
-# The GPU kernels of convolutions and matrix products as cuDNN and cuBLAS name them on Hopper (xmma, cutlass,
-# cuBLAS's nvjet), and cuDNN's layout changes around a channels-first convolution (a copy of the activations).
-GPU_MATMUL = r"xmma|cutlass|nvjet|fprop|dgrad|wgrad"
-LAYOUT = r"nchwToNhwc|nhwcToNchw"
-PATTERNS = {
-    "torch": [
-        # (multi_tensor_apply: the CUDA kernels of the _foreach_ ops)
-        ("optimizer", r"Optimizer\.step|_foreach_|aten::sgd|SGD|multi_tensor_apply"),
-        ("communication", r"all_?reduce|broadcast_|barrier|gloo|nccl|c10d|all_?gather"),
-        (
-            "conv_matmul",
-            r"conv|Conv|addmm|Addmm|aten::mm\b|MmBackward|matmul|aten::linear|gemm|" + GPU_MATMUL,
-        ),
-        (
-            "bn_elementwise",
-            r"batch_norm|BatchNorm|relu|Relu|threshold|Threshold|pool|Pool|aten::(add|mul|sub|div|sum|"
-            r"mean|fill_|zero_|neg|exp|log|clamp|sqrt|rsqrt|where|eq|argmax)|AddBackward|MulBackward|"
-            r"MeanBackward|softmax|Softmax|nll_loss|NllLoss|cross_entropy|AccumulateGrad|elementwise|"
-            r"reduce_kernel",
-        ),
-        (
-            "copies",
-            r"copy|Copy|Memcpy|memcpy|Memset|memset|aten::to\b|_to_copy|pin_memory|contiguous|"
-            + LAYOUT,
-        ),
-    ],
-    "jax": [
-        (
-            "communication",
-            HLO + r"(all-reduce|all-gather|reduce-scatter|collective-permute|all-to-all)",
-        ),
-        (
-            "conv_matmul",
-            HLO + r"(convolution|dot|ynn_fusion|onednn|[a-z_]*(conv|gemm|dot)[a-z_]*fusion)"
-            r"|gemm|cudnn|cublas|" + GPU_MATMUL,
-        ),
-        ("copies", HLO + r"(copy|wrapped_copy|[a-z_]*copy_fusion)|DevicePut|TransferTo|[Mm]emcpy"),
-        (
-            "bn_elementwise",
-            HLO + r"([a-z_]*fusion|wrapped_|reduce|select|add|multiply|subtract|divide|rsqrt|sqrt|"
-            r"maximum|minimum|negate|compare|convert|broadcast|pad|slice|concatenate|iota|scatter|"
-            r"gather|exponential|log|tanh|transpose)",
-        ),
-    ],
-    "mxnet": [
-        ("optimizer", r"sgd_update|sgd_mom_update|multi_sgd|preloaded_multi_sgd"),
-        ("communication", r"ElementwiseSum|KVStore|kvstore|PushPull"),
-        ("fused", r"ImperativeBulk"),
-        ("conv_matmul", r"Convolution|FullyConnected|\bdot\b|gemm|batch_dot"),
-        (
-            "bn_elementwise",
-            r"BatchNorm|Activation|relu|Pooling|elemwise|broadcast_|_plus|_minus|_mul|_div|softmax|"
-            r"pick|mean|sum|SoftmaxOutput|_scalar|argmax|Flatten|Reshape",
-        ),
-        ("copies", r"Copy|copy|_copyto"),
-    ],
-}
+# A framework's op names by category, (category, regex) in order: the first regex a name matches (re.search,
+# case-sensitive) decides.
+Ops = tuple[tuple[str, str], ...]
+
+
+def framework_ops(framework: str) -> Ops:
+    """The op names of `framework`'s traces: the [profile] ops of the backend of that name's backend.toml (torch,
+    jax, mxnet; Keras's traces name the framework it ran on). Data, so that the harness reads traces again without
+    the framework (docs/profiling.md shows them)."""
+    return manifest.load(framework).ops
+
 
 # The trace's span over the measured wall time of the profiled steps must lie in this range for its breakdown to
 # describe them: below, the trace missed part of the steps; above, it holds much that is not a step.
@@ -132,8 +80,8 @@ SESSION_CATEGORIES = {"Trace"}
 
 @dataclass
 class Recording:
-    """What a backend's profiler recorded (profiling.py's `record`): the framework whose op names the trace holds
-    (a key of PATTERNS), and the trace file, once written."""
+    """What a framework's profiler recorded (profilers/<name>.py's `record`): the framework whose op names the trace
+    holds (framework_ops()), and the trace file, once written."""
 
     framework: str
     path: Path | None = None
@@ -164,7 +112,8 @@ def summary(recording: Recording, folder: Path, wall_s: float, steps: int) -> di
         return {**record, "error": "the profiler wrote no trace"}
     record["trace"] = Path(path).relative_to(folder).as_posix()
     try:
-        return {**record, **breakdown(path, recording.framework, wall_s, steps), "error": None}
+        figures = breakdown(path, framework_ops(recording.framework), wall_s, steps)
+        return {**record, **figures, "error": None}
     except TraceError as e:
         return {**record, "error": str(e)}
 
@@ -179,7 +128,9 @@ def reread(profile: dict, folder: Path) -> dict:
     record = {key: profile[key] for key in ("framework", "trace", "steps", "step_s")}
     wall_s = profile["step_s"] * profile["steps"]
     try:
-        figures = breakdown(Path(folder) / trace, profile["framework"], wall_s, profile["steps"])
+        figures = breakdown(
+            Path(folder) / trace, framework_ops(profile["framework"]), wall_s, profile["steps"]
+        )
     except TraceError as e:
         return {**record, "error": str(e)}
     # the stored step_s, not wall_s / steps again: the same figure, without a rounding's change
@@ -256,14 +207,14 @@ def on_device(events: list[dict]) -> bool:
 # ------------------------------------------------------------------------ attributing the time
 
 
-def category(name: str, patterns: list[tuple[str, str]]) -> str | None:
-    for key, pattern in patterns:
+def category(name: str, ops: Ops) -> str | None:
+    for key, pattern in ops:
         if re.search(pattern, name):
             return key
     return None
 
 
-def lane_segments(lane_spans: list[Span], patterns) -> list[tuple[float, float, str]]:
+def lane_segments(lane_spans: list[Span], ops: Ops) -> list[tuple[float, float, str]]:
     """One host thread's events as (start, end, category) pieces: each event takes the category of its outermost
     categorised enclosing event, else its own; an event matching nothing is "other_ops". Nested events split
     their parent, so the pieces do not overlap."""
@@ -278,7 +229,7 @@ def lane_segments(lane_spans: list[Span], patterns) -> list[tuple[float, float, 
         if stack and cursor < s.start:
             pieces.append((cursor, s.start, stack[-1][1]))
         inherited = next((cat for _, cat in stack if cat != "other_ops"), None)
-        own = inherited or category(s.name, patterns) or "other_ops"
+        own = inherited or category(s.name, ops) or "other_ops"
         end = min(s.end, stack[-1][0]) if stack else s.end  # a child never outlives its parent
         stack.append((end, own))
         cursor = s.start
@@ -290,12 +241,12 @@ def lane_segments(lane_spans: list[Span], patterns) -> list[tuple[float, float, 
     return pieces
 
 
-def kernel_segments(lane_spans: list[Span], patterns) -> list[tuple[float, float, str]]:
+def kernel_segments(lane_spans: list[Span], ops: Ops) -> list[tuple[float, float, str]]:
     """One device stream's kernels and copies as (start, end, category) pieces, each its own: a stream runs them
     one after another, yet the tracer's timestamps overlap by fractions of a microsecond (half of an XLA stream's
     kernels start before the previous one ends). Nesting them as a host thread's ops would clip each such kernel
     to its predecessor's end and lose nearly all of it; attribute() counts an instant two pieces cover once."""
-    return [(s.start, s.end, category(s.name, patterns) or "other_ops") for s in lane_spans]
+    return [(s.start, s.end, category(s.name, ops) or "other_ops") for s in lane_spans]
 
 
 def attribute(pieces: list[tuple[float, float, str]]) -> dict[str, float]:
@@ -318,16 +269,15 @@ def attribute(pieces: list[tuple[float, float, str]]) -> dict[str, float]:
     return totals
 
 
-def breakdown(path: Path, framework: str, wall_s: float, steps: int) -> dict:
-    """Seconds per step in each category of the trace at `path` (written by `framework`'s profiler: a key of
-    PATTERNS), from the measured wall time of its `steps` steps: {"steps", "step_s", "trace_span_s", "coverage",
-    "device", "seconds": {category: seconds per step}}. TraceError if the trace cannot be read or is empty."""
-    return events_breakdown(read_events(path), Path(path).name, framework, wall_s, steps)
+def breakdown(path: Path, ops: Ops, wall_s: float, steps: int) -> dict:
+    """Seconds per step in each category of the trace at `path`, its op names read by `ops` (those of the framework
+    whose profiler wrote it: framework_ops()), from the measured wall time of its `steps` steps: {"steps", "step_s",
+    "trace_span_s", "coverage", "device", "seconds": {category: seconds per step}}. TraceError if the trace cannot
+    be read or is empty."""
+    return events_breakdown(read_events(path), Path(path).name, ops, wall_s, steps)
 
 
-def events_breakdown(
-    events: list[dict], name: str, framework: str, wall_s: float, steps: int
-) -> dict:
+def events_breakdown(events: list[dict], name: str, ops: Ops, wall_s: float, steps: int) -> dict:
     """breakdown() of a trace's events already read (`name`: the trace's, for a TraceError)."""
     timed = spans(events)
     if not timed:
@@ -337,7 +287,7 @@ def events_breakdown(
     lanes: dict[tuple, list[Span]] = {}
     for s in timed:
         lanes.setdefault(s.lane, []).append(s)
-    pieces = [p for lane in lanes.values() for p in segments(lane, PATTERNS[framework])]
+    pieces = [p for lane in lanes.values() for p in segments(lane, ops)]
     micro = attribute(pieces)
     span_s = (max(s.end for s in timed) - min(s.start for s in timed)) / 1e6
     seconds = {key: micro[key] / 1e6 / steps for key in CATEGORIES if key != "untraced"}

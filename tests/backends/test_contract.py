@@ -696,7 +696,10 @@ def assert_profiled(profile: dict, folder, processes: int) -> None:
     traces = [p for p in folder.rglob("*.trace.json*") if p.is_file()]
     assert len(traces) == processes, traces
     again = profiling.breakdown(
-        folder / profile["trace"], profile["framework"], 2 * profile["step_s"], 2
+        folder / profile["trace"],
+        profiling.framework_ops(profile["framework"]),
+        2 * profile["step_s"],
+        2,
     )
     assert again["seconds"] == pytest.approx(profile["seconds"])
     assert profiling.coverage_problem(profile) is None, profile

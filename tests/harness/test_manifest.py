@@ -40,6 +40,15 @@ def test_a_manifest_holds_what_its_toml_declares(name):
     assert m.kernels == tuple(d.get("kernels", [name]))
 
 
+def test_a_regex_of_the_op_names_written_as_a_list_is_its_alternatives():
+    """[profile] ops wraps a long regex as a list; it reads as the one regex, in the order declared."""
+    entries = [["copies", ["copy|Copy", "memcpy"]], ["fused", "ImperativeBulk"]]
+    assert manifest.read_ops(entries) == (
+        ("copies", "copy|Copy|memcpy"),
+        ("fused", "ImperativeBulk"),
+    )
+
+
 def pins(name: str) -> dict[str, str]:
     """{package: exact version} of a backend's requirements.txt (its == pins)."""
     lines = (

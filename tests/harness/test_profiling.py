@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import pytest
 
-from common import profiling
+from common import manifest, profiling
 from common.profiling import Recording, TraceError
 from tests.harness.helpers import ROOT
 
@@ -28,7 +29,9 @@ def write(tmp_path, events, name="t.json") -> str:
 
 def seconds_of(tmp_path, events, framework="torch", wall_us=200.0, steps=1) -> dict:
     path = write(tmp_path, events)
-    return profiling.breakdown(path, framework, wall_us / 1e6, steps)["seconds"]
+    return profiling.breakdown(path, profiling.framework_ops(framework), wall_us / 1e6, steps)[
+        "seconds"
+    ]
 
 
 def micro(seconds: dict) -> dict:
@@ -79,7 +82,7 @@ def test_begin_and_end_pairs_count_as_complete_events_and_gzip_is_read(tmp_path)
         {"ph": "C", "name": "Memory", "ts": 10, "pid": 0, "args": {"x": 1}},
     ]
     path = write(tmp_path, events, "t.json.gz")
-    result = profiling.breakdown(path, "mxnet", 200e-6, 2)
+    result = profiling.breakdown(path, profiling.framework_ops("mxnet"), 200e-6, 2)
     assert micro(result["seconds"]) == {"fused": 30, "optimizer": 10, "untraced": 60}
     assert result["step_s"] == pytest.approx(100e-6) and result["trace_span_s"] == pytest.approx(
         80e-6
@@ -94,7 +97,7 @@ def test_on_a_gpu_only_the_devices_events_count(tmp_path):
         op("Memcpy HtoD (Pageable -> Device)", 0, 10, tid=10, cat="gpu_memcpy"),
     ]
     path = write(tmp_path, events)
-    result = profiling.breakdown(path, "torch", 200e-6, 1)
+    result = profiling.breakdown(path, profiling.framework_ops("torch"), 200e-6, 1)
     assert result["device"] and micro(result["seconds"]) == {
         "conv_matmul": 60,
         "copies": 10,
@@ -159,7 +162,7 @@ def test_a_host_threads_ops_still_nest_in_their_parent():
         profiling.Span((1, 1), 0, 100, "Optimizer.step#SGD.step"),
         profiling.Span((1, 1), 90, 120, "aten::add_"),
     ]
-    assert profiling.lane_segments(spans, profiling.PATTERNS["torch"]) == [
+    assert profiling.lane_segments(spans, profiling.framework_ops("torch")) == [
         (0, 90, "optimizer"),
         (90, 100, "optimizer"),
     ]
@@ -238,7 +241,22 @@ def test_a_gpus_idle_time_is_the_timed_steps_the_kernels_leave(tmp_path):
 )
 def test_each_frameworks_op_names_map_to_the_shared_categories(framework, name, category):
     """Names as the frameworks' profilers write them (torch 2.x, jax 0.10 on the CPU, MXNet 1.9, and CUDA's)."""
-    assert profiling.category(name, profiling.PATTERNS[framework]) == category
+    assert profiling.category(name, profiling.framework_ops(framework)) == category
+
+
+@pytest.mark.parametrize("backend", manifest.known())
+def test_a_backends_op_names_are_regexes_of_the_categories_a_name_can_take(backend):
+    """backend.toml's [profile] ops: each regex compiles and names a category of the breakdown, not "other ops" or
+    "untraced", which are where no name matches. Keras's traces are torch's or jax's; every other backend's are its
+    own framework's."""
+    ops = profiling.framework_ops(backend)
+    assert bool(ops) == (backend != "keras"), backend
+    for category, regex in ops:
+        assert category in set(profiling.CATEGORIES) - {"other_ops", "untraced"}, (
+            backend,
+            category,
+        )
+        re.compile(regex)
 
 
 @pytest.mark.parametrize(
@@ -254,7 +272,7 @@ def test_a_trace_that_cannot_be_read_is_one_line(tmp_path, content, says):
     path = tmp_path / "bad.json"
     path.write_text(content)
     with pytest.raises(TraceError, match=says):
-        profiling.breakdown(path, "torch", 1.0, 1)
+        profiling.breakdown(path, profiling.framework_ops("torch"), 1.0, 1)
 
 
 def test_a_run_without_a_readable_trace_says_why_instead_of_failing(tmp_path):
@@ -268,8 +286,8 @@ def test_a_run_without_a_readable_trace_says_why_instead_of_failing(tmp_path):
 
 def test_a_trace_that_does_not_span_its_steps_is_named(tmp_path):
     path = write(tmp_path, [op("aten::conv2d", 0, 100)])
-    covered = profiling.breakdown(path, "torch", 110e-6, 1)
-    short = profiling.breakdown(path, "torch", 500e-6, 1)
+    covered = profiling.breakdown(path, profiling.framework_ops("torch"), 110e-6, 1)
+    short = profiling.breakdown(path, profiling.framework_ops("torch"), 500e-6, 1)
     assert profiling.coverage_problem(covered) is None
     assert profiling.coverage_problem(short) == (
         "the trace spans 20% of the profiled steps' wall time (expected 80%-125%)"
@@ -348,7 +366,11 @@ def test_a_gpu_traces_breakdown_accounts_for_the_union_of_its_kernels(report, tr
     events, profile = device_events(report, trace), stored_profile(report, trace)
     steps = profile["steps"]
     got = profiling.events_breakdown(
-        events, trace, profile["framework"], profile["step_s"] * steps, steps
+        events,
+        trace,
+        profiling.framework_ops(profile["framework"]),
+        profile["step_s"] * steps,
+        steps,
     )
     kernels_us = profiling.kernel_seconds(got) * steps * 1e6
     assert kernels_us == pytest.approx(union_us(events), rel=0.01)
@@ -361,7 +383,11 @@ def test_a_committed_gpu_breakdown_is_the_one_its_trace_gives(report, trace, dev
     profile = stored_profile(report, trace)
     steps = profile["steps"]
     got = profiling.events_breakdown(
-        device_events(report, trace), trace, profile["framework"], profile["step_s"] * steps, steps
+        device_events(report, trace),
+        trace,
+        profiling.framework_ops(profile["framework"]),
+        profile["step_s"] * steps,
+        steps,
     )
     assert got["seconds"] == pytest.approx(profile["seconds"], rel=1e-9, abs=1e-12)
 
@@ -377,9 +403,13 @@ def test_a_gpu_traces_launches_are_counted_per_step_from_the_hosts_cuda_calls(tm
         op("cudaGraphInstantiate", 40, 60, tid=1, cat="cuda_runtime"),  # a capture, not a launch
         op("sm90_xmma_fprop_implicit_gemm", 20, 80, tid=9, cat="kernel"),
     ]
-    on_gpu = profiling.breakdown(write(tmp_path, events), "torch", 200e-6, 2)
+    on_gpu = profiling.breakdown(
+        write(tmp_path, events), profiling.framework_ops("torch"), 200e-6, 2
+    )
     assert on_gpu["launches"] == {"graphs": 1.0, "kernels": 1.0}
-    on_cpu = profiling.breakdown(write(tmp_path, events[:4]), "torch", 200e-6, 2)
+    on_cpu = profiling.breakdown(
+        write(tmp_path, events[:4]), profiling.framework_ops("torch"), 200e-6, 2
+    )
     assert "launches" not in on_cpu
 
 
