@@ -68,6 +68,16 @@ class Best:
 
 
 @dataclass(frozen=True)
+class KernelsProbe:
+    """[kernels_probe]: how the portable test pass shows what the framework's CPU kernels run with
+    (harness/testing.py): a script beside the backend, run in its environment with the library's verbose switches
+    (`env`)."""
+
+    script: Path
+    env: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Manifest:
     name: str
     display: str
@@ -76,9 +86,10 @@ class Manifest:
     options: dict[str, Option] = field(default_factory=dict)
     levers: dict[str, Lever] = field(default_factory=dict)
     best: Best = field(default_factory=Best)
-    kernels: tuple[
-        str, ...
-    ] = ()  # the libraries whose CPU kernels it runs (the portable pass probes each)
+    # the libraries whose CPU kernels it runs, by the backend that probes them (the portable pass runs each one's
+    # kernels_probe): its own, or Keras's torch and jax
+    kernels: tuple[str, ...] = ()
+    kernels_probe: KernelsProbe | None = None  # None: its kernels are other backends' (Keras's)
     # its test suite's wall time on one core of a 2-core CPU ([tests] minutes), and its portable suite's ([tests]
     # portable_minutes): `harness test` starts the longest first
     test_minutes: float = 0.0
@@ -143,6 +154,7 @@ def load(name: str) -> Manifest:
         },
         best=read_best(d["name"], d.get("best", {})),
         kernels=_strings(d.get("kernels", [d["name"]])),
+        kernels_probe=read_kernels_probe(d["name"], d.get("kernels_probe")),
         test_minutes=float(d.get("tests", {}).get("minutes", 0.0)),
         portable_test_minutes=float(d.get("tests", {}).get("portable_minutes", 0.0)),
         ops=read_ops(d.get("profile", {}).get("ops", [])),
@@ -159,6 +171,14 @@ def read_best(name: str, table: dict) -> Best:
                 f"--best decides {', '.join(BEST_LEVERS)} only"
             )
     return Best(table.get("why", ""), **{kind: dict(table.get(kind, {})) for kind in DEVICE_KINDS})
+
+
+def read_kernels_probe(name: str, table: dict | None) -> KernelsProbe | None:
+    """backend.toml's [kernels_probe], its script's path resolved beside the backend."""
+    if table is None:
+        return None
+    env = {str(k): str(v) for k, v in table.get("env", {}).items()}
+    return KernelsProbe(BACKENDS_DIR / name / table["script"], env)
 
 
 def read_ops(entries: list) -> tuple[tuple[str, str], ...]:

@@ -43,7 +43,7 @@ from harness.processes import envs, runner
 from harness.processes.envs import ROOT
 
 # What --portable caps, per library; each was checked to change the kernels in the pinned versions
-# (the probes below print the evidence at the start of the pass).
+# (each backend's kernel probe, probe() below, prints the evidence at the start of the pass).
 PORTABLE_ENV = {
     "ATEN_CPU_CAPABILITY": "default",  # torch's ATen kernels: no AVX2 / AVX-512 variants
     "ONEDNN_MAX_CPU_ISA": "SSE41",  # torch's oneDNN 3.x
@@ -85,39 +85,6 @@ BUDGET_HOST = "a 2-core host"
 # seconds, the first vector set the host has (without either: AVX2's)
 BUDGETS = (("AVX-512", 900), ("AVX2", 1500))
 
-# One tiny computation per kernel library (a backend.toml's `kernels`), run in each backend's environment with the
-# portable environment and the library's own verbose switches, so that the pass starts by showing what the kernels
-# really run with.
-PROBES = {
-    "torch": (
-        {"ONEDNN_VERBOSE": "1", "MKL_VERBOSE": "1"},
-        "import torch\n"
-        "torch.nn.functional.conv2d(torch.ones(2, 16, 8, 8), torch.ones(32, 16, 3, 3))\n"
-        "torch.ones(64, 64) @ torch.ones(64, 64)\n"
-        "print(f'probe: ATen capability {torch.backends.cpu.get_cpu_capability()}, '\n"
-        "      f'{torch.get_num_threads()} thread(s)')\n",
-    ),
-    "jax": (
-        {"TF_CPP_MIN_LOG_LEVEL": "0", "TF_CPP_VMODULE": "cpu_compiler=1"},
-        "import os, jax, jax.numpy as jnp\n"
-        "jax.jit(lambda a: jnp.tanh(a).sum())(jnp.ones(64)).block_until_ready()\n"
-        "print(f'probe: XLA_FLAGS accepted ({os.environ.get(\"XLA_FLAGS\")}); the XLA thread pool spans '\n"
-        "      f'{len(os.sched_getaffinity(0))} usable CPU(s): '\n"
-        "      f'jaxlib {jax.__version__} has no thread-count switch')\n",
-    ),
-    "mxnet": (
-        {"DNNL_VERBOSE": "1"},
-        "import ctypes, os\n"
-        "from backends.mxnet.compat import mx\n"
-        "mx.nd.Convolution(mx.nd.ones((2, 16, 8, 8)), mx.nd.ones((32, 16, 3, 3)), kernel=(3, 3),\n"
-        "                  num_filter=32, no_bias=True).wait_to_read()\n"
-        "blas = ctypes.CDLL(os.path.join(os.path.dirname(mx.__file__), 'libopenblas.so.0'))\n"
-        "blas.openblas_get_corename.restype = ctypes.c_char_p\n"
-        "omp = ctypes.CDLL('libgomp.so.1')\n"
-        "print(f'probe: OpenBLAS core {blas.openblas_get_corename().decode()}, '\n"
-        "      f'{omp.omp_get_max_threads()} OpenMP thread(s)')\n",
-    ),
-}
 # The lines of a probe's output worth showing, and how to say them.
 PROBE_FACTS = [
     (r"^probe: (.*)$", "{}"),
@@ -205,15 +172,19 @@ def probe_facts(output: str) -> list[str]:
 
 
 def probe(library: str, python: str, cpus: set[int]) -> str:
-    """One line: what `library`'s kernels run with in the environment of `python`, on `cpus`."""
-    if library not in PROBES:
+    """One line: what `library`'s kernels run with in the environment of `python`, on `cpus`: the probe its backend
+    declares (backend.toml's [kernels_probe]), with the portable environment and the library's verbose switches,
+    so that the pass starts by showing what the kernels really run with."""
+    declared = manifest.load(library).kernels_probe if library in manifest.known() else None
+    if declared is None:
         return f"{library}: no probe for this library"
-    verbose, code = PROBES[library]
+    # a script, not its package's module: importing backends.<name> sets the backend up (jax's asks XLA for
+    # devices); -P keeps its folder, whose models.py and the like would shadow modules of those names, off sys.path
     proc = start_on(
-        [python, "-c", code],
+        [python, "-P", str(declared.script)],
         cpus,
         cwd=ROOT,
-        env={**suite_env({}, True), **verbose},
+        env={**suite_env({}, True), **declared.env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

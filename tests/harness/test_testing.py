@@ -196,8 +196,10 @@ def test_every_kernel_library_a_backend_declares_has_a_probe():
     from common import manifest
 
     declared = {lib: name for name in manifest.known() for lib in manifest.load(name).kernels}
-    missing = {lib: name for lib, name in declared.items() if lib not in testing.PROBES}
+    probes = {name: manifest.load(name).kernels_probe for name in manifest.known()}
+    missing = {lib: name for lib, name in declared.items() if not probes.get(lib)}
     assert declared and not missing, missing
+    assert all(probe.script.is_file() for probe in probes.values() if probe)
     assert manifest.load("keras").kernels == ("torch", "jax")
 
 
