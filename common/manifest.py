@@ -23,6 +23,10 @@ class Strategy:
     bn: tuple[str, ...] = ("local",)  # the BatchNorm modes it runs (--bn)
     engine: str | None = None  # what runs it on several nodes (--nodes); None: one process only
     bn_refused: str = ""  # why it has no other BatchNorm mode, where there is more to say
+    # what `harness parity` measures it against: its framework's idiom (benchmarks/idioms/<backend>.py), its name in
+    # the report (the backend's, unless declared) and the environment it runs in (Keras's: the framework under it)
+    idiom: str = ""
+    idiom_env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,8 @@ def load(name: str) -> Manifest:
                 _strings(v.get("bn", ["local"])),
                 v.get("engine"),
                 v.get("bn_refused", ""),
+                v.get("idiom", d["name"]),
+                tuple((str(key), str(value)) for key, value in v.get("idiom_env", {}).items()),
             )
             for k, v in d.get("strategies", {}).items()
         },

@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import caches, sysinfo
+from common import caches, manifest, sysinfo
 from common import weights as weightslib
 from common.config import RunConfig
 from common.profiling import CATEGORIES, TRACES_ENV, step_seconds
@@ -80,14 +80,10 @@ class Idiom:
 
 
 def idiom_of(cfg: RunConfig) -> Idiom:
-    """The loop a strategy is measured against. Keras's ddp runs Keras on torch (one process per device,
-    as Keras's guide does); its distribution runs Keras on jax: each against Keras on the same framework."""
-    if cfg.backend == "keras":
-        framework = "torch" if cfg.strategy == "ddp" else "jax"
-        return Idiom(
-            f"keras on {framework}", "benchmarks.idioms.keras", (("KERAS_BACKEND", framework),)
-        )
-    return Idiom(cfg.backend, f"benchmarks.idioms.{cfg.backend}")
+    """The loop a strategy is measured against: its framework's idiom, named and run as the strategy's backend.toml
+    declares (Keras's ddp against Keras on torch, its distribution against Keras on jax)."""
+    declared = manifest.load(cfg.backend).strategies[cfg.strategy]
+    return Idiom(declared.idiom, f"benchmarks.idioms.{cfg.backend}", declared.idiom_env)
 
 
 @dataclass(frozen=True)

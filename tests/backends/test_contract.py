@@ -280,14 +280,13 @@ def test_strategies_agree_in_float64(backend, meta):
                 assert relative(other, first) <= IDENTICAL, (model, k)
 
 
-# The framework each idiom of this backend runs on (benchmarks/idioms/; harness/parity.py's idiom_of): Keras's
-# ddp is measured against Keras on torch, its distribution against Keras on jax.
-IDIOM_ENVS = {"keras": [{"KERAS_BACKEND": "torch"}, {"KERAS_BACKEND": "jax"}]}
+# The environments this backend's idiom runs in, each once (backend.toml's per strategy, which harness/parity.py's
+# idiom_of reads): Keras's ddp is measured against Keras on torch, its distribution against Keras on jax.
+DECLARED = manifest.load(NAME).strategies.values() if NAME else []
+IDIOM_ENVS = [dict(env) for env in dict.fromkeys(s.idiom_env for s in DECLARED)] or [{}]
 
 
-@pytest.mark.parametrize(
-    "idiom_env", IDIOM_ENVS.get(NAME, [{}]), ids=lambda e: "-".join(e.values())
-)
+@pytest.mark.parametrize("idiom_env", IDIOM_ENVS, ids=lambda e: "-".join(e.values()))
 def test_the_idiom_takes_the_suites_steps_in_float64(backend, idiom_env, tmp_path):
     """`harness parity` times the same work on both sides: the framework's idiom (its own network and
     training step, benchmarks/idioms/) takes the same 3 SGD steps of ResNet-18 as the suite, in float64. A
