@@ -29,22 +29,23 @@ from pathlib import Path
 from common import caches, manifest, sysinfo
 from common import weights as weightslib
 from common.config import RunConfig
-from common.profiling import CATEGORIES, TRACES_ENV, step_seconds
+from common.profiling import TRACES_ENV
 from common.results import Result, profile_problem
-from harness import arguments, run
+from harness import arguments
 from harness.arguments import Parser
 from harness.errors import UsageError
 from harness.planning.plan import Devices, Plan, choose_devices, parse_gpus
 from harness.presets import PRESETS
 from harness.processes import envs, runner
 from harness.reporting.comparison import ratio_interval
-from harness.reporting.tables import as_results, milliseconds
+from harness.reporting.reasons import breakdown_reason, profiled_pair
+from harness.reporting.tables import as_results
+from harness.session import benchmark
 
 LIMIT = 1.10  # the most a strategy's step may cost over its idiom's
 # Above this ratio a strategy's row says where its step loses time to its idiom's (the --profile breakdowns of
-# both), if no measured reason is known; REASONS categories with the most extra time are named.
+# both), if no measured reason is known (harness/reporting/reasons.py).
 EXPLAINED = 1.05
-REASONS = 2
 ALPHA = 0.05  # the interval's: 95%
 # Interleaved trials per side: with fewer, a bootstrap interval of a median means little.
 DEFAULT_REPEAT = 6
@@ -226,12 +227,12 @@ def undecided(figures: dict, configs: list[RunConfig]) -> list[RunConfig]:
 
 
 def carry_out(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path) -> list[dict]:
-    """run.run_benchmark's `carry_out`: the schedule, then the parity figures into `meta` (and printed). An
+    """benchmark.run_benchmark's `carry_out`: the schedule, then the parity figures into `meta` (and printed). An
     interrupt ends it; the figures are made from what finished."""
     results = [runner.not_run_result(cfg, "unavailable", reason) for cfg, reason in plan.not_run]
     finished, idioms = [], []
     runs = schedule(plan)
-    pythons = run.Pythons(plan, console.say)
+    pythons = benchmark.Pythons(plan, console.say)
     console.say(Devices(plan.device_kind, plan.gpus, plan.detection).line)
     console.say(
         f"Parity: {len(plan.configs)} strategies beside their idioms, {plan.repeat} interleaved trials, "
@@ -254,7 +255,7 @@ def carry_out(plan: Plan, args, console: runner.Console, meta: dict, workdir: Pa
         console.say(f"Interrupted ({str(e) or 'SIGINT'}): the parity figures of the runs finished")
         done = len(finished) - started
         finished += [
-            run.not_run(side, trial, "interrupted", f"interrupted by {str(e) or 'the user'}")
+            benchmark.not_run(side, trial, "interrupted", f"interrupted by {str(e) or 'the user'}")
             for trial, side in runs
             if isinstance(side, RunConfig)
         ][done:]
@@ -274,7 +275,7 @@ def run_sides(
     """Each (trial, side) in turn: a strategy's run into `finished`, an idiom's record into `idioms`."""
     for trial, side in runs:
         if isinstance(side, RunConfig):
-            finished.append(run.run_one(side, trial, pythons, workdir, console))
+            finished.append(benchmark.run_one(side, trial, pythons, workdir, console))
             continue
         python = pythons(side.cfg.backend)
         if isinstance(python, Exception):
@@ -367,66 +368,6 @@ def row(
         "verdict": verdict(low, high),
         "breakdown": breakdowns and {"strategy": breakdowns[0], "idiom": breakdowns[1]},
     }
-
-
-def profiled_pair(
-    suite: list[Result], idioms: list[dict], suite_step: float, idiom_step: float
-) -> tuple[dict, dict] | None:
-    """The strategy's and its idiom's profiled step (seconds per category), from their first profiled trials, each
-    against its median timed step (a GPU's idle time: common/profiling.py step_seconds); None unless both have
-    one."""
-    mine = next((r.profile for r in suite if r.ok and r.profile and r.profile.get("seconds")), None)
-    theirs = next(
-        (
-            i["profile"]
-            for i in idioms
-            if isinstance(i.get("profile"), dict) and i["profile"].get("seconds")
-        ),
-        None,
-    )
-    if not (mine and theirs):
-        return None
-    return step_seconds(mine, suite_step), step_seconds(theirs, idiom_step)
-
-
-# How a reason read off the two breakdowns begins (breakdown_reason), unlike a known one (KNOWN_COSTS).
-PROFILED = "profiled (docs/profiling.md): "
-
-
-def breakdown_reason(mine: dict, theirs: dict) -> str:
-    """Where the strategy's profiled step spends more than its idiom's: the categories with the most extra time. A
-    profiled step no longer than the idiom's does not show the difference the trials measure, and says so: its
-    steps are a few, from the first trial only."""
-    total = sum(mine.values()) - sum(theirs.values())
-    if total <= 0:
-        return (
-            f"{PROFILED}its profiled step is not longer than its idiom's "
-            f"({milliseconds(sum(mine.values()))} vs {milliseconds(sum(theirs.values()))} ms): the first "
-            "trial's profiled steps do not show the difference the trials measure"
-        )
-    extra = {k: mine.get(k, 0.0) - theirs.get(k, 0.0) for k in CATEGORIES}
-    larger = sorted(((v, k) for k, v in extra.items() if v > 0), reverse=True)[:REASONS]
-    where = ", ".join(f"{CATEGORIES[k]} +{milliseconds(v)} ms" for v, k in larger)
-    return f"{PROFILED}a step takes +{milliseconds(total)} ms against its idiom's; more in {where}"
-
-
-def reread_breakdowns(parity: dict, results: list[Result]) -> None:
-    """A stored parity's rows given the breakdowns (and the reasons read off them) of its runs' and idioms'
-    profiles, once those are re-read from their traces (`harness report --reread-traces`); a known reason, the
-    figures and the verdict stay as they are."""
-    for r in parity.get("rows") or []:
-        if "suite_step_s" not in r:
-            continue  # not measured: no breakdown
-        suite = [
-            x
-            for x in results
-            if (x.config.backend, x.config.variant) == (r["backend"], r["strategy"])
-        ]
-        idioms = [i for i in parity.get("idioms") or [] if i.get("idiom") == r["idiom"]]
-        pair = profiled_pair(suite, idioms, r["suite_step_s"], r["idiom_step_s"])
-        r["breakdown"] = pair and {"strategy": pair[0], "idiom": pair[1]}
-        if pair and str(r.get("reason") or "").startswith(PROFILED):
-            r["reason"] = breakdown_reason(*pair)
 
 
 def verdict(low: float, high: float) -> str:
@@ -560,4 +501,4 @@ def settle(args) -> argparse.Namespace:
 
 def main(args) -> int:
     """`python -m harness parity`, its flags parsed (cli.build_parser)."""
-    return run.run_benchmark(settle(args), args.argv, carry_out=carry_out)
+    return benchmark.run_benchmark(settle(args), args.argv, carry_out=carry_out)

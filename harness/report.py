@@ -13,10 +13,9 @@ from pathlib import Path
 from common import profiling
 from common.files import write_json_atomic, write_text_atomic
 from common.results import Result, load_results_json
-from harness import parity
 from harness.arguments import Parser
 from harness.errors import UsageError
-from harness.reporting import document
+from harness.reporting import document, reasons
 from harness.reporting.tables import summary_records, summary_table, with_scaling
 
 DESCRIPTION = (
@@ -91,7 +90,7 @@ def reread_traces(directory: Path) -> int:
             run["device_busy"] = busy
     if isinstance(doc.get("parity"), dict):
         runs = [Result.from_dict(run) for run in doc["runs"]]
-        parity.reread_breakdowns(doc["parity"], runs)
+        reasons.reread_breakdowns(doc["parity"], runs)
     write_json_atomic(path, doc)
     return read
 

@@ -43,7 +43,7 @@ def lint_imports(*args, cwd=ROOT, path=ROOT) -> subprocess.CompletedProcess:
 def test_the_import_contracts_hold():
     out = lint_imports()
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-2000:]
-    assert len(CONTRACTS) == 14
+    assert len(CONTRACTS) == 15
     for name in CONTRACTS:
         assert f"{name} KEPT" in out.stdout, name
 
@@ -87,6 +87,8 @@ def test_the_contracts_would_catch_the_old_cli_check_testing_cycle(tmp_path):
             f.write("\n\ndef _old_cycle():\n    from harness.cli import main\n    return main\n")
     with open(tmp_path / "harness" / "report.py", "a") as f:
         f.write("\n\ndef _gpu_memory():\n    import torch\n    return torch\n")
+    with open(tmp_path / "harness" / "history.py", "a") as f:  # how history judged before comparison.py
+        f.write("\n\ndef _old_judge():\n    from harness import compare\n    return compare\n")
     with open(
         tmp_path / "benchmarks" / "idioms" / "jax.py", "a"
     ) as f:  # an idiom borrowing the suite's code
@@ -104,6 +106,8 @@ def test_the_contracts_would_catch_the_old_cli_check_testing_cycle(tmp_path):
     assert "harness and common never import a framework BROKEN" in out.stdout
     assert "harness.report -> torch" in out.stdout
     assert "no backend imports another BROKEN" in out.stdout
+    assert "no subcommand imports another BROKEN" in out.stdout
+    assert "harness.history -> harness.compare" in out.stdout
     assert "backends never import the harness KEPT" in out.stdout
     assert "the idioms import no backend and no harness BROKEN" in out.stdout
     assert "benchmarks.idioms.jax -> backends.jax.models" in out.stdout

@@ -14,7 +14,7 @@ from common.config import RunConfig
 from common.loop import step_statistics
 from harness import parity
 from harness.planning.plan import Plan
-from harness.reporting import document, sections
+from harness.reporting import document, reasons, sections
 from tests.harness.helpers import assert_refused, fake_python
 from tests.harness.test_report import result
 
@@ -246,7 +246,7 @@ def test_an_undecided_strategy_gets_more_trials_until_its_interval_clears_a_line
     with their idioms, one trial at a time, up to --max-trials; every look's interval is at 1 - 0.05 / looks."""
     import argparse
 
-    from harness import run
+    from harness.session import benchmark
 
     # torch's scratch is clearly at parity; its ddp sits on the 1.10 line and never decides
     medians = {"scratch": 1.0, "ddp": 1.10}
@@ -261,9 +261,9 @@ def test_an_undecided_strategy_gets_more_trials_until_its_interval_clears_a_line
         trials.setdefault("idiom", []).append(trial)
         return idiom_trial(noisy(0.1, 100 + trial), trial)
 
-    monkeypatch.setattr(run, "run_one", run_one)
+    monkeypatch.setattr(benchmark, "run_one", run_one)
     monkeypatch.setattr(parity, "run_idiom", run_idiom)
-    monkeypatch.setattr(run, "Pythons", lambda plan, say: lambda name: "python")
+    monkeypatch.setattr(benchmark, "Pythons", lambda plan, say: lambda name: "python")
     plan = Plan(configs=[config("torch", "scratch"), config("torch", "ddp")], repeat=3)
     plan.backends = {"torch": None}
     meta: dict = {}
@@ -390,7 +390,7 @@ def test_a_stored_paritys_breakdowns_and_reasons_follow_its_profiles_once_re_rea
     assert before["reason"].endswith("more in BN & element-wise +20 ms, untraced +2 ms")
     re_read = {"conv_matmul": 0.080, "bn_elementwise": 0.018, "untraced": 0.022}
     suite[0]["profile"] = {**suite[0]["profile"], "seconds": re_read}
-    parity.reread_breakdowns(stored, document.as_results(suite))
+    reasons.reread_breakdowns(stored, document.as_results(suite))
     (after,) = stored["rows"]
     assert after["reason"] == (
         "profiled (docs/profiling.md): a step takes +20 ms against its idiom's; more in untraced +22 ms"
@@ -398,7 +398,7 @@ def test_a_stored_paritys_breakdowns_and_reasons_follow_its_profiles_once_re_rea
     assert after["breakdown"] == {"strategy": re_read, "idiom": theirs}
     assert (after["ratio"], after["verdict"]) == (before["ratio"], before["verdict"])
     after["reason"] = "a known cost"
-    parity.reread_breakdowns(stored, document.as_results(suite))
+    reasons.reread_breakdowns(stored, document.as_results(suite))
     assert stored["rows"][0]["reason"] == "a known cost"
 
 

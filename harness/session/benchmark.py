@@ -1,0 +1,246 @@
+"""One benchmark session (session/__init__.py): plan, stage, check, run, report."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from harness.checking import workers
+from harness.errors import UsageError
+from harness.planning.plan import Devices, Plan, build_plan
+from harness.processes import devices, disk, envs, interrupts, runner
+from harness.reporting import document, leftovers, provenance, tables
+
+
+def backend_python(name: str, plan: Plan, say) -> str:
+    if name in plan.pythons:
+        return plan.pythons[name]
+    return str(envs.ensure_backend(name, plan.backends[name].requirements, say=say))
+
+
+def execute(plan: Plan, workdir: Path, console: runner.Console, results: list[dict]) -> None:
+    """Run the planned runs (plan.runs: each config, and each trial with --repeat) in order, appending each one's
+    result to `results` as it ends; never lets one failure stop the others. An interrupt propagates: `results`
+    then holds the runs that finished, and plan.runs[len(results):] are the ones that did not."""
+    pythons = Pythons(plan, console.say)
+    for cfg, trial in plan.runs:
+        results.append(run_one(cfg, trial, pythons, workdir, console))
+
+
+class Pythons:
+    """Each backend's interpreter, its environment built on first use; a build that failed is not retried."""
+
+    def __init__(self, plan: Plan, say):
+        self.plan, self.say = plan, say
+        self.known: dict[str, str | envs.EnvError] = {}
+
+    def __call__(self, name: str) -> str | envs.EnvError:
+        if name not in self.known:
+            try:
+                self.known[name] = backend_python(name, self.plan, self.say)
+            except envs.EnvError as e:
+                self.known[name] = e
+        return self.known[name]
+
+
+def run_one(
+    cfg, trial: int | None, pythons: Pythons, workdir: Path, console: runner.Console
+) -> dict:
+    """One planned run's result: the worker's, or a failed row if its environment could not be built."""
+    python = pythons(cfg.backend)
+    if isinstance(python, Exception):
+        result = not_run(cfg, trial, "failed", f"environment setup failed: {python}")
+        console.finished(cfg, result)
+        return result
+    return runner.run(cfg, python, workdir, console, trial)
+
+
+def not_run(cfg, trial: int | None, status: str, reason: str) -> dict:
+    result = runner.not_run_result(cfg, status, reason)
+    return result if trial is None else {**result, "trial": trial}
+
+
+def run_benchmark(args, argv: list[str], carry_out=None) -> int:
+    """Plan, run and report. `carry_out(plan, args, console, meta, workdir) -> results` runs the plan: this
+    module's `run_all`, or parity's, which adds the idioms' runs and puts the parity figures in `meta`."""
+    plan = build_plan(args)
+    if getattr(args, "dry_run", False):
+        print("\n".join(dry_run(plan, args)))
+        return 0
+    console = runner.Console(quiet=args.quiet)
+    meta = {
+        "command": "python -m harness " + " ".join(shlex.quote(a) for a in argv),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "preset": plan.preset,
+        "device_kind": plan.device_kind,
+        "gpus": plan.gpus,
+        "detection": plan.detection,
+        "data_source": plan.data_source,
+        "backends": sorted(plan.backends),
+        "topology": plan.topology.how,
+        "provenance": provenance.record(gpus=plan.gpus),  # the code and host as the run starts
+        **({"best": plan.best} if plan.best else {}),
+    }
+    for line in leftovers.keep_left_behind(Path(args.out), document.write):
+        console.say(line)
+    with create_staging(args.out, sorted(plan.backends), meta) as staging:
+        results = (carry_out or run_all)(plan, args, console, meta, staging.path)
+        meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        interrupts.finishing()  # from here on a signal must not lose the results: it only sets the exit status
+        final = save_report(staging, results, meta)
+    console.say(
+        "\n" + "\n".join(tables.summary_table(tables.with_scaling(tables.as_results(results))))
+    )
+    if final is None:
+        return interrupts.exit_status() or 1
+    console.say(f"\nReport: {final / 'report.md'}")
+    # the standard output holds this one line, for `dir=$(python -m harness ...)` and tools
+    print(json.dumps(summary_line(final, results)) if getattr(args, "json", False) else final)
+    bad = [r for r in results if r["status"] not in ("ok", "unavailable")]
+    return interrupts.exit_status() or (1 if bad else 0)
+
+
+def summary_line(report: Path, results: list[dict]) -> dict:
+    """--json: the report's folder and each configuration's summary figures (`harness report --format json`'s)."""
+    rows = tables.with_scaling(tables.as_results(results))
+    return {"report": str(report), "runs": tables.summary_records(rows)}
+
+
+def dry_run(plan: Plan, args) -> list[str]:
+    """--dry-run: the devices, every run in the order it would start, every refusal with its reason, and the
+    environments each backend would use (built on first use)."""
+    lines = [
+        "Dry run: nothing is trained and no environment is built.",
+        Devices(plan.device_kind, plan.gpus, plan.detection).line,
+    ]
+    if plan.topology.how:
+        lines.append(f"Nodes: {plan.topology.how}")
+    lines.append(f"Preset: {plan.preset}")
+    lines.append(f"Would run {len(plan.runs)} run(s), in this order:")
+    for cfg, trial in plan.runs:
+        lines.append(f"  {run_line(cfg, trial)}")
+    if plan.not_run:
+        lines.append("Would not run:")
+        lines += [f"  {runner.label(cfg)}: {reason}" for cfg, reason in plan.not_run]
+    lines += best_lines(plan)
+    if args.check:
+        lines.append(
+            "Before them, the equivalence check of these configurations (--no-check skips it)."
+        )
+    for name in sorted(plan.backends):
+        lines.append(f"Environment of {name}: {environment_line(name, plan)}")
+    return lines
+
+
+def best_lines(plan: Plan) -> list[str]:
+    """--best: what it switched on for each backend, or that its best is its default (one row), and why."""
+    if not plan.best:
+        return []
+    return ["--best (each backend.toml's [best]):"] + [f"  {note}" for note in plan.best.values()]
+
+
+def run_line(cfg, trial: int | None) -> str:
+    target = f", stop at test accuracy {cfg.target_accuracy:g}" if cfg.target_accuracy else ""
+    return (
+        f"{runner.label(cfg)}{f' trial {trial}' if trial else ''}: {cfg.model}, batch {cfg.batch_size}, "
+        f"lr {cfg.lr:g}, {cfg.epochs} epoch(s){target}, train {cfg.train_size or 'all'} / test "
+        f"{cfg.test_size or 'all'} images"
+    )
+
+
+def environment_line(name: str, plan: Plan) -> str:
+    if name in plan.pythons:
+        return f"{plan.pythons[name]} (--python)"
+    requirements = envs.requirements_for(plan.backends[name].requirements, devices.driver_version())
+    where = (envs.VENVS / name).relative_to(envs.ROOT)
+    state = "ready" if envs.is_current(name, requirements) else "would be built on first use"
+    return f"{where} from {requirements.relative_to(envs.ROOT)} ({state})"
+
+
+def create_staging(out: str, backends: list[str], meta: dict) -> document.Staging:
+    """The report's staging directory, with its owner and the run's header, made before any work starts: an
+    --out that cannot hold a report (under a file, read-only, full, a name too long) fails now, in one line,
+    not after hours of training, and leaves nothing behind."""
+    staging = document.Staging(Path(out), backends)
+    try:
+        staging.create()
+        staging.save_meta(meta)
+    except OSError as e:
+        if staging.path is not None:
+            shutil.rmtree(staging.path, ignore_errors=True)
+        raise UsageError(f"--out {out}: {disk.not_written(out, e)}") from None
+    return staging
+
+
+def run_all(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path) -> list[dict]:
+    """The equivalence check, then every run. An interrupt (Ctrl-C, SIGTERM, SIGHUP) at any point ends
+    them: the runs that finished keep their results, the others are reported as interrupted."""
+    results = [runner.not_run_result(cfg, "unavailable", reason) for cfg, reason in plan.not_run]
+    finished: list[dict] = []
+    training = False
+    try:
+        # Printed even with --quiet: which devices ran is what a result means, and it is one line.
+        console.say(Devices(plan.device_kind, plan.gpus, plan.detection).line)
+        if plan.topology.how:
+            console.say(f"Nodes: {plan.topology.how}")
+        if not plan.topology.loopback and plan.topology.node_rank:
+            console.say(
+                f"This host is node {plan.topology.node_rank}: node 0's host writes the run's report; this "
+                "one keeps its own logs and per-node results"
+            )
+        cfg0 = (plan.configs or [c for c, _ in plan.not_run])[0]
+        console.say(
+            f"Preset: {plan.preset}: {cfg0.model}, {cfg0.epochs} epoch(s), "
+            f"train {cfg0.train_size or 'all'} / test {cfg0.test_size or 'all'} images; "
+            f"{len(plan.runs)} run(s)"
+            + (f" ({plan.repeat} trials each)" if plan.repeat > 1 else "")
+        )
+        for line in best_lines(plan):
+            console.say(line)
+        if args.check:
+            # replaced by the table if the check finishes
+            meta["equivalence"] = {"interrupted": True}
+            meta["equivalence"] = workers.equivalence(plan, console.say, workdir / "logs")
+        training = True
+        execute(plan, workdir, console, finished)
+    except KeyboardInterrupt as e:
+        by = str(e) or "the user"
+        console.say(
+            f"Interrupted ({str(e) or 'SIGINT'}): writing the report with the runs finished so far"
+        )
+        # execute() appends one result per config, in order: the first one left was running (if training had
+        # begun), the rest never started
+        left = plan.runs[len(finished) :]
+        finished += [
+            not_run(cfg, trial, "interrupted", interrupted_why(by, running=training and i == 0))
+            for i, (cfg, trial) in enumerate(left)
+        ]
+    return results + finished
+
+
+def interrupted_why(by: str, running: bool) -> str:
+    """What a run the interrupt ended says: stopped while it ran, or never started."""
+    return (
+        f"interrupted by {by}"
+        if running
+        else f"not started: the harness was interrupted by {by} first"
+    )
+
+
+def save_report(staging: document.Staging, results: list[dict], meta: dict) -> Path | None:
+    """The report's directory; None if it could not be written (a full disk, say), after one line
+    saying where the results were kept instead."""
+    try:
+        return staging.commit(results, meta)
+    except OSError as e:
+        kept = staging.rescue(results, meta)
+        print(
+            f"harness: error: could not write the report in {staging.out}: {e.strerror or e} "
+            f"({disk.free_at(staging.out)} free there); the results are kept in {kept}",
+            file=sys.stderr,
+        )
+        return None
