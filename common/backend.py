@@ -1,15 +1,16 @@
 """A backend: what every framework does the same way, written once (`Backend`), and what each framework
 provides, said once (the Protocols below), in the same module names everywhere.
 
-A backend package builds one object from its own modules, and nothing else:
+A backend package builds one object from its own modules and its framework's profiler, and nothing else:
 
-    BACKEND = Backend(name, models, parallel, strategies, environment, distributed, profiling, switches)
+    BACKEND = Backend(name, models, parallel, strategies, environment, distributed, profiler, switches)
 
 The worker (`python -m backends.<name>`, common/worker.py), the check worker (common/measurements.py) and the
 tests take that object. It holds what is the same everywhere: the refusals, the engine's session, a trainer
 set up for a run (`make_trainer`), a run (`train`) and the equivalence probes, each a job that runs where its
 strategy runs (`distributed.launch`: in this process, or in the strategy's own processes), `predict`, the
-initial weights. What differs between frameworks stays in the backend's modules:
+initial weights. What differs between frameworks stays in the backend's modules, and in its framework's
+profiler, which the framework's idiom (benchmarks/idioms/) records with too:
 
   models.py       build(model), count_params(net), predict(model, weights, x, train, dtype)
   parallel.py     devices, split, allreduce (d2l's vocabulary); array, to_numpy, device_of (for the tests)
@@ -19,7 +20,8 @@ initial weights. What differs between frameworks stays in the backend's modules:
                   state)
   distributed.py  join(cfg) and leave(clean): the engine across processes and nodes, which `session` holds for
                   as long as a run or a check lasts; launch(cfg, job, payload): where a strategy runs
-  profiling.py    record(cfg, folder, rank): the framework's profiler around the --profile steps;
+  profilers/<name>.py
+                  record(cfg, folder, rank): the framework's profiler around the --profile steps;
                   matmul(cfg, n, dtype): one matrix product to time, the host's measured peak
 and, where the framework has process-wide switches, `Switches`: configure(cfg) before a trainer is built (its
 precision), computing_in(dtype) while a probe computes in a dtype.
@@ -121,7 +123,8 @@ class Distributed(Protocol):
 
 @runtime_checkable
 class Profiling(Protocol):
-    """profiling.py: the framework's own profiler, and its matrix product (common/profiling.py, common/loop.py)."""
+    """profilers/<name>.py: the framework's own profiler, and its matrix product (common/profiling.py,
+    common/loop.py)."""
 
     def record(
         self, cfg: RunConfig, folder: Path, rank: int

@@ -48,8 +48,8 @@ from common.trainer import Trainer, feed
 
 def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset, profiling=None) -> dict:
     """Warm up, train cfg.epochs epochs, evaluate after each; return the metrics part of a result. After
-    everything timed, `profiling` (the backend's profiling.py) records the --profile steps and measures the
-    matmul peak where the run config asks.
+    everything timed, `profiling` (the framework's profiler, profilers/<name>.py) records the --profile steps and
+    measures the matmul peak where the run config asks.
 
     With cfg.epochs == 0 (only with --load-weights) the weights are just evaluated."""
     if cfg.epochs == 0:

@@ -10,11 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from common.config import RunConfig
 from common.profiling import Recording
 
 
 @contextlib.contextmanager
-def record(folder: Path, rank: int):
+def record(cfg: RunConfig, folder: Path, rank: int):
     """jax.profiler around the block, at the host tracer's verbose level (on the CPU, XLA traces each of its ops
     only there), without Python's calls; TensorBoard's layout under rank<r>/, whose Chrome trace (the
     `*.trace.json.gz` Perfetto opens) the recording names."""
@@ -28,7 +29,7 @@ def record(folder: Path, rank: int):
     recording.path = next(iter(sorted(out.glob("plugins/profile/*/*.trace.json.gz"))), None)
 
 
-def matmul(n: int, dtype: str):
+def matmul(cfg: RunConfig, n: int, dtype: str):
     """One n x n matrix product in `dtype` on this process's first device, compiled, waited for: a call to
     time."""
     device = jax.local_devices()[0]

@@ -7,13 +7,14 @@ import gzip
 import shutil
 from pathlib import Path
 
+from common.config import RunConfig
 from common.profiling import Recording
 
 import mxnet as mx
 
 
 @contextlib.contextmanager
-def record(folder: Path, rank: int):
+def record(cfg: RunConfig, folder: Path, rank: int):
     """MXNet's profiler around the block: its operators, imperative and symbolic (a hybridized network's bulked
     segments), not its C API calls or memory counters, which would make the trace ten times larger; its Chrome
     trace dumped when the block ends and gzipped as rank<r>.trace.json.gz."""
@@ -39,8 +40,10 @@ def record(folder: Path, rank: int):
     raw.unlink()
 
 
-def matmul(n: int, dtype: str, device):
-    """One n x n matrix product in `dtype` on `device` (an MXNet context), waited for: a call to time."""
+def matmul(cfg: RunConfig, n: int, dtype: str):
+    """One n x n matrix product in `dtype` on the run's first device (its first GPU, else the CPU), waited for: a
+    call to time."""
+    device = mx.gpu(cfg.first_gpu) if cfg.device_kind == "gpu" else mx.cpu(0)
     a, b, c = (mx.nd.random.normal(shape=(n, n), ctx=device).astype(dtype) for _ in range(3))
 
     def product() -> None:

@@ -9,13 +9,15 @@ import torch
 from torch.profiler import ProfilerActivity
 
 from common import sysinfo
+from common.config import RunConfig
 from common.profiling import Recording
 
 
 @contextlib.contextmanager
-def record(folder: Path, rank: int, gpu: bool):
+def record(cfg: RunConfig, folder: Path, rank: int):
     """torch.profiler around the block (the CPU's operators, and the CUDA kernels on a GPU); its Chrome trace,
     gzipped, written as rank<r>.trace.json.gz when the block ends."""
+    gpu = cfg.device_kind == "gpu"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     recording = Recording("torch")
     with torch.profiler.profile(activities=activities) as profiler:
@@ -24,10 +26,11 @@ def record(folder: Path, rank: int, gpu: bool):
     profiler.export_chrome_trace(str(recording.path))
 
 
-def matmul(n: int, dtype: str, gpu: bool):
+def matmul(cfg: RunConfig, n: int, dtype: str):
     """One n x n matrix product in `dtype` on this process's current device, waited for: a call to time. On the
     CPU it takes every usable CPU, whatever the run's threads per process: the peak is the host's, and a ddp rank
     has only its share of the threads (the peak is the last thing a run measures, so nothing timed follows)."""
+    gpu = cfg.device_kind == "gpu"
     if not gpu:
         torch.set_num_threads(sysinfo.usable_cpus())
     device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")

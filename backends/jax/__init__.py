@@ -21,12 +21,11 @@ def _ask_xla_for_cpu_devices(count: int) -> None:
 
 _ask_xla_for_cpu_devices(simulated_devices())
 
-from backends.jax import distributed, environment, models, parallel, profiling, strategies  # noqa: E402
+from backends.jax import distributed, environment, models, parallel, strategies  # noqa: E402
 from common.backend import Backend, Switches  # noqa: E402
+from profilers import jax as profiler  # noqa: E402
 
 # XLA's matmul precision as --precision says, before each trainer is built; jax_enable_x64 while a float64
 # probe computes (without it JAX makes float64 arrays float32)
 SWITCHES = Switches(environment.configure_precision, environment.computing_in)
-BACKEND = Backend(
-    "jax", models, parallel, strategies, environment, distributed, profiling, SWITCHES
-)
+BACKEND = Backend("jax", models, parallel, strategies, environment, distributed, profiler, SWITCHES)

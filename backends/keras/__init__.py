@@ -20,12 +20,13 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
         + f" --xla_force_host_platform_device_count={simulated_devices()}"
     ).strip()
 
-from backends.keras import distributed, environment, models, parallel, profiling, strategies  # noqa: E402
+from backends.keras import distributed, environment, models, parallel, strategies  # noqa: E402
 from common.backend import Backend, Switches  # noqa: E402
+from profilers import keras as profiler  # noqa: E402
 
 # Float32 math as --precision says in the framework this process runs Keras on, before each trainer is built;
 # Keras's floatx (and jax_enable_x64 on jax) while a float64 probe computes
 SWITCHES = Switches(environment.configure_precision, environment.computing_in)
 BACKEND = Backend(
-    "keras", models, parallel, strategies, environment, distributed, profiling, SWITCHES
+    "keras", models, parallel, strategies, environment, distributed, profiler, SWITCHES
 )

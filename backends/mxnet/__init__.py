@@ -2,9 +2,10 @@
 threads and precision settled first); BatchNorm with torch's running statistics in batchnorm.py. What a backend
 is: common/backend.py; docs/ARCHITECTURE.md."""
 
-from backends.mxnet import distributed, environment, models, parallel, profiling, strategies
+from backends.mxnet import distributed, environment, models, parallel, strategies
 from common.backend import Backend
+from profilers import mxnet as profiler
 
 # No switches: compat.py sets MXNet's threads and precision before mxnet is imported, and a float64 trainer
 # casts its networks.
-BACKEND = Backend("mxnet", models, parallel, strategies, environment, distributed, profiling)
+BACKEND = Backend("mxnet", models, parallel, strategies, environment, distributed, profiler)

@@ -7,7 +7,7 @@ network and its training step, written the way that framework's own examples wri
 An idiom module provides `FRAMEWORK` (its name and version, for the report),
 `training_step(weights, lr, dtype, device_kind) -> (put, step)`: `put(x, y)` moves one numpy batch to the device the
 framework's usual way, `step(batch)` takes one SGD step on it and returns its loss as a Python float (the
-host reading the loss is the step's sync, as in every example's loop); and `record(folder, device_kind)`, its
+host reading the loss is the step's sync, as in every example's loop); and `record(cfg, folder)`, its
 framework's profiler (profilers/), the one the backend's runs are recorded with.
 
 Timed like the suite's steps (common/loop.py's time_steps): one warm-up step (compilation), then
@@ -87,7 +87,7 @@ def profile(idiom, cfg: RunConfig, put, step, dataset: datalib.Dataset) -> dict 
         return None
     folder = profiling.traces_folder()
     batches = batches_after_training(cfg, dataset, cfg.timed_steps, cfg.profile)
-    with idiom.record(folder, cfg.device_kind) as recording:
+    with idiom.record(cfg, folder) as recording:
         start = time.perf_counter()
         time_steps(put, step, batches)
         wall = time.perf_counter() - start

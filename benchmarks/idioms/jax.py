@@ -146,9 +146,9 @@ def training_step(weights: dict, lr: float, dtype: str, device_kind: str):
     return put, step
 
 
-def record(folder, device_kind: str):
+def record(cfg, folder):
     """jax.profiler around the profiled steps, as the jax backend's runs are recorded."""
-    return profiler.record(folder, 0)
+    return profiler.record(cfg, folder, 0)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import numpy as np
 from keras import layers
 
 from benchmarks.idioms import driver
+from profilers import keras as profiler
 
 BACKEND = keras.backend.backend()
 FRAMEWORK = f"keras {keras.__version__} on {BACKEND} {importlib.import_module(BACKEND).__version__}"
@@ -125,16 +126,10 @@ def training_step(weights: dict, lr: float, dtype: str, device_kind: str):
     return put, step
 
 
-def record(folder, device_kind: str):
+def record(cfg, folder):
     """The profiler of the framework Keras runs on around the profiled steps, as the keras backend's runs on it
     are recorded."""
-    # imported here, the one Keras runs on only: the other framework has no place in the idiom's process
-    profiler = importlib.import_module(f"profilers.{BACKEND}")
-    return (
-        profiler.record(folder, 0, device_kind == "gpu")
-        if BACKEND == "torch"
-        else profiler.record(folder, 0)
-    )
+    return profiler.record(cfg, folder, 0)
 
 
 if __name__ == "__main__":

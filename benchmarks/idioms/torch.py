@@ -111,9 +111,9 @@ def training_step(weights: dict, lr: float, dtype: str, device_kind: str):
     return put, step
 
 
-def record(folder, device_kind: str):
+def record(cfg, folder):
     """torch.profiler around the profiled steps, as the torch backend's runs are recorded."""
-    return profiler.record(folder, 0, device_kind == "gpu")
+    return profiler.record(cfg, folder, 0)
 
 
 if __name__ == "__main__":

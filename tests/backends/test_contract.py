@@ -58,22 +58,29 @@ def batch(n=BATCH, seed=0, model="lenet"):
 
 def test_the_package_builds_a_backend_of_modules_that_provide_what_it_needs(backend):
     """backends.<name>.BACKEND is a common.backend.Backend of that name, and each of its modules provides what
-    common/backend.py's Protocol for it says."""
+    common/backend.py's Protocol for it says: the backend's own, and the framework's profiler (profilers/<name>.py,
+    which the framework's idiom records with too)."""
     assert isinstance(backend, backendlib.Backend) and backend.name == NAME
     protocols = {
-        "models": backendlib.Models,
-        "parallel": backendlib.Parallel,
-        "strategies": backendlib.Strategies,
-        "environment": backendlib.Environment,
-        "distributed": backendlib.Distributed,
-        "profiling": backendlib.Profiling,
+        f"backends.{NAME}.models": backendlib.Models,
+        f"backends.{NAME}.parallel": backendlib.Parallel,
+        f"backends.{NAME}.strategies": backendlib.Strategies,
+        f"backends.{NAME}.environment": backendlib.Environment,
+        f"backends.{NAME}.distributed": backendlib.Distributed,
+        f"profilers.{NAME}": backendlib.Profiling,
     }
-    for name, protocol in protocols.items():
-        module = importlib.import_module(f"backends.{NAME}.{name}")
+    for path, protocol in protocols.items():
+        module = importlib.import_module(path)
         assert isinstance(module, protocol), f"{module.__name__} is no {protocol.__name__}"
-    modules = ("models", "parallel", "strategies", "distributed", "profiling")
-    assert tuple(getattr(backend, name) for name in modules) == tuple(
-        importlib.import_module(f"backends.{NAME}.{name}") for name in modules
+    held = (
+        backend.models,
+        backend.parallel,
+        backend.strategies,
+        backend.distributed,
+        backend.profiling,
+    )
+    assert held == tuple(
+        importlib.import_module(path) for path in protocols if not path.endswith(".environment")
     )
 
 

@@ -222,8 +222,9 @@ HOST_OP = {"ph": "X", "name": "aten::conv2d", "ts": 0, "dur": 10, "pid": 1, "tid
 
 
 class RecordingProfiling:
-    """A backend's profiling.py that logs when its profiler starts and stops, writes a one-event trace (a host op,
-    or the event given), and whose matrix product takes no time at all but advances `clock` by one second."""
+    """A framework's profiler (profilers/<name>.py) that logs when it starts and stops, writes a one-event trace (a
+    host op, or the event given), and whose matrix product takes no time at all but advances `clock` by one
+    second."""
 
     def __init__(self, events: list, clock: list, traced: dict = HOST_OP):
         self.events, self.clock, self.traced = events, clock, traced

@@ -300,7 +300,7 @@ class FakeIdiom:
     def training_step(self, weights, lr, dtype, device_kind):
         return (lambda x, y: (x, y)), (lambda batch: 2.3)
 
-    def record(self, folder, device_kind):
+    def record(self, cfg, folder):
         import contextlib
 
         from common.profiling import Recording
