@@ -8,18 +8,27 @@ Each group is made by a function, a fresh parser per call: a subcommand that nee
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 from common import config as configlib
 from common import manifest
 from common import weights as weightslib
-from common.config import BN_MODES, COMPILE_MODES, DATASETS, MODELS, PRECISIONS, ConfigError
+from common.config import BN_MODES, COMPILE_MODES, DATASETS, MODELS, PRECISIONS
 from harness.errors import UsageError
-from harness.presets import PRESETS
+from harness.planning.presets import PRESETS
 
 DEFAULT_TIMEOUT = 3600.0
 # across hosts: a host may be minutes late (building its environments on first use)
 DEFAULT_JOIN_TIMEOUT = 300.0
+
+
+def request_of(cls, args, defaults: dict | None = None):
+    """The typed request `cls` (a dataclass) of a parsed command line: each of its fields from the flag of that
+    name, else from `defaults` (the flags a command settles for itself). The one place a Namespace becomes a
+    request: below the commands nothing reads one."""
+    given = {**(defaults or {}), **vars(args)}
+    return cls(**{f.name: given[f.name] for f in dataclasses.fields(cls)})
 
 
 class Parser(argparse.ArgumentParser):
@@ -53,18 +62,6 @@ def name_list(value: str) -> str:
 def absolute_path(value: str) -> str:
     """An argparse type: a non-empty path, made absolute now, since workers run from the project root."""
     return os.path.abspath(nonempty(value))
-
-
-def check_shared(seed=0, lr=None, timeout=DEFAULT_TIMEOUT, threads=None) -> None:
-    """The value checks `run` and `check` share (common/config.py)."""
-    try:
-        configlib.check_seed(seed)
-        configlib.check_timeout(timeout)
-        configlib.check_threads(threads)
-        if lr is not None:
-            configlib.check_lr(lr)
-    except ConfigError as e:
-        raise UsageError(str(e)) from None
 
 
 # ------------------------------------------------------------------ shared flag groups (parent parsers)

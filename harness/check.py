@@ -26,6 +26,7 @@ from harness.planning.plan import (
     parse_pythons,
     select_strategies,
 )
+from harness.planning.request import DataRequest, check_shared
 
 # ------------------------------------------------------------------------- command
 
@@ -74,12 +75,12 @@ def parents() -> list[arguments.Parser]:
 
 def main(args) -> int:
     """`python -m harness check`, its flags parsed (cli.build_parser)."""
-    arguments.check_shared(seed=args.seed, lr=args.lr, timeout=args.timeout)
+    check_shared(seed=args.seed, lr=args.lr, timeout=args.timeout)
 
     names = parse_backends(args.backend)
     if "torch" not in names:
         names.insert(0, "torch")  # the reference every other backend is compared with
-    devices = choose_devices(args)
+    devices = choose_devices(args.device)
     kind = devices.kind
     counts = parse_gpus(args.gpus)
     nodes = max(parse_node_counts(args.nodes)) if args.nodes else 1
@@ -89,10 +90,12 @@ def main(args) -> int:
     bn_modes = [b.strip() for b in args.bn.split(",") if b.strip()]
     if not set(models) <= set(MODELS) or not models:
         raise UsageError(f"--model takes a comma list of {', '.join(MODELS)} (got {args.model!r})")
-    args.dataset = args.dataset or default_dataset(models[0], args.data_dir)
+    data = DataRequest(
+        args.dataset or default_dataset(models[0], args.data_dir), args.data_dir, args.image_size
+    )
     try:
         for model in models:
-            check_model_input(model, args.dataset, args.image_size)
+            check_model_input(model, data.dataset, data.image_size)
     except ConfigError as e:
         raise UsageError(f"{e} (check models that take other images separately)") from None
     if not set(bn_modes) <= {"local", "sync"} or not bn_modes:
@@ -106,20 +109,20 @@ def main(args) -> int:
     backends = {n: manifest.load(n) for n in names}
     chosen = {
         n: [s for s, reason in picks if reason is None]
-        for n, picks in select_strategies(args, backends, kind).items()
+        for n, picks in select_strategies(args.strategy, backends, kind).items()
     }
     # (ImageNet-shaped images are synthetic in the check: probe_dataset)
     data_dir, _, (train_images, _) = (
-        (None, "", imagenet.SIZES) if imagenet_shaped(args.dataset) else resolve_data(args)
+        (None, "", imagenet.SIZES) if imagenet_shaped(data.dataset) else resolve_data(data)
     )
     # each step takes its own batch of the first epoch
     if args.steps * args.batch_size > train_images:
         raise UsageError(
             f"--steps {args.steps} x --batch-size {args.batch_size} needs more than the "
-            f"{train_images} training images of {args.dataset}"
+            f"{train_images} training images of {data.dataset}"
         )
     dataset = probe_dataset(
-        args.dataset, data_dir, args.steps * args.batch_size, models[0], args.image_size, args.seed
+        data.dataset, data_dir, args.steps * args.batch_size, models[0], data.image_size, args.seed
     )
 
     print(devices.line)

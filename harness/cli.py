@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from harness import arguments, check, compare, history, parity, projection, report, run, testing
 from harness.arguments import HelpFormatter, Parser
 from harness.errors import UsageError
-from harness.planning.plan import build_plan, choose_devices, parse_pythons
+from harness.planning import plan
+from harness.planning.plan import Devices, Plan, parse_pythons
+from harness.planning.request import RunRequest
 from harness.processes import interrupts
 
 # The names tests and tools reach through this module (the benchmark's entry points; the plan's are
@@ -28,6 +30,7 @@ __all__ = [
     "choose_devices",
     "main",
     "parse_pythons",
+    "request",
 ]
 
 COMMANDS = ("run", "check", "parity", "test", "list", "compare", "history", "report", "project")
@@ -149,6 +152,21 @@ def build_parser() -> Parser:
         projection.DESCRIPTION,
     )
     return p
+
+
+def request(args) -> RunRequest:
+    """The request of a parsed run command line."""
+    return arguments.request_of(RunRequest, args)
+
+
+def build_plan(args) -> Plan:
+    """The plan of a parsed run command line (its request made here, at the door)."""
+    return plan.build_plan(request(args))
+
+
+def choose_devices(args) -> Devices:
+    """The devices of a parsed command line's --device."""
+    return plan.choose_devices(args.device)
 
 
 def parse(argv: list[str]):

@@ -18,8 +18,8 @@ is known and measured; results.json holds the figures under "parity".
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import functools
 import json
 import math
 import statistics
@@ -32,10 +32,11 @@ from common.config import RunConfig
 from common.profiling import TRACES_ENV
 from common.results import Result, profile_problem
 from harness import arguments
-from harness.arguments import Parser
+from harness.arguments import Parser, request_of
 from harness.errors import UsageError
 from harness.planning.plan import Devices, Plan, choose_devices, parse_gpus
-from harness.presets import PRESETS
+from harness.planning.presets import PRESETS
+from harness.planning.request import RunRequest
 from harness.processes import envs, runner
 from harness.reporting.comparison import ratio_interval
 from harness.reporting.reasons import breakdown_reason, profiled_pair
@@ -226,9 +227,16 @@ def undecided(figures: dict, configs: list[RunConfig]) -> list[RunConfig]:
     return [c for c in configs if (c.backend, c.variant) in open_rows]
 
 
-def carry_out(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path) -> list[dict]:
-    """benchmark.run_benchmark's `carry_out`: the schedule, then the parity figures into `meta` (and printed). An
-    interrupt ends it; the figures are made from what finished."""
+def carry_out(
+    plan: Plan,
+    request: RunRequest,
+    console: runner.Console,
+    meta: dict,
+    workdir: Path,
+    max_trials: int = DEFAULT_MAX_TRIALS,
+) -> list[dict]:
+    """benchmark.run_benchmark's `carry_out` (with parity's --max-trials): the schedule, then the parity figures
+    into `meta` (and printed). An interrupt ends it; the figures are made from what finished."""
     results = [runner.not_run_result(cfg, "unavailable", reason) for cfg, reason in plan.not_run]
     finished, idioms = [], []
     runs = schedule(plan)
@@ -238,7 +246,7 @@ def carry_out(plan: Plan, args, console: runner.Console, meta: dict, workdir: Pa
         f"Parity: {len(plan.configs)} strategies beside their idioms, {plan.repeat} interleaved trials, "
         f"{plan.configs[0].timed_steps if plan.configs else 0} timed steps each; {len(runs)} runs"
     )
-    alpha = ALPHA / looks(plan.repeat, args.max_trials)
+    alpha = ALPHA / looks(plan.repeat, max_trials)
     trial, started = plan.repeat, 0
     try:
         while runs:
@@ -246,7 +254,7 @@ def carry_out(plan: Plan, args, console: runner.Console, meta: dict, workdir: Pa
             started = len(finished)
             run_sides(runs, pythons, workdir, console, finished, idioms)
             left = undecided(figures(finished, idioms, alpha), plan.configs)
-            if not left or trial >= args.max_trials:
+            if not left or trial >= max_trials:
                 break
             trial += 1
             console.say(f"Parity: trial {trial} for {len(left)} strategies still undecided")
@@ -262,7 +270,7 @@ def carry_out(plan: Plan, args, console: runner.Console, meta: dict, workdir: Pa
     meta["parity"] = {
         **figures(finished, idioms, alpha),
         "repeat": plan.repeat,
-        "max_trials": args.max_trials,
+        "max_trials": max_trials,
     }
     for line in table(meta["parity"]["rows"]):
         console.say(line)
@@ -478,8 +486,9 @@ def run_flags_defaults() -> dict:
     return vars(Parser(parents=arguments.run_parents()).parse_args([]))
 
 
-def settle(args) -> argparse.Namespace:
-    """parity's flags, completed into run's: one device, one short epoch, timed steps, no equivalence check."""
+def settle(args) -> RunRequest:
+    """parity's flags, completed into run's request: one device, one short epoch, timed steps, no equivalence
+    check."""
     if parse_gpus(args.gpus) != [1]:
         raise UsageError(f"--gpus {args.gpus}: parity measures one-device loops: --gpus 1")
     if args.timed_steps < 3:
@@ -490,15 +499,19 @@ def settle(args) -> argparse.Namespace:
         raise UsageError(
             f"--max-trials {args.max_trials} is fewer than the --repeat {args.repeat} trials every side runs"
         )
-    settled = argparse.Namespace(**{**run_flags_defaults(), **vars(args)})
-    kind = choose_devices(settled).kind
+    request = request_of(RunRequest, args, defaults=run_flags_defaults())
+    kind = choose_devices(request.device).kind
     batch = args.batch_size or PRESETS["d2l" if kind == "gpu" else "quick"].batch(1)
-    settled.epochs, settled.check = 1, False
-    settled.train_size = settled.train_size or SUITE_STEPS * batch
-    settled.test_size = settled.test_size or batch
-    return settled
+    return dataclasses.replace(
+        request,
+        epochs=1,
+        check=False,
+        train_size=request.train_size or SUITE_STEPS * batch,
+        test_size=request.test_size or batch,
+    )
 
 
 def main(args) -> int:
     """`python -m harness parity`, its flags parsed (cli.build_parser)."""
-    return benchmark.run_benchmark(settle(args), args.argv, carry_out=carry_out)
+    parity_run = functools.partial(carry_out, max_trials=args.max_trials)
+    return benchmark.run_benchmark(settle(args), args.argv, carry_out=parity_run)

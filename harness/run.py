@@ -7,7 +7,9 @@ Parsing and planning are harness/planning/plan.py's; the command line, harness/c
 from __future__ import annotations
 
 from common import manifest
+from harness.arguments import request_of
 from harness.planning.plan import Devices, choose_devices
+from harness.planning.request import RunRequest
 from harness.session.benchmark import run_benchmark
 
 
@@ -15,12 +17,12 @@ def main(args) -> int:
     """`python -m harness run` (or no subcommand), its flags parsed (cli.parse); with --list, `list`."""
     if args.list:
         return list_main(args)
-    return run_benchmark(args, args.argv)
+    return run_benchmark(request_of(RunRequest, args), args.argv)
 
 
 def list_main(args) -> int:
     """`python -m harness list`: the devices that would run, and every backend's strategies, options and levers."""
-    print_listing(choose_devices(args))
+    print_listing(choose_devices(args.device))
     return 0
 
 

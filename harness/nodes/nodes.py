@@ -74,22 +74,38 @@ def parse_counts(text: str) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def from_args(args, environ=os.environ) -> Topology:
+@dataclass(frozen=True)
+class NodeRequest:
+    """The nodes a request asks for: --nodes, --node-rank, --coordinator (or torchrun's --master-addr and
+    --master-port), this host's --local-addr and --interface, and the two timeouts (None: not given)."""
+
+    nodes: str | None
+    node_rank: int | None
+    coordinator: str | None
+    master_addr: str | None
+    master_port: str | None
+    local_addr: str | None
+    interface: str | None
+    join_timeout: float
+    peer_timeout: float
+
+
+def from_request(asked: NodeRequest, environ=os.environ) -> Topology:
     """The nodes asked for: the flags, else Slurm's variables (srun with one task per node), else one node."""
     try:  # a bad value is refused wherever it would not be used, too (one host: nobody to wait for)
-        check_join_timeout(args.join_timeout)
-        check_peer_timeout(args.peer_timeout)
+        check_join_timeout(asked.join_timeout)
+        check_peer_timeout(asked.peer_timeout)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    coordinator = coordinator_flag(args)
+    coordinator = coordinator_flag(asked)
     by_launcher = (
-        launched(environ, coordinator) if args.nodes is None and args.node_rank is None else None
+        launched(environ, coordinator) if asked.nodes is None and asked.node_rank is None else None
     )
     if by_launcher is not None:
         topology = by_launcher
     else:
-        counts = parse_counts(args.nodes) if args.nodes is not None else (1,)
-        if args.node_rank is None:
+        counts = parse_counts(asked.nodes) if asked.nodes is not None else (1,)
+        if asked.node_rank is None:
             if coordinator:
                 raise UsageError(
                     "--coordinator goes with --node-rank (one node per host); without --node-rank "
@@ -100,7 +116,7 @@ def from_args(args, environ=os.environ) -> Topology:
                 if counts == (1,)
                 else f"{max(counts)} nodes simulated on this host over 127.0.0.1"
             )
-            refuse_host_flags_on_loopback(args)
+            refuse_host_flags_on_loopback(asked)
             return Topology(counts, None, None, how)
         if not coordinator:
             raise UsageError(
@@ -110,9 +126,9 @@ def from_args(args, environ=os.environ) -> Topology:
             raise UsageError("--node-rank takes one --nodes count (every host runs the same runs)")
         topology = Topology(
             counts,
-            args.node_rank,
+            asked.node_rank,
             coordinator,
-            f"node {args.node_rank} of {counts[0]}, coordinator {coordinator}",
+            f"node {asked.node_rank} of {counts[0]}, coordinator {coordinator}",
         )
     if not 0 <= topology.node_rank < max(topology.counts):
         raise UsageError(
@@ -123,16 +139,19 @@ def from_args(args, environ=os.environ) -> Topology:
     except ConfigError as e:
         raise UsageError(str(e)) from None
     return dataclasses.replace(
-        topology, join_timeout=args.join_timeout, peer_timeout=args.peer_timeout, **this_host(args)
+        topology,
+        join_timeout=asked.join_timeout,
+        peer_timeout=asked.peer_timeout,
+        **this_host(asked),
     )
 
 
-def coordinator_flag(args) -> str | None:
+def coordinator_flag(asked: NodeRequest) -> str | None:
     """--coordinator HOST:PORT, or torchrun's --master-addr HOST with --master-port PORT (default 29500)."""
-    addr, port = getattr(args, "master_addr", None), getattr(args, "master_port", None)
+    addr, port = asked.master_addr, asked.master_port
     if addr is None and port is None:
-        return args.coordinator
-    if args.coordinator is not None:
+        return asked.coordinator
+    if asked.coordinator is not None:
         raise UsageError("give --coordinator HOST:PORT or --master-addr/--master-port, not both")
     if addr is None:
         raise UsageError("--master-port goes with --master-addr (node 0's host)")
@@ -234,26 +253,26 @@ def launcher_gpus(environ=os.environ) -> int | None:
     return int(count) if count.isdigit() and int(count) > 0 else None
 
 
-def this_host(args) -> dict:
+def this_host(asked: NodeRequest) -> dict:
     """--local-addr and --interface, checked against this host's own (a typo fails here, not in an engine)."""
-    given = {"local_addr": args.local_addr, "interface": args.interface}
-    if args.interface is not None and network.interface_address(args.interface) is None:
+    given = {"local_addr": asked.local_addr, "interface": asked.interface}
+    if asked.interface is not None and network.interface_address(asked.interface) is None:
         raise UsageError(
-            f"--interface {args.interface}: this host has no such interface with an IPv4 address "
+            f"--interface {asked.interface}: this host has no such interface with an IPv4 address "
             f"(it has: {network.listed_interfaces()})"
         )
-    if args.local_addr is not None and not network.is_local_address(args.local_addr):
+    if asked.local_addr is not None and not network.is_local_address(asked.local_addr):
         raise UsageError(
-            f"--local-addr {args.local_addr} is not an address of this host (it has: "
+            f"--local-addr {asked.local_addr} is not an address of this host (it has: "
             f"{network.listed_interfaces()})"
         )
     return given
 
 
-def refuse_host_flags_on_loopback(args) -> None:
+def refuse_host_flags_on_loopback(asked: NodeRequest) -> None:
     """--interface and --local-addr name this host's place among hosts: loopback nodes all use 127.0.0.1."""
     for flag in ("interface", "local_addr"):
-        if getattr(args, flag, None) is not None:
+        if getattr(asked, flag) is not None:
             raise UsageError(
                 f"--{flag.replace('_', '-')} goes with runs across hosts (--node-rank, or Slurm); "
                 "loopback nodes use 127.0.0.1"

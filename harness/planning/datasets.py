@@ -20,51 +20,54 @@ from common.config import (
 )
 from common.data import imagenet
 from harness.errors import UsageError
-from harness.presets import Preset
+from harness.planning.presets import Preset
+from harness.planning.request import DataRequest, RunRequest
 from harness.processes import disk
 
 
-def settle_data(args, preset: Preset) -> Preset:
-    """The preset with the dataset and image side the run uses: a dataset the model takes (the preset's where it
-    fits, else the model's own: ImageNet-shaped synthetic images for ResNet-50 unless --data-dir names a folder),
-    an image side only for ImageNet-shaped images. Written back to `args` too, where the rest of the plan reads
-    the dataset, the side and the precision."""
+def settle_data(request: RunRequest, preset: Preset) -> tuple[Preset, RunRequest]:
+    """The preset and the request with the dataset and image side the run uses: a dataset the model takes (the
+    preset's where it fits, else the model's own: ImageNet-shaped synthetic images for ResNet-50 unless --data-dir
+    names a folder), an image side only for ImageNet-shaped images; the request with the preset's precision too,
+    where the rest of the plan reads it."""
     dataset = preset.dataset
-    if args.dataset is None and dataset not in datasets_for(preset.model):
-        dataset = default_dataset(preset.model, args.data_dir)
-    image_size = preset.image_size if imagenet_shaped(dataset) else args.image_size
+    if request.dataset is None and dataset not in datasets_for(preset.model):
+        dataset = default_dataset(preset.model, request.data_dir)
+    image_size = preset.image_size if imagenet_shaped(dataset) else request.image_size
     try:
         check_model_input(preset.model, dataset, image_size)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    args.dataset, args.image_size, args.precision = dataset, image_size, preset.precision
-    return dataclasses.replace(preset, dataset=dataset, image_size=image_size)
+    settled = dataclasses.replace(
+        request, dataset=dataset, image_size=image_size, precision=preset.precision
+    )
+    return dataclasses.replace(preset, dataset=dataset, image_size=image_size), settled
 
 
 def resolve_data(
-    args, model: str = "resnet18", sizes: tuple[int | None, int | None] = (None, None)
+    data: DataRequest, model: str = "resnet18", sizes: tuple[int | None, int | None] = (None, None)
 ) -> tuple[str | None, str, tuple[int, int]]:
     """(data directory or prepared file, where the data comes from, (training images, test images)).
 
     The files are read and verified here, once, so that bad data is one error before anything runs; an
     ImageNet-layout folder is decoded here, `sizes` images of each split, into the one file every worker reads."""
-    if args.dataset == "synthetic":
+    if data.dataset == "synthetic":
         return (
             None,
             "synthetic (random images; not Fashion-MNIST)",
             datalib.fashion_mnist.SYNTHETIC_SIZES,
         )
-    if args.dataset == "imagenet-synthetic":
-        side = image_side(model, args.dataset, args.image_size)
+    if data.dataset == "imagenet-synthetic":
+        side = image_side(model, data.dataset, data.image_size)
         return (
             None,
             f"synthetic ImageNet-shaped images ({side}x{side}, 1,000 classes; random, not ImageNet)",
             imagenet.SIZES,
         )
-    if args.dataset == "imagenet":
-        return prepare_imagenet(args, image_side(model, args.dataset, args.image_size), sizes)
+    if data.dataset == "imagenet":
+        return prepare_imagenet(data, image_side(model, data.dataset, data.image_size), sizes)
     try:
-        path = datalib.fashion_mnist.locate_or_download(args.data_dir)
+        path = datalib.fashion_mnist.locate_or_download(data.data_dir)
         sizes = datalib.verify(path)
     except datalib.DataError as e:
         raise UsageError(str(e)) from None
@@ -76,19 +79,19 @@ def resolve_data(
 
 
 def prepare_imagenet(
-    args, side: int, sizes: tuple[int | None, int | None]
+    data: DataRequest, side: int, sizes: tuple[int | None, int | None]
 ) -> tuple[str, str, tuple[int, int]]:
     """Decode an ImageNet-layout folder's images at `side` px once (kept in the user cache, keyed by what was
     asked), after checking that the float32 copy each worker holds fits in a quarter of this host's memory."""
-    if not args.data_dir:
+    if not data.data_dir:
         raise UsageError(f"--dataset imagenet needs --data-dir: a folder {imagenet.LAYOUT}")
-    folder = Path(args.data_dir)
+    folder = Path(data.data_dir)
     try:
         _, files = imagenet.files_of(folder)
     except datalib.DataError as e:
         raise UsageError(str(e)) from None
     available = (len(files["train"]), len(files["val"]))
-    check_subset_sizes(args, available)
+    check_subset_sizes(data, available)
     counts = [min(asked or n, n) for asked, n in zip(sizes, available)]
     needed = sum(counts) * 3 * side * side * 4
     memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -123,16 +126,16 @@ def prepare_imagenet(
     )
 
 
-def check_subset_sizes(args, sizes: tuple[int, int]) -> None:
+def check_subset_sizes(data: DataRequest, sizes: tuple[int, int]) -> None:
     """--train-size / --test-size may not ask for more images than the dataset has (they would be clipped
     while the report claimed the number asked for)."""
     for flag, asked, available, split in (
-        ("--train-size", args.train_size, sizes[0], "training"),
-        ("--test-size", args.test_size, sizes[1], "test"),
+        ("--train-size", data.train_size, sizes[0], "training"),
+        ("--test-size", data.test_size, sizes[1], "test"),
     ):
         if asked is not None and asked > available:
             raise UsageError(
-                f"{flag} {asked} is more than the {available} {split} images of {args.dataset}"
+                f"{flag} {asked} is more than the {available} {split} images of {data.dataset}"
             )
 
 

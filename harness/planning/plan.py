@@ -17,12 +17,12 @@ from common import manifest
 from common import weights as weightslib
 from common.config import MAX_SIMULATED_DEVICES, ConfigError, RunConfig
 from common.manifest import Manifest, engine_refusal, strategy_refusal
-from harness.arguments import check_shared
 from harness.errors import UsageError
 from harness.nodes import nodes as nodelib
 from harness.nodes.nodes import Topology
 from harness.planning.datasets import check_subset_sizes, explicit_size, resolve_data, settle_data
-from harness.presets import PRESETS, Preset
+from harness.planning.presets import PRESETS, Preset
+from harness.planning.request import RunRequest, check_shared
 from harness.processes import devices as devicelib
 
 MAX_REPEAT = 100  # --repeat: trials of each configuration
@@ -190,11 +190,12 @@ class Devices:
         return f"devices: simulated CPU devices ({self.why})"
 
 
-def choose_devices(args) -> Devices:
-    if args.device == "cpu":
+def choose_devices(device: str) -> Devices:
+    """The devices of --device `device` (auto, gpu or cpu)."""
+    if device == "cpu":
         return Devices("cpu", [], "--device cpu")  # asked for: no need to look for GPUs
     found = devicelib.detect()
-    if args.device == "gpu" and not found.gpus:
+    if device == "gpu" and not found.gpus:
         raise UsageError(f"--device gpu: no GPU is visible ({found.how})")
     return Devices("gpu" if found.gpus else "cpu", found.gpus, found.how)
 
@@ -228,11 +229,15 @@ def check_device_counts(
 
 
 def select_strategies(
-    args, backends: dict[str, Manifest], kind: str, bn: str = "local", nodes: int = 1
+    strategy: str | None,
+    backends: dict[str, Manifest],
+    kind: str,
+    bn: str = "local",
+    nodes: int = 1,
 ):
-    """{backend: [(strategy, reason-not-run or None)]}, refusing what cannot run if it was asked for
-    (on any node count of the sweep, `nodes` the smallest)."""
-    asked = [s.strip() for s in args.strategy.split(",") if s.strip()] if args.strategy else None
+    """{backend: [(strategy, reason-not-run or None)]} of --strategy `strategy` (a comma list; None: every one),
+    refusing what cannot run if it was asked for (on any node count of the sweep, `nodes` the smallest)."""
+    asked = [s.strip() for s in strategy.split(",") if s.strip()] if strategy else None
     if asked:
         for s in asked:
             if backends and not any(s in b.strategies for b in backends.values()):
@@ -254,32 +259,32 @@ def select_strategies(
     return chosen
 
 
-def check_best(args) -> None:
+def check_best(request: RunRequest) -> None:
     """--best decides the levers of backend.toml's [best]: one of them asked for as well is a contradiction."""
     given = {
-        "--compile": args.compile,
-        "--compile-mode": args.compile_mode != "default",
-        "--channels-last": args.channels_last,
+        "--compile": request.compile,
+        "--compile-mode": request.compile_mode != "default",
+        "--channels-last": request.channels_last,
     }
     explicit = [flag for flag, asked in given.items() if asked]
-    if args.best and explicit:
+    if request.best and explicit:
         raise UsageError(
             f"--best chooses {', '.join(given)} per backend (its backend.toml's [best]); "
             f"drop {', '.join(explicit)} or --best"
         )
 
 
-def asked_levers(args) -> dict:
+def asked_levers(request: RunRequest) -> dict:
     """The levers of the run as asked, every one (RunConfig's field names)."""
-    return {name: getattr(args, name) for name in leverlib.PLAIN}
+    return {name: getattr(request, name) for name in leverlib.PLAIN}
 
 
-def lever_variants(args, backend: Manifest, kind: str) -> list[dict]:
+def lever_variants(request: RunRequest, backend: Manifest, kind: str) -> list[dict]:
     """The levers of each row a strategy gets: the run as asked and, with --best, the same with the backend's best
     mode on top (one row where its best is its default)."""
-    asked = asked_levers(args)
+    asked = asked_levers(request)
     best = backend.best.on(kind)
-    if not args.best or not best:
+    if not request.best or not best:
         return [asked]
     return [asked, {**asked, **best}]
 
@@ -293,12 +298,12 @@ def best_note(backend: Manifest, kind: str) -> str:
     return f"{backend.name}: best switches on {', '.join(switched)}: {backend.best.why}"
 
 
-def refused_levers(args, backends: dict[str, Manifest], kind: str) -> dict[str, str]:
+def refused_levers(request: RunRequest, backends: dict[str, Manifest], kind: str) -> dict[str, str]:
     """{backend: why it cannot run the asked levers}; an error if no selected backend can."""
-    asked = leverlib.asked(**asked_levers(args))
-    if args.compile_mode != "default" and not args.compile:
-        raise UsageError(f"--compile-mode {args.compile_mode} needs --compile")
-    if args.compile_mode == "reduce-overhead" and kind != "gpu":
+    asked = leverlib.asked(**asked_levers(request))
+    if request.compile_mode != "default" and not request.compile:
+        raise UsageError(f"--compile-mode {request.compile_mode} needs --compile")
+    if request.compile_mode == "reduce-overhead" and kind != "gpu":
         raise UsageError(
             "--compile-mode reduce-overhead captures CUDA graphs; there are none on the CPU"
         )
@@ -319,7 +324,7 @@ def refused_levers(args, backends: dict[str, Manifest], kind: str) -> dict[str, 
 
 
 def make_config(
-    args,
+    request: RunRequest,
     preset: Preset,
     backend: str,
     strategy: str,
@@ -359,23 +364,23 @@ def make_config(
         lr=preset.learning_rate(n),
         train_size=explicit_size(preset.train_size, preset.dataset, 0),
         test_size=explicit_size(preset.test_size, preset.dataset, 1),
-        dataset=args.dataset,
+        dataset=request.dataset,
         data_dir=data_dir,
-        image_size=args.image_size,
-        seed=args.seed,
-        timeout=args.timeout,
-        threads=args.threads,
+        image_size=request.image_size,
+        seed=request.seed,
+        timeout=request.timeout,
+        threads=request.threads,
         options=options,
-        bn=args.bn,
+        bn=request.bn,
         init=preset.init,
-        **(asked_levers(args) if levers is None else levers),
-        prefetch=args.prefetch,
-        compile_cache=args.compile_cache,
+        **(asked_levers(request) if levers is None else levers),
+        prefetch=request.prefetch,
+        compile_cache=request.compile_cache,
         timed_steps=preset.timed_steps,
         target_accuracy=preset.target_accuracy,
-        profile=args.profile,
-        load_weights=os.path.abspath(args.load_weights) if args.load_weights else None,
-        save_weights=os.path.abspath(args.save_weights) if args.save_weights else None,
+        profile=request.profile,
+        load_weights=os.path.abspath(request.load_weights) if request.load_weights else None,
+        save_weights=os.path.abspath(request.save_weights) if request.save_weights else None,
     )
     try:
         return cfg.validate()
@@ -392,35 +397,41 @@ def default_gpus(topology, kind: str, gpus: list[str]) -> list[int]:
     return [1] if max(topology.counts) > 1 else [1, 2] if kind == "cpu" or len(gpus) >= 2 else [1]
 
 
-def build_plan(args) -> Plan:
-    names = parse_backends(args.backend)
-    check_best(args)
-    pythons = parse_pythons(args.python)
-    devices = choose_devices(args)
+def build_plan(request: RunRequest) -> Plan:
+    names = parse_backends(request.backend)
+    check_best(request)
+    pythons = parse_pythons(request.python)
+    devices = choose_devices(request.device)
     kind, gpus = devices.kind, devices.gpus
-    topology = nodelib.from_args(args)
-    counts = parse_gpus(args.gpus) if args.gpus is not None else default_gpus(topology, kind, gpus)
+    topology = nodelib.from_request(request.node_request)
+    counts = (
+        parse_gpus(request.gpus) if request.gpus is not None else default_gpus(topology, kind, gpus)
+    )
     check_device_counts(
         counts, kind, gpus, devices.why, max(topology.counts) if topology.loopback else 1
     )
-    check_shared(seed=args.seed, lr=args.lr, timeout=args.timeout, threads=args.threads)
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out} exists and is not a directory")
+    check_shared(seed=request.seed, lr=request.lr, timeout=request.timeout, threads=request.threads)
+    if os.path.exists(request.out) and not os.path.isdir(request.out):
+        raise UsageError(f"--out {request.out} exists and is not a directory")
 
-    preset_name = args.preset if args.preset != "auto" else ("d2l" if kind == "gpu" else "quick")
-    preset = settle_data(args, PRESETS[preset_name].with_flags(args))
-    backends = {n: manifest.load(n) for n in names}
-    options = parse_options(args.option, backends)
-    strategies = select_strategies(args, backends, kind, args.bn, min(topology.counts))
-    check_options_apply(options, backends, strategies)
-    refused = refused_levers(args, backends, kind)
-    data_dir, data_source, sizes = resolve_data(
-        args, preset.model, (preset.train_size, preset.test_size)
+    preset_name = (
+        request.preset if request.preset != "auto" else ("d2l" if kind == "gpu" else "quick")
     )
-    check_subset_sizes(args, sizes)
+    preset, request = settle_data(request, PRESETS[preset_name].with_flags(request))
+    backends = {n: manifest.load(n) for n in names}
+    options = parse_options(request.option, backends)
+    strategies = select_strategies(
+        request.strategy, backends, kind, request.bn, min(topology.counts)
+    )
+    check_options_apply(options, backends, strategies)
+    refused = refused_levers(request, backends, kind)
+    data_dir, data_source, sizes = resolve_data(
+        request.data, preset.model, (preset.train_size, preset.test_size)
+    )
+    check_subset_sizes(request.data, sizes)
 
-    if not 1 <= args.repeat <= MAX_REPEAT:
-        raise UsageError(f"--repeat must be between 1 and {MAX_REPEAT} (got {args.repeat})")
+    if not 1 <= request.repeat <= MAX_REPEAT:
+        raise UsageError(f"--repeat must be between 1 and {MAX_REPEAT} (got {request.repeat})")
     plan = Plan(
         backends=backends,
         pythons=pythons,
@@ -430,35 +441,43 @@ def build_plan(args) -> Plan:
         data_source=data_source,
         preset=preset.title,
         topology=topology,
-        repeat=args.repeat,
+        repeat=request.repeat,
     )
-    if args.best:
+    if request.best:
         plan.best = {name: best_note(backends[name], kind) for name in names}
     for name in names:
         for strategy, reason in strategies[name]:  # (none: no asked strategy is this backend's)
             reason = reason or refused.get(name)
             for m, variant, levers, n in rows(
-                args, backends[name], strategy, options, kind, topology, counts
+                request, backends[name], strategy, options, kind, topology, counts
             ):
                 cfg = make_config(
-                    args, preset, name, strategy, variant, n, kind, data_dir, topology, m, levers
+                    request, preset, name, strategy, variant, n, kind, data_dir, topology, m, levers
                 )
                 why = reason or engine_refusal(backends[name], strategy, m)
                 if why:
                     plan.not_run.append((cfg, why))
                 else:
                     plan.configs.append(cfg)
-    check_weights_flags(args, plan)
+    check_weights_flags(request, plan)
     plan.configs = measuring_peaks(plan.configs)
     return plan
 
 
-def rows(args, backend: Manifest, strategy: str, options, kind: str, topology: Topology, counts):
+def rows(
+    request: RunRequest,
+    backend: Manifest,
+    strategy: str,
+    options,
+    kind: str,
+    topology: Topology,
+    counts,
+):
     """(nodes, options, levers, devices in all) of every row of one strategy, in the plan's order: a variant's
     device counts together, so that the report's scaling reads each variant's rows."""
     for m in filter(topology.runs_here, topology.counts):
         for variant in option_variants(backend, strategy, options, m > 1):
-            for levers in lever_variants(args, backend, kind):
+            for levers in lever_variants(request, backend, kind):
                 for n in counts:
                     yield m, variant, levers, n * m
 
@@ -474,13 +493,13 @@ def measuring_peaks(configs: list[RunConfig]) -> list[RunConfig]:
     return out
 
 
-def check_weights_flags(args, plan: Plan) -> None:
-    if args.load_weights:
+def check_weights_flags(request: RunRequest, plan: Plan) -> None:
+    if request.load_weights:
         try:
-            weightslib.load(args.load_weights, plan.configs[0].model if plan.configs else None)
+            weightslib.load(request.load_weights, plan.configs[0].model if plan.configs else None)
         except weightslib.WeightsError as e:
             raise UsageError(str(e)) from None
-    if args.save_weights is None:
+    if request.save_weights is None:
         return
     if len(plan.runs) != 1:
         raise UsageError(
@@ -492,7 +511,7 @@ def check_weights_flags(args, plan: Plan) -> None:
             "--save-weights with --epochs 0: nothing is trained to save "
             "(the loaded weights are already in the --load-weights file)"
         )
-    check_writable_file(args.save_weights, "--save-weights")
+    check_writable_file(request.save_weights, "--save-weights")
 
 
 def check_writable_file(path: str, flag: str) -> None:

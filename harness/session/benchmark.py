@@ -12,6 +12,7 @@ from pathlib import Path
 from harness.checking import workers
 from harness.errors import UsageError
 from harness.planning.plan import Devices, Plan, build_plan
+from harness.planning.request import RunRequest
 from harness.processes import devices, disk, envs, interrupts, runner
 from harness.reporting import document, leftovers, provenance, tables
 
@@ -64,14 +65,14 @@ def not_run(cfg, trial: int | None, status: str, reason: str) -> dict:
     return result if trial is None else {**result, "trial": trial}
 
 
-def run_benchmark(args, argv: list[str], carry_out=None) -> int:
-    """Plan, run and report. `carry_out(plan, args, console, meta, workdir) -> results` runs the plan: this
+def run_benchmark(request: RunRequest, argv: list[str], carry_out=None) -> int:
+    """Plan, run and report. `carry_out(plan, request, console, meta, workdir) -> results` runs the plan: this
     module's `run_all`, or parity's, which adds the idioms' runs and puts the parity figures in `meta`."""
-    plan = build_plan(args)
-    if getattr(args, "dry_run", False):
-        print("\n".join(dry_run(plan, args)))
+    plan = build_plan(request)
+    if request.dry_run:
+        print("\n".join(dry_run(plan, request)))
         return 0
-    console = runner.Console(quiet=args.quiet)
+    console = runner.Console(quiet=request.quiet)
     meta = {
         "command": "python -m harness " + " ".join(shlex.quote(a) for a in argv),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -85,10 +86,10 @@ def run_benchmark(args, argv: list[str], carry_out=None) -> int:
         "provenance": provenance.record(gpus=plan.gpus),  # the code and host as the run starts
         **({"best": plan.best} if plan.best else {}),
     }
-    for line in leftovers.keep_left_behind(Path(args.out), document.write):
+    for line in leftovers.keep_left_behind(Path(request.out), document.write):
         console.say(line)
-    with create_staging(args.out, sorted(plan.backends), meta) as staging:
-        results = (carry_out or run_all)(plan, args, console, meta, staging.path)
+    with create_staging(request.out, sorted(plan.backends), meta) as staging:
+        results = (carry_out or run_all)(plan, request, console, meta, staging.path)
         meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         interrupts.finishing()  # from here on a signal must not lose the results: it only sets the exit status
         final = save_report(staging, results, meta)
@@ -99,7 +100,7 @@ def run_benchmark(args, argv: list[str], carry_out=None) -> int:
         return interrupts.exit_status() or 1
     console.say(f"\nReport: {final / 'report.md'}")
     # the standard output holds this one line, for `dir=$(python -m harness ...)` and tools
-    print(json.dumps(summary_line(final, results)) if getattr(args, "json", False) else final)
+    print(json.dumps(summary_line(final, results)) if request.json else final)
     bad = [r for r in results if r["status"] not in ("ok", "unavailable")]
     return interrupts.exit_status() or (1 if bad else 0)
 
@@ -110,7 +111,7 @@ def summary_line(report: Path, results: list[dict]) -> dict:
     return {"report": str(report), "runs": tables.summary_records(rows)}
 
 
-def dry_run(plan: Plan, args) -> list[str]:
+def dry_run(plan: Plan, request: RunRequest) -> list[str]:
     """--dry-run: the devices, every run in the order it would start, every refusal with its reason, and the
     environments each backend would use (built on first use)."""
     lines = [
@@ -127,7 +128,7 @@ def dry_run(plan: Plan, args) -> list[str]:
         lines.append("Would not run:")
         lines += [f"  {runner.label(cfg)}: {reason}" for cfg, reason in plan.not_run]
     lines += best_lines(plan)
-    if args.check:
+    if request.check:
         lines.append(
             "Before them, the equivalence check of these configurations (--no-check skips it)."
         )
@@ -176,7 +177,9 @@ def create_staging(out: str, backends: list[str], meta: dict) -> document.Stagin
     return staging
 
 
-def run_all(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path) -> list[dict]:
+def run_all(
+    plan: Plan, request: RunRequest, console: runner.Console, meta: dict, workdir: Path
+) -> list[dict]:
     """The equivalence check, then every run. An interrupt (Ctrl-C, SIGTERM, SIGHUP) at any point ends
     them: the runs that finished keep their results, the others are reported as interrupted."""
     results = [runner.not_run_result(cfg, "unavailable", reason) for cfg, reason in plan.not_run]
@@ -201,7 +204,7 @@ def run_all(plan: Plan, args, console: runner.Console, meta: dict, workdir: Path
         )
         for line in best_lines(plan):
             console.say(line)
-        if args.check:
+        if request.check:
             # replaced by the table if the check finishes
             meta["equivalence"] = {"interrupted": True}
             meta["equivalence"] = workers.equivalence(plan, console.say, workdir / "logs")

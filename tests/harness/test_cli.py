@@ -337,7 +337,7 @@ def test_a_subcommand_comes_first(tmp_path):
 
 
 def test_flags_replace_the_presets_values_and_batch_and_lr_scale_with_the_devices_otherwise():
-    from harness.presets import PRESETS
+    from harness.planning.presets import PRESETS
 
     quick = PRESETS["quick"]
     plain = quick.with_flags(cli.build_parser().parse_args([]))

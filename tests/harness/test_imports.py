@@ -87,7 +87,8 @@ def test_the_contracts_would_catch_the_old_cli_check_testing_cycle(tmp_path):
             f.write("\n\ndef _old_cycle():\n    from harness.cli import main\n    return main\n")
     with open(tmp_path / "harness" / "report.py", "a") as f:
         f.write("\n\ndef _gpu_memory():\n    import torch\n    return torch\n")
-    with open(tmp_path / "harness" / "history.py", "a") as f:  # how history judged before comparison.py
+    # how history judged before harness/reporting/comparison.py
+    with open(tmp_path / "harness" / "history.py", "a") as f:
         f.write("\n\ndef _old_judge():\n    from harness import compare\n    return compare\n")
     with open(
         tmp_path / "benchmarks" / "idioms" / "jax.py", "a"

@@ -7,7 +7,6 @@ import json
 import os
 import sys
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -39,34 +38,36 @@ BASE = [
 ]
 
 
-def args(**given):
-    return SimpleNamespace(
+def args(**given) -> nodes.NodeRequest:
+    return nodes.NodeRequest(
         **{
             "nodes": None,
             "node_rank": None,
             "coordinator": None,
-            "join_timeout": 300.0,
-            "peer_timeout": 30.0,
+            "master_addr": None,
+            "master_port": None,
             "local_addr": None,
             "interface": None,
+            "join_timeout": 300.0,
+            "peer_timeout": 30.0,
             **given,
         }
     )
 
 
 def test_without_flags_or_slurm_one_node_runs():
-    assert nodes.from_args(args(), environ={}) == nodes.Topology((1,), None, None, "")
+    assert nodes.from_request(args(), environ={}) == nodes.Topology((1,), None, None, "")
 
 
 def test_loopback_nodes_are_a_sweep_on_this_host():
-    topology = nodes.from_args(args(nodes="2,1"), environ={})
+    topology = nodes.from_request(args(nodes="2,1"), environ={})
     assert (topology.counts, topology.loopback, topology.coordinator) == ((1, 2), True, None)
     assert "simulated on this host over 127.0.0.1" in topology.how
 
 
 def test_slurm_tasks_are_the_nodes_and_the_first_host_the_coordinator():
     environ = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_NODELIST": "gpu[07-09,12],cpu01"}
-    topology = nodes.from_args(args(), environ=environ)
+    topology = nodes.from_request(args(), environ=environ)
     assert (topology.counts, topology.node_rank, topology.coordinator) == ((4,), 3, "gpu07:29500")
     assert not topology.runs_here(3) and topology.runs_here(4)
 
@@ -80,7 +81,7 @@ def test_slurm_with_one_task_per_node_counts_its_nodes_and_gives_its_gpus():
         "SLURM_NODELIST": "gpu[01-02]",
         "SLURM_GPUS_ON_NODE": "8",
     }
-    topology = nodes.from_args(args(), environ=environ)
+    topology = nodes.from_request(args(), environ=environ)
     assert (topology.counts, topology.node_rank, topology.coordinator) == ((2,), 1, "gpu01:29500")
     assert nodes.launcher_gpus(environ) == 8
     assert nodes.launcher_gpus({"SLURM_GPUS_PER_NODE": "h100:4"}) == 4
@@ -89,7 +90,7 @@ def test_slurm_with_one_task_per_node_counts_its_nodes_and_gives_its_gpus():
 
 def test_a_single_slurm_task_is_one_node_as_without_slurm():
     environ = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_NNODES": "1"}
-    assert nodes.from_args(args(), environ=environ) == nodes.Topology((1,), None, None, "")
+    assert nodes.from_request(args(), environ=environ) == nodes.Topology((1,), None, None, "")
 
 
 def test_kubernetes_and_torchrun_variables_are_the_nodes_and_the_master_the_coordinator():
@@ -100,7 +101,7 @@ def test_kubernetes_and_torchrun_variables_are_the_nodes_and_the_master_the_coor
         "MASTER_ADDR": "job-master-0",
         "MASTER_PORT": "23456",
     }
-    topology = nodes.from_args(args(), environ=environ)
+    topology = nodes.from_request(args(), environ=environ)
     assert (topology.counts, topology.node_rank, topology.coordinator) == (
         (3,),
         2,
@@ -109,16 +110,16 @@ def test_kubernetes_and_torchrun_variables_are_the_nodes_and_the_master_the_coor
     assert "WORLD_SIZE/RANK: node 2 of 3" in topology.how
     # the port defaults to torchrun's
     environ = {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "10.0.0.5"}
-    assert nodes.from_args(args(), environ=environ).coordinator == "10.0.0.5:29500"
+    assert nodes.from_request(args(), environ=environ).coordinator == "10.0.0.5:29500"
     # WORLD_SIZE 1: one node
-    assert nodes.from_args(args(), environ={"WORLD_SIZE": "1", "RANK": "0"}).loopback
+    assert nodes.from_request(args(), environ={"WORLD_SIZE": "1", "RANK": "0"}).loopback
 
 
 def test_torchruns_flag_spellings_are_read_as_the_suites():
     parsed = cli.parse(
         [*BASE, "--nnodes", "2", "--node_rank", "1", "--master-addr", "h", "--master-port", "7"]
     )
-    topology = nodes.from_args(parsed, environ={})
+    topology = nodes.from_request(cli.request(parsed).node_request, environ={})
     assert (topology.counts, topology.node_rank, topology.coordinator) == ((2,), 1, "h:7")
 
 
@@ -158,7 +159,7 @@ def test_torchruns_flag_spellings_are_read_as_the_suites():
 )
 def test_inconsistent_launcher_variables_are_refused_in_one_line(environ, message):
     with pytest.raises(UsageError, match=message):
-        nodes.from_args(args(), environ=environ)
+        nodes.from_request(args(), environ=environ)
 
 
 @pytest.mark.parametrize(
@@ -202,7 +203,7 @@ def test_first_slurm_host(nodelist, first):
 )
 def test_bad_node_flags_are_refused_in_one_line(given, message):
     with pytest.raises(UsageError, match=message):
-        nodes.from_args(args(**given), environ={})
+        nodes.from_request(args(**given), environ={})
 
 
 def test_bad_node_flags_exit_2(capfd):

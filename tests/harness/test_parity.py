@@ -244,7 +244,6 @@ def test_an_undecided_strategy_gets_more_trials_until_its_interval_clears_a_line
 ):
     """The sequential rule: after --repeat trials, only the strategies whose interval straddles a line run again,
     with their idioms, one trial at a time, up to --max-trials; every look's interval is at 1 - 0.05 / looks."""
-    import argparse
 
     from harness.session import benchmark
 
@@ -267,8 +266,7 @@ def test_an_undecided_strategy_gets_more_trials_until_its_interval_clears_a_line
     plan = Plan(configs=[config("torch", "scratch"), config("torch", "ddp")], repeat=3)
     plan.backends = {"torch": None}
     meta: dict = {}
-    args = argparse.Namespace(max_trials=6)
-    parity.carry_out(plan, args, parity.runner.Console(quiet=True), meta, tmp_path)
+    parity.carry_out(plan, None, parity.runner.Console(quiet=True), meta, tmp_path, max_trials=6)
     assert trials["scratch"] == [1, 2, 3]
     assert trials["ddp"] == [1, 2, 3, 4, 5, 6] and trials["idiom"] == [1, 2, 3, 4, 5, 6]
     figures = meta["parity"]

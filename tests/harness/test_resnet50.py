@@ -11,12 +11,11 @@ from common import architectures
 from common.config import ConfigError, RunConfig
 from common.data import DataError, imagenet
 from harness import cli
-from harness.planning import plan
 from tests.harness.helpers import assert_refused
 
 
 def build_plan(*args: str):
-    return plan.build_plan(
+    return cli.build_plan(
         cli.build_parser().parse_args(["--device", "cpu", "--backend", "torch", *args])
     )
 
