@@ -4,7 +4,7 @@ session read it, never the parser's Namespace. `parity`'s is `run`'s with its ow
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from common import config as configlib
 from common.config import ConfigError
@@ -87,23 +87,11 @@ class RunRequest:
 
     @property
     def node_request(self) -> NodeRequest:
-        return NodeRequest(
-            self.nodes,
-            self.node_rank,
-            self.coordinator,
-            self.master_addr,
-            self.master_port,
-            self.local_addr,
-            self.interface,
-            self.join_timeout,
-            self.peer_timeout,
-        )
+        return NodeRequest(**{f.name: getattr(self, f.name) for f in fields(NodeRequest)})
 
     @property
     def data(self) -> DataRequest:
-        return DataRequest(
-            self.dataset, self.data_dir, self.image_size, self.train_size, self.test_size
-        )
+        return DataRequest(**{f.name: getattr(self, f.name) for f in fields(DataRequest)})
 
 
 def check_shared(seed: int, lr: float | None, timeout: float, threads: int | None = None) -> None:
