@@ -1,5 +1,5 @@
 """What `python -m harness check` hands each backend's check worker, and the keys its measurements are stored
-under: the one definition that harness/check.py and harness/checking/equivalence.py (the harness side) and
+under: the one definition that harness/checking/workers.py and equivalence.py (the harness side) and
 common/measurements.py (the worker side) share.
 
 A job is JSON written by the harness and read by a worker in another environment: `CheckJob.load` treats it

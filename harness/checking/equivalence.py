@@ -1,5 +1,5 @@
 """The equivalence table's comparisons: measurements of every backend (common/measurements.py, run by
-harness/check.py) against torch's, each with its tolerance, as table rows. Pure numpy, no process."""
+harness/checking/workers.py) against torch's, each with its tolerance, as table rows. Pure numpy, no process."""
 
 from __future__ import annotations
 
