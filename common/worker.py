@@ -46,6 +46,16 @@ def simulated_devices() -> int:
     )
 
 
+def ask_xla_for_cpu_devices() -> None:
+    """XLA's CPU devices as simulated_devices() says (a count already in XLA_FLAGS is kept): set before jax is
+    imported (by the jax and Keras backends' packages), since XLA reads the flag once, when jax initialises its CPU
+    backend. It changes nothing on the GPUs."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "--xla_force_host_platform_device_count" not in flags:
+        count = simulated_devices()
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
+
+
 # The read end of a pipe whose write end only the harness holds: when the harness dies, even by SIGKILL, the
 # kernel closes it, the worker reads the end of file, and kills its own process group (itself, and whatever
 # it started: DDP ranks, the forkserver, ps-lite's scheduler and server), so nothing outlives the harness.

@@ -8,18 +8,9 @@ before anything in this package imports jax (a count already in XLA_FLAGS is kep
 changes nothing on the GPUs.
 """
 
-import os
+from common.worker import ask_xla_for_cpu_devices
 
-from common.worker import simulated_devices
-
-
-def _ask_xla_for_cpu_devices(count: int) -> None:
-    flags = os.environ.get("XLA_FLAGS", "")
-    if "--xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
-
-
-_ask_xla_for_cpu_devices(simulated_devices())
+ask_xla_for_cpu_devices()
 
 from backends.jax import distributed, environment, models, parallel, strategies  # noqa: E402
 from common.backend import Backend, Switches  # noqa: E402

@@ -5,20 +5,15 @@ common/backend.py; docs/ARCHITECTURE.md.
 Keras picks its framework once, when it is imported (KERAS_BACKEND): jax in the worker's process, torch in the
 ddp ranks, which distributed.py starts with KERAS_BACKEND=torch. So it is set here, before anything in this package
 imports Keras, unless the environment chose already. Simulated devices: as the jax backend's, the first N of the
-CPU devices XLA is asked for before jax is imported (common.worker.simulated_devices; a count already in XLA_FLAGS
-is kept).
+CPU devices XLA is asked for before jax is imported (common.worker.ask_xla_for_cpu_devices).
 """
 
 import os
 
-from common.worker import simulated_devices
+from common.worker import ask_xla_for_cpu_devices
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
-if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "")
-        + f" --xla_force_host_platform_device_count={simulated_devices()}"
-    ).strip()
+ask_xla_for_cpu_devices()
 
 from backends.keras import distributed, environment, models, parallel, strategies  # noqa: E402
 from common.backend import Backend, Switches  # noqa: E402
