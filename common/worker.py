@@ -120,7 +120,7 @@ def main(backend: Backend, argv=None) -> int:
         result["status"] = "ok"
     except Unsupported as e:
         # What it would have run on, unless the refusal came from inside the session, after the record.
-        result["environment"] = result["environment"] or described(backend, cfg)
+        result["environment"] = result["environment"] or refused_environment(backend, cfg)
         result["status"], result["error"] = "unavailable", str(e)
     except Diverged as e:
         result["status"], result["error"] = "diverged", str(e)
@@ -134,7 +134,7 @@ def main(backend: Backend, argv=None) -> int:
     return 0 if result["status"] == "ok" else 1
 
 
-def described(backend: Backend, cfg: RunConfig) -> dict:
+def refused_environment(backend: Backend, cfg: RunConfig) -> dict:
     """The environment record of a refused run; {} where even that cannot be made (the refusal is the news)."""
     try:
         return backend.environment(cfg)

@@ -14,7 +14,7 @@ from common.config import MODELS, ConfigError, check_model_input, default_datase
 from common.data import imagenet
 from harness import arguments
 from harness.checking.equivalence import table
-from harness.checking.workers import CheckRequest, described, probe_dataset, run_checks
+from harness.checking.workers import CheckRequest, dataset_words, probe_dataset, run_checks
 from harness.errors import UsageError
 from harness.nodes.nodes import parse_counts as parse_node_counts
 from harness.planning.datasets import resolve_data
@@ -147,7 +147,7 @@ def main(args) -> int:
     print(
         "Canonical weights: "
         + ", ".join(f"{m} {h[:16]}" for m, h in hashes.items())
-        + f" ({args.init} init); {args.steps} batches of {args.batch_size} ({described(dataset)}), "
+        + f" ({args.init} init); {args.steps} batches of {args.batch_size} ({dataset_words(dataset)}), "
         f"lr {args.lr:g}, fp32"
     )
     print("\n".join(table(rows)))

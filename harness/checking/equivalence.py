@@ -55,7 +55,7 @@ FLOAT64_FACTOR = 30
 
 
 @dataclass(kw_only=True)
-class Row:
+class CheckRow:
     """One row of the equivalence table, built by name; its fields are results.json's equivalence rows."""
 
     check: str
@@ -211,12 +211,12 @@ def _models(arrays: Mapping) -> list[str]:
 
 def compare(
     results: dict[str, Measurements], w0: dict[str, dict], reference: str = "torch"
-) -> list[Row]:
+) -> list[CheckRow]:
     """Every backend's rows against `reference`'s measurements, backend by backend: its forward and float64
     rows per model, then each measured configuration's, then what it could not run."""
     ref_arrays = results[reference][0]
     ref = Reference(reference, ref_arrays, runs_of(ref_arrays), w0)
-    rows: list[Row] = []
+    rows: list[CheckRow] = []
     for name, (arrays, skipped) in results.items():
         if name != reference:
             rows += _model_rows(ref, name, arrays)
@@ -231,12 +231,14 @@ def compare(
         for key, reason in skipped.items():
             about = _about(name, MeasurementKey.parse(key))
             rows.append(
-                Row(check="all", **about, value=None, tolerance=None, status="not run", note=reason)
+                CheckRow(
+                    check="all", **about, value=None, tolerance=None, status="not run", note=reason
+                )
             )
     return rows
 
 
-def _model_rows(ref: Reference, name: str, arrays: Mapping) -> list[Row]:
+def _model_rows(ref: Reference, name: str, arrays: Mapping) -> list[CheckRow]:
     """A backend's 1-device rows of each model: its logits in both BatchNorm modes, and its float64 loss and
     gradients (where both backends measured them)."""
     rows = []
@@ -250,8 +252,8 @@ def _model_rows(ref: Reference, name: str, arrays: Mapping) -> list[Row]:
     return rows
 
 
-def _own_float32_row(name: str, key: MeasurementKey, own: float) -> Row:
-    return Row(
+def _own_float32_row(name: str, key: MeasurementKey, own: float) -> CheckRow:
+    return CheckRow(
         check="float32 vs float64",
         **{**_about(name, key), "devices": "1", "bn": "-"},
         value=own,
@@ -261,7 +263,7 @@ def _own_float32_row(name: str, key: MeasurementKey, own: float) -> Row:
     )
 
 
-def _run_rows(ref: Reference, name: str, run: Run, own: float | None) -> list[Row]:
+def _run_rows(ref: Reference, name: str, run: Run, own: float | None) -> list[CheckRow]:
     """One configuration's rows: against the reference's run of it (loss, gradients, one step, the trace,
     BatchNorm state, the same math in float64), then k devices against 1."""
     w0 = ref.w0[run.key.model]
@@ -292,7 +294,7 @@ def compare_nodes(
     nodes: int,
     w0: dict[str, dict],
     reference: Mapping | None = None,
-) -> list[Row]:
+) -> list[CheckRow]:
     """A backend's runs on `nodes` nodes (`multi`) against its own 1-process runs of the same devices (`single`'s
     arrays): the same math in float64 (within FLOAT64_FACTOR x the float64 floor that `reference`, torch's
     measurements, holds for the configuration), and the float32 gradients within FLOOR_FACTOR x the larger of the
@@ -305,7 +307,7 @@ def compare_nodes(
         many, one, start = Run(arrays, key), Run(single, key), w0[key.model]
         if "loss" not in one:
             rows.append(
-                Row(
+                CheckRow(
                     check="nodes vs 1 process",
                     **about,
                     value=None,
@@ -321,7 +323,7 @@ def compare_nodes(
             worst, gap, tolerance, why = judged_float64(value, floor64, TOLERANCE["same math"])
             steps = len(many.float64()["losses"])
             rows.append(
-                Row(
+                CheckRow(
                     check="nodes vs 1 process (float64)",
                     **about,
                     value=gap,
@@ -335,7 +337,7 @@ def compare_nodes(
         else:
             floor = 0.0
             rows.append(
-                Row(
+                CheckRow(
                     check="nodes vs 1 process (float64)",
                     **about,
                     value=None,
@@ -347,7 +349,7 @@ def compare_nodes(
         value = distances(many, one, start)["gradients"]
         tolerance, why = _allowed("gradients", {"gradients": floor})
         rows.append(
-            Row(
+            CheckRow(
                 check="nodes vs 1 process",
                 **about,
                 value=value,
@@ -438,7 +440,7 @@ def judged_float64(
     return worst, value[worst], allowed[worst], why
 
 
-def _float64_row(arrays, ref_arrays, model: str, name: str, floor: dict | None) -> Row:
+def _float64_row(arrays, ref_arrays, model: str, name: str, floor: dict | None) -> CheckRow:
     names = _trainable(model)
     ref_loss = float(ref_arrays[float64_key(model, "loss")])
     grad = float64_key(model, "grad")
@@ -447,7 +449,7 @@ def _float64_row(arrays, ref_arrays, model: str, name: str, floor: dict | None) 
         "gradients": _relative_gap(Stored(arrays, grad), Stored(ref_arrays, grad), names),
     }
     worst, gap, tolerance, why = judged_float64(value, floor, TOLERANCE["float64"])
-    return Row(
+    return CheckRow(
         check="math (float64)",
         model=model,
         backend=name,
@@ -461,7 +463,7 @@ def _float64_row(arrays, ref_arrays, model: str, name: str, floor: dict | None) 
     )
 
 
-def _same_math(pair: Pair) -> Row:
+def _same_math(pair: Pair) -> CheckRow:
     """The strategy's own float64 run against torch's float64 run of the same configuration: loss,
     gradients, the weights after the first and the last step (BatchNorm state included) and every loss,
     each within FLOAT64_FACTOR x its float64 floor: beyond that it is a difference in the math."""
@@ -470,7 +472,7 @@ def _same_math(pair: Pair) -> Row:
     floor = float64_floor(pair.ref.arrays, pair.run.key, pair.w0)
     worst, gap, tolerance, why = judged_float64(value, floor, TOLERANCE["same math"])
     state = " and BatchNorm state" if _statistics(model) else ""
-    return Row(
+    return CheckRow(
         check="same math (float64)",
         **_about(pair.backend, pair.run.key),
         value=gap,
@@ -481,7 +483,7 @@ def _same_math(pair: Pair) -> Row:
     )
 
 
-def _state_rows(pair: Pair, floor: dict | None) -> list[Row]:
+def _state_rows(pair: Pair, floor: dict | None) -> list[CheckRow]:
     """float32 BatchNorm running statistics vs torch's, after one step and after the trace (ResNet-18)."""
     value = state_distances(pair.run, pair.ref)
     if not value:
@@ -495,7 +497,7 @@ def _state_rows(pair: Pair, floor: dict | None) -> list[Row]:
     ):
         if check == "final state" and floor is not None and floor["trace"] > TOLERANCE["trace"]:
             rows.append(
-                Row(
+                CheckRow(
                     check=label,
                     **about,
                     value=value[check],
@@ -507,7 +509,7 @@ def _state_rows(pair: Pair, floor: dict | None) -> list[Row]:
             continue
         tolerance, why = _allowed(check, floor, fixed=TOLERANCE["state"])
         rows.append(
-            Row(
+            CheckRow(
                 check=label,
                 **about,
                 value=value[check],
@@ -570,7 +572,7 @@ def float32_floor(reference: Run, w0) -> dict[str, float] | None:
     return distances(reference, exact, w0)
 
 
-def _forward_row(arrays, ref_arrays, model: str, mode: str, name: str) -> Row:
+def _forward_row(arrays, ref_arrays, model: str, mode: str, name: str) -> CheckRow:
     """max |logits - torch's logits|, within FLOOR_FACTOR x torch's own float32-vs-float64 distance where that is
     larger than the fixed tolerance (ResNet-50's 1,000 logits of a few units each round further than 1e-4)."""
     key = forward_key(model, mode)
@@ -578,7 +580,7 @@ def _forward_row(arrays, ref_arrays, model: str, mode: str, name: str) -> Row:
     exact = ref_arrays.get(forward_key(model, mode, "float64"))
     floor = None if exact is None else {"forward": float(np.max(np.abs(ref_arrays[key] - exact)))}
     tolerance, note = _allowed("forward", floor)
-    return Row(
+    return CheckRow(
         check="forward",
         model=model,
         backend=name,
@@ -599,7 +601,7 @@ def _allowed(check: str, floor: dict | None, fixed: float | None = None) -> tupl
     return FLOOR_FACTOR * floor[check], f"{FLOOR_FACTOR}x float32-vs-float64 {floor[check]:.1e}"
 
 
-def _against_reference(pair: Pair, floor: dict | None) -> list[Row]:
+def _against_reference(pair: Pair, floor: dict | None) -> list[CheckRow]:
     value = distances(pair.run, pair.ref, pair.w0)
     steps = len(pair.run["losses"])
     about, versus = _about(pair.backend, pair.run.key), f"vs torch {pair.ref.key.strategy}"
@@ -612,7 +614,7 @@ def _against_reference(pair: Pair, floor: dict | None) -> list[Row]:
     ):
         if check == "trace" and floor is not None and floor["trace"] > TOLERANCE["trace"]:
             rows.append(
-                Row(
+                CheckRow(
                     check=label,
                     **about,
                     value=value[check],
@@ -625,7 +627,7 @@ def _against_reference(pair: Pair, floor: dict | None) -> list[Row]:
             continue
         tolerance, why = _allowed(check, floor)
         rows.append(
-            Row(
+            CheckRow(
                 check=label,
                 **about,
                 value=value[check],
@@ -647,7 +649,7 @@ def _larger(*floors: dict | None) -> dict | None:
     return {c: max(f[c] for f in present if c in f) for c in set().union(*present)}
 
 
-def _k_vs_1(name: str, run: Run, floor: dict | None) -> Row:
+def _k_vs_1(name: str, run: Run, floor: dict | None) -> CheckRow:
     """The largest difference of the weights after one step on k devices from those on 1 device: judged where
     the math makes them the same (LeNet, or BatchNorm over the global batch), measured where it does not."""
     one = run.of(run.key.on(1))
@@ -655,7 +657,7 @@ def _k_vs_1(name: str, run: Run, floor: dict | None) -> Row:
     about = _about(name, run.key)
     if run.key.model == "lenet" or run.key.bn == "sync":
         tolerance, why = _allowed("k-vs-1", floor)
-        return Row(
+        return CheckRow(
             check="k vs 1 device",
             **about,
             value=diff,
@@ -663,7 +665,7 @@ def _k_vs_1(name: str, run: Run, floor: dict | None) -> Row:
             status=_verdict(diff, tolerance),
             note=f"tolerance {why}" if why else "",
         )
-    return Row(
+    return CheckRow(
         check="k vs 1 device",
         **about,
         value=diff,
@@ -676,7 +678,7 @@ def _k_vs_1(name: str, run: Run, floor: dict | None) -> Row:
 # --------------------------------------------------------------------------- output
 
 
-def table(rows: list[Row]) -> list[str]:
+def table(rows: list[CheckRow]) -> list[str]:
     return tables.table(
         [
             "check",

@@ -22,7 +22,7 @@ from common.config import imagenet_shaped
 from common.data import imagenet
 from common.manifest import Manifest
 from common.network import free_port
-from harness.checking.equivalence import Measurements, Row, compare, compare_nodes, table
+from harness.checking.equivalence import CheckRow, Measurements, compare, compare_nodes, table
 from harness.planning.plan import Plan
 from harness.processes import disk, envs, runner
 
@@ -297,7 +297,7 @@ def run_checks(
                     arrays.close()
 
 
-def asked_rows(rows: list[Row], counts: list[int]) -> list[Row]:
+def asked_rows(rows: list[CheckRow], counts: list[int]) -> list[CheckRow]:
     """The rows of the device counts asked for (a 1-device reference measured only as a reference is not shown),
     and the 1-device rows that concern the backend as a whole (forward, float64 gradients, own float32)."""
     whole = ("forward", "math (float64)", "float32 vs float64")
@@ -314,7 +314,7 @@ REFERENCE_STRATEGY = "ddp"
 CHECK_SIDE = 64
 
 
-def described(dataset: datalib.Dataset) -> str:
+def dataset_words(dataset: datalib.Dataset) -> str:
     return dataset.name if dataset.name == "fashion-mnist" else dataset.source
 
 
@@ -374,7 +374,7 @@ def equivalence(plan: Plan, say, log_dir: Path | None = None) -> dict:
         "rows": [r.__dict__ for r in rows],
         "failures": failures,
         "weights_hash": hashes,
-        "setup": f"{cfg.model} ({cfg.init} init), {steps} steps of batch {batch} ({described(dataset)}), lr 0.1, "
+        "setup": f"{cfg.model} ({cfg.init} init), {steps} steps of batch {batch} ({dataset_words(dataset)}), lr 0.1, "
         f"float32, bn {cfg.bn}",
         "table": table(rows),
     }
