@@ -415,13 +415,19 @@ def allreduce_figure(trainer: Trainer, cfg, step_time: dict | None) -> dict | No
 
 
 def save_weights(trainer: Trainer, cfg) -> dict | None:
-    """--save-weights: the trained weights, canonical, in one file any backend can load."""
+    """--save-weights: the trained weights, canonical, in one file any backend can load. A save that fails (a full
+    disk, a folder gone) is the record's `error`, naming the path and the reason: the run's figures stand."""
     if not cfg.save_weights or trainer.rank != 0:
         return None
-    return {
-        "path": cfg.save_weights,
-        "sha256": weightslib.save(cfg.save_weights, trainer.canonical()),
-    }
+    try:
+        return {
+            "path": cfg.save_weights,
+            "sha256": weightslib.save(cfg.save_weights, trainer.canonical()),
+        }
+    except OSError as e:
+        why = f"could not write {cfg.save_weights}: {e.strerror or e}"
+        print(f"--save-weights: {why}; the run goes on", flush=True)  # (in the worker's log)
+        return {"path": cfg.save_weights, "sha256": None, "error": why}
 
 
 def evaluate_only(trainer: Trainer, cfg, dataset: datalib.Dataset) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from dataclasses import dataclass, field
 
 from common import levers as leverlib
@@ -45,8 +46,12 @@ def parse_backends(text: str) -> list[str]:
 
 
 def parse_gpus(text: str) -> list[int]:
+    parts = text.split(",")
+    if len(parts) > 1 and not all(p.strip() for p in parts):
+        # (1,,2 is a typo, not 1,2: the missing count may have been the one meant)
+        raise UsageError(f"--gpus {text!r} has an empty element: give counts like 1,2,4")
     try:
-        counts = [int(x) for x in text.split(",") if x.strip()]
+        counts = [int(x) for x in parts if x.strip()]
     except ValueError:
         raise UsageError(
             f"--gpus takes a device count or a list like 1,2,4 (got {text!r})"
@@ -460,6 +465,8 @@ def build_plan(request: RunRequest) -> Plan:
                 else:
                     plan.configs.append(cfg)
     check_weights_flags(request, plan)
+    if request.compile_cache and plan.configs:  # (an absolute folder: RunConfig.validate)
+        check_writable_folder(request.compile_cache, "--compile-cache")
     plan.configs = measuring_peaks(plan.configs)
     return plan
 
@@ -515,14 +522,35 @@ def check_weights_flags(request: RunRequest, plan: Plan) -> None:
 
 
 def check_writable_file(path: str, flag: str) -> None:
-    """Refused before training rather than after it: PATH must not be a directory, and its nearest existing
-    ancestor (missing directories are created when the file is written) must be a writable directory."""
+    """Refused before training rather than after it: PATH must not be a directory, and a file must be writable
+    in its nearest existing ancestor (missing directories are created when the file is written)."""
     if os.path.isdir(path):
         raise UsageError(f"{flag} {path} is a directory; name a file")
-    ancestor = os.path.dirname(path)
-    while not os.path.exists(ancestor):
-        ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-        raise UsageError(f"{flag} {path}: {ancestor} is not a directory")
-    if not os.access(ancestor, os.W_OK):
-        raise UsageError(f"{flag} {path}: {ancestor} is not writable")
+    probe_writable(nearest_existing(os.path.dirname(path)), path, flag)
+
+
+def check_writable_folder(path: str, flag: str) -> None:
+    """A folder flag (--compile-cache): PATH must not be a file, and a file must be writable in it, or in its
+    nearest existing ancestor where it is yet to be made."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{flag} {path} is a file; name a folder")
+    probe_writable(nearest_existing(path), path, flag)
+
+
+def nearest_existing(path: str) -> str:
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    return path
+
+
+def probe_writable(folder: str, path: str, flag: str) -> None:
+    """A probe file made and removed in `folder`, where PATH will be written: what the kernel says now (a
+    read-only or pseudo file system, no permission, a full disk) is said before anything runs, not after."""
+    if not os.path.isdir(folder):
+        raise UsageError(f"{flag} {path}: {folder} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".dpbench-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write in {folder}: {e.strerror or e}") from None

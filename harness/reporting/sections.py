@@ -239,6 +239,23 @@ def hashes_section(results: list[Result]) -> list[str]:
                 else ""
             )
         )
+    return lines + saved_weights_lines(ok)
+
+
+def saved_weights_lines(ok: list[Result]) -> list[str]:
+    """--save-weights: where each run's trained weights went, or why they did not (the run's figures stand)."""
+    lines = []
+    for r in ok:
+        saved = r.saved_weights
+        if saved is None:
+            continue
+        c, why = r.config, saved.extra.get("error")
+        run = f"{c.backend} {c.variant} x{c.devices}"
+        lines.append(
+            f"- Trained weights of {run} **not saved** to `{saved.path}`: {why} (the run's figures stand)"
+            if why
+            else f"- Trained weights of {run} saved to `{saved.path}` (`{str(saved.sha256)[:16]}`)"
+        )
     return lines
 
 

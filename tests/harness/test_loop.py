@@ -439,3 +439,30 @@ def test_an_order_seed_changes_the_batch_order_and_not_the_initial_weights():
     assert stepped[0] == stepped[1] != stepped[2]
     assert metrics[0]["data_hash"] == metrics[1]["data_hash"] != metrics[2]["data_hash"]
     assert metrics[0]["weights_hash"] == metrics[2]["weights_hash"]
+
+
+def test_a_save_that_fails_names_the_path_and_the_run_keeps_its_figures(tmp_path):
+    """--save-weights into a folder that became a file by the end of training: the record names the path and the
+    reason instead of failing the run, the result is still a result, and the report says the weights were not
+    saved beside the run's figures."""
+    from types import SimpleNamespace
+
+    from common.results import Result, result_problem
+    from harness.reporting import sections
+    from tests.harness.test_results import ok_result
+
+    blocker = tmp_path / "was-a-folder"
+    blocker.write_text("")
+    path = str(blocker / "weights.npz")
+    trainer = SimpleNamespace(rank=0, canonical=lambda: {"w": np.zeros(2, np.float32)})
+    saved = loop.save_weights(trainer, SimpleNamespace(save_weights=path))
+    assert saved["path"] == path and saved["sha256"] is None
+    assert saved["error"].startswith(f"could not write {path}: "), saved
+    record = ok_result(saved_weights=saved)
+    assert result_problem(record) is None
+    (line,) = sections.saved_weights_lines([Result.from_dict(record)])
+    assert f"**not saved** to `{path}`: could not write" in line and "figures stand" in line
+    # and where it could write, the line names the file and its fingerprint
+    good = loop.save_weights(trainer, SimpleNamespace(save_weights=str(tmp_path / "w.npz")))
+    (line,) = sections.saved_weights_lines([Result.from_dict(ok_result(saved_weights=good))])
+    assert line.endswith(f"saved to `{tmp_path / 'w.npz'}` (`{good['sha256'][:16]}`)")
