@@ -43,9 +43,11 @@ def meta() -> manifest.Manifest:
 
 
 def pytest_generate_tests(metafunc):
-    """`strategy` takes each strategy the backend declares in its backend.toml."""
+    """`strategy` takes each strategy the backend declares in its backend.toml, `lever` each speed lever."""
     if "strategy" in metafunc.fixturenames:
         metafunc.parametrize("strategy", list(manifest.load(NAME).strategies) if NAME else ["none"])
+    if "lever" in metafunc.fixturenames:
+        metafunc.parametrize("lever", list(manifest.load(NAME).levers) if NAME else ["none"])
 
 
 def worker_config(**overrides) -> dict:

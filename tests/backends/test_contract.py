@@ -23,20 +23,23 @@ from common import backend as backendlib
 from common import data as datalib
 from common import manifest, mllog, profiling
 from common.backend import Probe
-from common.config import RunConfig
+from common.config import COMPILE_MODES, PRECISIONS, RunConfig
 from common.errors import Unsupported
+from common.levers import PLAIN, TF32_ON_CPU
 from common.results import SCHEMA_VERSION, result_problem
 from common.trainer import METHODS, PROBES, Trainer
 from common.weights import he_scaled
 from tests.backends.conftest import NAME, ROOT, run_backend_worker, worker_config
 from tests.backends.nodes import finish, refused_port, start_nodes
 from tests.backends.numerics import (
+    BF16_EPSILON,
     IDENTICAL,
     bitwise_equal,
     float32_tolerance,
     max_abs_diff,
     relative,
     scale,
+    update_distance,
 )
 
 BATCH = 12  # divisible by 1, 2 and 3 devices
@@ -725,6 +728,237 @@ def test_worker_reports_divergence(backend, strategy, meta, tmp_path):
     rc, r = run_backend_worker(tmp_path, strategy=strategy, lr=1e30, epochs=1)
     assert rc == 1 and r["status"] == "diverged"
     assert "training loss became" in r["error"]
+
+
+# ------------------------------------------------------------------------------------- the speed levers
+
+# Every value a lever takes (common/config.py); a switch takes True.
+LEVER_VALUES = {"precision": PRECISIONS, "compile_mode": COMPILE_MODES}
+# What no backend runs on the CPU, whatever its backend.toml offers.
+ON_THE_CPU = {("precision", "tf32"): TF32_ON_CPU}
+# The levers whose steps TorchInductor may compile: its own C++, built with -march=native, which the portable pass's
+# caps do not reach, so their float32 verdict is not marked `rounding`.
+COMPILING = ("compile", "compile_mode")
+# The levers this backend's backend.toml says change nothing on its reference strategy (Keras's models are NHWC
+# whatever the flag; XLA compiles every step anyway): their step is the plain step to the last bit.
+CHANGES_NOTHING = {
+    "jax": ("compile", "compile_mode"),
+    "keras": ("compile", "compile_mode", "channels_last"),
+}
+
+
+def asking(lever: str, value) -> dict:
+    """The levers of a run that asks `lever` at `value`: a compile mode needs --compile."""
+    return {"compile": True, lever: value} if lever == "compile_mode" else {lever: value}
+
+
+def expected_refusal(meta, lever: str, value) -> str | None:
+    """Why a CPU run asking `lever` at `value` is unavailable, read from backend.toml and the CPU's own limits, not
+    from the code that refuses it (None: it runs)."""
+    if (lever, value) in ON_THE_CPU:
+        return ON_THE_CPU[lever, value]
+    declared = meta.levers[lever]
+    offered = value in declared.values if declared.values is not None else not declared.refused
+    if offered:
+        return None
+    assert declared.refused, f"backend.toml refuses {lever} {value} without saying why"
+    flag = "--" + lever.replace("_", "-") + ("" if value is True else f" {value}")
+    return f"{flag}: {declared.refused}"
+
+
+def running_values(meta, lever: str) -> list:
+    return [v for v in LEVER_VALUES.get(lever, (True,)) if expected_refusal(meta, lever, v) is None]
+
+
+def lever_steps(backend, strategy: str, levers: dict, dtype: str = "float32") -> dict:
+    """One LeNet step of BATCH images on 2 devices with `levers`, unless they are refused (Unsupported)."""
+    probe = Probe(strategy, "lenet", 2, dtype=dtype, levers=levers)
+    return backend.train_steps(probe, backend.initial_weights("lenet", 0), [batch()], 0.5)
+
+
+def plain_steps(backend, strategy: str) -> tuple[dict, dict, dict]:
+    """(start, its float32 step, its float64 step): lever_steps without a lever, both in one launch of the
+    strategy's processes."""
+    start = backend.initial_weights("lenet", 0)
+    runs = [("trace", dtype, [batch()]) for dtype in ("float32", "float64")]
+    fp32, fp64 = call(backend.run_probes, Probe(strategy, "lenet", 2), start, runs, 0.5)
+    return start, fp32["final"], fp64["final"]
+
+
+def assert_takes_the_float64_step(backend, strategy: str, levers: dict, stepped: dict) -> None:
+    """`stepped`, the float32 step with `levers`, is as close to the float64 step as the plain float32 step is
+    (measured here); with a lever that changes nothing here, it is the plain step to the last bit."""
+    _, plain, exact = plain_steps(backend, strategy)
+    if set(levers) <= set(CHANGES_NOTHING.get(NAME, ())):
+        assert bitwise_equal(stepped, plain), levers
+    else:
+        assert max_abs_diff(stepped, exact) <= float32_tolerance((plain, exact)), levers
+
+
+# (a warning from inside TorchInductor)
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_each_value_of_a_lever_runs_or_is_refused_with_its_reason(backend, meta, lever):
+    """Every value `lever` takes, on the reference strategy's 2 CPU devices, in this process (the worker runs them
+    in test_the_worker_runs_every_lever_offered_here_and_records_it). A value backend.toml refuses is unavailable
+    with exactly its declared reason (TF32 with the CPU's). One it offers takes a LeNet step that moves the weights
+    (a compiled one as close to the float64 step as the eager float32 step; the others in the test below, which the
+    portable pass runs again), is recorded in the environment as asked, and is refused in float64 with the dtype
+    rule's reason unless it leaves the math alone (--resident-data takes the plain float64 step)."""
+    strategy = backend.strategies.REFERENCE
+    start = backend.initial_weights("lenet", 0)
+    for value in LEVER_VALUES.get(lever, (True,)):
+        levers = asking(lever, value)
+        if reason := expected_refusal(meta, lever, value):
+            with pytest.raises(Unsupported) as refused:
+                lever_steps(backend, strategy, levers)
+            assert str(refused.value) == reason, value
+            continue
+        stepped = lever_steps(backend, strategy, levers)
+        assert max_abs_diff(stepped, start) > 1e-3, value
+        assert all(np.isfinite(v).all() for v in stepped.values()), value
+        if lever in COMPILING:
+            assert_takes_the_float64_step(backend, strategy, levers, stepped)
+        cfg = Probe(strategy, "lenet", 2, levers=levers).config(NAME, BATCH, 0.5)
+        # as asked (a compile mode is named in the record's `compile`, where the backend has modes)
+        recorded = backend.environment(cfg)["levers"]
+        asked = {k: v for k, v in levers.items() if k in recorded}
+        assert {k: recorded[k] for k in asked} == asked
+        if lever == "resident_data":
+            exact = lever_steps(backend, strategy, {}, "float64")
+            assert relative(lever_steps(backend, strategy, levers, "float64"), exact) <= IDENTICAL
+        elif cfg.levers:  # (fp32: the plain step)
+            with pytest.raises(Unsupported) as refused:
+                lever_steps(backend, strategy, levers, "float64")
+            rule = f"dtype float64 runs the plain step only, not {', '.join(cfg.levers)}"
+            assert str(refused.value) == rule
+
+
+@pytest.mark.rounding
+def test_a_lever_takes_the_float64_step_within_float32_rounding(backend, meta, lever):
+    """Every value of `lever` the backend runs here that computes in float32 (--channels-last, --resident-data): its
+    step on the reference strategy is as close to the float64 step as the plain float32 step is, measured here (the
+    same step, not other math); where backend.toml says it changes nothing, the plain step to the last bit.
+    Precision changes the math (bf16: the test below); the compiled steps are held to the same in the test above,
+    unmarked (COMPILING)."""
+    if lever == "precision":
+        pytest.skip("precision changes the math: bf16's step is held to its own test")
+    if lever in COMPILING:
+        pytest.skip(f"{lever}: held to it in the test above, unmarked")
+    values = [v for v in running_values(meta, lever) if v != PLAIN[lever]]
+    if not values:
+        pytest.skip(f"{NAME} runs no {lever} on the CPU")
+    strategy = backend.strategies.REFERENCE
+    for levers in (asking(lever, value) for value in values):
+        assert_takes_the_float64_step(
+            backend, strategy, levers, lever_steps(backend, strategy, levers)
+        )
+
+
+# The steps the bf16 test compares, each computed with a (precision, dtype).
+PRECISION_STEPS = {
+    "fp32": ("fp32", "float32"),
+    "fp64": ("fp32", "float64"),
+    "bf16": ("bf16", "float32"),
+}
+
+
+def steps_in_each_precision(cfg: RunConfig, rank: int, payload) -> dict:
+    """A job of one of the strategy's processes (distributed.launch): PRECISION_STEPS's steps from the same
+    weights, so that a strategy of processes of its own starts them once."""
+    backend, weights, batches = payload
+    out = {}
+    for name, (precision, dtype) in PRECISION_STEPS.items():
+        run = dataclasses.replace(cfg, precision=precision).validate()
+        with backend.computing_in(dtype):
+            trainer = backend.make_trainer(run, weights, dtype)
+            out[name] = PROBES["trace"](trainer, backendlib.as_dtype(batches, dtype))["final"]
+    return out
+
+
+@pytest.mark.rounding
+def test_the_bf16_step_is_close_to_the_fp32_step_but_not_the_same(backend, meta, strategy):
+    """--precision bf16, where backend.toml offers it, on every strategy: LeNet's 2-device step computes in bfloat16
+    (torch's autocast, flax's dtype, Keras's mixed_bfloat16 policy) while the weights stay float32. Not the same
+    step: it is further from the float64 step than 100x float32 rounding (measured here) can take one, so bfloat16
+    really ran. Close: its update is within 4 bfloat16 roundings of the exact (float64) one, where other math would
+    be off by the update's own size."""
+    if reason := expected_refusal(meta, "precision", "bf16"):
+        pytest.skip(reason)
+    cfg = Probe(strategy, "lenet", 2, levers={"precision": "bf16"}).config(NAME, BATCH, 0.5)
+    call(backend.check_supported, cfg)
+    start = backend.initial_weights("lenet", 0)
+    with backend.session(cfg):
+        job = (backend, start, [batch()])
+        fp32, fp64, bf16 = backend.distributed.launch(cfg, steps_in_each_precision, job).values()
+    assert {v.dtype for v in bf16.values()} == {np.dtype(np.float32)}
+    assert max_abs_diff(fp32, start) > 1e-3
+    assert max_abs_diff(bf16, fp64) > 100 * float32_tolerance((fp32, fp64))
+    assert update_distance(start, bf16, fp64) <= 4 * BF16_EPSILON
+
+
+def test_an_unknown_dtype_is_refused(backend):
+    with pytest.raises(ValueError, match="unknown dtype 'float16'"):
+        lever_steps(backend, backend.strategies.REFERENCE, {}, "float16")
+
+
+# The levers the worker run below leaves to another suite's worker runs: TorchInductor's compile runs end to end in
+# tests/cross's --compile runs (the shared compile cache test, which holds it to its warm-up); here it would add half
+# a minute of C++ build on a cold cache.
+RUN_ELSEWHERE = {"torch": COMPILING}
+
+
+def own_lever_record() -> dict:
+    """What this backend's environment record says of the worker run below, beside its `levers`, by dotted key (as
+    own_record's)."""
+    return {
+        "torch": {
+            "precision.autocast": {"device_type": "cpu", "dtype": "bfloat16"},
+            "precision.tf32_matmul": False,
+            "precision.tf32_cudnn": False,
+            "layout": "NHWC",
+        },
+        "jax": {
+            "precision.dtype": "bfloat16",
+            "precision.param_dtype": "float32",
+            "compile": "inherent: jax.pmap / jax.jit compile every step whether or not --compile is given",
+        },
+        "mxnet": {
+            "compile": "hybridize(static_alloc=True, static_shape=True), whatever the hybridize option",
+            "details.hybridize": True,
+            "details.static_alloc": True,
+        },
+        "keras": {
+            "precision.dtype_policy": "mixed_bfloat16",
+            "precision.variables_dtype": "float32",
+            "compile": "inherent: the stateless train step is jax.jit-compiled whether or not --compile is "
+            "given",
+            "details.data_format": "channels_last",
+            "layout": "NHWC",
+        },
+    }[NAME]
+
+
+def test_the_worker_runs_every_lever_offered_here_and_records_it(backend, meta, tmp_path):
+    """`python -m backends.<name>` on the reference strategy with every lever it offers on the CPU at once (but
+    RUN_ELSEWHERE's), each at its last value that runs there (bf16 where offered, the last compile mode), one epoch
+    of LeNet: it trains, and its result's environment records the levers as asked (the others as plain), the
+    batches placed before the timer, and what the backend's own record says of them."""
+    levers = {
+        lever: running_values(meta, lever)[-1]
+        for lever in meta.levers
+        if running_values(meta, lever) and lever not in RUN_ELSEWHERE.get(NAME, ())
+    }
+    strategy = backend.strategies.REFERENCE
+    rc, r = run_backend_worker(
+        tmp_path, strategy=strategy, epochs=1, timed_steps=0, threads=1, **levers
+    )
+    assert rc == 0 and r["status"] == "ok", r["error"]
+    assert np.isfinite(r["epochs"][0]["train_loss"])
+    env = r["environment"]
+    expected = {name: levers.get(name, PLAIN[name]) for name in env["levers"] if name in PLAIN}
+    assert {name: env["levers"][name] for name in expected} == expected
+    assert env["input_copies"].startswith("none timed")
+    assert {key: entry(env, key) for key in own_lever_record()} == own_lever_record()
 
 
 # ------------------------------------------------------------------------------------- how batches reach a step

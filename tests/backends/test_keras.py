@@ -1,29 +1,25 @@
 """Keras-only behaviour: why the models use their own mean and product layers (Keras's promotion drops float64),
-the float64 math of distribution against the torch backend's, the data format (channels_last) and bf16 (the
-mixed_bfloat16 dtype policy) levers, what ddp and distribution refuse, the environment record, and the worker with
-the levers on both strategies (Keras on torch in ddp's ranks, on jax in distribution's process).
+the float64 math of distribution against the torch backend's, the data format (channels_last), ddp's torch.compile
+and bf16's mixed_bfloat16 dtype policy, what ddp and distribution refuse, and the environment record of each
+(Keras on torch in ddp's ranks, on jax in distribution's process).
 
-Identities are proven in float64 (numerics.IDENTICAL); the float32-only levers are judged against the float32
-rounding measured in the same test. The contract tests (test_contract.py) cover the rest: k devices against one,
-synchronised BatchNorm, torch's running statistics, the gradient of the mean loss, the fused step, the worker end
-to end."""
+Identities are proven in float64 (numerics.IDENTICAL); ddp's compiled step is judged against the float32 rounding
+measured in the same test. The contract tests (test_contract.py) cover the rest: k devices against one,
+synchronised BatchNorm, torch's running statistics, the gradient of the mean loss, the fused step, the levers'
+steps, records and refusals, the worker end to end."""
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 import pytest
 
 from common.backend import Probe
-from tests.backends.conftest import NAME, run_backend_worker
+from tests.backends.conftest import NAME
 from tests.backends.numerics import (
-    BF16_EPSILON,
     IDENTICAL,
     float32_tolerance,
     max_abs_diff,
     relative,
-    update_distance,
 )
 
 pytestmark = pytest.mark.skipif(NAME != "keras", reason="keras backend only")
@@ -77,34 +73,19 @@ def test_float64_gradients_are_the_torch_backends(backend, model):
     assert relative(grads, ref_grads) <= IDENTICAL
 
 
-# ------------------------------------------------------------------ levers: data format and bf16
+# ------------------------------------------------------------------ the data format, ddp's compile, the bf16 policy
 
 
-@functools.cache
-def steps_with(backend, strategy, model, dtype="float32", **levers):
-    """(start, the weights after one 2-device step of 8 images), from the seed-0 weights; each computed once (a ddp
-    call starts its ranks)."""
-    start = backend.initial_weights(model, 0)
-    if dtype == "float64":
-        start = in_float64(start)
-    return start, backend.train_steps(
-        Probe(strategy, model, 2, dtype=dtype, levers=levers), start, [batch(8)], 0.5
-    )
-
-
-def test_the_models_are_channels_last_with_or_without_the_lever(backend, strategy):
-    """Keras's models are NHWC, its own default data format, whatever --channels-last says (the lever changes
-    nothing: the same LeNet step, which flattens in torch's C, H, W order). ResNet-18 built NHWC takes the
-    canonical weights: a layer that took the wrong axis for the channels (BatchNorm, padding, pooling) would give
-    a weight of another shape, which load_canonical refuses."""
+def test_the_models_are_channels_last(backend):
+    """Keras's models are NHWC, its own default data format (whatever --channels-last says: test_contract's lever
+    tests take the plain step with it). ResNet-18 built NHWC takes the canonical weights: a layer that took the wrong
+    axis for the channels (BatchNorm, padding, pooling) would give a weight of another shape, which load_canonical
+    refuses."""
     from backends.keras import models
 
     resnet = models.build("resnet18")
     assert resnet.input_shape == (None, 28, 28, 1) and resnet.output_shape == (None, 10)
     models.load_canonical(resnet, backend.initial_weights("resnet18", 0))
-    start, plain = steps_with(backend, strategy, "lenet")
-    _, lever = steps_with(backend, strategy, "lenet", channels_last=True)
-    assert max_abs_diff(plain, start) > 1e-3 and max_abs_diff(lever, plain) == 0
 
 
 def test_distribution_queues_few_steps_ahead_of_simulated_devices(backend, monkeypatch):
@@ -129,28 +110,20 @@ def test_distribution_queues_few_steps_ahead_of_simulated_devices(backend, monke
     assert all(leaf.is_ready() for m in metrics[:3] for leaf in jax.tree.leaves(m))
 
 
-@pytest.mark.rounding
-def test_bf16_step_is_close_to_the_fp32_step_but_not_the_same(backend, strategy):
-    """--precision bf16, the mixed_bfloat16 policy: the weights stay float32; LeNet's step is further from the
-    float64 step than float32 rounding (measured here) can take it (bfloat16 really ran), yet within a few
-    bfloat16 roundings of it (the same step, rounded coarser)."""
-    start, fp32 = steps_with(backend, strategy, "lenet")
-    _, exact = steps_with(backend, strategy, "lenet", "float64")
-    _, bf16 = steps_with(backend, strategy, "lenet", precision="bf16")
-    assert {v.dtype for v in bf16.values()} == {np.dtype(np.float32)}
-    assert max_abs_diff(fp32, start) > 1e-3
-    assert max_abs_diff(bf16, exact) > 100 * float32_tolerance((fp32, exact))
-    assert update_distance(start, bf16, exact) <= 4 * BF16_EPSILON
-
-
 # Not marked `rounding`: TorchInductor compiles its own C++ with -march=native, which the portable caps do not reach.
 # inside inductor
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_ddp_compiled_step_is_as_close_to_the_float64_step_as_the_eager_one(backend):
-    """--compile on ddp: torch.compile of the DDP-wrapped Keras model (a float32 lever)."""
-    start, eager = steps_with(backend, "ddp", "lenet")
-    _, exact = steps_with(backend, "ddp", "lenet", "float64")
-    _, compiled = steps_with(backend, "ddp", "lenet", compile=True)
+    """--compile on ddp: torch.compile of the DDP-wrapped Keras model (a float32 lever). Keras's own: test_contract's
+    lever tests compile its reference strategy, distribution, whose step XLA compiles whatever the flag."""
+    start, batches = backend.initial_weights("lenet", 0), [batch(8)]
+    runs = [("trace", dtype, batches) for dtype in ("float32", "float64")]  # in one launch
+    eager, exact = (
+        t["final"] for t in backend.run_probes(Probe("ddp", "lenet", 2), start, runs, 0.5)
+    )
+    compiled = backend.train_steps(
+        Probe("ddp", "lenet", 2, levers={"compile": True}), start, batches, 0.5
+    )
     assert max_abs_diff(eager, start) > 1e-3
     assert max_abs_diff(compiled, exact) <= float32_tolerance((eager, exact))
 
@@ -182,22 +155,7 @@ def test_what_each_strategy_refuses_and_why(backend):
     assert "Keras's `synchronized` BatchNormalization is TensorFlow's only" in refused(
         strategy="ddp", bn="sync"
     )
-    assert "TF32 is a mode of NVIDIA tensor cores" in refused(
-        strategy="distribution", precision="tf32"
-    )
     assert "32 CPU devices requested" in refused(strategy="distribution", devices=32, batch_size=32)
-    backend.check_supported(
-        RunConfig(
-            backend="keras",
-            strategy="distribution",
-            devices=2,
-            bn="sync",
-            precision="bf16",
-            compile=True,
-            channels_last=True,
-            resident_data=True,
-        ).validate()
-    )
 
 
 def test_ddp_ranks_import_keras_themselves_on_a_gpu():
@@ -212,7 +170,9 @@ def test_ddp_ranks_import_keras_themselves_on_a_gpu():
     assert preloaded(ddp("cpu")) == ("keras",) and preloaded(ddp("gpu")) == ()
 
 
-def test_environment_records_the_framework_under_keras_and_the_levers(backend):
+def test_environment_records_the_framework_under_keras(backend):
+    """ddp computes on torch in its ranks, with Keras's mixed_bfloat16 policy for bf16 (not torch's autocast);
+    distribution on jax in one process. (Every lever's record on distribution: test_contract's lever tests.)"""
     from common.config import RunConfig
 
     ddp = backend.environment(
@@ -226,32 +186,7 @@ def test_environment_records_the_framework_under_keras_and_the_levers(backend):
     )
     assert ddp["details"]["data_format"] == "channels_last" and "gloo" in ddp["collective"]
     dist = backend.environment(
-        RunConfig(backend="keras", strategy="distribution", devices=2, compile=True).validate()
+        RunConfig(backend="keras", strategy="distribution", devices=2).validate()
     )
     assert dist["libraries"]["keras_backend"] == "jax" and dist["processes"] == 1
     assert dist["precision"]["jax_default_matmul_precision"] == "highest"
-    assert (
-        dist["compile"].startswith("inherent") and dist["details"]["data_format"] == "channels_last"
-    )
-
-
-# ------------------------------------------------------------------ the worker with the levers
-
-
-def test_worker_runs_with_the_levers(tmp_path, strategy):
-    """bf16, channels_last and resident data together (and distribution's inherent compile), end to end."""
-    levers = {
-        "precision": "bf16",
-        "channels_last": True,
-        "resident_data": True,
-        "compile": strategy == "distribution",
-    }
-    rc, r = run_backend_worker(tmp_path, strategy=strategy, epochs=1, timed_steps=2, **levers)
-    assert rc == 0 and r["status"] == "ok", r["error"]
-    assert np.isfinite(r["epochs"][0]["train_loss"])
-    env = r["environment"]
-    assert env["levers"] == {**env["levers"], **levers}
-    assert (
-        env["precision"]["dtype_policy"] == "mixed_bfloat16"
-        and env["details"]["data_format"] == "channels_last"
-    )

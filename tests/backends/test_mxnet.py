@@ -3,9 +3,9 @@ averaged before evaluation and follow torch's running-statistics rule in every l
 ones a step applies, --bn sync is refused on several CPU contexts (with why), the worker (--bn,
 --save-weights / --load-weights, --resident-data, --threads), a GPU request on a host without an MXNet
 GPU build is reported as unavailable, and two nodes refuse a kvstore of one process. The speed levers:
-batches are split_and_load-ed ahead (put, stage), --compile hybridizes, bf16 / tf32 / --channels-last
-are refused; the allreduce figure's reduction really sums, on both strategies and kvstore types. What
-every backend does is proven in test_contract.py.
+batches are split_and_load-ed ahead (put, stage), --compile hybridizes statically; the allreduce figure's
+reduction really sums, on both strategies and kvstore types. What every backend does, the levers' steps,
+records and refusals (bf16, tf32, --channels-last) included, is proven in test_contract.py.
 
 Identities of math are proven in float64 (dtype="float64", numerics.IDENTICAL); the one float32-only
 path (the stock SGD kernel gluon's Trainer runs in float32) gets a tolerance measured in its test."""
@@ -106,23 +106,6 @@ def test_a_float32_step_applies_the_returned_gradients(backend, name):
     assert max_abs_diff(stepped32, manual32) <= float32_tolerance(
         (stepped32, stepped64), (manual32, manual64)
     )
-
-
-def test_dtype_is_checked(backend):
-    """An unknown dtype is an error; float64 runs the plain step (and staged batches), not --compile."""
-    from common.errors import Unsupported
-
-    w, (x, y) = backend.initial_weights("lenet", 0), batches(1)[0]
-    with pytest.raises(ValueError, match="unknown dtype"):
-        backend.gradients(Probe("scratch", "lenet", 1, dtype="float16"), w, x, y)
-    with pytest.raises(Unsupported, match="compile"):
-        backend.gradients(
-            Probe("gluon", "lenet", 1, dtype="float64", levers={"compile": True}), w, x, y
-        )
-    _, grads = backend.gradients(
-        Probe("gluon", "lenet", 1, dtype="float64", levers={"resident_data": True}), w, x, y
-    )
-    assert {g.dtype for g in grads.values()} == {np.dtype(np.float64)}
 
 
 def make_trainer(
@@ -309,29 +292,6 @@ def test_the_timed_allreduce_sums_over_the_contexts(backend, name, options):
         np.testing.assert_array_equal(b.asnumpy(), np.arange(7, dtype=np.float32) * 6 + 3)
 
 
-@pytest.mark.parametrize(
-    "levers,flag",
-    [
-        ({"precision": "bf16"}, "--precision bf16"),
-        ({"precision": "tf32"}, "--precision tf32"),
-        ({"channels_last": True}, "--channels-last"),
-    ],
-)
-def test_refused_levers_are_unsupported_with_the_declared_reason(backend, meta, levers, flag):
-    """The declared reason; tf32 on these CPU contexts meets the common rule first (common/levers.py)."""
-    from common.errors import Unsupported
-    from common.levers import TF32_ON_CPU
-
-    lever = next(iter(levers))
-    with pytest.raises(Unsupported) as refused:
-        lenet_trainer(backend, "gluon", **levers)
-    expected = (
-        TF32_ON_CPU if levers == {"precision": "tf32"} else f"{flag}: {meta.levers[lever].refused}"
-    )
-    assert str(refused.value) == expected
-    assert "\n" not in str(refused.value)
-
-
 @pytest.mark.parametrize("name", ["scratch", "gluon"])
 def test_compile_hybridizes_even_with_hybridize_off(backend, name):
     from backends.mxnet.environment import environment
@@ -386,12 +346,6 @@ def test_worker_reports_sync_batchnorm_as_unavailable(tmp_path, name):
     rc, r = run_worker(tmp_path, strategy=name, bn="sync", threads=1)
     assert rc == 1 and r["status"] == "unavailable"
     assert r["environment"]["batchnorm"].startswith("sync: gluon.contrib.nn.SyncBatchNorm")
-
-
-def test_worker_reports_a_refused_lever_as_unavailable(tmp_path):
-    rc, r = run_worker(tmp_path, precision="bf16", threads=1)
-    assert rc == 1 and r["status"] == "unavailable"
-    assert r["error"].startswith("--precision bf16: mxnet runs float32 only here")
 
 
 def test_saved_weights_evaluate_to_the_accuracy_they_were_saved_with(tmp_path):
