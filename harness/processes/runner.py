@@ -29,7 +29,7 @@ from common.results import ERROR_TAIL_CHARS, failed_result, load_result, tail
 from common.worker import DEVICES_ENV, LIFELINE_ENV, THREADS_ENV
 from harness.nodes import rollcall
 from harness.nodes.watch import PeerLost
-from harness.processes import disk, envs, interrupts
+from harness.processes import deaths, disk, envs, interrupts
 from harness.processes.envs import ROOT
 from harness.processes.logs import LogNotWritten, WorkerLogs
 
@@ -370,16 +370,21 @@ def _run_nodes(
         # --profile: the run's traces in the report, traces/<run>/ (every rank and node of this host)
         env[TRACES_ENV] = str(workdir / TRACES / name)
 
+    finished_epochs: list[dict] = []  # what the progress lines reported: kept if the run dies
+
     def on_line(line: str) -> bool:
         record = progress.parse(line)
         if record is not None:
             console.event(cfg, record)
+            if record.get("event") == "epoch" and (epoch := deaths.finished_epoch(record)):
+                finished_epochs.append(epoch)
             if watch is not None:
                 # the run's progress, for the other hosts' line if this one is lost
                 watch.report(record)
         return record is not None
 
     console.started(cfg)
+    oom_before = deaths.oom_kills()
     try:
         ended = launch_all(
             [n.command(python) for n in nodes],
@@ -408,7 +413,10 @@ def _run_nodes(
     codes = [code for code, _, _ in ended if code is not None]
     # what the others had
     grace = None if not codes else FAILED_NODE_GRACE_S if any(codes) else NODE_GRACE_S
-    results = [n.result(code, output, workdir, grace) for n, (code, output, _) in zip(nodes, ended)]
+    oom = (oom_before, deaths.oom_kills())
+    results = [
+        n.result(code, output, workdir, grace, oom) for n, (code, output, _) in zip(nodes, ended)
+    ]
     result = (
         results[0]
         if len(nodes) == 1
@@ -418,6 +426,9 @@ def _run_nodes(
         # The engine failed on the lost host just before the heartbeats said so: the line that names the
         # node is the headline (the last line), the engine's own words before it.
         result["error"] = f"{result.get('error') or ''}\n{watch.lost()}".strip()
+    if result["status"] in ("failed", "timeout") and not result.get("epochs") and finished_epochs:
+        # partial: in the report beside the failure, never averaged into a row
+        result["partial_epochs"] = finished_epochs
     result["log"] = f"logs/{nodes[0].log.name}"
     mllog_path = nodes[0].log.with_suffix(".mllog")
     if mllog.extract(nodes[0].log, mllog_path):
@@ -502,9 +513,11 @@ class Node:
         output: list[str],
         workdir: Path,
         peer_grace: float | None = None,
+        oom: tuple[int | None, int | None] = (None, None),
     ) -> dict:
         """The worker's result, or a failed / timeout one with the tail of its output; `peer_grace`: the seconds it
-        was given after another node had ended (None: none had)."""
+        was given after another node had ended (None: none had); `oom`: the cgroup's out-of-memory kills before
+        and after the run (deaths.oom_kills), what a SIGKILL is read with."""
         cfg = self.cfg
         # MLPerf's log lines are records (logs/<run>.mllog), not what went wrong: an error's tail leaves them out
         output = [line for line in output if mllog.MARKER not in line]
@@ -526,7 +539,7 @@ class Node:
             try:
                 result = load_result(self.result_path, cfg.to_dict())
             except (OSError, ValueError) as e:
-                reason = f"worker exited with status {returncode} and no valid result ({e})"
+                reason = f"{deaths.how_it_died(returncode, *oom)} and no valid result ({e})"
                 # The report's headline is the error's last line: the worker's own last words if it failed,
                 # but the reason itself if it exited 0 (its output then says nothing about what went wrong).
                 cause = readable_cause(output)

@@ -509,9 +509,32 @@ def failures(rows: list[Row]) -> list[str]:
             f"- **{backend} {strategy}**, {counts}: {STATUS_NOTE.get(status, status)} — "
             f"{reason.splitlines()[-1]}" + (f" (log: {logs})" if logs else "")
         )
+        lines += partial_lines(runs)
         if status in ("failed", "timeout", "diverged") and len(reason.splitlines()) > 1:
             lines += ["", "  ```", *["  " + l for l in reason.splitlines()[-12:]], "  ```"]
     return lines
+
+
+def partial_lines(runs: list[Result]) -> list[str]:
+    """The epochs a run finished before it failed (results.json's `partial_epochs`, from its progress lines):
+    measured, so shown, and partial, so in no row's figures."""
+    lines = []
+    for r in runs:
+        epochs = r.extra.get("partial_epochs")
+        if not isinstance(epochs, list) or not epochs:
+            continue
+        done = "; ".join(
+            f"epoch {e['epoch']}: {e['time_s']:.2f} s, {e['images_per_s']:.1f} images/s, test acc "
+            f"{e['test_acc']:.4f}"
+            for e in epochs
+            if isinstance(e, dict) and all(isinstance(e.get(k), int | float) for k in PARTIAL_SHOWN)
+        )
+        if done:
+            lines.append(f"  - partial, before it failed ({r.config.devices} device(s)): {done}")
+    return lines
+
+
+PARTIAL_SHOWN = ("epoch", "time_s", "images_per_s", "test_acc")
 
 
 def trials_table(rows: list[Row]) -> list[str]:

@@ -590,3 +590,124 @@ def test_a_ddp_worker_killed_at_its_timeout_leaves_nothing_in_the_temp_dir(tmp_p
         )
     # torch's own compile cache (torchinductor_<user>) is meant to outlive a run; anything else is a leak
     assert [p.name for p in temp_dir.iterdir() if not p.name.startswith("torchinductor_")] == []
+
+
+# ------------------------------------------------------------------------------ a worker that dies mid-run
+
+DIES_AT_EPOCH_3 = """
+import json, os, signal, sys
+cfg = json.load(open(sys.argv[sys.argv.index('--config') + 1]))
+for n, seconds in ((1, 5.13), (2, 5.02)):
+    epoch = {"epoch": n, "time_s": seconds, "steps": 8, "images": 256, "images_per_s": 256 / seconds,
+             "train_loss": 2.0 / n, "train_acc": 0.3 * n, "test_acc": 0.35 * n}
+    print("@dpbench " + json.dumps({"event": "epoch", **epoch, "epochs": 3}), flush=True)
+print("@dpbench " + json.dumps({"event": "epoch", "epoch": 3, "time_s": "soon"}), flush=True)  # not a record
+os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer does, in epoch 3
+"""
+
+
+def test_a_worker_killed_in_epoch_3_keeps_epochs_1_and_2_as_partial_and_says_how_it_died(tmp_path):
+    """A worker killed by SIGKILL after two of its three epochs: its row fails naming the signal (and what the
+    host's out-of-memory count says of it), and the two epochs its progress lines reported are in results.json
+    and in the report as partial, in no row's figures."""
+    script = tmp_path / "worker.py"
+    script.write_text(DIES_AT_EPOCH_3)
+    python = fake_python(tmp_path, f'exec {sys.executable} {script} "$@"')
+    out = tmp_path / "reports"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "--backend",
+            "torch",
+            "--strategy",
+            "scratch",
+            "--model",
+            "lenet",
+        ]
+        + ["--dataset", "synthetic", "--train-size", "256", "--test-size", "64", "--epochs", "3"]
+        + ["--gpus", "1", "--device", "cpu", "--no-check", "--quiet", "--python", f"torch={python}"]
+        + ["--out", str(out)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    (report,) = out.iterdir()
+    (run,) = json.loads((report / "results.json").read_text())["runs"]
+    assert run["status"] == "failed" and run["epochs"] == []
+    assert "worker killed by SIGKILL" in run["error"] and "out-of-memory killer" in run["error"], (
+        run["error"]
+    )
+    assert [(e["epoch"], e["time_s"]) for e in run["partial_epochs"]] == [(1, 5.13), (2, 5.02)]
+    text = (report / "report.md").read_text()
+    assert (
+        "partial, before it failed (1 device(s)): epoch 1: 5.13 s, 49.9 images/s, test acc 0.3500"
+        in text
+    )
+    assert "No run finished successfully." in text  # no row of figures: the run did not finish
+
+
+def memory_cgroup(tmp_path, limit_mb: int) -> Path | None:
+    """A memory cgroup of its own below this process's (cgroup v1's memory controller, or v2 where it can hold
+    processes), limited to `limit_mb`; None where the host does not let this process make one."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            parent, limit_file = (
+                Path("/sys/fs/cgroup/memory") / path.lstrip("/"),
+                "memory.limit_in_bytes",
+            )
+        elif hierarchy == "0" and (Path("/sys/fs/cgroup") / "cgroup.controllers").is_file():
+            parent, limit_file = Path("/sys/fs/cgroup") / path.lstrip("/"), "memory.max"
+        else:
+            continue
+        group = parent / f"dpbench-test-{os.getpid()}-{tmp_path.name}"
+        try:
+            group.mkdir()
+            (group / limit_file).write_text(str(limit_mb * 2**20))
+            return group
+        except OSError:
+            if group.is_dir():
+                group.rmdir()
+    return None
+
+
+@pytest.mark.skipif(not TORCH.exists(), reason="no .venvs/torch")
+def test_a_real_worker_killed_for_memory_is_reported_as_killed_for_memory(tmp_path):
+    """torch scratch training ResNet-18 on 2 simulated devices, its harness and worker in a memory cgroup of
+    400 MB: the kernel's out-of-memory killer ends the worker, and the failed row says so with the cgroup's count
+    (where the host lets the test make a cgroup; skipped, saying why, where not)."""
+    group = memory_cgroup(tmp_path, 400)
+    if group is None:
+        pytest.skip(
+            "this host does not let the test make a memory cgroup (no permission, or no controller)"
+        )
+    out = tmp_path / "reports"
+    command = (
+        f"echo $$ > {group}/cgroup.procs && exec {sys.executable} -m harness --backend torch --strategy scratch "
+        f"--model resnet18 --dataset synthetic --train-size 512 --test-size 64 --batch-size 64 --epochs 1 "
+        f"--gpus 2 --device cpu --no-check --quiet --timed-steps 0 --python torch={TORCH} --out {out}"
+    )
+    try:
+        result = subprocess.run(
+            ["sh", "-c", command],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    finally:
+        group.rmdir()  # (empty once its processes ended)
+    (report,) = out.iterdir()
+    (run,) = json.loads((report / "results.json").read_text())["runs"]
+    if run["status"] == "ok":
+        pytest.skip("the run fitted in 400 MB on this host")
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "worker killed by SIGKILL: the kernel's out-of-memory killer" in run["error"], run[
+        "error"
+    ]

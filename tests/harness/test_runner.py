@@ -302,3 +302,34 @@ def test_the_failed_nodes_grace_is_shortened_only_by_a_number_of_seconds_within_
     assert failed_node_grace({FAILED_GRACE_ENV: "1"}) == 1.0
     for bad in ("", "soon", "-1", "nan", "3600"):
         assert failed_node_grace({FAILED_GRACE_ENV: bad}) == 10.0, bad
+
+
+def test_how_a_worker_died_names_the_signal_and_reads_sigkill_with_the_cgroups_oom_count(tmp_path):
+    """A signal by its name; SIGKILL as the out-of-memory killer's where the cgroup's count of its kills grew
+    (cgroup v2's memory.events, v1's memory.oom_control, whichever the host has), as not its where the count
+    stayed, and as often its where the host keeps no count."""
+    from harness.processes import deaths
+
+    assert deaths.how_it_died(3, None, None) == "worker exited with status 3"
+    assert deaths.how_it_died(-15, 0, 0) == "worker killed by SIGTERM"
+    assert deaths.how_it_died(-9, 0, 1).startswith(
+        "worker killed by SIGKILL: the kernel's out-of-memory killer (this cgroup's out-of-memory kills went "
+        "from 0 to 1"
+    )
+    assert "not by the out-of-memory killer" in deaths.how_it_died(-9, 2, 2)
+    assert "often the kernel's out-of-memory killer" in deaths.how_it_died(-9, None, 1)
+    # the count, where each kind of host keeps it
+    v2, v1 = tmp_path / "v2", tmp_path / "v1"
+    (v2 / "unified" / "job").mkdir(parents=True)
+    (v2 / "unified" / "job" / "memory.events").write_text(
+        "low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\n"
+    )
+    (v1 / "memory" / "job").mkdir(parents=True)
+    (v1 / "memory" / "job" / "memory.oom_control").write_text(
+        "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n"
+    )
+    cgroup = tmp_path / "cgroup"
+    cgroup.write_text("4:memory:/job\n0::/job\n")
+    assert deaths.oom_kills(cgroup, v2) == 2 and deaths.oom_kills(cgroup, v1) == 5
+    assert deaths.oom_kills(cgroup, tmp_path / "none") is None
+    assert deaths.oom_kills(tmp_path / "no-such-file", v2) is None
