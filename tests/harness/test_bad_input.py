@@ -318,8 +318,14 @@ def test_verified_data_gives_its_sizes(tmp_path, monkeypatch):
         (("--save-weights", "/"), "--save-weights / is a directory"),
         (("--save-weights", "/etc/passwd/w.npz"), "/etc/passwd is not a directory"),
         # where the kernel refuses a file (a pseudo file system): found by a probe file, before anything runs
-        (("--save-weights", "/proc/nope.npz"), "--save-weights /proc/nope.npz: cannot write in /proc"),
-        (("--compile-cache", "/etc/passwd"), "--compile-cache /etc/passwd is a file; name a folder"),
+        (
+            ("--save-weights", "/proc/nope.npz"),
+            "--save-weights /proc/nope.npz: cannot write in /proc",
+        ),
+        (
+            ("--compile-cache", "/etc/passwd"),
+            "--compile-cache /etc/passwd is a file; name a folder",
+        ),
         (("--compile-cache", "/proc/cache"), "--compile-cache /proc/cache: cannot write in /proc"),
         (("--gpus", "1,,2"), "--gpus '1,,2' has an empty element"),
         (("--gpus", "1,2,"), "--gpus '1,2,' has an empty element"),
