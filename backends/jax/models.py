@@ -21,6 +21,7 @@ the predicted classes of evaluation (strategies.py decides how they are spread o
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar
 
 import flax.linen as nn
@@ -34,65 +35,39 @@ from backends.jax.environment import DTYPES, computing_in, module_dtypes
 from common import architectures
 from common.architectures import RESNET50_LAYERS
 
-
-def _conv(
-    features: int,
-    kernel: int,
-    stride: int = 1,
-    padding: int = 0,
-    name: str | None = None,
-    dtype: Any = None,
-    param_dtype: Any = jnp.float32,
-    use_bias: bool = True,
-) -> nn.Conv:
-    """A conv with torch's explicit symmetric padding (flax's "SAME" pads stride-2 convs differently)."""
-    return nn.Conv(
-        features,
-        (kernel, kernel),
-        strides=stride,
-        padding=((padding, padding), (padding, padding)),
-        use_bias=use_bias,
-        dtype=dtype,
-        param_dtype=param_dtype,
-        name=name,
-    )
+# A layer made by a functools.partial of a flax class with the network's dtypes bound, as flax's ImageNet example
+# passes its `conv` and `norm` to its blocks.
+ModuleDef = Any
 
 
-def _bn(
-    train: bool, name: str, axis: str | None, dtype: Any = None, param_dtype: Any = jnp.float32
-) -> BatchNorm:
-    """`axis`: None normalises with this device's batch; a pmap / shard_map axis name pmean's the
-    batch statistics over it (synchronised BatchNorm: the global batch's statistics)."""
-    return BatchNorm(
-        use_running_average=not train,
-        axis_name=axis,
-        dtype=dtype,
-        param_dtype=param_dtype,
-        name=name,
-    )
+def layers(dtype: Any, param_dtype: Any, bn_axis: str | None, train: bool):
+    """(conv, norm, dense) of one network. Convolutions pad as torch's do, explicitly and symmetrically, 0 unless
+    given (flax's "SAME" pads stride-2 convs differently). `bn_axis`: None normalises with this device's batch; a
+    pmap / shard_map axis name pmean's the batch statistics over it (synchronised BatchNorm: the global batch's)."""
+    dtypes = dict(dtype=dtype, param_dtype=param_dtype)
+    conv = functools.partial(nn.Conv, padding=0, **dtypes)
+    norm = functools.partial(BatchNorm, use_running_average=not train, axis_name=bn_axis, **dtypes)
+    return conv, norm, functools.partial(nn.Dense, **dtypes)
 
 
 class Residual(nn.Module):
     """d2l's residual block: two 3x3 convs with BatchNorm; a 1x1 conv on the shortcut when shape changes."""
 
     channels: int
+    conv: ModuleDef
+    norm: ModuleDef
     use_1x1conv: bool = False
     stride: int = 1
-    bn_axis: str | None = None
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x, train: bool):
-        d, p = self.dtype, self.param_dtype
+    def __call__(self, x):
+        conv, norm = self.conv, self.norm
         y = nn.relu(
-            _bn(train, "bn1", self.bn_axis, d, p)(
-                _conv(self.channels, 3, self.stride, 1, "conv1", d, p)(x)
-            )
+            norm(name="bn1")(conv(self.channels, (3, 3), self.stride, padding=1, name="conv1")(x))
         )
-        y = _bn(train, "bn2", self.bn_axis, d, p)(_conv(self.channels, 3, 1, 1, "conv2", d, p)(y))
+        y = norm(name="bn2")(conv(self.channels, (3, 3), padding=1, name="conv2")(y))
         shortcut = (
-            _conv(self.channels, 1, self.stride, 0, "conv3", d, p)(x) if self.use_1x1conv else x
+            conv(self.channels, (1, 1), self.stride, name="conv3")(x) if self.use_1x1conv else x
         )
         return nn.relu(y + shortcut)
 
@@ -102,18 +77,17 @@ class Stage(nn.Module):
 
     channels: int
     first: bool
-    bn_axis: str | None = None
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
+    conv: ModuleDef
+    norm: ModuleDef
 
     @nn.compact
-    def __call__(self, x, train: bool):
-        same = dict(bn_axis=self.bn_axis, dtype=self.dtype, param_dtype=self.param_dtype)
+    def __call__(self, x):
+        same = dict(conv=self.conv, norm=self.norm)
         if self.first:
-            x = Residual(self.channels, **same, name="0")(x, train)
+            x = Residual(self.channels, **same, name="0")(x)
         else:
-            x = Residual(self.channels, use_1x1conv=True, stride=2, **same, name="0")(x, train)
-        return Residual(self.channels, **same, name="1")(x, train)
+            x = Residual(self.channels, **same, use_1x1conv=True, stride=2, name="0")(x)
+        return Residual(self.channels, **same, name="1")(x)
 
 
 class ResNet18(nn.Module):
@@ -130,20 +104,11 @@ class ResNet18(nn.Module):
 
     @nn.compact
     def __call__(self, x, train: bool = False):
-        d, p = self.dtype, self.param_dtype
-        x = nn.relu(_bn(train, "bn", self.bn_axis, d, p)(_conv(64, 3, 1, 1, "conv", d, p)(x)))
+        conv, norm, dense = layers(self.dtype, self.param_dtype, self.bn_axis, train)
+        x = nn.relu(norm(name="bn")(conv(64, (3, 3), padding=1, name="conv")(x)))
         for i, channels in enumerate((64, 128, 256, 512)):
-            x = Stage(
-                channels,
-                first=(i == 0),
-                bn_axis=self.bn_axis,
-                dtype=d,
-                param_dtype=p,
-                name=f"stage{i + 1}",
-            )(x, train)
-        return nn.Dense(self.num_classes, dtype=d, param_dtype=p, name="fc")(
-            jnp.mean(x, axis=(1, 2))
-        )
+            x = Stage(channels, i == 0, conv, norm, name=f"stage{i + 1}")(x)
+        return dense(self.num_classes, name="fc")(jnp.mean(x, axis=(1, 2)))
 
 
 class LeNet(nn.Module):
@@ -156,17 +121,13 @@ class LeNet(nn.Module):
 
     @nn.compact
     def __call__(self, x, train: bool = False):
-        d, p = self.dtype, self.param_dtype
-        x = nn.avg_pool(
-            nn.relu(_conv(20, 3, name="conv1", dtype=d, param_dtype=p)(x)), (2, 2), strides=(2, 2)
-        )
-        x = nn.avg_pool(
-            nn.relu(_conv(50, 5, name="conv2", dtype=d, param_dtype=p)(x)), (2, 2), strides=(2, 2)
-        )
+        conv, _, dense = layers(self.dtype, self.param_dtype, None, train)
+        x = nn.avg_pool(nn.relu(conv(20, (3, 3), name="conv1")(x)), (2, 2), strides=(2, 2))
+        x = nn.avg_pool(nn.relu(conv(50, (5, 5), name="conv2")(x)), (2, 2), strides=(2, 2))
         # flatten in torch's (C, H, W) order
         x = jnp.transpose(x, (0, 3, 1, 2)).reshape(x.shape[0], -1)
-        x = nn.relu(nn.Dense(128, dtype=d, param_dtype=p, name="fc1")(x))
-        return nn.Dense(self.num_classes, dtype=d, param_dtype=p, name="fc2")(x)
+        x = nn.relu(dense(128, name="fc1")(x))
+        return dense(self.num_classes, name="fc2")(x)
 
 
 class Downsample(nn.Module):
@@ -174,15 +135,12 @@ class Downsample(nn.Module):
 
     features: int
     stride: int
-    bn_axis: str | None = None
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
+    conv: ModuleDef
+    norm: ModuleDef
 
     @nn.compact
-    def __call__(self, x, train: bool):
-        d, p = self.dtype, self.param_dtype
-        x = _conv(self.features, 1, self.stride, 0, "0", d, p, use_bias=False)(x)
-        return _bn(train, "1", self.bn_axis, d, p)(x)
+    def __call__(self, x):
+        return self.norm(name="1")(self.conv(self.features, (1, 1), self.stride, name="0")(x))
 
 
 class Bottleneck(nn.Module):
@@ -190,23 +148,21 @@ class Bottleneck(nn.Module):
     convs each followed by BatchNorm; a strided 1x1 conv + BatchNorm (`downsample`) on a changed shortcut."""
 
     planes: int
+    conv: ModuleDef
+    norm: ModuleDef
     stride: int = 1
     downsample: bool = False
-    bn_axis: str | None = None
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x, train: bool):
-        d, p, a = self.dtype, self.param_dtype, self.bn_axis
-        y = _conv(self.planes, 1, 1, 0, "conv1", d, p, use_bias=False)(x)
-        y = nn.relu(_bn(train, "bn1", a, d, p)(y))
-        y = _conv(self.planes, 3, self.stride, 1, "conv2", d, p, use_bias=False)(y)
-        y = nn.relu(_bn(train, "bn2", a, d, p)(y))
-        y = _conv(4 * self.planes, 1, 1, 0, "conv3", d, p, use_bias=False)(y)
-        y = _bn(train, "bn3", a, d, p)(y)
+    def __call__(self, x):
+        conv, norm = self.conv, self.norm
+        y = nn.relu(norm(name="bn1")(conv(self.planes, (1, 1), name="conv1")(x)))
+        y = nn.relu(
+            norm(name="bn2")(conv(self.planes, (3, 3), self.stride, padding=1, name="conv2")(y))
+        )
+        y = norm(name="bn3")(conv(4 * self.planes, (1, 1), name="conv3")(y))
         if self.downsample:
-            x = Downsample(4 * self.planes, self.stride, a, d, p, name="downsample")(x, train)
+            x = Downsample(4 * self.planes, self.stride, conv, norm, name="downsample")(x)
         return nn.relu(y + x)
 
 
@@ -217,16 +173,15 @@ class Layer(nn.Module):
     planes: int
     blocks: int
     stride: int
-    bn_axis: str | None = None
-    dtype: Any = None
-    param_dtype: Any = jnp.float32
+    conv: ModuleDef
+    norm: ModuleDef
 
     @nn.compact
-    def __call__(self, x, train: bool):
-        same = dict(bn_axis=self.bn_axis, dtype=self.dtype, param_dtype=self.param_dtype)
-        x = Bottleneck(self.planes, self.stride, downsample=True, **same, name="0")(x, train)
+    def __call__(self, x):
+        same = dict(conv=self.conv, norm=self.norm)
+        x = Bottleneck(self.planes, **same, stride=self.stride, downsample=True, name="0")(x)
         for i in range(1, self.blocks):
-            x = Bottleneck(self.planes, **same, name=str(i))(x, train)
+            x = Bottleneck(self.planes, **same, name=str(i))(x)
         return x
 
 
@@ -244,19 +199,14 @@ class ResNet50(nn.Module):
 
     @nn.compact
     def __call__(self, x, train: bool = False):
-        d, p = self.dtype, self.param_dtype
-        x = nn.relu(
-            _bn(train, "bn1", self.bn_axis, d, p)(
-                _conv(64, 7, 2, 3, "conv1", d, p, use_bias=False)(x)
-            )
-        )
+        conv, norm, dense = layers(self.dtype, self.param_dtype, self.bn_axis, train)
+        conv = functools.partial(conv, use_bias=False)  # torchvision's convolutions have no bias
+        x = nn.relu(norm(name="bn1")(conv(64, (7, 7), 2, padding=3, name="conv1")(x)))
         # padded with -inf, as torch's (after the ReLU, zero padding would give the same maxima)
         x = nn.max_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)))
         for i, (planes, blocks, stride) in enumerate(RESNET50_LAYERS, start=1):
-            x = Layer(planes, blocks, stride, self.bn_axis, d, p, name=f"layer{i}")(x, train)
-        return nn.Dense(self.num_classes, dtype=d, param_dtype=p, name="fc")(
-            jnp.mean(x, axis=(1, 2))
-        )
+            x = Layer(planes, blocks, stride, conv, norm, name=f"layer{i}")(x)
+        return dense(self.num_classes, name="fc")(jnp.mean(x, axis=(1, 2)))
 
 
 def resnet18(
