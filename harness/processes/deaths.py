@@ -10,6 +10,8 @@ import math
 import signal
 from pathlib import Path
 
+# How how_it_died's words begin: a node's failure is read by its line that says how its process ended.
+ENDINGS = ("worker exited with status", "worker killed by")
 # What an epoch's progress line holds (common/loop.py train_epoch, progress.emit("epoch", ...)), as numbers.
 EPOCH_FIELDS = ("epoch", "time_s", "images_per_s", "train_loss", "test_acc", "steps")
 

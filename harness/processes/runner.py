@@ -611,5 +611,5 @@ def merge_nodes(
 def _last_line(result: dict) -> str:
     """A node's failure in one line: how its process ended if it left no result (killed), else its last words."""
     lines = (result.get("error") or "").strip().splitlines()
-    exited = [line for line in lines if line.startswith("worker exited with status")]
+    exited = [line for line in lines if line.startswith(deaths.ENDINGS)]
     return f"{result['status']}: {(exited or lines)[-1]}" if lines else result["status"]

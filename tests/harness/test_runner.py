@@ -333,3 +333,25 @@ def test_how_a_worker_died_names_the_signal_and_reads_sigkill_with_the_cgroups_o
     assert deaths.oom_kills(cgroup, v2) == 2 and deaths.oom_kills(cgroup, v1) == 5
     assert deaths.oom_kills(cgroup, tmp_path / "none") is None
     assert deaths.oom_kills(tmp_path / "no-such-file", v2) is None
+
+
+def test_a_killed_node_is_named_by_how_it_died_not_by_its_last_words():
+    """A node that a signal ended fails the run in a headline saying so, not in a line of its output (the engine's
+    chatter before it died); as it did for a node that exited with a status."""
+    from types import SimpleNamespace
+
+    from common.config import RunConfig
+    from common.results import failed_result
+    from harness.processes import runner
+
+    cfg = RunConfig(backend="jax", strategy="pmap", devices=2, nodes=2, coordinator="127.0.0.1:1")
+    died = "worker killed by SIGKILL: often the kernel's out-of-memory killer and no valid result (no file)"
+    results = [
+        failed_result(cfg.to_dict(), "timeout", "stopped 1 s after another node had ended"),
+        failed_result(
+            cfg.to_dict(), "failed", f"{died}\n[Gloo] Rank 1 is connected to 1 peer ranks."
+        ),
+    ]
+    nodes = [SimpleNamespace(cfg=SimpleNamespace(node_rank=r)) for r in (0, 1)]
+    merged = runner.merge_nodes(cfg, nodes, results, [2.0, 1.0])
+    assert merged["error"].splitlines()[-1] == f"node 1 of 2 failed first: failed: {died}"
