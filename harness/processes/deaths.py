@@ -90,3 +90,16 @@ def finished_epoch(record: dict) -> dict | None:
         for v in epoch.values()
     )
     return epoch if numbers else None
+
+
+def keep_epoch(record: dict, finished: list[dict]) -> None:
+    """A progress record that is a finished epoch's, into `finished` (anything else, and a malformed one: nothing)."""
+    if record.get("event") == "epoch" and (epoch := finished_epoch(record)):
+        finished.append(epoch)
+
+
+def keep_partial_epochs(result: dict, finished: list[dict]) -> None:
+    """A run that failed or ran out of time before writing its epochs keeps the ones its progress lines reported,
+    as `partial_epochs`: in the report beside the failure, never averaged into a row."""
+    if result["status"] in ("failed", "timeout") and not result.get("epochs") and finished:
+        result["partial_epochs"] = finished

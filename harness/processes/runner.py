@@ -376,8 +376,7 @@ def _run_nodes(
         record = progress.parse(line)
         if record is not None:
             console.event(cfg, record)
-            if record.get("event") == "epoch" and (epoch := deaths.finished_epoch(record)):
-                finished_epochs.append(epoch)
+            deaths.keep_epoch(record, finished_epochs)
             if watch is not None:
                 # the run's progress, for the other hosts' line if this one is lost
                 watch.report(record)
@@ -426,9 +425,7 @@ def _run_nodes(
         # The engine failed on the lost host just before the heartbeats said so: the line that names the
         # node is the headline (the last line), the engine's own words before it.
         result["error"] = f"{result.get('error') or ''}\n{watch.lost()}".strip()
-    if result["status"] in ("failed", "timeout") and not result.get("epochs") and finished_epochs:
-        # partial: in the report beside the failure, never averaged into a row
-        result["partial_epochs"] = finished_epochs
+    deaths.keep_partial_epochs(result, finished_epochs)
     result["log"] = f"logs/{nodes[0].log.name}"
     mllog_path = nodes[0].log.with_suffix(".mllog")
     if mllog.extract(nodes[0].log, mllog_path):
