@@ -490,6 +490,13 @@ def run_flags() -> Parser:
         "environment is built",
     )
     p.add_argument(
+        "--resume",
+        type=absolute_path,
+        metavar="REPORT_DIR",
+        help="take up a report again: its own command is planned again, every run that finished there is kept, "
+        "and only the others run (give no other flag); the new report says which report it resumed",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="end with one line of JSON on the standard output (the report's folder and each configuration's "

@@ -6,18 +6,45 @@ Parsing and planning are harness/planning/plan.py's; the command line, harness/c
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import sys
+
 from common import manifest
-from harness.arguments import request_of
+from harness import arguments
+from harness.arguments import Parser, request_of
+from harness.errors import UsageError
 from harness.planning.plan import Devices, choose_devices
 from harness.planning.request import RunRequest
+from harness.reporting import provenance
+from harness.session import resume
 from harness.session.benchmark import run_benchmark
 
 
 def main(args) -> int:
-    """`python -m harness run` (or no subcommand), its flags parsed (cli.parse); with --list, `list`."""
+    """`python -m harness run` (or no subcommand), its flags parsed (cli.parse); with --list, `list`; with --resume,
+    the report's own command again."""
     if args.list:
         return list_main(args)
+    if args.resume:
+        return resume_main(args)
     return run_benchmark(request_of(RunRequest, args), args.argv)
+
+
+def resume_main(args) -> int:
+    """--resume REPORT_DIR (with --quiet at most): the report's command, planned again, its finished runs kept."""
+    given = [a for a in args.argv if a not in ("run", "--quiet") and not a.startswith("--resume")]
+    if given[1:] or (given and os.path.abspath(given[0]) != args.resume):
+        raise UsageError("--resume takes the report's own command: give no other flag than --quiet")
+    earlier = resume.read(args.resume)
+    words = earlier.argv[1:] if earlier.argv[:1] == ["run"] else earlier.argv
+    flags = Parser(parents=arguments.run_parents()).parse_args(words)
+    if flags.resume:
+        raise UsageError(f"--resume {args.resume}: its own command resumed another report")
+    for line in resume.check_code(earlier, provenance.record()):
+        print(line, file=sys.stderr)
+    request = dataclasses.replace(request_of(RunRequest, flags), quiet=args.quiet or flags.quiet)
+    return run_benchmark(request, earlier.argv, earlier=earlier)
 
 
 def list_main(args) -> int:

@@ -156,6 +156,7 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
         provenance.header_line(meta.get("provenance")),
         provenance.machine_line(meta.get("provenance")),
         f"- Started {meta['started']}, finished {meta.get('finished', '—')}",
+        *resumed_line(meta.get("resumed")),
         f"- Preset: {meta['preset']}; model {model_line(cfg)}, {get('epochs')} epoch(s), "
         f"train {get('train_size') or all_images(cfg, 0)} / test {get('test_size') or all_images(cfg, 1)} images, "
         f"seed {get('seed')}",
@@ -328,3 +329,14 @@ def write(directory: Path, results: list[dict | Result], meta: dict) -> None:
     for staged in ("runs", "idioms"):  # configs and results are in results.json
         if (directory / staged).exists():
             shutil.rmtree(directory / staged)
+
+
+def resumed_line(resumed) -> list[str]:
+    """--resume: which report this one takes up again, and when (the runs that finished there are kept as they
+    were, the others ran at this time)."""
+    if not isinstance(resumed, dict):
+        return []
+    return [
+        f"- Resumed `{resumed.get('from')}` at {resumed.get('at')}: its finished runs kept as they were, "
+        "the others run now"
+    ]

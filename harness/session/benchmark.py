@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shlex
 import shutil
@@ -15,6 +16,7 @@ from harness.planning.plan import Devices, Plan, build_plan
 from harness.planning.request import RunRequest
 from harness.processes import devices, disk, envs, interrupts, runner
 from harness.reporting import document, leftovers, provenance, tables
+from harness.session import resume
 
 
 def backend_python(name: str, plan: Plan, say) -> str:
@@ -23,12 +25,25 @@ def backend_python(name: str, plan: Plan, say) -> str:
     return str(envs.ensure_backend(name, plan.backends[name].requirements, say=say))
 
 
-def execute(plan: Plan, workdir: Path, console: runner.Console, results: list[dict]) -> None:
+def execute(
+    plan: Plan,
+    workdir: Path,
+    console: runner.Console,
+    results: list[dict],
+    earlier: resume.Earlier | None = None,
+) -> None:
     """Run the planned runs (plan.runs: each config, and each trial with --repeat) in order, appending each one's
     result to `results` as it ends; never lets one failure stop the others. An interrupt propagates: `results`
-    then holds the runs that finished, and plan.runs[len(results):] are the ones that did not."""
+    then holds the runs that finished, and plan.runs[len(results):] are the ones that did not. With `earlier`
+    (--resume), a run that finished there is kept, not run again."""
     pythons = Pythons(plan, console.say)
     for cfg, trial in plan.runs:
+        kept = earlier.kept(cfg, trial) if earlier else None
+        if kept is not None:
+            resume.copy_records(kept, earlier, workdir)
+            console.say(f"[{runner.label(cfg)}] kept from {earlier.folder}: finished there")
+            results.append(kept)
+            continue
         results.append(run_one(cfg, trial, pythons, workdir, console))
 
 
@@ -65,10 +80,16 @@ def not_run(cfg, trial: int | None, status: str, reason: str) -> dict:
     return result if trial is None else {**result, "trial": trial}
 
 
-def run_benchmark(request: RunRequest, argv: list[str], carry_out=None) -> int:
+def run_benchmark(
+    request: RunRequest, argv: list[str], carry_out=None, earlier: resume.Earlier | None = None
+) -> int:
     """Plan, run and report. `carry_out(plan, request, console, meta, workdir) -> results` runs the plan: this
-    module's `run_all`, or parity's, which adds the idioms' runs and puts the parity figures in `meta`."""
+    module's `run_all`, or parity's, which adds the idioms' runs and puts the parity figures in `meta`. With
+    `earlier` (--resume), its finished runs and check are kept (resume.py)."""
     plan = build_plan(request)
+    if earlier is not None:
+        resume.check_configurations(earlier, plan.runs)
+        carry_out = functools.partial(run_all, earlier=earlier)
     if request.dry_run:
         print("\n".join(dry_run(plan, request)))
         return 0
@@ -85,6 +106,11 @@ def run_benchmark(request: RunRequest, argv: list[str], carry_out=None) -> int:
         "topology": plan.topology.how,
         "provenance": provenance.record(gpus=plan.gpus),  # the code and host as the run starts
         **({"best": plan.best} if plan.best else {}),
+        **(
+            {"resumed": {"from": str(earlier.folder), "at": time.strftime("%Y-%m-%d %H:%M:%S %Z")}}
+            if earlier
+            else {}
+        ),
     }
     for line in leftovers.keep_left_behind(Path(request.out), document.write):
         console.say(line)
@@ -178,10 +204,16 @@ def create_staging(out: str, backends: list[str], meta: dict) -> document.Stagin
 
 
 def run_all(
-    plan: Plan, request: RunRequest, console: runner.Console, meta: dict, workdir: Path
+    plan: Plan,
+    request: RunRequest,
+    console: runner.Console,
+    meta: dict,
+    workdir: Path,
+    earlier: resume.Earlier | None = None,
 ) -> list[dict]:
     """The equivalence check, then every run. An interrupt (Ctrl-C, SIGTERM, SIGHUP) at any point ends
-    them: the runs that finished keep their results, the others are reported as interrupted."""
+    them: the runs that finished keep their results, the others are reported as interrupted. With `earlier`
+    (--resume): its finished check and runs are kept."""
     results = [runner.not_run_result(cfg, "unavailable", reason) for cfg, reason in plan.not_run]
     finished: list[dict] = []
     training = False
@@ -204,12 +236,14 @@ def run_all(
         )
         for line in best_lines(plan):
             console.say(line)
-        if request.check:
+        if request.check and earlier and earlier.equivalence:
+            meta["equivalence"] = earlier.equivalence
+        elif request.check:
             # replaced by the table if the check finishes
             meta["equivalence"] = {"interrupted": True}
             meta["equivalence"] = workers.equivalence(plan, console.say, workdir / "logs")
         training = True
-        execute(plan, workdir, console, finished)
+        execute(plan, workdir, console, finished, earlier)
     except KeyboardInterrupt as e:
         by = str(e) or "the user"
         console.say(

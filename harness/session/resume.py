@@ -1,0 +1,132 @@
+"""--resume REPORT_DIR: a run's report taken up again. The report's own command is planned again; every run that
+finished there (the same configuration and trial) is kept as it is, its log and trace with it; only the runs that
+did not finish, or never started, run now; and the new report, one document with all of them, says it resumed
+which report and when. The report is untrusted input: one that cannot be read, that another command made, or that
+other code made (another version or commit, or uncommitted changes on one side only) is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.config import RunConfig
+from common.results import load_results_json
+from harness.errors import UsageError
+from harness.reporting import provenance
+
+# What a resumed run keeps: a run that ended with figures (or with a verdict on its math), not one that failed,
+# ran out of time or was interrupted.
+KEPT = ("ok", "diverged")
+COMMAND = "python -m harness"
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """The report a run resumes: its folder, its command's words after `python -m harness`, its results by
+    (configuration, trial), and its equivalence check where it finished one."""
+
+    folder: Path
+    argv: list[str]
+    results: dict[tuple[str, int | None], dict]
+    equivalence: dict | None
+    provenance: dict | None
+
+    def kept(self, cfg: RunConfig, trial: int | None) -> dict | None:
+        return self.results.get(run_key(cfg.to_dict(), trial))
+
+
+def run_key(config: dict, trial: int | None) -> tuple[str, int | None]:
+    return json.dumps(config, sort_keys=True), trial
+
+
+def read(folder: str) -> Earlier:
+    """The report in `folder` (its results.json), or a UsageError saying why it cannot be resumed."""
+    path = Path(folder)
+    try:
+        runs, meta = load_results_json(str(path / "results.json"))
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--resume {folder}: not a report this harness can read ({e})") from None
+    command = str(meta.get("command") or "")
+    if not command.startswith(COMMAND + " ") and command != COMMAND:
+        raise UsageError(f"--resume {folder}: its command is not a run of {COMMAND} ({command!r})")
+    argv = shlex.split(command)[3:]
+    if argv[:1] not in ([], ["run"]) and not argv[0].startswith("-"):
+        raise UsageError(
+            f"--resume {folder}: a report of `{argv[0]}`; --resume takes up a run's report (`{COMMAND} run`)"
+        )
+    results = {run_key(r.config.to_dict(), r.trial): r.to_dict() for r in runs if r.status in KEPT}
+    check = meta.get("equivalence")
+    finished_check = check if isinstance(check, dict) and check.get("rows") is not None else None
+    return Earlier(path, argv, results, finished_check, meta.get("provenance"))
+
+
+def check_code(earlier: Earlier, now: dict) -> list[str]:
+    """Refuses (UsageError) a report other code made: another version or commit, or uncommitted changes on one side
+    only; the lines to say otherwise (the host it was made on, where it was another; uncommitted changes on both
+    sides, which cannot be compared)."""
+    then = provenance.known(earlier.provenance)
+    if then is None:
+        raise UsageError(f"--resume {earlier.folder}: it does not record the code that made it")
+    differs = [
+        f"{what} {then.get(key)} then, {now.get(key)} now"
+        for key, what in (("version", "dpbench"), ("commit", "commit"))
+        if then.get(key) != now.get(key)
+    ]
+    if bool(then.get("uncommitted_changes")) != bool(now.get("uncommitted_changes")):
+        differs.append("uncommitted changes on one side only")
+    if differs:
+        raise UsageError(f"--resume {earlier.folder}: other code made it ({'; '.join(differs)})")
+    said = []
+    if then.get("uncommitted_changes"):
+        said.append("Resuming over uncommitted changes on both sides: they are not compared")
+    if then.get("host") != now.get("host"):
+        said.append(f"Resuming a report made on {then.get('host')} here on {now.get('host')}")
+    return said
+
+
+def check_configurations(earlier: Earlier, planned: list[tuple[RunConfig, int | None]]) -> None:
+    """Every run the report kept must be one the command plans again (the same configuration): otherwise what the
+    command plans here is not what it planned there (another device, data, default), and it is refused."""
+    again = {run_key(cfg.to_dict(), trial) for cfg, trial in planned}
+    strays = [key for key in earlier.results if key not in again]
+    if strays:
+        config = json.loads(strays[0][0])
+        raise UsageError(
+            f"--resume {earlier.folder}: its command plans other runs here ({len(strays)} finished run(s) "
+            f"there, e.g. {config.get('backend')} {config.get('strategy')} x{config.get('devices')}, are not "
+            "planned again): the configuration differs"
+        )
+
+
+def copy_records(result: dict, earlier: Earlier, workdir: Path) -> None:
+    """A kept run's log, MLPerf log and trace folder, copied from the earlier report into the new one, where the
+    result names them (names read as untrusted: only plain files and folders under logs/ and traces/)."""
+    named = [result.get("log"), result.get("mllog")]
+    trace = (
+        (result.get("profile") or {}).get("trace")
+        if isinstance(result.get("profile"), dict)
+        else None
+    )
+    named.append(str(Path(trace).parent) if isinstance(trace, str) else None)
+    for name in named:
+        if not isinstance(name, str) or not inside_report(name):
+            continue
+        source, target = earlier.folder / name, workdir / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir() and not source.is_symlink():
+            shutil.copytree(source, target, dirs_exist_ok=True, symlinks=True)
+        elif source.is_file() and not source.is_symlink():
+            shutil.copy2(source, target)
+
+
+def inside_report(name: str) -> bool:
+    parts = Path(name).parts
+    return (
+        len(parts) >= 2
+        and parts[0] in ("logs", "traces")
+        and ".." not in parts
+        and not Path(name).is_absolute()
+    )
