@@ -40,8 +40,11 @@ def execute(
     for cfg, trial in plan.runs:
         kept = earlier.kept(cfg, trial) if earlier else None
         if kept is not None:
-            resume.copy_records(kept, earlier, workdir)
-            console.say(f"[{runner.label(cfg)}] kept from {earlier.folder}: finished there")
+            problem = resume.copy_records(kept, earlier, workdir)
+            console.say(
+                f"[{runner.label(cfg)}] kept from {earlier.folder}: finished there"
+                + (f" ({problem})" if problem else "")
+            )
             results.append(kept)
             continue
         results.append(run_one(cfg, trial, pythons, workdir, console))

@@ -101,9 +101,18 @@ def check_configurations(earlier: Earlier, planned: list[tuple[RunConfig, int | 
         )
 
 
-def copy_records(result: dict, earlier: Earlier, workdir: Path) -> None:
+def copy_records(result: dict, earlier: Earlier, workdir: Path) -> str | None:
     """A kept run's log, MLPerf log and trace folder, copied from the earlier report into the new one, where the
-    result names them (names read as untrusted: only plain files and folders under logs/ and traces/)."""
+    result names them (names read as untrusted: only plain files and folders under logs/ and traces/). A copy that
+    fails (a full disk) is said, in words, and the run stays kept: its record is what counts."""
+    try:
+        copy_named(result, earlier, workdir)
+    except OSError as e:
+        return f"its log could not be copied: {e.strerror or e}"
+    return None
+
+
+def copy_named(result: dict, earlier: Earlier, workdir: Path) -> None:
     named = [result.get("log"), result.get("mllog")]
     trace = (
         (result.get("profile") or {}).get("trace")

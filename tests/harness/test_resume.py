@@ -116,3 +116,24 @@ def test_what_cannot_be_resumed_is_refused_in_one_line(tmp_path):
         (other / "results.json").write_text(json.dumps({**doc, **change}))
         assert said in refused(other)
     assert [p for p in out.iterdir() if not p.name.startswith(".")] == [report]  # nothing made
+
+
+def test_a_kept_runs_log_that_cannot_be_copied_is_said_and_the_run_stays_kept(
+    tmp_path, monkeypatch
+):
+    """A full disk while copying a kept run's log: one line says so; the record is kept all the same."""
+    import shutil
+
+    from harness.session import resume
+
+    earlier = resume.Earlier(tmp_path / "old", [], {}, None, None)
+    (tmp_path / "old" / "logs").mkdir(parents=True)
+    (tmp_path / "old" / "logs" / "a.log").write_text("x")
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(shutil, "copy2", full)
+    said = resume.copy_records({"log": "logs/a.log"}, earlier, tmp_path / "new")
+    assert said == "its log could not be copied: No space left on device"
+    assert resume.copy_records({"log": "../outside.log"}, earlier, tmp_path / "new") is None
