@@ -91,6 +91,9 @@ def ensure(name: str, requirements: Path, say=print, base_python: str = BASE_PYT
                     "pip",
                     "install",
                     "--disable-pip-version-check",
+                    # Python compiles a module when it is first imported: pip's compiling of every module
+                    # it installs (torch's thousands) is half of a build's CPU time, for the few imported.
+                    "--no-compile",
                     "-r",
                     str(requirements),
                 ],
