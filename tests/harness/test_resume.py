@@ -4,10 +4,18 @@ and says so; a report it cannot take up (unreadable, another command's, other co
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import time
 from pathlib import Path
 
+import pytest
+
+from harness import cli
+from harness.processes import runner
+from harness.reporting import document
 from tests.harness.helpers import fake_python, run_harness
+from tests.harness.test_faults import BASE, assert_none_survive, finish, start_harness
 
 # A worker that writes a finished result, except on the devices counts FAIL_ON names (a file beside it), where it
 # dies as a killed worker does: what a report cut off mid-sweep holds.
@@ -137,3 +145,155 @@ def test_a_kept_runs_log_that_cannot_be_copied_is_said_and_the_run_stays_kept(
     said = resume.copy_records({"log": "logs/a.log"}, earlier, tmp_path / "new")
     assert said == "its log could not be copied: No space left on device"
     assert resume.copy_records({"log": "../outside.log"}, earlier, tmp_path / "new") is None
+
+
+# ------------------------------------------------------------------ a stop signal at each stage, then --resume
+
+# A worker whose every finished run has figures of its own (a run done twice could not repeat them), that notes
+# each run it finished and each check it finished in $FAKE_STATE, and that hangs with a child of its own, its pids
+# in $FAKE_STATE/pids, in the check (FAKE_HANG=check) or in the run on FAKE_HANG devices: the stage's marker.
+STAGED_WORKER = r"""
+import json, os, random, subprocess, sys, time
+from common.worker import watch_lifeline   # as every real worker does first
+watch_lifeline()
+state = os.environ["FAKE_STATE"]
+
+def note(name):
+    with open(os.path.join(state, name), "a") as f:
+        f.write("1\n")
+
+def hang():
+    child = subprocess.Popen(["sleep", "1000"])
+    with open(os.path.join(state, "pids.tmp"), "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    os.rename(os.path.join(state, "pids.tmp"), os.path.join(state, "pids"))
+    time.sleep(1000)
+
+if "--check" in sys.argv:
+    if os.environ.get("FAKE_HANG") == "check":
+        hang()
+    note("checked")
+    sys.exit("no check here")
+cfg = json.load(open(sys.argv[sys.argv.index("--config") + 1]))
+if os.environ.get("FAKE_HANG") == str(cfg["devices"]):
+    hang()
+seconds = random.uniform(1.0, 2.0)
+epochs = [{"epoch": 1, "time_s": seconds, "steps": 2, "images": 64, "images_per_s": 64 / seconds,
+           "train_loss": random.random(), "train_acc": 0.5, "test_acc": 0.5}]
+json.dump({"schema_version": 3, "status": "ok", "config": cfg, "environment": {}, "epochs": epochs,
+           "final_test_acc": 0.5, "compile_s": 0.1, "params": 1, "weights_hash": "w" * 64, "data_hash": "d" * 64,
+           "error": None, "memory": {}}, open(sys.argv[sys.argv.index("--result") + 1], "w"))
+note(f"finished-x{cfg['devices']}")
+"""
+
+# Each stage, and the statuses on 1, 2 and 4 devices of the report it stops, then of its resume stopped on 4 devices.
+STAGES = {
+    "check": (["interrupted"] * 3, ["ok", "ok", "interrupted"]),
+    "mid-run": (["ok", "interrupted", "interrupted"], ["ok", "ok", "interrupted"]),
+    "between-runs": (["ok", "interrupted", "interrupted"], ["ok", "ok", "interrupted"]),
+    "report": (["ok"] * 3, ["ok"] * 3),
+}
+
+
+def staged_sweep(tmp_path: Path) -> tuple[Path, Path, list[str]]:
+    """The sweep the stage tests stop: torch scratch on 1, 2 and 4 devices after its check; (--out, state, flags)."""
+    script = tmp_path / "staged_worker.py"
+    script.write_text(STAGED_WORKER)
+    python = fake_python(tmp_path, f'exec {sys.executable} {script} "$@"')
+    out, state = tmp_path / "reports", tmp_path / "state"
+    state.mkdir()
+    flags = [*BASE, "--gpus", "1,2,4", "--python", f"torch={python}", "--out", str(out)]
+    return out, state, flags
+
+
+def stopped_by_its_worker(state: Path, *args: str, hang: str) -> tuple[int | None, str]:
+    """`python -m harness ARGS`, sent SIGTERM once its worker hangs at `hang` (the check, or a device count); or
+    its own end if no worker hangs there (every run it would hang in was kept): its exit status and stderr."""
+    (state / "pids").unlink(missing_ok=True)
+    proc = start_harness(*args, env={"FAKE_STATE": str(state), "FAKE_HANG": hang})
+    while not (state / "pids").exists() and proc.poll() is None:
+        time.sleep(0.05)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    code, stderr = finish(proc)
+    assert_none_survive(
+        [int(p) for p in (state / "pids").read_text().split()] if (state / "pids").exists() else []
+    )
+    return code, stderr
+
+
+def stopped_in_process(monkeypatch, state: Path, stage: str, *args: str) -> int:
+    """`python -m harness ARGS` in this process, sent SIGTERM between its first and second run, or while its
+    report is written: points no worker marks."""
+    monkeypatch.setenv("FAKE_STATE", str(state))
+    if stage == "between-runs":
+        real_run, calls = runner.run, []
+
+        def run_stopped_before_the_second(*a, **k):
+            calls.append(1)
+            if len(calls) == 2:
+                signal.raise_signal(
+                    signal.SIGTERM
+                )  # its handler runs here, before the second run starts
+            return real_run(*a, **k)
+
+        monkeypatch.setattr(runner, "run", run_stopped_before_the_second)
+    else:
+        real_write = document.write
+
+        def write_stopped(*a, **k):
+            signal.raise_signal(signal.SIGTERM)
+            return real_write(*a, **k)
+
+        monkeypatch.setattr(document, "write", write_stopped)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as a fresh process has it
+    try:
+        return cli.main(list(args))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        monkeypatch.undo()
+
+
+def reports_in(out: Path, but: set[Path]) -> Path:
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no staging folder left behind
+    return only_report(out, but)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_sweep_stopped_at_any_stage_and_resumed_twice_keeps_every_finished_figure(
+    tmp_path, monkeypatch, stage
+):
+    """SIGTERM during the check, mid-run, between runs or while the report is written; the resume stopped again in
+    its run on 4 devices (where it still has one to run); resumed again: every run is there and finished, every
+    finished run's record is the one it first finished with, byte for byte, and no finished run or check ran twice."""
+    out, state, flags = staged_sweep(tmp_path)
+    if stage in ("check", "mid-run"):
+        code, _ = stopped_by_its_worker(state, *flags, hang="check" if stage == "check" else "2")
+    else:
+        code = stopped_in_process(monkeypatch, state, stage, *flags)
+    assert code == 128 + signal.SIGTERM
+    reports = [reports_in(out, set())]
+    code, stderr = stopped_by_its_worker(state, "--resume", str(reports[0]), "--quiet", hang="4")
+    assert (
+        code == (0 if stage == "report" else 128 + signal.SIGTERM) and "Traceback" not in stderr
+    ), stderr
+    reports.append(reports_in(out, set(reports)))
+    assert [[r["status"] for r in runs_of(report)] for report in reports] == list(STAGES[stage])
+    code, stderr = stopped_by_its_worker(state, "--resume", str(reports[1]), "--quiet", hang="")
+    assert code == 0, stderr
+    reports.append(reports_in(out, set(reports)))
+    final = {r["config"]["devices"]: r for r in runs_of(reports[-1])}
+    assert {n: r["status"] for n, r in final.items()} == {1: "ok", 2: "ok", 4: "ok"}
+    for report in reports:
+        for run in runs_of(report):
+            if run["status"] == "ok":
+                assert json.dumps(run, sort_keys=True) == json.dumps(
+                    final[run["config"]["devices"]], sort_keys=True
+                )
+    assert [(state / f"finished-x{n}").read_text() for n in (1, 2, 4)] == ["1\n"] * 3
+    assert (state / "checked").read_text() == "1\n"
+    checks = [json.loads((r / "results.json").read_text()).get("equivalence") for r in reports]
+    assert all(c == checks[-1] for c in checks if c and "rows" in c)
+    assert json.loads((reports[-1] / "results.json").read_text())["resumed"]["from"] == str(
+        reports[1]
+    )
