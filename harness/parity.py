@@ -23,6 +23,7 @@ import functools
 import json
 import math
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,10 +39,11 @@ from harness.planning.plan import Devices, Plan, choose_devices, parse_gpus
 from harness.planning.presets import PRESETS
 from harness.planning.request import RunRequest
 from harness.processes import envs, runner
+from harness.reporting import provenance
 from harness.reporting.comparison import ratio_interval
 from harness.reporting.reasons import breakdown_reason, profiled_pair
 from harness.reporting.tables import as_results
-from harness.session import benchmark
+from harness.session import benchmark, resume
 
 LIMIT = 1.10  # the most a strategy's step may cost over its idiom's
 # Above this ratio a strategy's row says where its step loses time to its idiom's (the --profile breakdowns of
@@ -227,6 +229,16 @@ def undecided(figures: dict, configs: list[RunConfig]) -> list[RunConfig]:
     return [c for c in configs if (c.backend, c.variant) in open_rows]
 
 
+def reachable(plan: Plan, max_trials: int) -> list[tuple[RunConfig, int]]:
+    """Every strategy trial the sequential rule may run, up to its cap, as each trial's config has it."""
+    return [
+        (side, trial)
+        for trial in range(1, max_trials + 1)
+        for _, side in round_of(plan.configs, trial)
+        if isinstance(side, RunConfig)
+    ]
+
+
 def carry_out(
     plan: Plan,
     request: RunRequest,
@@ -234,9 +246,12 @@ def carry_out(
     meta: dict,
     workdir: Path,
     max_trials: int = DEFAULT_MAX_TRIALS,
+    earlier: resume.Earlier | None = None,
 ) -> list[dict]:
     """benchmark.run_benchmark's `carry_out` (with parity's --max-trials): the schedule, then the parity figures
-    into `meta` (and printed). An interrupt ends it; the figures are made from what finished."""
+    into `meta` (and printed). An interrupt ends it; the figures are made from what finished. With `earlier`
+    (--resume), each trial that finished there, a strategy's or an idiom's, is kept, not run again: the rule
+    reads the same trials as it did there and so continues where it was cut off."""
     results = [runner.not_run_result(cfg, "unavailable", reason) for cfg, reason in plan.not_run]
     finished, idioms = [], []
     runs = schedule(plan)
@@ -252,7 +267,7 @@ def carry_out(
         while runs:
             # the strategies' runs before this round: an interrupt leaves the rest of the round not run
             started = len(finished)
-            run_sides(runs, pythons, workdir, console, finished, idioms)
+            run_sides(runs, pythons, workdir, console, finished, idioms, earlier)
             left = undecided(figures(finished, idioms, alpha), plan.configs)
             if not left or trial >= max_trials:
                 break
@@ -278,18 +293,65 @@ def carry_out(
 
 
 def run_sides(
-    runs, pythons, workdir: Path, console: runner.Console, finished: list, idioms: list
+    runs,
+    pythons,
+    workdir: Path,
+    console: runner.Console,
+    finished: list,
+    idioms: list,
+    earlier: resume.Earlier | None = None,
 ) -> None:
-    """Each (trial, side) in turn: a strategy's run into `finished`, an idiom's record into `idioms`."""
+    """Each (trial, side) in turn: a strategy's run into `finished`, an idiom's record into `idioms`; with
+    `earlier`, those that finished there kept instead."""
     for trial, side in runs:
         if isinstance(side, RunConfig):
-            finished.append(benchmark.run_one(side, trial, pythons, workdir, console))
+            kept = benchmark.kept_run(side, trial, earlier, workdir, console.say)
+            finished.append(
+                kept
+                if kept is not None
+                else benchmark.run_one(side, trial, pythons, workdir, console)
+            )
+            continue
+        kept = kept_idiom(side, trial, earlier, workdir, console.say)
+        if kept is not None:
+            idioms.append(kept)
             continue
         python = pythons(side.cfg.backend)
         if isinstance(python, Exception):
             idioms.append(failed_idiom(side, trial, f"environment setup failed: {python}"))
         else:
             idioms.append(announce(console, run_idiom(side, trial, python, workdir)))
+
+
+def kept_idiom(
+    job: IdiomRun, trial: int, earlier: resume.Earlier | None, workdir: Path, say
+) -> dict | None:
+    """The idiom's trial from the report resumed, its log and trace copied into this one, if it finished there
+    with the step times this run's trial would have (read as untrusted input: otherwise it runs again)."""
+    record = earlier.kept_idiom(job.idiom.name, job.cfg.backend, trial) if earlier else None
+    if record is None or not finished_steps(record, job.cfg):
+        return None
+    name = job.idiom.name.replace(" ", "-")
+    problem = resume.copy_records(
+        {"log": f"logs/idiom-{name}-trial{trial}.log", "profile": record.get("profile")},
+        earlier,
+        workdir,
+    )
+    say(
+        f"idiom {job.idiom.name} trial {trial} kept from {earlier.folder}: finished there"
+        + (f" ({problem})" if problem else "")
+    )
+    return record
+
+
+def finished_steps(record: dict, cfg: RunConfig) -> bool:
+    steps = record.get("steps_s")
+    return (
+        isinstance(steps, list)
+        and len(steps) == cfg.timed_steps
+        and all(map(seconds, steps))
+        and isinstance(record.get("framework"), str)
+    )
 
 
 def failed_idiom(job: IdiomRun, trial: int, error: str) -> dict:
@@ -478,6 +540,13 @@ def parity_flags() -> Parser:
     p.add_argument(
         "--quiet", action="store_true", help="no progress bar, only a line per finished run"
     )
+    p.add_argument(
+        "--resume",
+        type=arguments.absolute_path,
+        metavar="REPORT_DIR",
+        help="take up a parity report again: its own command is planned again, every trial that finished there "
+        "(a strategy's or an idiom's) is kept, and the sequential rule continues from them (give no other flag)",
+    )
     return p
 
 
@@ -512,6 +581,28 @@ def settle(args) -> RunRequest:
 
 
 def main(args) -> int:
-    """`python -m harness parity`, its flags parsed (cli.build_parser)."""
+    """`python -m harness parity`, its flags parsed (cli.build_parser); with --resume, the report's own command."""
+    if args.resume:
+        return resume_main(args)
     parity_run = functools.partial(carry_out, max_trials=args.max_trials)
     return benchmark.run_benchmark(settle(args), args.argv, carry_out=parity_run)
+
+
+def resume_main(args) -> int:
+    """--resume REPORT_DIR (with --quiet at most): the parity report's command, planned again, its finished trials
+    kept."""
+    resume.only_flag(args.argv, "parity", args.resume)
+    earlier = resume.read(args.resume, "parity")
+    flags = Parser(parents=parents()).parse_args(earlier.argv[1:])
+    if flags.resume:
+        raise UsageError(f"--resume {args.resume}: its own command resumed another report")
+    for line in resume.check_code(earlier, provenance.record()):
+        print(line, file=sys.stderr)
+    request = dataclasses.replace(settle(flags), quiet=args.quiet or flags.quiet)
+    return benchmark.run_benchmark(
+        request,
+        earlier.argv,
+        carry_out=functools.partial(carry_out, max_trials=flags.max_trials),
+        earlier=earlier,
+        reachable=functools.partial(reachable, max_trials=flags.max_trials),
+    )

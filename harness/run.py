@@ -7,7 +7,6 @@ Parsing and planning are harness/planning/plan.py's; the command line, harness/c
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 
 from common import manifest
@@ -33,9 +32,7 @@ def main(args) -> int:
 
 def resume_main(args) -> int:
     """--resume REPORT_DIR (with --quiet at most): the report's command, planned again, its finished runs kept."""
-    given = [a for a in args.argv if a not in ("run", "--quiet") and not a.startswith("--resume")]
-    if given[1:] or (given and os.path.abspath(given[0]) != args.resume):
-        raise UsageError("--resume takes the report's own command: give no other flag than --quiet")
+    resume.only_flag(args.argv, "run", args.resume)
     earlier = resume.read(args.resume)
     words = earlier.argv[1:] if earlier.argv[:1] == ["run"] else earlier.argv
     flags = Parser(parents=arguments.run_parents()).parse_args(words)

@@ -38,16 +38,22 @@ def execute(
     (--resume), a run that finished there is kept, not run again."""
     pythons = Pythons(plan, console.say)
     for cfg, trial in plan.runs:
-        kept = earlier.kept(cfg, trial) if earlier else None
-        if kept is not None:
-            problem = resume.copy_records(kept, earlier, workdir)
-            console.say(
-                f"[{runner.label(cfg)}] kept from {earlier.folder}: finished there"
-                + (f" ({problem})" if problem else "")
-            )
-            results.append(kept)
-            continue
-        results.append(run_one(cfg, trial, pythons, workdir, console))
+        kept = kept_run(cfg, trial, earlier, workdir, console.say)
+        results.append(kept if kept is not None else run_one(cfg, trial, pythons, workdir, console))
+
+
+def kept_run(
+    cfg, trial: int | None, earlier: resume.Earlier | None, workdir: Path, say
+) -> dict | None:
+    """The run's record from the report resumed, its log and trace copied into this one, if it finished there."""
+    kept = earlier.kept(cfg, trial) if earlier else None
+    if kept is not None:
+        problem = resume.copy_records(kept, earlier, workdir)
+        say(
+            f"[{runner.label(cfg)}{f' trial {trial}' if trial else ''}] kept from {earlier.folder}: finished there"
+            + (f" ({problem})" if problem else "")
+        )
+    return kept
 
 
 class Pythons:
@@ -84,15 +90,21 @@ def not_run(cfg, trial: int | None, status: str, reason: str) -> dict:
 
 
 def run_benchmark(
-    request: RunRequest, argv: list[str], carry_out=None, earlier: resume.Earlier | None = None
+    request: RunRequest,
+    argv: list[str],
+    carry_out=None,
+    earlier: resume.Earlier | None = None,
+    reachable=None,
 ) -> int:
-    """Plan, run and report. `carry_out(plan, request, console, meta, workdir) -> results` runs the plan: this
-    module's `run_all`, or parity's, which adds the idioms' runs and puts the parity figures in `meta`. With
-    `earlier` (--resume), its finished runs and check are kept (resume.py)."""
+    """Plan, run and report. `carry_out(plan, request, console, meta, workdir, earlier=None) -> results` runs the
+    plan: this module's `run_all`, or parity's, which adds the idioms' runs and puts the parity figures in `meta`.
+    With `earlier` (--resume), its finished runs and check are kept (resume.py), if every one is a run
+    `reachable(plan)` holds (the (config, trial) the command may run: plan.runs, or parity's trials up to its
+    cap)."""
     plan = build_plan(request)
     if earlier is not None:
-        resume.check_configurations(earlier, plan.runs)
-        carry_out = functools.partial(run_all, earlier=earlier)
+        resume.check_configurations(earlier, reachable(plan) if reachable else plan.runs)
+        carry_out = functools.partial(carry_out or run_all, earlier=earlier)
     if request.dry_run:
         print("\n".join(dry_run(plan, request)))
         return 0

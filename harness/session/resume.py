@@ -1,12 +1,14 @@
-"""--resume REPORT_DIR: a run's report taken up again. The report's own command is planned again; every run that
-finished there (the same configuration and trial) is kept as it is, its log and trace with it; only the runs that
-did not finish, or never started, run now; and the new report, one document with all of them, says it resumed
-which report and when. The report is untrusted input: one that cannot be read, that another command made, or that
-other code made (another version or commit, or uncommitted changes on one side only) is refused in one line."""
+"""--resume REPORT_DIR: a report taken up again by the command that made it (`run`, or `parity`). The report's own
+command is planned again; every run that finished there (the same configuration and trial) is kept as it is, its log
+and trace with it, and so is every idiom trial parity finished; only the runs that did not finish, or never started,
+run now; and the new report, one document with all of them, says it resumed which report and when. The report is
+untrusted input: one that cannot be read, that another command made, or that other code made (another version or
+commit, or uncommitted changes on one side only) is refused in one line."""
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 from dataclasses import dataclass
@@ -33,34 +35,66 @@ class Earlier:
     results: dict[tuple[str, int | None], dict]
     equivalence: dict | None
     provenance: dict | None
+    idioms: tuple[dict, ...] = ()  # parity's idiom trials that finished there
 
     def kept(self, cfg: RunConfig, trial: int | None) -> dict | None:
         return self.results.get(run_key(cfg.to_dict(), trial))
+
+    def kept_idiom(self, idiom: str, backend: str, trial: int) -> dict | None:
+        """The idiom's trial as parity recorded it there (read as untrusted: its caller checks its steps)."""
+        for record in self.idioms:
+            if (record.get("idiom"), record.get("backend"), record.get("trial")) == (
+                idiom,
+                backend,
+                trial,
+            ):
+                return record
+        return None
 
 
 def run_key(config: dict, trial: int | None) -> tuple[str, int | None]:
     return json.dumps(config, sort_keys=True), trial
 
 
-def read(folder: str) -> Earlier:
-    """The report in `folder` (its results.json), or a UsageError saying why it cannot be resumed."""
+def only_flag(argv: list[str], command: str, folder: str) -> None:
+    """--resume takes the report's own command: `command --resume REPORT_DIR` with --quiet at most."""
+    given = [a for a in argv if a not in (command, "--quiet") and not a.startswith("--resume")]
+    if given[1:] or (given and os.path.abspath(given[0]) != folder):
+        raise UsageError("--resume takes the report's own command: give no other flag than --quiet")
+
+
+def read(folder: str, command: str = "run") -> Earlier:
+    """The report in `folder` (its results.json) that `command` made, or a UsageError saying why it cannot be
+    resumed."""
     path = Path(folder)
     try:
         runs, meta = load_results_json(str(path / "results.json"))
     except (OSError, ValueError) as e:
         raise UsageError(f"--resume {folder}: not a report this harness can read ({e})") from None
-    command = str(meta.get("command") or "")
-    if not command.startswith(COMMAND + " ") and command != COMMAND:
-        raise UsageError(f"--resume {folder}: its command is not a run of {COMMAND} ({command!r})")
-    argv = shlex.split(command)[3:]
-    if argv[:1] not in ([], ["run"]) and not argv[0].startswith("-"):
+    line = str(meta.get("command") or "")
+    if not line.startswith(COMMAND + " ") and line != COMMAND:
+        raise UsageError(f"--resume {folder}: its command is not a run of {COMMAND} ({line!r})")
+    argv = shlex.split(line)[3:]
+    theirs = argv[0] if argv and not argv[0].startswith("-") else "run"
+    if theirs != command:
         raise UsageError(
-            f"--resume {folder}: a report of `{argv[0]}`; --resume takes up a run's report (`{COMMAND} run`)"
+            f"--resume {folder}: a report of `{theirs}`; take it up with `{COMMAND} {theirs} --resume {folder}`"
         )
     results = {run_key(r.config.to_dict(), r.trial): r.to_dict() for r in runs if r.status in KEPT}
     check = meta.get("equivalence")
     finished_check = check if isinstance(check, dict) and check.get("rows") is not None else None
-    return Earlier(path, argv, results, finished_check, meta.get("provenance"))
+    return Earlier(
+        path, argv, results, finished_check, meta.get("provenance"), finished_idioms(meta)
+    )
+
+
+def finished_idioms(meta: dict) -> tuple[dict, ...]:
+    """parity's idiom trials that finished, as results.json's "parity" holds them (none where it holds none)."""
+    figures = meta.get("parity")
+    idioms = figures.get("idioms") if isinstance(figures, dict) else None
+    if not isinstance(idioms, list):
+        return ()
+    return tuple(i for i in idioms if isinstance(i, dict) and i.get("status") == "ok")
 
 
 def check_code(earlier: Earlier, now: dict) -> list[str]:

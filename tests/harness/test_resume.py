@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli
+from harness import cli, parity
 from harness.processes import runner
 from harness.reporting import document
+from harness.session import resume
 from tests.harness.helpers import fake_python, run_harness
 from tests.harness.test_faults import BASE, assert_none_survive, finish, start_harness
 
@@ -131,8 +132,6 @@ def test_a_kept_runs_log_that_cannot_be_copied_is_said_and_the_run_stays_kept(
 ):
     """A full disk while copying a kept run's log: one line says so; the record is kept all the same."""
     import shutil
-
-    from harness.session import resume
 
     earlier = resume.Earlier(tmp_path / "old", [], {}, None, None)
     (tmp_path / "old" / "logs").mkdir(parents=True)
@@ -297,3 +296,173 @@ def test_a_sweep_stopped_at_any_stage_and_resumed_twice_keeps_every_finished_fig
     assert json.loads((reports[-1] / "results.json").read_text())["resumed"]["from"] == str(
         reports[1]
     )
+
+
+# ------------------------------------------------------------------ parity, stopped and resumed
+
+# A strategy worker and an idiom in one: each trial's step times drawn from its side and trial alone (an
+# uninterrupted parity gets the very same ones), each finished trial noted in $FAKE_STATE, and a hang, with the
+# pids in $FAKE_STATE/pids, in the trial FAKE_HANG names (strategy-3, idiom-4). The strategy's step is 1.10 times
+# its idiom's: on the line, so the sequential rule adds trials up to its cap.
+PARITY_WORKER = r"""
+import json, os, re, subprocess, sys, time
+import numpy as np
+from common import weights
+from common.config import RunConfig
+from common.loop import step_statistics
+from common.worker import watch_lifeline
+watch_lifeline()
+state = os.environ["FAKE_STATE"]
+config_path = sys.argv[sys.argv.index("--config") + 1]
+side = "idiom" if "benchmarks.idioms" in " ".join(sys.argv) else "strategy"
+trial = int(re.search(r"trial(\d+)", config_path).group(1))
+if os.environ.get("FAKE_HANG") == f"{side}-{trial}":
+    child = subprocess.Popen(["sleep", "1000"])
+    with open(os.path.join(state, "pids.tmp"), "w") as f:
+        f.write(f"{os.getpid()} {child.pid}")
+    os.rename(os.path.join(state, "pids.tmp"), os.path.join(state, "pids"))
+    time.sleep(1000)
+doc = json.load(open(config_path))
+cfg = RunConfig.from_dict(doc)
+median = 0.1 * (1.10 if side == "strategy" else 1.0)
+steps = list(median * np.random.default_rng(trial + (100 if side == "idiom" else 0)).uniform(0.9, 1.1, cfg.timed_steps))
+if side == "idiom":
+    known = os.path.join(os.path.dirname(__file__), "weights_hash")  # the same weights in every trial
+    if not os.path.exists(known):
+        with open(known + ".tmp", "w") as f:
+            f.write(weights.fingerprint(weights.for_run(cfg)))
+        os.rename(known + ".tmp", known)
+    result = {"framework": "torch 0.0", "warmup_s": 0.1, "steps_s": steps, "weights_hash": open(known).read()}
+else:
+    epochs = [{"epoch": 1, "time_s": 1.0, "steps": 2, "images": 64, "images_per_s": 64.0, "train_loss": 1.0,
+               "train_acc": 0.5, "test_acc": 0.5}]
+    result = {"schema_version": 3, "status": "ok", "config": doc, "environment": {}, "epochs": epochs,
+              "final_test_acc": 0.5, "compile_s": 0.1, "params": 1, "weights_hash": "w" * 64,
+              "data_hash": "d" * 64, "error": None, "memory": {}, "step_time": step_statistics(steps, cfg.batch_size)}
+json.dump(result, open(sys.argv[sys.argv.index("--result") + 1], "w"))
+with open(os.path.join(state, f"{side}-{trial}"), "a") as f:
+    f.write("1\n")
+"""
+
+
+def parity_of(report: Path) -> tuple[list[dict], dict]:
+    doc = json.loads((report / "results.json").read_text())
+    return doc["runs"], doc["parity"]
+
+
+def test_parity_stopped_twice_and_resumed_continues_its_sequential_rule_from_the_trials_it_has(
+    tmp_path,
+):
+    """parity stopped in its strategy's third trial, resumed and stopped again in its idiom's fourth, resumed again:
+    the rule took every trial it would have uninterrupted, each trial that finished is kept byte for byte (each
+    trial's steps are its own, so the figures are an uninterrupted parity's), and none ran twice. What cannot be
+    resumed is refused in one line."""
+    script = tmp_path / "parity_worker.py"
+    script.write_text(PARITY_WORKER)
+    python = fake_python(tmp_path, f'exec {sys.executable} {script} "$@"')
+    flags = [
+        "parity",
+        *"--backend torch --strategy scratch --dataset synthetic --device cpu".split(),
+    ]
+    flags += [*"--timed-steps 3 --repeat 2 --max-trials 4 --profile 0 --quiet".split()]
+    flags += ["--python", f"torch={python}"]
+    cut = tmp_path / "state"
+    cut.mkdir()
+    out = tmp_path / "reports"
+    code, _ = stopped_by_its_worker(cut, *flags, "--out", str(out), hang="strategy-3")
+    assert code == 128 + signal.SIGTERM
+    reports = [only_report(out)]
+    code, _ = stopped_by_its_worker(cut, "parity", "--resume", str(reports[0]), hang="idiom-4")
+    assert code == 128 + signal.SIGTERM
+    reports.append(only_report(out, set(reports)))
+    code, stderr = stopped_by_its_worker(cut, "parity", "--resume", str(reports[1]), hang="")
+    assert code == 0, stderr
+    reports.append(only_report(out, set(reports)))
+    trials = [(parity_of(r)[0], [i["trial"] for i in parity_of(r)[1]["idioms"]]) for r in reports]
+    assert [([(r["trial"], r["status"]) for r in runs], idioms) for runs, idioms in trials] == [
+        ([(1, "ok"), (2, "ok"), (3, "interrupted")], [1, 2, 3]),
+        ([(1, "ok"), (2, "ok"), (3, "ok"), (4, "ok")], [1, 2, 3]),
+        ([(1, "ok"), (2, "ok"), (3, "ok"), (4, "ok")], [1, 2, 3, 4]),
+    ]
+    runs, figures = parity_of(reports[-1])
+    # every trial the rule may take, each the one it first finished as: an uninterrupted parity's figures
+    assert figures["rows"][0]["trials"] == [4, 4] and figures["rows"][0]["verdict"].startswith(
+        "inconclusive"
+    )
+    assert figures == {
+        **parity.figures(runs, figures["idioms"], figures["alpha"]),
+        "repeat": 2,
+        "max_trials": 4,
+    }
+    finished = {
+        (side, r["trial"]): r
+        for side, records in (("strategy", runs), ("idiom", figures["idioms"]))
+        for r in records
+    }
+    for report in reports[:-1]:
+        earlier_runs, earlier_figures = parity_of(report)
+        for side, records in (("strategy", earlier_runs), ("idiom", earlier_figures["idioms"])):
+            for r in records:
+                assert r["status"] != "ok" or r == finished[side, r["trial"]]  # kept byte for byte
+    assert sorted(p.name for p in cut.iterdir() if p.name != "pids") == sorted(
+        f"{side}-{n}" for side in ("idiom", "strategy") for n in (1, 2, 3, 4)
+    )
+    assert all(p.read_text() == "1\n" for p in cut.iterdir() if p.name != "pids")  # none ran twice
+
+    def refused(*args) -> str:
+        result = run_harness(*args)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, (
+            result.stderr
+        )
+        return lines[0]
+
+    assert "a report of `parity`; take it up with `python -m harness parity --resume" in refused(
+        "--resume", str(reports[0])
+    )
+    assert "give no other flag than --quiet" in refused(
+        "parity", "--resume", str(reports[0]), "--repeat", "3"
+    )
+    run_report = tmp_path / "run-report"
+    run_report.mkdir()
+    doc = json.loads((reports[0] / "results.json").read_text())
+    (run_report / "results.json").write_text(
+        json.dumps({**doc, "command": "python -m harness --backend torch"})
+    )
+    assert "a report of `run`; take it up with `python -m harness run --resume" in refused(
+        "parity", "--resume", str(run_report)
+    )
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"steps_s": [0.1, 0.1, 0.1]},
+        {"steps_s": [0.1, 0.1, 0.1, -1.0]},
+        {"framework": None},
+        {"trial": 2},
+    ],
+    ids=["finished", "too-few-steps", "negative-step", "no-framework", "another-trial"],
+)
+def test_an_idiom_trial_is_kept_only_as_a_finished_one_of_the_same_trial(tmp_path, changes):
+    """An idiom's record in the report resumed is untrusted input: kept (with its log) only if it holds the run's
+    step times; otherwise the trial runs again."""
+    from tests.harness.test_parity import config
+
+    cfg = config("torch", "scratch")  # 4 timed steps
+    (tmp_path / "old" / "logs").mkdir(parents=True)
+    (tmp_path / "old" / "logs" / "idiom-torch-trial1.log").write_text("its log")
+    record = {
+        "idiom": "torch",
+        "backend": "torch",
+        "trial": 1,
+        "status": "ok",
+        "framework": "torch 0.0",
+    }
+    record = {**record, "warmup_s": 0.1, "steps_s": [0.1, 0.2, 0.3, 0.4], **changes}
+    earlier = resume.Earlier(tmp_path / "old", [], {}, None, None, (record,))
+    job = parity.IdiomRun(parity.idiom_of(cfg), cfg)
+    kept = parity.kept_idiom(job, 1, earlier, tmp_path / "new", print)
+    assert kept == (record if not changes else None)
+    assert (tmp_path / "new" / "logs" / "idiom-torch-trial1.log").exists() == (not changes)
