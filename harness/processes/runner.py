@@ -217,6 +217,7 @@ def launch_all(
     grace: float = 0.0,
     failed_grace: float | None = None,
     lost: Callable[[], str | None] | None = None,
+    sample: Callable[[list[int]], None] | None = None,
 ) -> list[tuple[int | None, list[str], float]]:
     """`launch` for processes that work together (the nodes of a run), started at once, one deadline for all.
 
@@ -224,7 +225,8 @@ def launch_all(
     failed), then their groups are killed: a node whose peer died must not wait on it until --timeout.
     `on_line` sees the first process's lines only; the others' progress records are left out of their output.
     `lost` is asked every second whether a peer host was lost (harness/nodes/watch.py): if so every process's group
-    is killed and PeerLost raised with its line.
+    is killed and PeerLost raised with its line. `sample` is handed the pids still running as each line comes, and
+    at least every second (deaths.PeakRSS: their peak memory while they live).
     Each process's (exit status, or None if still running at the deadline or after the grace; its output;
     when it was first seen ended, on the monotonic clock: the order in which they failed)."""
     # Made before any process starts: a log that cannot be made fails the launch.
@@ -248,7 +250,7 @@ def launch_all(
     open_streams, overdue, ended = set(range(len(procs))), set(), {}
     try:
         while open_streams:
-            exited = _note_exits(procs, ended)
+            exited = _note_exits(procs, ended, sample)
             if exited and len(exited) < len(procs):
                 failed = failed_grace is not None and any(p.returncode != 0 for p in exited)
                 deadline = min(deadline, time.monotonic() + (failed_grace if failed else grace))
@@ -289,11 +291,16 @@ def launch_all(
     ]
 
 
-def _note_exits(procs: list[subprocess.Popen], ended: dict[int, float]) -> list[subprocess.Popen]:
-    """The processes that have exited, each first seen ended now (in `ended`, by index) if not before."""
+def _note_exits(
+    procs: list[subprocess.Popen], ended: dict[int, float], sample=None
+) -> list[subprocess.Popen]:
+    """The processes that have exited, each first seen ended now (in `ended`, by index) if not before; the others'
+    pids handed to `sample`, if given."""
     for i, p in enumerate(procs):
         if p.poll() is not None:
             ended.setdefault(i, time.monotonic())
+    if sample is not None:
+        sample([p.pid for i, p in enumerate(procs) if i not in ended])
     return [procs[i] for i in ended]
 
 
@@ -377,6 +384,7 @@ def _run_nodes(
         if record is not None:
             console.event(cfg, record)
             deaths.keep_epoch(record, finished_epochs)
+            peak.reported(record)
             if watch is not None:
                 # the run's progress, for the other hosts' line if this one is lost
                 watch.report(record)
@@ -384,6 +392,7 @@ def _run_nodes(
 
     console.started(cfg)
     oom_before = deaths.oom_kills()
+    peak = deaths.PeakRSS()  # the workers' peak resident set, which a SIGKILL is read with
     try:
         ended = launch_all(
             [n.command(python) for n in nodes],
@@ -394,6 +403,7 @@ def _run_nodes(
             grace=NODE_GRACE_S,
             failed_grace=FAILED_NODE_GRACE_S,
             lost=watch.lost if watch is not None else None,
+            sample=peak.sample,
         )
     except (
         PeerLost
@@ -412,7 +422,7 @@ def _run_nodes(
     codes = [code for code, _, _ in ended if code is not None]
     # what the others had
     grace = None if not codes else FAILED_NODE_GRACE_S if any(codes) else NODE_GRACE_S
-    oom = (oom_before, deaths.oom_kills())
+    oom = (oom_before, deaths.oom_kills(), peak.mb)
     results = [
         n.result(code, output, workdir, grace, oom) for n, (code, output, _) in zip(nodes, ended)
     ]
@@ -510,11 +520,12 @@ class Node:
         output: list[str],
         workdir: Path,
         peer_grace: float | None = None,
-        oom: tuple[int | None, int | None] = (None, None),
+        oom: tuple[int | None, int | None, float | None] = (None, None, None),
     ) -> dict:
         """The worker's result, or a failed / timeout one with the tail of its output; `peer_grace`: the seconds it
         was given after another node had ended (None: none had); `oom`: the cgroup's out-of-memory kills before
-        and after the run (deaths.oom_kills), what a SIGKILL is read with."""
+        and after the run (deaths.oom_kills) and the worker's peak resident set in MB (deaths.PeakRSS), what a
+        SIGKILL is read with. A device that ran out of memory is said in the error's last line."""
         cfg = self.cfg
         # MLPerf's log lines are records (logs/<run>.mllog), not what went wrong: an error's tail leaves them out
         output = [line for line in output if mllog.MARKER not in line]
@@ -548,6 +559,13 @@ class Node:
                     else reason + "\n" + tail("".join(output), room) + cause
                 )
                 result = failed_result(cfg.to_dict(), "failed", error)
+        if result["status"] == "failed":
+            said = deaths.device_out_of_memory(
+                f"{result.get('error') or ''}{''.join(output[-50:])}"
+            )
+            result["error"] = (
+                f"{result.get('error') or ''}\n{said}".strip() if said else result.get("error")
+            )
         if result.get("error"):
             # Paths in the staging directory as they will be once it is renamed to the report's (runs/..., logs/...)
             result["error"] = result["error"].replace(f"{workdir}{os.sep}", "")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -599,7 +600,8 @@ import json, os, signal, sys
 cfg = json.load(open(sys.argv[sys.argv.index('--config') + 1]))
 for n, seconds in ((1, 5.13), (2, 5.02)):
     epoch = {"epoch": n, "time_s": seconds, "steps": 8, "images": 256, "images_per_s": 256 / seconds,
-             "train_loss": 2.0 / n, "train_acc": 0.3 * n, "test_acc": 0.35 * n}
+             "train_loss": 2.0 / n, "train_acc": 0.3 * n, "test_acc": 0.35 * n,
+             "peak_host_rss_mb": 1638.4 * n}  # its own report of its peak resident set
     print("@dpbench " + json.dumps({"event": "epoch", **epoch, "epochs": 3}), flush=True)
 print("@dpbench " + json.dumps({"event": "epoch", "epoch": 3, "time_s": "soon"}), flush=True)  # not a record
 os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer does, in epoch 3
@@ -607,9 +609,9 @@ os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer does, in epo
 
 
 def test_a_worker_killed_in_epoch_3_keeps_epochs_1_and_2_as_partial_and_says_how_it_died(tmp_path):
-    """A worker killed by SIGKILL after two of its three epochs: its row fails naming the signal (and what the
-    host's out-of-memory count says of it), and the two epochs its progress lines reported are in results.json
-    and in the report as partial, in no row's figures."""
+    """A worker killed by SIGKILL after two of its three epochs: its row fails naming the signal (with the peak
+    resident set it last reported, and what the host's out-of-memory count says of it), and the two epochs its
+    progress lines reported are in results.json and in the report as partial, in no row's figures."""
     script = tmp_path / "worker.py"
     script.write_text(DIES_AT_EPOCH_3)
     python = fake_python(tmp_path, f'exec {sys.executable} {script} "$@"')
@@ -639,9 +641,8 @@ def test_a_worker_killed_in_epoch_3_keeps_epochs_1_and_2_as_partial_and_says_how
     (report,) = out.iterdir()
     (run,) = json.loads((report / "results.json").read_text())["runs"]
     assert run["status"] == "failed" and run["epochs"] == []
-    assert "worker killed by SIGKILL" in run["error"] and "out-of-memory killer" in run["error"], (
-        run["error"]
-    )
+    assert "worker killed by SIGKILL (peak RSS 3.2 GiB)" in run["error"], run["error"]
+    assert "out-of-memory killer" in run["error"], run["error"]
     assert [(e["epoch"], e["time_s"]) for e in run["partial_epochs"]] == [(1, 5.13), (2, 5.02)]
     text = (report / "report.md").read_text()
     assert (
@@ -680,7 +681,8 @@ def memory_cgroup(tmp_path, limit_mb: int) -> Path | None:
 def test_a_real_worker_killed_for_memory_is_reported_as_killed_for_memory(tmp_path):
     """torch scratch training ResNet-18 on 2 simulated devices, its harness and worker in a memory cgroup of
     400 MB: the kernel's out-of-memory killer ends the worker, and the failed row says so with the cgroup's count
-    (where the host lets the test make a cgroup; skipped, saying why, where not)."""
+    and the worker's last peak resident set (where the host lets the test make a cgroup; skipped, saying why,
+    where not)."""
     group = memory_cgroup(tmp_path, 400)
     if group is None:
         pytest.skip(
@@ -708,6 +710,90 @@ def test_a_real_worker_killed_for_memory_is_reported_as_killed_for_memory(tmp_pa
     if run["status"] == "ok":
         pytest.skip("the run fitted in 400 MB on this host")
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    assert "worker killed by SIGKILL: the kernel's out-of-memory killer" in run["error"], run[
+    said = re.search(
+        r"worker killed by SIGKILL \(peak RSS (\d+) MB\): the kernel's out-of-memory killer",
+        run["error"],
+    )
+    assert said and 0 < int(said.group(1)) <= 400, run[
         "error"
-    ]
+    ]  # the last peak the runner saw, within the limit
+
+
+def test_a_workers_peak_resident_set_is_sampled_from_proc_while_it_and_its_ranks_live(tmp_path):
+    """VmHWM of the worker and of every process it started (a DDP worker's ranks), the largest kept; a process that
+    has ended, a file that says nothing and a figure that is not one are no evidence."""
+    from harness.processes import deaths
+
+    def process(pid: int, status: str, children: str = "") -> None:
+        (tmp_path / str(pid) / "task" / str(pid)).mkdir(parents=True)
+        (tmp_path / str(pid) / "status").write_text(f"Name:\tpython\n{status}\n")
+        (tmp_path / str(pid) / "task" / str(pid) / "children").write_text(children)
+
+    process(100, "VmHWM:\t  204800 kB", children="101 102 ")
+    process(101, "VmHWM:\t 3355443 kB", children="103")
+    process(102, "VmHWM:\t     soon kB")
+    process(103, "VmRSS:\t 9999999 kB")  # no high-water mark: no evidence
+    peak = deaths.PeakRSS(proc=tmp_path)
+    peak.sample([100, 999])  # 999 has ended
+    assert peak.mb == pytest.approx(3355443 / 1024)
+    assert deaths.how_it_died(-9, 0, 0, peak.mb).startswith(
+        "worker killed by SIGKILL (peak RSS 3.2 GiB),"
+    )
+    for figure in ("4096", True, float("nan"), -1.0):
+        peak.reported({"peak_host_rss_mb": figure})
+    assert peak.mb == pytest.approx(3355443 / 1024)  # a progress line's figure is read as untrusted
+    assert deaths.how_it_died(-9, None, None, 512.0).startswith(
+        "worker killed by SIGKILL (peak RSS 512 MB): often"
+    )
+
+
+TORCH_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 "
+    "GiB of which 12.00 MiB is free. Process 4242 has 79.13 GiB memory in use. Of the allocated memory 77.50 GiB "
+    "is allocated by PyTorch, and 1.10 GiB is reserved by PyTorch but unallocated."
+)
+XLA_OOM = (
+    "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 2147483648 "
+    "bytes.\n"
+)
+
+
+@pytest.mark.parametrize(
+    "written, output, said",
+    [
+        (
+            TORCH_OOM,
+            [],
+            "the device ran out of memory (GPU 0: 79.15 GiB in all, 12.00 MiB free; 77.50 GiB allocated by "
+            "PyTorch; 2.00 GiB asked for)",
+        ),
+        (
+            None,
+            ["2026-01-01 W external/xla: allocator\n", XLA_OOM],
+            "the device ran out of memory (2147483648 bytes asked for)",
+        ),
+        ("ValueError: not a number", [], None),
+    ],
+    ids=["torch-in-its-result", "jax-in-its-output", "another-failure"],
+)
+def test_a_device_out_of_memory_is_said_as_such_with_its_memory(tmp_path, written, output, said):
+    """A worker whose device ran out of memory (torch's CUDA error in its failed result, XLA's RESOURCE_EXHAUSTED in
+    the output of one that died without one): the row's headline, its error's last line, says so with the device's
+    memory its message gives; any other failure is left as it was."""
+    from common.config import RunConfig
+    from common.results import failed_result
+    from harness.processes import runner
+
+    cfg = RunConfig(
+        backend="torch", strategy="scratch", devices=1, batch_size=8, dataset="synthetic"
+    ).validate()
+    (tmp_path / "runs").mkdir()
+    node = runner.Node(cfg, tmp_path, "torch-scratch-x1")
+    if written is not None:
+        node.result_path.write_text(json.dumps(failed_result(cfg.to_dict(), "failed", written)))
+    result = node.result(1, output, tmp_path)
+    assert result["status"] == "failed"
+    if said is None:
+        assert result["error"] == written
+    else:
+        assert result["error"].splitlines()[-1] == said, result["error"]
