@@ -34,7 +34,16 @@ def program_key(cfg: RunConfig, dtype: str, devices: list, *own) -> tuple:
     """What a trainer's compiled programs are built for, and so shared under (jax.jit keeps its executables in
     one function object): the model, BatchNorm mode, precision, dtype, learning rate, batch size and devices of
     the run, and `own`, what else the caller's programs depend on (its donated arguments, a data format)."""
-    return (cfg.model, cfg.bn, cfg.precision, dtype, cfg.lr, cfg.batch_size, tuple(devices), *own)
+    return (
+        cfg.model,
+        cfg.bn,
+        cfg.levers.precision,
+        dtype,
+        cfg.lr,
+        cfg.batch_size,
+        tuple(devices),
+        *own,
+    )
 
 
 # XLA's CPU client can deadlock when the host queues many steps that hold a collective ahead of the simulated

@@ -48,7 +48,9 @@ from common import data as datalib
 from common import levers as leverlib
 from common.config import RunConfig, datasets_for
 from common.errors import Unsupported
+from common.levers import Levers
 from common.loop import run_training
+from common.nodes import NodeSpec
 from common.profiling import Recording
 from common.trainer import PROBES, Trainer
 from common.weights import for_run as weights_for_run
@@ -155,8 +157,7 @@ class Probe:
     """One equivalence measurement: `strategy` training `model` on `devices` devices (global), with its
     BatchNorm mode, device kind and dtype ("float32", or "float64": the same strategy code with every
     parameter, statistic and batch in float64). `options`: backend options (backend.toml's [options]);
-    `levers`: RunConfig's other fields (precision, compile, channels_last, resident_data, prefetch, and
-    nodes, node_rank, coordinator for one node of several)."""
+    `levers`: the run's speed levers; `nodes`: one node of several, where it is one."""
 
     strategy: str
     model: str
@@ -165,7 +166,8 @@ class Probe:
     device_kind: str = "cpu"
     dtype: str = "float32"
     options: dict = field(default_factory=dict)
-    levers: dict = field(default_factory=dict)
+    levers: Levers = Levers()
+    nodes: NodeSpec = NodeSpec()
 
     def config(self, backend: str, batch_size: int, lr: float) -> RunConfig:
         """The run config of this probe on `backend`, validated (bad values raise ConfigError)."""
@@ -182,7 +184,8 @@ class Probe:
             lr=lr,
             bn=self.bn,
             options=dict(self.options or {}),
-            **(self.levers or {}),
+            levers=self.levers,
+            nodes=self.nodes,
         ).validate()
 
 
@@ -192,7 +195,7 @@ def check_supported(cfg: RunConfig, own_refusal=None, dtype: str = "float32") ->
     refusals (what its framework sees here: GPUs, a compiler, a GPU's capabilities)."""
     declared = manifest.load(cfg.backend)
     if reason := manifest.strategy_refusal(
-        declared, cfg.strategy, cfg.device_kind, cfg.bn, cfg.nodes
+        declared, cfg.strategy, cfg.device_kind, cfg.bn, cfg.nodes.count
     ):
         raise Unsupported(reason)
     if reason := leverlib.check(cfg):  # the levers backend.toml declares; TF32 on the CPU

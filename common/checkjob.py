@@ -115,7 +115,7 @@ class CheckJob:
     """One backend's part of `harness check`: the models (each with its canonical weights file), strategies,
     device counts (global) and BatchNorm modes to measure, on the batches file, at learning rate `lr`.
     `float64`: the reference backend, which measures its float64 logits and float64 runs too. `nodes` > 1: this
-    is node `node_rank` of that many, joined at `coordinator` (RunConfig's fields of the same names)."""
+    is node `node_rank` of that many, joined at `coordinator` (results.json's config keys of the same names)."""
 
     models: tuple[str, ...]
     strategies: tuple[str, ...]

@@ -6,20 +6,19 @@ file, and the backend's worker reads it back. Nothing here imports a framework.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import math
-import re
-from dataclasses import asdict, dataclass, field, fields
+import typing
+from dataclasses import asdict, dataclass, field, fields, replace
 
 from common import architectures
+from common.errors import ConfigError
+from common.levers import Levers
+from common.nodes import NodeSpec, is_number
 
 MODELS = ("resnet18", "lenet", "resnet50")
 BN_MODES = ("local", "sync")
 INITS = ("d2l", "he")  # the initialisers of common/weights.py
-PRECISIONS = ("fp32", "tf32", "bf16")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
-MAX_PREFETCH = 16
 # --profile: a trace of more steps only grows (gzipped, 20-140 KB a ResNet-18 step on the CPU, by framework)
 MAX_PROFILE_STEPS = 50
 # --gpus on the CPU: the simulated devices a backend provides (XLA's are made at import)
@@ -40,15 +39,7 @@ MAX_SEED = 2**32 - 1  # numpy's SeedSequence and every framework's seed accept 0
 MAX_THREADS = 1024
 
 
-class ConfigError(ValueError):
-    """A request that cannot run. The message is one line, meant for the user."""
-
-
 # Checks shared by the run config and `harness check`, so both commands refuse the same values.
-
-
-def is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_seed(seed) -> None:
@@ -65,31 +56,6 @@ def check_timeout(timeout) -> None:
     # inf or nan would switch the timeout off silently (a nan deadline never passes)
     if not is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
         raise ConfigError(f"--timeout must be positive and finite, in seconds (got {timeout})")
-
-
-def check_join_timeout(seconds) -> None:
-    if not is_number(seconds) or not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(f"--join-timeout must be positive and finite, in seconds (got {seconds})")
-
-
-def check_peer_timeout(seconds) -> None:
-    if not is_number(seconds) or not math.isfinite(seconds) or seconds < 1:
-        raise ConfigError(f"--peer-timeout must be at least 1 second, and finite (got {seconds})")
-
-
-def check_local_addr(address) -> None:
-    try:
-        address is None or ipaddress.ip_address(address)
-    except ValueError:
-        raise ConfigError(
-            f"--local-addr takes an IP address of this host (got {address!r})"
-        ) from None
-
-
-def check_interface(name) -> None:
-    # Linux's rule for interface names: 1 to 15 characters, no whitespace, "/" or ":"
-    if name is not None and (not isinstance(name, str) or not re.fullmatch(r"[^\s/:]{1,15}", name)):
-        raise ConfigError(f"--interface takes a network interface's name, like eth0 (got {name!r})")
 
 
 def check_threads(threads) -> None:
@@ -147,25 +113,11 @@ def check_model_input(model: str, dataset: str, image_size: int | None) -> None:
         )
 
 
-def parse_address(text) -> tuple[str, int]:
-    """("host", port) from "HOST:PORT" (an IPv6 host in brackets: "[::1]:29500"); ConfigError otherwise."""
-    host, sep, port = str(text or "").rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if (
-        not sep
-        or not host
-        or not port.isdigit()
-        or not 1 <= int(port) <= 65535
-        or any(c.isspace() for c in host)
-    ):
-        raise ConfigError(
-            f"--coordinator takes HOST:PORT with a port from 1 to 65535 (got {text!r})"
-        )
-    return host, int(port)
-
-
 @dataclass
 class RunConfig:
+    """One worker run. Its speed levers and its nodes are groups of their own (`levers`, `nodes`); results.json and
+    the worker's config file hold it flat, every field by its name there (`to_dict`, `from_dict`)."""
+
     backend: str
     strategy: str
     devices: int  # data-parallel replicas
@@ -197,15 +149,9 @@ class RunConfig:
     bn: str = "local"
     # initial weights when none are loaded: d2l's or He-scaled (common/weights.py)
     init: str = "d2l"
-    # Speed levers (the same flag on every backend that has it; backend.toml says which do).
-    precision: str = "fp32"  # fp32 (TF32 off), tf32 (TF32 matmuls/convs), bf16 (bfloat16 compute)
-    compile: bool = False  # torch.compile / (jit is inherent to JAX) / Gluon hybridize
-    channels_last: bool = False  # torch: NHWC memory format for the model and batches
-    # each epoch's batches copied to the devices before its timer starts
-    resident_data: bool = False
-    # torch.compile's mode: default, reduce-overhead (CUDA graphs), max-autotune
-    compile_mode: str = "default"
-    prefetch: int = 2  # batches put on the devices ahead of their step (0: copied inside it)
+    levers: Levers = field(
+        default_factory=Levers
+    )  # precision, compile, channels-last, ... (common/levers.py)
     # The folder every framework keeps its compile cache in, shared by every run (--compile-cache); None: each
     # run starts its caches cold, in a folder of its own (common/caches.py).
     compile_cache: str | None = None
@@ -217,23 +163,8 @@ class RunConfig:
     profile: int = 0
     # measure the framework's matmul peak on this host after training (the harness asks it of one run per backend)
     measure_peak: bool = False
-    # Several processes on one or more hosts ("nodes"): `devices` is the global count, devices // nodes on
-    # each node; every node runs the same config with its own node_rank, and joins the framework's engine
-    # (torchrun's rendezvous, jax.distributed's coordinator, MXNet's ps-lite scheduler) at `coordinator`.
-    nodes: int = 1
-    node_rank: int = 0
-    coordinator: str | None = None  # "HOST:PORT" where node 0 listens; needed when nodes > 1
-    # the nodes are process groups on this host over 127.0.0.1 (simulated)
-    loopback_nodes: bool = True
-    # across hosts: the longest wait for the other nodes before a run (roll call)
-    join_timeout: float = 300.0
-    # Across hosts: how long a node may go unheard mid-run (no heartbeat: harness/nodes/watch.py) before the others
-    # stop their workers and fail the run naming it; the engines' own timeouts are set from it too.
-    peer_timeout: float = 30.0
-    # This node's address as the other nodes reach it, and the interface that holds it, for the engines'
-    # transports (gloo, NCCL, ps-lite), which would otherwise take whatever the host's name resolves to.
-    local_addr: str | None = None
-    interface: str | None = None
+    # the nodes the run spans and this one's place among them (common/nodes.py)
+    nodes: NodeSpec = field(default_factory=NodeSpec)
     # start from this canonical weights file instead of the seeded init
     load_weights: str | None = None
     save_weights: str | None = None  # write the canonical weights here after training
@@ -243,24 +174,13 @@ class RunConfig:
         """Across nodes, the longest an engine may wait on a peer (a collective, a heartbeat): the second line
         behind the harness's heartbeats (harness/nodes/watch.py), which name a lost node within peer_timeout, so
         twice that, and never more than the run's timeout."""
-        return min(self.timeout, 2 * self.peer_timeout)
-
-    @property
-    def levers(self) -> list[str]:
-        """The speed levers that differ from the plain fp32 eager run, e.g. ["bf16", "compile"]."""
-        mode = "compile" if self.compile_mode == "default" else f"compile={self.compile_mode}"
-        compiled = [mode] if self.compile else []
-        return (
-            ([self.precision] if self.precision != "fp32" else [])
-            + compiled
-            + [name for name in ("channels_last", "resident_data") if getattr(self, name)]
-        )
+        return min(self.timeout, 2 * self.nodes.peer_timeout)
 
     @property
     def variant(self) -> str:
         """The strategy with its options and levers, e.g. `gluon[kvstore=local]`, `ddp[bf16,compile]`:
         one row of a report."""
-        opts = [f"{k}={v}" for k, v in sorted(self.options.items())] + self.levers
+        opts = [f"{k}={v}" for k, v in sorted(self.options.items())] + self.levers.on
         return f"{self.strategy}[{','.join(opts)}]" if opts else self.strategy
 
     @property
@@ -280,22 +200,43 @@ class RunConfig:
     @property
     def local_devices(self) -> int:
         """The devices of this node (all of them with one node)."""
-        return self.devices // self.nodes
+        return self.devices // self.nodes.count
 
     @property
     def first_gpu(self) -> int:
         """This node's first GPU on its host: loopback nodes share the host's GPUs (node r has [r*L, (r+1)*L)),
         a node on a host of its own starts at 0."""
-        return self.node_rank * self.local_devices if self.loopback_nodes else 0
+        return self.nodes.rank * self.local_devices if self.nodes.loopback else 0
 
-    @property
-    def coordinator_address(self) -> tuple[str, int]:
-        """(host, port) of node 0's rendezvous; validate() has checked the form."""
-        return parse_address(self.coordinator)
+    def with_levers(self, **changes) -> RunConfig:
+        """This run with some of its levers changed."""
+        return replace(self, levers=replace(self.levers, **changes))
 
-    def validate(self) -> "RunConfig":
-        if self.devices < 1:
-            raise ConfigError(f"--gpus must be at least 1 (got {self.devices})")
+    def with_nodes(self, **changes) -> RunConfig:
+        """This run with some of its nodes' fields changed (NodeSpec's names)."""
+        return replace(self, nodes=replace(self.nodes, **changes))
+
+    def validate(self) -> RunConfig:
+        self._check_recipe()
+        self._check_devices()
+        self._check_sizes()
+        self._check_run()
+        check_lr(self.lr)
+        check_seed(self.seed)
+        if self.order_seed is not None:
+            check_seed(self.order_seed)
+        check_timeout(self.timeout)
+        check_threads(self.threads)
+        self.levers.validate()
+        self.nodes.validate()
+        if self.devices % self.nodes.count:
+            raise ConfigError(
+                f"{self.devices} devices cannot be split evenly across {self.nodes.count} nodes"
+            )
+        return self
+
+    def _check_recipe(self) -> None:
+        """What is trained, on what, from what."""
         if self.model not in MODELS:
             raise ConfigError(f"unknown model {self.model!r}; choose from {', '.join(MODELS)}")
         if self.dataset not in DATASETS:
@@ -310,21 +251,38 @@ class RunConfig:
             )
         if self.init not in INITS:
             raise ConfigError(f"unknown --init {self.init!r}; choose from {', '.join(INITS)}")
-        if self.precision not in PRECISIONS:
+        if self.bn not in BN_MODES:
+            raise ConfigError(f"unknown --bn {self.bn!r}; choose from {', '.join(BN_MODES)}")
+
+    def _check_devices(self) -> None:
+        """The devices, and the global batch split evenly across them."""
+        if self.devices < 1:
+            raise ConfigError(f"--gpus must be at least 1 (got {self.devices})")
+        if self.device_kind not in ("cpu", "gpu"):
+            raise ConfigError(f"unknown device kind {self.device_kind!r}")
+        if self.batch_size < self.devices:
             raise ConfigError(
-                f"unknown --precision {self.precision!r}; choose from {', '.join(PRECISIONS)}"
+                f"--batch-size {self.batch_size} is smaller than the {self.devices} devices"
             )
-        if self.compile_mode not in COMPILE_MODES:
+        if self.batch_size % self.devices:
             raise ConfigError(
-                f"unknown --compile-mode {self.compile_mode!r}; choose from {', '.join(COMPILE_MODES)}"
+                f"--batch-size {self.batch_size} cannot be split evenly across "
+                f"{self.devices} devices (use a multiple of {self.devices})"
             )
-        if self.compile_mode != "default" and not self.compile:
-            raise ConfigError(f"--compile-mode {self.compile_mode} needs --compile")
-        if not 0 <= self.prefetch <= MAX_PREFETCH:
+
+    def _check_sizes(self) -> None:
+        """The subsets of the data, each at least one image, the training one at least one batch."""
+        for name in ("train_size", "test_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")
+        if self.train_size is not None and self.train_size < self.batch_size:
             raise ConfigError(
-                f"--prefetch must be between 0 and {MAX_PREFETCH} (got {self.prefetch})"
+                f"--train-size {self.train_size} is smaller than one batch ({self.batch_size})"
             )
-        check_peer_timeout(self.peer_timeout)
+
+    def _check_run(self) -> None:
+        """How the run ends and what it records beside its training."""
         if self.compile_cache is not None and not self.compile_cache.startswith("/"):
             raise ConfigError(
                 f"--compile-cache takes an absolute folder (got {self.compile_cache!r})"
@@ -339,66 +297,46 @@ class RunConfig:
             raise ConfigError(
                 f"--profile must be between 0 and {MAX_PROFILE_STEPS} steps (got {self.profile})"
             )
-        if self.bn not in BN_MODES:
-            raise ConfigError(f"unknown --bn {self.bn!r}; choose from {', '.join(BN_MODES)}")
-        if self.batch_size < self.devices:
-            raise ConfigError(
-                f"--batch-size {self.batch_size} is smaller than the {self.devices} devices"
-            )
-        if self.batch_size % self.devices:
-            raise ConfigError(
-                f"--batch-size {self.batch_size} cannot be split evenly across "
-                f"{self.devices} devices (use a multiple of {self.devices})"
-            )
-        check_lr(self.lr)
-        check_seed(self.seed)
-        if self.order_seed is not None:
-            check_seed(self.order_seed)
-        check_timeout(self.timeout)
-        check_threads(self.threads)
-        for name in ("train_size", "test_size"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be at least 1 (got {value})")
-        if self.train_size is not None and self.train_size < self.batch_size:
-            raise ConfigError(
-                f"--train-size {self.train_size} is smaller than one batch ({self.batch_size})"
-            )
-        if self.device_kind not in ("cpu", "gpu"):
-            raise ConfigError(f"unknown device kind {self.device_kind!r}")
-        self._validate_nodes()
-        return self
-
-    def _validate_nodes(self) -> None:
-        if not isinstance(self.nodes, int) or self.nodes < 1:
-            raise ConfigError(f"--nodes must be at least 1 (got {self.nodes})")
-        if self.devices % self.nodes:
-            raise ConfigError(
-                f"{self.devices} devices cannot be split evenly across {self.nodes} nodes"
-            )
-        if not isinstance(self.node_rank, int) or not 0 <= self.node_rank < self.nodes:
-            raise ConfigError(
-                f"--node-rank must be between 0 and {self.nodes - 1} (got {self.node_rank})"
-            )
-        if self.nodes > 1 or self.coordinator is not None:
-            parse_address(self.coordinator)
-        check_join_timeout(self.join_timeout)
-        check_local_addr(self.local_addr)
-        check_interface(self.interface)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Flat, as results.json and the worker's config file hold it: the groups' fields in their place."""
+        flat = {}
+        for name, value in asdict(self).items():
+            flat.update(getattr(self, name).flat() if name in GROUPS else {name: value})
+        return flat
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RunConfig":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
+    def from_dict(cls, d: dict) -> RunConfig:
+        """From the flat form of to_dict; keys it does not know (an older or newer results.json's) are left out."""
+        known = {f.name for f in fields(cls)} - set(GROUPS)
+        return cls(
+            **{k: v for k, v in d.items() if k in known},
+            **{name: group.from_flat(d) for name, group in GROUPS.items()},
+        )
 
     def save(self, path) -> None:
         with open(path, "w") as f:
             json.dump(self.to_dict(), f, indent=2)
 
     @classmethod
-    def load(cls, path) -> "RunConfig":
+    def load(cls, path) -> RunConfig:
         with open(path) as f:
             return cls.from_dict(json.load(f)).validate()
+
+
+# RunConfig's fields that are groups of their own, held flat in results.json
+GROUPS = {"levers": Levers, "nodes": NodeSpec}
+
+
+def flat_hints() -> dict:
+    """results.json's config keys with their types, in to_dict's order: what its readers check a config against
+    (common/results.py) and its schema says (common/schema.py)."""
+    hints = {}
+    for name, hint in typing.get_type_hints(RunConfig).items():
+        if name not in GROUPS:
+            hints[name] = hint
+            continue
+        group = GROUPS[name]
+        group_hints = typing.get_type_hints(group)
+        hints.update(zip(group().flat(), (group_hints[f.name] for f in fields(group))))
+    return hints

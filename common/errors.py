@@ -1,4 +1,9 @@
-"""The two ways a worker's run ends other than ok or failed, as the result's status says them."""
+"""The errors of a run: a request that cannot be made (ConfigError), and the two ways a worker's run ends other than
+ok or failed, as the result's status says them."""
+
+
+class ConfigError(ValueError):
+    """A request that cannot run. The message is one line, meant for the user."""
 
 
 class Unsupported(Exception):

@@ -107,17 +107,18 @@ def log_parameters(cfg, dataset: datalib.Dataset) -> None:
     mllog.event("seed", cfg.seed)
     mllog.event("train_samples", len(dataset.y_train))
     mllog.event("eval_samples", len(dataset.y_test))
-    for name in (
-        "backend",
-        "strategy",
-        "devices",
-        "model",
-        "precision",
-        "target_accuracy",
-        "batch_seed",
-    ):
-        mllog.event(mllog.PREFIX + name, getattr(cfg, name))
-    mllog.event(mllog.PREFIX + "variant", cfg.variant)
+    described = {
+        "backend": cfg.backend,
+        "strategy": cfg.strategy,
+        "devices": cfg.devices,
+        "model": cfg.model,
+        "precision": cfg.levers.precision,
+        "target_accuracy": cfg.target_accuracy,
+        "batch_seed": cfg.batch_seed,
+        "variant": cfg.variant,
+    }
+    for name, value in described.items():
+        mllog.event(mllog.PREFIX + name, value)
 
 
 def train_to_target(
@@ -184,7 +185,7 @@ def warm_up(trainer: Trainer, cfg, dataset: datalib.Dataset) -> float:
     trainer reset to the initial weights: the slowest rank's seconds."""
     trainer.reset()
     first = datalib.train_batches(dataset, cfg.batch_size, cfg.batch_seed, 0)[:1]
-    if cfg.resident_data:
+    if cfg.levers.resident_data:
         first = trainer.stage(first)
     trainer.sync()
     start = time.perf_counter()
@@ -204,7 +205,7 @@ def train_epoch(trainer: Trainer, cfg, dataset: datalib.Dataset, epoch: int, com
     batches = datalib.train_batches(
         dataset, cfg.batch_size, cfg.batch_seed, epoch
     )  # before the timer
-    if cfg.resident_data:
+    if cfg.levers.resident_data:
         batches = trainer.stage(batches)
     handles = []
     last_emit = 0.0
@@ -266,7 +267,7 @@ def time_steps(trainer: Trainer, cfg, dataset: datalib.Dataset) -> list[float]:
     if not cfg.timed_steps:
         return []
     batches = batches_after_training(cfg, dataset, 0, cfg.timed_steps)
-    if cfg.resident_data:
+    if cfg.levers.resident_data:
         batches = trainer.stage(batches)
     seconds = []
     # a step's batch is put (ahead) before its opening barrier
@@ -299,7 +300,7 @@ def profile_steps(trainer: Trainer, cfg, dataset: datalib.Dataset, profiling) ->
         return None
     folder = profilinglib.traces_folder()
     batches = batches_after_training(cfg, dataset, cfg.timed_steps, cfg.profile)
-    if cfg.resident_data:
+    if cfg.levers.resident_data:
         batches = trainer.stage(batches)
     trainer.sync()
     with profiling.record(cfg, folder, trainer.rank) as recording:
@@ -360,11 +361,11 @@ def matmul_tflops(product, n: int) -> float:
 def input_copies(cfg, ahead: str, in_step: str) -> str:
     """The environment's line on how batches reach the devices; `ahead` and `in_step` say how the backend
     copies a batch put ahead of its step (--prefetch N) and one its step copies itself (--prefetch 0)."""
-    if cfg.resident_data:
+    if cfg.levers.resident_data:
         return "none timed: each epoch's batches placed before its timer starts (--resident-data)"
-    if not cfg.prefetch:
+    if not cfg.levers.prefetch:
         return f"in the step (--prefetch 0): {in_step}"
-    return f"{cfg.prefetch} batches ahead of their step: {ahead}"
+    return f"{cfg.levers.prefetch} batches ahead of their step: {ahead}"
 
 
 def step_statistics(seconds: list[float], batch_size: int) -> dict | None:

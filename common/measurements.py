@@ -22,7 +22,7 @@ and a JSON of what could not run here, with the reason.
 
 The job (common/checkjob.py's CheckJob, JSON) says what to measure; a job with `nodes` > 1 is one node of a
 multi-process measurement: every node runs the same job with its own `node_rank`, joined at `coordinator`
-(common.config.RunConfig's fields, a probe's `levers` beside the levers); it measures only the strategies (the
+(a probe's `nodes`, common/nodes.py's NodeSpec); it measures only the strategies (the
 same keys, `k` the global device count), and every node stores the same values (replica 0's).
 """
 
@@ -49,6 +49,7 @@ from common.checkjob import (
     forward_key,
 )
 from common.errors import Unsupported
+from common.nodes import NodeSpec
 
 # Steps of each strategy's float64 trace. A trace amplifies a difference by ~2x per step (ResNet-18 at
 # lr 0.1): a different rule (a BatchNorm convention, a reduction) shows at once, while float64 rounding
@@ -69,14 +70,14 @@ class Inputs:
         return replace(self, batches=self.batches[:steps])
 
 
-def topology(job: CheckJob) -> dict:
-    """The RunConfig fields that make a probe one node of several ({} for one process)."""
+def topology(job: CheckJob) -> NodeSpec | None:
+    """The nodes that make a probe one node of several (None for one process)."""
     if job.nodes == 1:
-        return {}
-    return {"nodes": job.nodes, "node_rank": job.node_rank, "coordinator": job.coordinator}
+        return None
+    return NodeSpec(job.nodes, job.node_rank, job.coordinator)
 
 
-def across_nodes(backend, strategy: str, nodes: dict) -> dict:
+def across_nodes(backend, strategy: str, nodes: NodeSpec | None) -> dict:
     """The options a strategy takes on several nodes (MXNet's dist_sync kvstore), {} on one."""
     if not nodes:
         return {}
@@ -106,7 +107,7 @@ def measure(backend, job: CheckJob) -> tuple[dict[str, np.ndarray], dict[str, st
                 bn=key.bn,
                 device_kind=job.device_kind,
                 options=across_nodes(backend, key.strategy, nodes),
-                levers=nodes,
+                nodes=nodes or NodeSpec(),
             )
             try:
                 measured, refused = _run(backend, key, probe, inputs)
@@ -227,7 +228,7 @@ def node_session(backend, job: CheckJob):
         job.devices[0],
         device_kind=job.device_kind,
         options=across_nodes(backend, strategy, nodes),
-        levers=nodes,
+        nodes=nodes,
     )
     with np.load(job.batches) as f:
         batch_size = len(f["y"][0])

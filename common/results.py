@@ -28,7 +28,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from common.config import RunConfig
+from common.config import RunConfig, flat_hints
 from common.profiling import kernel_seconds
 
 SCHEMA_VERSION = 3
@@ -475,7 +475,7 @@ def result_problem(result, config: dict | None = None) -> str | None:
 
 def _config_types() -> dict:
     kinds = {}
-    for name, hint in typing.get_type_hints(RunConfig).items():
+    for name, hint in flat_hints().items():
         args = (
             typing.get_args(hint)
             if typing.get_origin(hint) in (typing.Union, type(int | None))

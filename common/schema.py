@@ -19,7 +19,7 @@ import sys
 import types
 import typing
 
-from common.config import RunConfig
+from common.config import flat_hints
 from common.results import (
     MACHINE_TYPES,
     META_FIELDS,
@@ -76,9 +76,11 @@ def run_schema() -> dict:
     """One run (Result.to_dict): its status, config and figures."""
     schema = object_schema(Result, required=("status", "config"))
     schema["properties"]["status"] = {"enum": list(STATUSES)}
-    schema["properties"]["config"] = object_schema(
-        RunConfig, required=("backend", "strategy", "devices")
-    )
+    schema["properties"]["config"] = {
+        "type": "object",
+        "properties": {name: type_schema(hint) for name, hint in flat_hints().items()},
+        "required": ["backend", "strategy", "devices"],
+    }
     schema["properties"]["epochs"] = {"type": "array", "items": object_schema(Epoch)}
     for name in UNFINITE_FIGURES:
         schema["properties"][name] = type_schema(float | None, numeric=True)

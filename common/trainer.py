@@ -155,10 +155,10 @@ class Trainer(abc.ABC):
 
 def feed(trainer: Trainer, batches: list, cfg) -> Iterable:
     """The batches as step() takes them: staged ones (--resident-data) as they are, numpy ones put on the
-    devices cfg.prefetch batches ahead of their step (0: as they are, step() copies them itself)."""
-    if cfg.resident_data or not cfg.prefetch:
+    devices cfg.levers.prefetch batches ahead of their step (0: as they are, step() copies them itself)."""
+    if cfg.levers.resident_data or not cfg.levers.prefetch:
         return iter(batches)
-    return prefetched(trainer, batches, cfg.prefetch)
+    return prefetched(trainer, batches, cfg.levers.prefetch)
 
 
 def prefetched(trainer: Trainer, batches: Iterable, depth: int) -> Iterable:
@@ -193,7 +193,7 @@ def time_calls(trainer: Trainer, call, repeats: int) -> list[float]:
 
 def fed(trainer: Trainer, batches: list) -> Iterable:
     """The batches as training feeds them to step(): staged (--resident-data), else put --prefetch ahead."""
-    if trainer.cfg.resident_data:
+    if trainer.cfg.levers.resident_data:
         batches = trainer.stage(batches)
     return feed(trainer, batches, trainer.cfg)
 

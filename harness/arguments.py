@@ -14,7 +14,9 @@ import os
 from common import config as configlib
 from common import manifest
 from common import weights as weightslib
-from common.config import BN_MODES, COMPILE_MODES, DATASETS, MODELS, PRECISIONS
+from common.config import BN_MODES, DATASETS, MODELS
+from common.levers import COMPILE_MODES, PRECISIONS
+from common.nodes import NodeSpec
 from harness.errors import UsageError
 from harness.planning.presets import PRESETS
 
@@ -221,7 +223,7 @@ def nodes_flags(hosts: bool = True) -> Parser:
         p.add_argument(
             "--peer-timeout",
             type=float,
-            default=configlib.RunConfig.peer_timeout,
+            default=NodeSpec.peer_timeout,
             metavar="S",
             help="across hosts: how long a node may go unheard mid-run (the harnesses exchange heartbeats) "
             "before every other host stops its workers and fails the run naming it; the engines' own "

@@ -105,8 +105,14 @@ def run_pieces(results: list[Result]) -> list[tuple[scaling.Pieces, bool]]:
         runs = [r for r in t.kept if usable(r)]
         if runs:
             c = runs[0].config
-            name = (*baseline(runs[0]), c.model, c.per_device_batch, c.image_side, c.nodes > 1)
-            groups.setdefault(name, {}).setdefault((c.devices, c.nodes), []).extend(runs)
+            name = (
+                *baseline(runs[0]),
+                c.model,
+                c.per_device_batch,
+                c.image_side,
+                c.nodes.count > 1,
+            )
+            groups.setdefault(name, {}).setdefault((c.devices, c.nodes.count), []).extend(runs)
     out = []
     for (backend, variant, model, batch, _, across), configs in groups.items():
         measured = [

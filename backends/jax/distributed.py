@@ -29,7 +29,7 @@ _joined: tuple | None = None  # (nodes, node_rank, coordinator, device kind) of 
 
 
 def topology(cfg) -> tuple:
-    return cfg.nodes, cfg.node_rank, cfg.coordinator, cfg.device_kind
+    return cfg.nodes.count, cfg.nodes.rank, cfg.nodes.coordinator, cfg.device_kind
 
 
 def transport(cfg) -> str:
@@ -37,11 +37,11 @@ def transport(cfg) -> str:
 
 
 def join(cfg) -> None:
-    """The session's join (common/backend.py): jax.distributed as node cfg.node_rank of cfg.nodes, before
+    """The session's join (common/backend.py): jax.distributed as node cfg.nodes.rank of cfg.nodes.count, before
     anything asks jax for its devices (jax joins before its backends exist); nothing with one node. Once
     per process: the same topology again changes nothing, a different one is refused (jax joins once)."""
     global _joined
-    if cfg.nodes == 1:
+    if cfg.nodes.count == 1:
         refuse_a_joined_process(cfg)
         return
     if _joined is not None:
@@ -53,12 +53,12 @@ def join(cfg) -> None:
     if cfg.device_kind == "cpu":  # before any backend exists: XLA's CPU client is made with it
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     timeout = max(1, int(cfg.timeout))
-    if cfg.node_rank:
-        wait_for_coordinator(*cfg.coordinator_address, timeout, f"{ENGINE} coordinator")
+    if cfg.nodes.rank:
+        wait_for_coordinator(*cfg.nodes.coordinator_address, timeout, f"{ENGINE} coordinator")
     jax.distributed.initialize(
-        cfg.coordinator,
-        num_processes=cfg.nodes,
-        process_id=cfg.node_rank,
+        cfg.nodes.coordinator,
+        num_processes=cfg.nodes.count,
+        process_id=cfg.nodes.rank,
         local_device_ids=local_gpu_ids(cfg),
         initialization_timeout=timeout,
         # A peer that stops answering is declared dead (and this process stopped) after the run's engine bound
@@ -71,22 +71,22 @@ def join(cfg) -> None:
 
 def bind_transport(cfg) -> None:
     """The cross-process collectives bind to the address and interface the harness found for this node
-    (cfg.local_addr, cfg.interface). jax builds its CPU client's gloo collectives with neither, so gloo takes
-    whatever the host's name resolves to, often 127.0.0.1, which the other hosts cannot reach: the CPU
+    (cfg.nodes.local_addr, cfg.nodes.interface). jax builds its CPU client's gloo collectives with neither, so
+    gloo takes whatever the host's name resolves to, often 127.0.0.1, which the other hosts cannot reach: the CPU
     backend's factory is registered again, before any backend exists, with collectives that have both.
     NCCL (GPUs) reads its interface from NCCL_SOCKET_IFNAME, unless the user set it."""
     if cfg.device_kind == "gpu":
-        if cfg.interface:
-            os.environ.setdefault("NCCL_SOCKET_IFNAME", cfg.interface)
+        if cfg.nodes.interface:
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", cfg.nodes.interface)
         return
-    if not (cfg.local_addr or cfg.interface):
+    if not (cfg.nodes.local_addr or cfg.nodes.interface):
         return
 
     def cpu_client():
         collectives = _jax.make_gloo_tcp_collectives(
             distributed_client=jax_distributed.global_state.client,
-            hostname=cfg.local_addr,
-            interface=cfg.interface,
+            hostname=cfg.nodes.local_addr,
+            interface=cfg.nodes.interface,
         )
         return xla_bridge.make_cpu_client(collectives=collectives)
 
@@ -122,12 +122,12 @@ def refuse_a_joined_process(cfg) -> None:
 def run_devices(cfg) -> list:
     """The run's devices: the first cfg.devices of this process, or with several nodes (joined by the
     session) the first cfg.local_devices of every node's."""
-    if cfg.nodes == 1:
+    if cfg.nodes.count == 1:
         refuse_a_joined_process(cfg)
         return devices(cfg.devices, cfg.device_kind)
     if _joined != topology(cfg):
         raise RuntimeError(
-            f"{ENGINE} is not joined as node {cfg.node_rank} of {cfg.nodes}: a run on several "
+            f"{ENGINE} is not joined as node {cfg.nodes.rank} of {cfg.nodes.count}: a run on several "
             "nodes runs inside the backend's session (join)"
         )
     return global_devices(cfg)
@@ -139,7 +139,7 @@ def global_devices(cfg) -> list:
     platform = "gpu" if cfg.device_kind == "gpu" else "cpu"
     found = jax.devices(platform)
     chosen = []
-    for process in range(cfg.nodes):
+    for process in range(cfg.nodes.count):
         own = [d for d in found if d.process_index == process]
         if len(own) < cfg.local_devices:
             raise Unsupported(

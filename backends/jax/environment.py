@@ -33,7 +33,7 @@ def refusal(cfg, dtype: str = "float32") -> str | None:
     """What JAX cannot run here beyond backend.toml's refusals (common/backend.py): too few devices. With
     several nodes the devices are counted once joined (distributed.run_devices), as jax cannot list them
     before it joins."""
-    if cfg.nodes > 1:
+    if cfg.nodes.count > 1:
         return None
     try:
         devices(cfg.devices, cfg.device_kind)
@@ -44,7 +44,7 @@ def refusal(cfg, dtype: str = "float32") -> str | None:
 
 def configure_precision(cfg) -> None:
     """fp32 means fp32 (the same in every backend); tf32 and bf16 as --precision asks (see MATMUL_PRECISION)."""
-    jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[cfg.precision])
+    jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[cfg.levers.precision])
 
 
 def module_dtypes(precision: str, dtype: str) -> dict:
@@ -118,23 +118,23 @@ COLLECTIVE = {
 
 def collective(cfg) -> str | None:
     """The strategy's reduction, and with several nodes the transport between the processes."""
-    if cfg.strategy not in COLLECTIVE or cfg.nodes == 1:
+    if cfg.strategy not in COLLECTIVE or cfg.nodes.count == 1:
         return COLLECTIVE.get(cfg.strategy)
-    return f"{COLLECTIVE[cfg.strategy]}, across the {cfg.nodes} processes over {distributed.transport(cfg)}"
+    return f"{COLLECTIVE[cfg.strategy]}, across the {cfg.nodes.count} processes over {distributed.transport(cfg)}"
 
 
 def details(cfg) -> dict:
     """XLA_FLAGS (the CPU devices XLA simulates, __init__.py, and any flag of the user's); the engine's settings."""
     engine = (
         {}
-        if cfg.nodes == 1
+        if cfg.nodes.count == 1
         else {
             "engine": distributed.ENGINE,
-            "coordinator": cfg.coordinator,
-            "node_rank": cfg.node_rank,
+            "coordinator": cfg.nodes.coordinator,
+            "node_rank": cfg.nodes.rank,
             "cpu_collectives": distributed.transport(cfg) if cfg.device_kind == "cpu" else None,
             "heartbeat_timeout_s": max(1, int(cfg.engine_timeout)),
-            "interface": f"{cfg.interface} (this node's address {cfg.local_addr})",
+            "interface": f"{cfg.nodes.interface} (this node's address {cfg.nodes.local_addr})",
         }
     )
     return {"XLA_FLAGS": os.environ.get("XLA_FLAGS", ""), **engine}
@@ -154,16 +154,16 @@ def environment(cfg) -> dict:
             cudnn=cudnn,
             devices=device_names(cfg),
             framework_gpus=gpu_count(),  # what JAX itself sees, whatever the harness found
-            processes=cfg.nodes,
+            processes=cfg.nodes.count,
             threads=threads_per_process(cfg),
             precision={
-                "dtype": COMPUTE_DTYPE[cfg.precision],
+                "dtype": COMPUTE_DTYPE[cfg.levers.precision],
                 "param_dtype": "float32",
-                "jax_default_matmul_precision": MATMUL_PRECISION[cfg.precision],
-                "tf32_matmul": cfg.precision == "tf32",
-                "tf32_cudnn": cfg.precision == "tf32",
+                "jax_default_matmul_precision": MATMUL_PRECISION[cfg.levers.precision],
+                "tf32_matmul": cfg.levers.precision == "tf32",
+                "tf32_cudnn": cfg.levers.precision == "tf32",
             },
-            compile=COMPILE if cfg.compile else None,
+            compile=COMPILE if cfg.levers.compile else None,
             input_copies=input_copies(cfg),
             sgd_update="optax.sgd inside the compiled step, (params, batch_stats, opt_state) donated",
             collective=collective(cfg),

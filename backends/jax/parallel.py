@@ -155,8 +155,8 @@ def device_of(a: jax.Array):
 
 def node_rows(X, y, cfg):
     """This node's rows of a global batch: the shards of its devices, node_rank * local_devices onwards."""
-    rows = len(y) // cfg.nodes
-    start = cfg.node_rank * rows
+    rows = len(y) // cfg.nodes.count
+    start = cfg.nodes.rank * rows
     return np.asarray(X)[start : start + rows], np.asarray(y)[start : start + rows]
 
 

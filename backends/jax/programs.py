@@ -39,7 +39,7 @@ def shared(kind: str, cfg: RunConfig, dtype: str, devices: list, build: Callable
         net = models.build(
             cfg.model,
             bn_axis=AXIS if cfg.bn == "sync" else None,
-            **module_dtypes(cfg.precision, dtype),
+            **module_dtypes(cfg.levers.precision, dtype),
         )
         tx = optax.sgd(cfg.lr)
         _SHARED[key] = (net, tx, {"_predict": models.predict_classes(net), **build(net, tx, cfg)})

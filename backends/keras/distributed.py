@@ -1,5 +1,5 @@
 """The ddp strategy's processes, started by the torch backend's launcher (backends/torch/distributed.py:
-torchrun's elastic agent in this node's process, a static rendezvous at cfg.coordinator, gloo on the CPU and NCCL
+torchrun's elastic agent in this node's process, a static rendezvous at cfg.nodes.coordinator, gloo on the CPU and NCCL
 on GPUs, the first failing rank's error as the run's), so that the two DDP strategies start, meet and fail alike.
 Every rank imports Keras on torch (KERAS_BACKEND=torch, as the Keras guide's recipe sets it): the model each
 rank builds is then a torch.nn.Module that DistributedDataParallel can wrap. The jobs the ranks run are

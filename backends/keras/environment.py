@@ -75,7 +75,7 @@ def torch_refusal(cfg) -> str | None:
             f"{host_processes(cfg)} GPU(s) requested, torch ({torch.__version__}) sees "
             f"{torch.cuda.device_count()}"
         )
-    if cfg.compile and not gpu and not shutil.which(os.environ.get("CXX", "g++")):
+    if cfg.levers.compile and not gpu and not shutil.which(os.environ.get("CXX", "g++")):
         return "torch.compile on the CPU needs a C++ compiler for TorchInductor; none found"
     return None
 
@@ -87,7 +87,7 @@ def configure_precision(cfg) -> None:
     else:
         import jax
 
-        jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[cfg.precision])
+        jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION[cfg.levers.precision])
 
 
 @contextlib.contextmanager
@@ -148,16 +148,16 @@ def device_names(cfg) -> list[str]:
 
 def precision_settings(cfg) -> dict:
     switches = (
-        {"jax_default_matmul_precision": MATMUL_PRECISION[cfg.precision]}
+        {"jax_default_matmul_precision": MATMUL_PRECISION[cfg.levers.precision]}
         if FRAMEWORK[cfg.strategy] == "jax"
         else torch_precision_settings(cfg)
     )
     switches.pop("autocast", None)  # (Keras's dtype policy, not torch's autocast, makes bf16)
     return {
-        "dtype_policy": POLICIES[cfg.precision],
+        "dtype_policy": POLICIES[cfg.levers.precision],
         "variables_dtype": "float32",
-        "tf32_matmul": cfg.precision == "tf32",
-        "tf32_cudnn": cfg.precision == "tf32",
+        "tf32_matmul": cfg.levers.precision == "tf32",
+        "tf32_cudnn": cfg.levers.precision == "tf32",
         **switches,
     }
 
@@ -203,7 +203,7 @@ def environment(cfg) -> dict:
             processes=cfg.devices if ddp else 1,
             threads=threads_per_process(cfg, host_processes(cfg)) if ddp else sysinfo.usable_cpus(),
             precision=precision_settings(cfg),
-            compile=COMPILE[cfg.strategy] if cfg.compile else None,
+            compile=COMPILE[cfg.strategy] if cfg.levers.compile else None,
             input_copies=input_copies(cfg),
             sgd_update="torch.optim.SGD on the Keras model's variables"
             if ddp

@@ -53,7 +53,7 @@ class KerasTrainer(Trainer):
         super().__init__(cfg, weights, dtype)
         self.np_dtype = np.dtype(dtype)
         self.data_format = DATA_FORMAT
-        self.policy = models.policy(cfg.precision, dtype)
+        self.policy = models.policy(cfg.levers.precision, dtype)
 
     def param_count(self) -> int:
         return models.count_params(self.model)
@@ -90,7 +90,7 @@ class DDPTrainer(RankCollectives, KerasTrainer):
                 device_ids=[self.device.index] if cfg.device_kind == "gpu" else None,
                 broadcast_buffers=False,
             )
-        if cfg.compile:
+        if cfg.levers.compile:
             self.net = torch.compile(self.net)
         self.optimizer = torch.optim.SGD([v.value for v in self.trainable], lr=cfg.lr)
         self._statistics_averaged = False

@@ -1,6 +1,6 @@
 """Several nodes through MXNet's parameter server (ps-lite), started as mxnet's tools/launch.py does.
 
-Every node process is a ps-lite worker; node 0 also starts the scheduler (at cfg.coordinator) and every
+Every node process is a ps-lite worker; node 0 also starts the scheduler (at cfg.nodes.coordinator) and every
 node starts one server, both child processes (`python -c "import mxnet"` with DMLC_ROLE set: mxnet's
 kvstore_server module then runs the role until the workers stop it). They stay in the node's process
 group, so whatever kills the node kills them; leave() ends them when the node is done.
@@ -35,7 +35,11 @@ class Node:
     """This process's place in the run: the ps-lite children it started and the one dist kvstore."""
 
     def __init__(self, cfg: RunConfig):
-        self.coordinator, self.nodes, self.rank = cfg.coordinator, cfg.nodes, cfg.node_rank
+        self.coordinator, self.nodes, self.rank = (
+            cfg.nodes.coordinator,
+            cfg.nodes.count,
+            cfg.nodes.rank,
+        )
         self.children: list[subprocess.Popen] = []
         self.kvstore = None
         self.uses = 0
@@ -43,22 +47,22 @@ class Node:
 
 def ps_environment(cfg: RunConfig, role: str) -> dict[str, str]:
     """The DMLC_* settings of a ps-lite process (tools/launch.py's): one server and one worker per node."""
-    host, port = cfg.coordinator_address
+    host, port = cfg.nodes.coordinator_address
     env = {
         "DMLC_ROLE": role,
         "DMLC_PS_ROOT_URI": host,
         "DMLC_PS_ROOT_PORT": str(port),
-        "DMLC_NUM_SERVER": str(cfg.nodes),
-        "DMLC_NUM_WORKER": str(cfg.nodes),
+        "DMLC_NUM_SERVER": str(cfg.nodes.count),
+        "DMLC_NUM_WORKER": str(cfg.nodes.count),
         # ps-lite's heartbeats, off by default: the scheduler then notes a node dead after the run's engine
         # bound (twice --peer-timeout). It does not end a worker waiting on that node: the harness's heartbeats
         # (harness/nodes/watch.py) do.
-        "PS_HEARTBEAT_INTERVAL": str(max(1, int(cfg.peer_timeout / 5))),
+        "PS_HEARTBEAT_INTERVAL": str(max(1, int(cfg.nodes.peer_timeout / 5))),
         "PS_HEARTBEAT_TIMEOUT": str(max(1, int(cfg.engine_timeout))),
     }
     # The address this node's ps-lite processes advertise: the one the harness found (loopback nodes:
     # 127.0.0.1), unless the user chose with ps-lite's own variables.
-    address = cfg.local_addr or ("127.0.0.1" if cfg.loopback_nodes else None)
+    address = cfg.nodes.local_addr or ("127.0.0.1" if cfg.nodes.loopback else None)
     if address and not ({"DMLC_NODE_HOST", "DMLC_INTERFACE"} & set(os.environ)):
         env["DMLC_NODE_HOST"] = address
     return env
@@ -78,13 +82,13 @@ def join(cfg: RunConfig) -> None:
     node 0, a server on every node. One node: nothing. A process joins ps-lite once: a second run must name
     the same nodes."""
     global _node
-    if cfg.nodes == 1:
+    if cfg.nodes.count == 1:
         return
     if _node is not None:
         if (_node.coordinator, _node.nodes, _node.rank) != (
-            cfg.coordinator,
-            cfg.nodes,
-            cfg.node_rank,
+            cfg.nodes.coordinator,
+            cfg.nodes.count,
+            cfg.nodes.rank,
         ):
             raise RuntimeError(
                 f"this process joined ps-lite at {_node.coordinator} as node {_node.rank} of "
@@ -93,11 +97,13 @@ def join(cfg: RunConfig) -> None:
         return
     _node = Node(cfg)
     atexit.register(leave)
-    if cfg.node_rank == 0:
+    if cfg.nodes.rank == 0:
         _node.children.append(start_role(cfg, "scheduler"))
     _node.children.append(start_role(cfg, "server"))
     # ps-lite waits forever for an absent scheduler: a connection to it first, for --timeout at most
-    wait_for_coordinator(*cfg.coordinator_address, cfg.timeout, "coordinator (ps-lite scheduler)")
+    wait_for_coordinator(
+        *cfg.nodes.coordinator_address, cfg.timeout, "coordinator (ps-lite scheduler)"
+    )
     os.environ.update(ps_environment(cfg, "worker"))
     _node.kvstore = mx.kv.create(KVSTORE)  # returns once every worker and server has joined
 

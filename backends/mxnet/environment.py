@@ -46,7 +46,7 @@ def refusal(cfg, dtype: str = "float32") -> str | None:
         return reason
     if cfg.bn == "sync" and cfg.device_kind == "cpu" and cfg.devices > 1:
         return SYNC_BN_ON_CPU
-    if dtype == "float64" and cfg.nodes > 1:
+    if dtype == "float64" and cfg.nodes.count > 1:
         return DIST_FLOAT64
     if dtype == "float64" and cfg.bn == "sync" and cfg.devices > 1:
         return SYNC_BN_IN_FLOAT64
@@ -62,12 +62,12 @@ def kvstore_refusal(cfg) -> str | None:
     if cfg.strategy != "gluon":
         return None
     kind = kvstore(cfg)
-    if cfg.nodes > 1 and kind != KVSTORE:
+    if cfg.nodes.count > 1 and kind != KVSTORE:
         return (
-            f"kvstore '{kind}' reduces within one process; --nodes {cfg.nodes} needs kvstore '{KVSTORE}' "
+            f"kvstore '{kind}' reduces within one process; --nodes {cfg.nodes.count} needs kvstore '{KVSTORE}' "
             "(the default with several nodes)"
         )
-    if cfg.nodes == 1 and kind == KVSTORE:
+    if cfg.nodes.count == 1 and kind == KVSTORE:
         return (
             f"kvstore '{kind}' needs several nodes (a ps-lite scheduler at --coordinator); one process "
             "reduces with 'device' or 'local'"
@@ -77,7 +77,7 @@ def kvstore_refusal(cfg) -> str | None:
 
 def hybridized(cfg) -> bool:
     """--compile is hybridize(), whatever the hybridize option says."""
-    return bool(cfg.compile) or MANIFEST.option(cfg.options, "hybridize") == "on"
+    return bool(cfg.levers.compile) or MANIFEST.option(cfg.options, "hybridize") == "on"
 
 
 # --compile hybridizes as MXNet's performance guide and GluonCV's training scripts do: the cached graph's memory
@@ -89,7 +89,7 @@ STATIC_CALL = f"hybridize({', '.join(f'{k}={v}' for k, v in STATIC.items())})"
 
 def hybridize_flags(cfg) -> dict:
     """The arguments of the run's hybridize() call."""
-    return dict(STATIC) if cfg.compile else {}
+    return dict(STATIC) if cfg.levers.compile else {}
 
 
 def has_cuda() -> bool:
@@ -103,7 +103,9 @@ def visible_gpus() -> int:
 def kvstore(cfg) -> str:
     """The gluon Trainer's kvstore type: the one asked for, else the default for the run's node count."""
     option = MANIFEST.options["kvstore"]
-    return cfg.options.get("kvstore") or (option.nodes_default if cfg.nodes > 1 else option.default)
+    return cfg.options.get("kvstore") or (
+        option.nodes_default if cfg.nodes.count > 1 else option.default
+    )
 
 
 def engine_workers() -> int:
@@ -122,7 +124,7 @@ def device_names(cfg) -> list[str]:
 def collective(cfg) -> str:
     if cfg.strategy == "gluon":
         kind = kvstore(cfg)
-        if cfg.nodes > 1:
+        if cfg.nodes.count > 1:
             return (
                 f"ps-lite: gluon.Trainer, kvstore '{kind}' (each node's gradients summed over its contexts, "
                 "pushed to the servers, the global sum pulled back; update on each device)"
@@ -179,7 +181,7 @@ def environment(cfg) -> dict:
                 "NVIDIA_TF32_OVERRIDE": os.environ.get("NVIDIA_TF32_OVERRIDE"),
             },
             # A refused speed lever (common/levers.py, from backend.toml) makes the run unavailable; NCHW always.
-            compile=f"{STATIC_CALL}, whatever the hybridize option" if cfg.compile else None,
+            compile=f"{STATIC_CALL}, whatever the hybridize option" if cfg.levers.compile else None,
             input_copies=input_copies(cfg),
             sgd_update=sgd_update(cfg),
             collective=collective(cfg),
@@ -189,7 +191,7 @@ def environment(cfg) -> dict:
                 "engine": f"threaded engine per device, {engine_workers()} worker thread(s) per context",
                 "kvstore": kvstore(cfg) if cfg.strategy == "gluon" else None,
                 "hybridize": hybridized(cfg),
-                "static_alloc": bool(cfg.compile),
+                "static_alloc": bool(cfg.levers.compile),
                 **ps_lite(cfg),
             },
         ),
@@ -198,17 +200,17 @@ def environment(cfg) -> dict:
 
 def processes(cfg) -> int:
     """Every process of the run: one; with several nodes a worker and a server per node and the scheduler."""
-    return 1 if cfg.nodes == 1 else 2 * cfg.nodes + 1
+    return 1 if cfg.nodes.count == 1 else 2 * cfg.nodes.count + 1
 
 
 def ps_lite(cfg) -> dict:
-    if cfg.nodes == 1:
+    if cfg.nodes.count == 1:
         return {}
     return {
         "ps_lite": (
-            f"scheduler at {cfg.coordinator} (started by node 0), one server and one worker per "
-            f"node: DMLC_NUM_SERVER = DMLC_NUM_WORKER = {cfg.nodes}, DMLC_ROLE per process"
+            f"scheduler at {cfg.nodes.coordinator} (started by node 0), one server and one worker per "
+            f"node: DMLC_NUM_SERVER = DMLC_NUM_WORKER = {cfg.nodes.count}, DMLC_ROLE per process"
         ),
-        "rendezvous": f"ps-lite scheduler at {cfg.coordinator}",
+        "rendezvous": f"ps-lite scheduler at {cfg.nodes.coordinator}",
         "heartbeat_timeout_s": max(1, int(cfg.engine_timeout)),  # PS_HEARTBEAT_TIMEOUT
     }

@@ -78,8 +78,8 @@ class MXNetTrainer(Trainer):
         # the examples of the (global) batch reduce_gradients last took
         self._examples = cfg.batch_size
         # Several nodes (gluon only): this node's view of the process's dist kvstore, for the global figures.
-        self.kv = distributed.keyed(cfg) if cfg.nodes > 1 else None
-        self.across = AcrossNodes(self.kv, cfg.nodes, cfg.node_rank) if self.kv else None
+        self.kv = distributed.keyed(cfg) if cfg.nodes.count > 1 else None
+        self.across = AcrossNodes(self.kv, cfg.nodes.count, cfg.nodes.rank) if self.kv else None
 
     def place(self, x, y):
         """One batch split_and_load-ed onto the contexts, as step() would; the copies are queued on the
@@ -118,7 +118,7 @@ class MXNetTrainer(Trainer):
         self.average_bn_statistics()
         if not self.across:
             return models.accuracy_counts(self.module, batches, self.devs[0], self.dtype)
-        mine = (b for i, b in enumerate(batches) if i % self.cfg.nodes == self.cfg.node_rank)
+        mine = (b for i, b in enumerate(batches) if i % self.cfg.nodes.count == self.cfg.nodes.rank)
         counts = self.across.gather(
             models.accuracy_counts(self.module, mine, self.devs[0], self.dtype)
         )
@@ -132,14 +132,14 @@ class MXNetTrainer(Trainer):
 
     def _split(self, x, y) -> tuple[list, list]:
         """This node's shards of the global batch, one per context; remembers the global size for update()."""
-        self._examples = examples(y) * (self.cfg.nodes if isinstance(y, Shards) else 1)
+        self._examples = examples(y) * (self.cfg.nodes.count if isinstance(y, Shards) else 1)
         return split(*self._local(self._images(x), y), self.devs)
 
     def _local(self, x, y):
         """This node's part of a global numpy batch (a staged one is this node's already)."""
-        if self.cfg.nodes == 1 or isinstance(y, Shards):
+        if self.cfg.nodes.count == 1 or isinstance(y, Shards):
             return x, y
-        return node_shard(x, y, self.cfg.nodes, self.cfg.node_rank)
+        return node_shard(x, y, self.cfg.nodes.count, self.cfg.nodes.rank)
 
     def _forward_backward(self, net, x, y):
         """forward_backward of one context's shard. In float64 each context finishes before the next

@@ -1,6 +1,6 @@
 """DDP's processes on torch's own engine, the one `torchrun` runs: this node process is the elastic agent
 (torch.distributed.launcher.api.elastic_launch, in process) that starts cfg.local_devices ranks (gloo on the
-CPU, NCCL on GPUs) and joins the other nodes at a static rendezvous at cfg.coordinator, where node_rank decides
+CPU, NCCL on GPUs) and joins the other nodes at a static rendezvous at cfg.nodes.coordinator, where node_rank decides
 the node's ranks (torchrun --node-rank --master-addr --master-port): global rank = node_rank * local_devices +
 local_rank, so global rank 0 is on node 0. launch_ddp returns the node's first rank's value (every rank holds
 the global figures); a failing rank fails the run with the first failure torch's error files record. The
@@ -58,13 +58,13 @@ def collective_timeout(cfg: RunConfig) -> float:
     """Seconds a collective waits on a rank before it fails: across nodes the run's engine bound (a lost host is
     named by the harness first), else the run's timeout (a rank of this host that dies fails its peers'
     collectives at once: gloo sees the closed connection), at least a minute."""
-    return cfg.engine_timeout if cfg.nodes > 1 else max(60, cfg.timeout)
+    return cfg.engine_timeout if cfg.nodes.count > 1 else max(60, cfg.timeout)
 
 
 def rendezvous_address(cfg: RunConfig) -> tuple[str, int]:
-    """cfg.coordinator; one node: a free loopback port of its own."""
-    if cfg.nodes > 1:
-        return cfg.coordinator_address
+    """cfg.nodes.coordinator; one node: a free loopback port of its own."""
+    if cfg.nodes.count > 1:
+        return cfg.nodes.coordinator_address
     return "127.0.0.1", free_port()
 
 
@@ -147,21 +147,21 @@ def launch_ddp(cfg: RunConfig, job, payload=None, preload: tuple[str, ...] = ())
     multiprocessing.get_context(START_METHOD).set_forkserver_preload([*PRELOADED, *preload])
     # before the first launch starts the forkserver, whose environment every rank has
     bind_transport(cfg)
-    if cfg.nodes > 1 and cfg.node_rank == 0:
+    if cfg.nodes.count > 1 and cfg.nodes.rank == 0:
         _serve_coordinator(cfg, host, port)
     # The ranks' error files in the worker's scratch directory, which the harness removes: a run killed by a
     # signal cannot clean up.
     with tempfile.TemporaryDirectory(dir=scratch_dir()) as log_dir:
         config = LaunchConfig(
-            min_nodes=cfg.nodes,
-            max_nodes=cfg.nodes,
+            min_nodes=cfg.nodes.count,
+            max_nodes=cfg.nodes.count,
             nproc_per_node=cfg.local_devices,
             run_id=run_id,
             rdzv_backend="static",
             rdzv_endpoint=f"{host}:{port}",
-            rdzv_configs={"rank": cfg.node_rank, "timeout": join_timeout(cfg)},
+            rdzv_configs={"rank": cfg.nodes.rank, "timeout": join_timeout(cfg)},
             max_restarts=0,
-            local_addr=cfg.local_addr if cfg.nodes > 1 else None,
+            local_addr=cfg.nodes.local_addr if cfg.nodes.count > 1 else None,
             start_method=START_METHOD,
             logs_specs=DefaultLogsSpecs(log_dir=log_dir),
         )
@@ -171,19 +171,19 @@ def launch_ddp(cfg: RunConfig, job, payload=None, preload: tuple[str, ...] = ())
             raise RuntimeError(first_failure(cfg, e, log_dir)) from None
         except dist.DistError as e:
             raise RuntimeError(_rendezvous_failure(cfg, host, port, e)) from None
-    status, value = pickle.loads(values[cfg.node_rank * cfg.local_devices])
+    status, value = pickle.loads(values[cfg.nodes.rank * cfg.local_devices])
     if status == "diverged":
         raise Diverged(value)
     return value
 
 
 def bind_transport(cfg: RunConfig) -> None:
-    """Several nodes: gloo (and NCCL) bind to the interface the harness found for this node (cfg.interface),
+    """Several nodes: gloo (and NCCL) bind to the interface the harness found for this node (cfg.nodes.interface),
     unless the user set their own. Left alone, gloo takes the address the host's name resolves to, often
     127.0.0.1, and the other hosts cannot reach it."""
-    if cfg.nodes > 1 and cfg.interface:
+    if cfg.nodes.count > 1 and cfg.nodes.interface:
         for variable in TRANSPORT_INTERFACE[cfg.device_kind]:
-            os.environ.setdefault(variable, cfg.interface)
+            os.environ.setdefault(variable, cfg.nodes.interface)
 
 
 # The variables that choose the interface of each transport's sockets.
@@ -210,10 +210,10 @@ def _serve_coordinator(cfg: RunConfig, host: str, port: int) -> None:
 
 def _rendezvous_failure(cfg: RunConfig, host: str, port: int, error: Exception) -> str:
     waited = f"within {join_timeout(cfg)} s (a quarter of --timeout)"
-    if cfg.node_rank == 0:
+    if cfg.nodes.rank == 0:
         return f"node 0: not every node joined the rendezvous at {host}:{port} {waited}: {error}"
     return (
-        f"node {cfg.node_rank} could not reach the coordinator at {host}:{port} {waited}: {error}"
+        f"node {cfg.nodes.rank} could not reach the coordinator at {host}:{port} {waited}: {error}"
     )
 
 
@@ -231,7 +231,7 @@ def first_failure(cfg: RunConfig, error: ChildFailedError, log_dir: str) -> str:
         f"\n(then DDP rank {r} failed too: {_message_and_trace(f)[0].strip().splitlines()[-1]})"
         for r, f in failures[1:]
     )
-    return f"DDP rank {rank} (node {cfg.node_rank}) failed: {message}\n{trace}".rstrip() + others
+    return f"DDP rank {rank} (node {cfg.nodes.rank}) failed: {message}\n{trace}".rstrip() + others
 
 
 def _recorded_failures(cfg: RunConfig, log_dir: str) -> dict[int, ProcessFailure]:
@@ -241,7 +241,7 @@ def _recorded_failures(cfg: RunConfig, log_dir: str) -> dict[int, ProcessFailure
     for path in Path(log_dir).glob("*/attempt_*/*/error.json"):
         local_rank = int(path.parent.name)
         try:
-            failures[cfg.node_rank * cfg.local_devices + local_rank] = ProcessFailure(
+            failures[cfg.nodes.rank * cfg.local_devices + local_rank] = ProcessFailure(
                 local_rank, -1, 1, str(path)
             )
         # a rank still writing its file (killed meanwhile): the agent's own record names it

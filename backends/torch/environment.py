@@ -38,29 +38,29 @@ def refusal(cfg, dtype: str = "float32") -> str | None:
         return f"GPU run requested but torch ({torch.__version__}, {build}) sees no CUDA device"
     if gpu and torch.cuda.device_count() < host_processes(cfg):
         return f"{host_processes(cfg)} GPUs needed on this host, torch sees {torch.cuda.device_count()}"
-    if cfg.precision == "tf32":
+    if cfg.levers.precision == "tf32":
         major, minor = torch.cuda.get_device_capability(0)
         if major < 8:
             return f"TF32 needs an Ampere or newer GPU (compute capability 8.0); this one is {major}.{minor}"
     if (
-        cfg.precision == "bf16"
+        cfg.levers.precision == "bf16"
         and gpu
         and not torch.cuda.is_bf16_supported(including_emulation=False)
     ):
         return "this GPU has no native bfloat16 arithmetic"
-    if cfg.compile and cfg.strategy == "dp" and cfg.devices > 1:
+    if cfg.levers.compile and cfg.strategy == "dp" and cfg.devices > 1:
         return (
             "torch.compile does not survive nn.DataParallel's replication: every replica "
             "would call device 0's compiled module (use ddp, or dp on one GPU)"
         )
-    if cfg.compile and not gpu and not shutil.which(os.environ.get("CXX", "g++")):
+    if cfg.levers.compile and not gpu and not shutil.which(os.environ.get("CXX", "g++")):
         return "torch.compile on the CPU needs a C++ compiler for TorchInductor; none found"
     return None
 
 
 def host_processes(cfg) -> int:
     """The processes (or GPUs) of the run on this host: every node's when they are loopback nodes."""
-    return cfg.devices if cfg.loopback_nodes or cfg.nodes == 1 else cfg.local_devices
+    return cfg.devices if cfg.nodes.loopback or cfg.nodes.count == 1 else cfg.local_devices
 
 
 def threads_per_process(cfg, processes: int) -> int:
@@ -83,7 +83,7 @@ def _switches(cfg) -> dict:
     GPU runs let cuDNN time its convolution algorithms for each shape once and keep the fastest,
     as XLA autotunes its kernels; CPU runs have no cuDNN.
     """
-    tf32 = cfg.precision == "tf32"
+    tf32 = cfg.levers.precision == "tf32"
     return {
         "tf32_matmul": tf32,
         "tf32_cudnn": tf32,
@@ -107,7 +107,7 @@ def precision_settings(cfg) -> dict:
     torch, so that describing a run changes nothing), the weights' dtype and the autocast around forward."""
     autocast = (
         {"device_type": autocast_device(cfg), "dtype": "bfloat16"}
-        if cfg.precision == "bf16"
+        if cfg.levers.precision == "bf16"
         else None
     )
     return {"weights_dtype": "float32", **_switches(cfg), "autocast": autocast}
@@ -119,14 +119,14 @@ def autocast_device(cfg) -> str:
 
 def compile_description(cfg) -> str | None:
     """What --compile does, per strategy (None without --compile)."""
-    if not cfg.compile:
+    if not cfg.levers.compile:
         return None
     target = {
         "scratch": "every replica",
         "dp": "the module given to nn.DataParallel",
         "ddp": "the DistributedDataParallel-wrapped module",
     }.get(cfg.strategy)
-    return f"torch.compile (TorchInductor, mode {cfg.compile_mode}) of {target}"
+    return f"torch.compile (TorchInductor, mode {cfg.levers.compile_mode}) of {target}"
 
 
 def input_copies(cfg) -> str:
@@ -191,8 +191,8 @@ def environment(cfg) -> dict:
 def engine_details(cfg) -> dict:
     """How ddp's processes start and meet: torchrun's engine, in this node's process."""
     rendezvous = (
-        f"static at {cfg.coordinator} (node_rank {cfg.node_rank})"
-        if cfg.nodes > 1
+        f"static at {cfg.nodes.coordinator} (node_rank {cfg.nodes.rank})"
+        if cfg.nodes.count > 1
         else "static at 127.0.0.1 (one node, a free port)"
     )
     return {
@@ -202,7 +202,7 @@ def engine_details(cfg) -> dict:
         **transport_interface(cfg),
         **(
             {"collective_timeout_s": cfg.engine_timeout}  # distributed.collective_timeout
-            if cfg.nodes > 1
+            if cfg.nodes.count > 1
             else {}
         ),
     }
@@ -214,11 +214,11 @@ USERS_GLOO_INTERFACE = os.environ.get("GLOO_SOCKET_IFNAME")
 
 def transport_interface(cfg) -> dict:
     """Several nodes: the interface gloo binds to, and who chose it (distributed.bind_transport)."""
-    if cfg.nodes == 1:
+    if cfg.nodes.count == 1:
         return {}
     own = USERS_GLOO_INTERFACE
     return {
         "interface": f"{own} (GLOO_SOCKET_IFNAME, the user's)"
         if own
-        else f"{cfg.interface} (this node's address {cfg.local_addr})"
+        else f"{cfg.nodes.interface} (this node's address {cfg.nodes.local_addr})"
     }

@@ -237,12 +237,12 @@ def predict(
 
 def prepare(net: nn.Module, cfg) -> nn.Module:
     """--channels-last: the 4-d weights in NHWC (values and canonical names unchanged)."""
-    return net.to(memory_format=torch.channels_last) if cfg.channels_last else net
+    return net.to(memory_format=torch.channels_last) if cfg.levers.channels_last else net
 
 
 def layout(cfg) -> str:
     """The layout the model computes in: NHWC with --channels-last, else NCHW (laid_out() makes the batches so)."""
-    return "NHWC" if cfg.channels_last else "NCHW"
+    return "NHWC" if cfg.levers.channels_last else "NCHW"
 
 
 def laid_out(x: torch.Tensor, cfg) -> torch.Tensor:
@@ -252,7 +252,7 @@ def laid_out(x: torch.Tensor, cfg) -> torch.Tensor:
     contiguous in the layout changes only the strides of its size-1 axes: no copy."""
     if x.dim() != 4:
         return x
-    memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
+    memory_format = torch.channels_last if cfg.levers.channels_last else torch.contiguous_format
     if not x.is_contiguous(memory_format=memory_format):
         return x.contiguous(memory_format=memory_format)
     return x.as_strided(x.shape, canonical_strides(tuple(x.shape), layout(cfg)))
@@ -276,7 +276,7 @@ def computed_layout(x: torch.Tensor) -> str:
 def compiled_graphs(cfg) -> int:
     """The graphs torch.compile has compiled in this process (dynamo's own count); 0 without --compile, where
     nothing is compiled."""
-    if not cfg.compile:
+    if not cfg.levers.compile:
         return 0
     from torch._dynamo.utils import counters  # dynamo's statistics: no public counter exists
 
@@ -285,7 +285,7 @@ def compiled_graphs(cfg) -> int:
 
 def compile_options(cfg) -> dict:
     """torch.compile's arguments for --compile-mode (none for the default mode)."""
-    return {} if cfg.compile_mode == "default" else {"mode": cfg.compile_mode}
+    return {} if cfg.levers.compile_mode == "default" else {"mode": cfg.levers.compile_mode}
 
 
 def sgd(params, cfg) -> torch.optim.SGD:

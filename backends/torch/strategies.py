@@ -93,7 +93,7 @@ class TorchTrainer(Trainer):
 
     def _autocast(self):
         """--precision bf16: autocast(bfloat16) around forward and loss; weights, gradients and SGD stay float32."""
-        if self.cfg.precision == "bf16":
+        if self.cfg.levers.precision == "bf16":
             return torch.autocast(device_type=autocast_device(self.cfg), dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -121,7 +121,7 @@ class ScratchTrainer(TorchTrainer):
         self.module = self.replicas[0]
         # What runs each replica's forward: the replica, or its compiled wrapper (same parameters).
         self.forwards = self.replicas
-        if cfg.compile:
+        if cfg.levers.compile:
             # One forward code, compiled once per device: room for every device before dynamo falls back to eager.
             torch._dynamo.config.recompile_limit = max(
                 torch._dynamo.config.recompile_limit, 2 * cfg.devices
@@ -244,9 +244,9 @@ class DataParallelTrainer(OptimizerTrainer):
             models.build(cfg.model).to(self.devs[0], getattr(torch, dtype)), cfg
         )
         replicated = self.module
-        if cfg.precision == "bf16":
+        if cfg.levers.precision == "bf16":
             replicated = models.AutocastForward(replicated, "cuda")
-        if cfg.compile:
+        if cfg.levers.compile:
             replicated = torch.compile(replicated, **models.compile_options(cfg))
         self.net = nn.DataParallel(replicated, device_ids=list(range(cfg.devices)))
         self.optimizer = models.sgd(self.net.parameters(), cfg)
@@ -304,7 +304,7 @@ class DDPTrainer(RankCollectives, OptimizerTrainer):
                 gradient_as_bucket_view=True,
             )
         # the DDP-wrapped module (dynamo's DDPOptimizer splits the graph at the buckets)
-        if cfg.compile:
+        if cfg.levers.compile:
             self.net = torch.compile(self.net, **models.compile_options(cfg))
         self.optimizer = models.sgd(self.net.parameters(), cfg)
 

@@ -352,7 +352,7 @@ def equivalence(plan: Plan, say, log_dir: Path | None = None) -> dict:
         return {}
     dataset = probe_dataset(cfg.dataset, cfg.data_dir, steps * batch, cfg.model, None, cfg.seed)
     # Nodes on other hosts are busy with their own check: the check across nodes runs on loopback nodes only.
-    nodes = max(c.nodes for c in plan.configs) if plan.topology.loopback else 1
+    nodes = max(c.nodes.count for c in plan.configs) if plan.topology.loopback else 1
     request = CheckRequest(
         models=[cfg.model],
         strategies=strategies,

@@ -24,7 +24,8 @@ import re
 from dataclasses import dataclass
 
 from common import network
-from common.config import ConfigError, check_join_timeout, check_peer_timeout, parse_address
+from common.errors import ConfigError
+from common.nodes import NodeSpec, check_join_timeout, check_peer_timeout, parse_address
 from harness.errors import UsageError
 
 # torchrun's default master port: open in most cluster firewalls for this purpose
@@ -51,6 +52,25 @@ class Topology:
     def runs_here(self, nodes: int) -> bool:
         """A host of rank R takes part in the runs on more than R nodes."""
         return self.loopback or self.node_rank < nodes
+
+    def spec(self, count: int) -> NodeSpec:
+        """The nodes of one run on `count` of them, from this host's side. Loopback nodes are planned as node 0 at
+        torchrun's default port; the runner gives each run a free port when it starts."""
+        coordinator = self.coordinator
+        if count == 1:
+            coordinator = None
+        elif self.loopback:
+            coordinator = f"127.0.0.1:{DEFAULT_PORT}"
+        return NodeSpec(
+            count,
+            0 if self.loopback else self.node_rank,
+            coordinator,
+            self.loopback,
+            self.join_timeout,
+            self.peer_timeout,
+            self.local_addr,
+            self.interface,
+        )
 
 
 def first_slurm_host(nodelist: str) -> str:

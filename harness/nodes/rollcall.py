@@ -52,29 +52,31 @@ _failed: str | None = None
 
 
 def meet(cfg: RunConfig, run: str) -> Meeting:
-    """The roll call of run `run` (its name, the same on every host), from node cfg.node_rank's side."""
+    """The roll call of run `run` (its name, the same on every host), from node cfg.nodes.rank's side."""
     global _failed
     if _failed is not None:
         raise JoinError(f"not run: the nodes did not meet before an earlier run ({_failed})")
-    host, port = cfg.coordinator_address
-    wait = min(cfg.join_timeout, cfg.timeout)
+    host, port = cfg.nodes.coordinator_address
+    wait = min(cfg.nodes.join_timeout, cfg.timeout)
     try:
-        if cfg.node_rank == 0:
-            meeting, server = _call_roll(port, cfg.nodes, run, wait)
-            connections = watchlib.gather(server, cfg.nodes, run, ACK_S)
-            missing = [r for r in range(1, cfg.nodes) if r not in connections]
+        if cfg.nodes.rank == 0:
+            meeting, server = _call_roll(port, cfg.nodes.count, run, wait)
+            connections = watchlib.gather(server, cfg.nodes.count, run, ACK_S)
+            missing = [r for r in range(1, cfg.nodes.count) if r not in connections]
             if missing:
                 raise JoinError(
                     f"node 0: node {missing[0]} met, but did not reach node 0's watch port within "
                     f"{ACK_S:g} s (a firewall between the hosts?)"
                 )
         else:
-            meeting, watch_port = _answer_roll(host, port, cfg.node_rank, cfg.nodes, run, wait)
-            connections = {0: _join_watch(host, watch_port, cfg.node_rank, run)}
+            meeting, watch_port = _answer_roll(
+                host, port, cfg.nodes.rank, cfg.nodes.count, run, wait
+            )
+            connections = {0: _join_watch(host, watch_port, cfg.nodes.rank, run)}
     except JoinError as e:
         _failed = str(e)
         raise
-    watch = watchlib.Watch(cfg.node_rank, run, connections, cfg.peer_timeout).start()
+    watch = watchlib.Watch(cfg.nodes.rank, run, connections, cfg.nodes.peer_timeout).start()
     return dataclasses.replace(meeting, watch=watch)
 
 
@@ -96,16 +98,18 @@ def _join_watch(host: str, port, rank: int, run: str):
 def meet_and_tell(cfg: RunConfig, run: str, say) -> Meeting:
     """meet(), saying so: the wait, and (once per harness, unless it changes) where this host was placed."""
     say(
-        f"Nodes: node {cfg.node_rank} of {cfg.nodes} meeting at {cfg.coordinator} before {run} "
-        f"(at most {min(cfg.join_timeout, cfg.timeout):g} s, --join-timeout)"
+        f"Nodes: node {cfg.nodes.rank} of {cfg.nodes.count} meeting at {cfg.nodes.coordinator} before {run} "
+        f"(at most {min(cfg.nodes.join_timeout, cfg.timeout):g} s, --join-timeout)"
     )
     meeting = meet(cfg, run)
     placed = addressed(cfg, meeting)
     peers = ", ".join(f"node {r} at {address}" for r, address in sorted(meeting.peers.items()))
-    how = "given" if cfg.local_addr or cfg.interface else "as the others reach it"
-    interface = placed.interface or "no interface holds it as its first address: give --interface"
+    how = "given" if cfg.nodes.local_addr or cfg.nodes.interface else "as the others reach it"
+    interface = (
+        placed.nodes.interface or "no interface holds it as its first address: give --interface"
+    )
     told = (
-        f"Nodes: met {peers}; this host is {placed.local_addr} on {interface} ({how}; the engines' "
+        f"Nodes: met {peers}; this host is {placed.nodes.local_addr} on {interface} ({how}; the engines' "
         "transports bind to it)"
     )
     if told not in _told:
@@ -120,11 +124,11 @@ _told: set[str] = set()
 def addressed(cfg: RunConfig, meeting: Meeting) -> RunConfig:
     """cfg with this node's address and interface for the engines: the user's (--local-addr, --interface),
     else the address the meeting found and the interface that holds it."""
-    address = cfg.local_addr or (
-        interface_address(cfg.interface) if cfg.interface else meeting.address
+    address = cfg.nodes.local_addr or (
+        interface_address(cfg.nodes.interface) if cfg.nodes.interface else meeting.address
     )
-    return dataclasses.replace(
-        cfg, local_addr=address, interface=cfg.interface or interface_of(address)
+    return cfg.with_nodes(
+        local_addr=address, interface=cfg.nodes.interface or interface_of(address)
     )
 
 

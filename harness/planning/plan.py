@@ -17,7 +17,9 @@ from common import levers as leverlib
 from common import manifest
 from common import weights as weightslib
 from common.config import MAX_SIMULATED_DEVICES, ConfigError, RunConfig
+from common.levers import Levers
 from common.manifest import Manifest, engine_refusal, strategy_refusal
+from common.nodes import NodeSpec
 from harness.errors import UsageError
 from harness.nodes import nodes as nodelib
 from harness.nodes.nodes import Topology
@@ -279,19 +281,19 @@ def check_best(request: RunRequest) -> None:
         )
 
 
-def asked_levers(request: RunRequest) -> dict:
-    """The levers of the run as asked, every one (RunConfig's field names)."""
-    return {name: getattr(request, name) for name in leverlib.PLAIN}
+def asked_levers(request: RunRequest) -> Levers:
+    """The levers of the run as asked, every one."""
+    return Levers(**{f.name: getattr(request, f.name) for f in dataclasses.fields(Levers)})
 
 
-def lever_variants(request: RunRequest, backend: Manifest, kind: str) -> list[dict]:
+def lever_variants(request: RunRequest, backend: Manifest, kind: str) -> list[Levers]:
     """The levers of each row a strategy gets: the run as asked and, with --best, the same with the backend's best
     mode on top (one row where its best is its default)."""
     asked = asked_levers(request)
     best = backend.best.on(kind)
     if not request.best or not best:
         return [asked]
-    return [asked, {**asked, **best}]
+    return [asked, dataclasses.replace(asked, **best)]
 
 
 def best_note(backend: Manifest, kind: str) -> str:
@@ -299,13 +301,13 @@ def best_note(backend: Manifest, kind: str) -> str:
     best = backend.best.on(kind)
     if not best:
         return f"{backend.name}: best is the default: {backend.best.why}"
-    switched = RunConfig(backend.name, "", 1, **best).levers
+    switched = Levers(**best).on
     return f"{backend.name}: best switches on {', '.join(switched)}: {backend.best.why}"
 
 
 def refused_levers(request: RunRequest, backends: dict[str, Manifest], kind: str) -> dict[str, str]:
     """{backend: why it cannot run the asked levers}; an error if no selected backend can."""
-    asked = leverlib.asked(**asked_levers(request))
+    asked = asked_levers(request).asked
     if request.compile_mode != "default" and not request.compile:
         raise UsageError(f"--compile-mode {request.compile_mode} needs --compile")
     if request.compile_mode == "reduce-overhead" and kind != "gpu":
@@ -328,64 +330,60 @@ def refused_levers(request: RunRequest, backends: dict[str, Manifest], kind: str
     return refused
 
 
-def make_config(
-    request: RunRequest,
-    preset: Preset,
-    backend: str,
-    strategy: str,
-    options: dict,
-    n: int,
-    kind: str,
-    data_dir: str | None,
-    topology: Topology = Topology(),
-    nodes: int = 1,
-    levers: dict | None = None,
-) -> RunConfig:
-    """One run of `preset` (the flags already in it) on n devices (in all, over `nodes` nodes), with `levers`
-    (RunConfig's names; None: the levers as asked)."""
-    loopback = topology.loopback
-    coordinator = (
-        None
-        if nodes == 1
-        else (f"127.0.0.1:{nodelib.DEFAULT_PORT}" if loopback else topology.coordinator)
-    )
+@dataclass(frozen=True)
+class Row:
+    """One planned run's place in the sweep: the backend's strategy with its options and levers, on `devices`
+    devices in all over `nodes`."""
+
+    backend: str
+    strategy: str
+    options: dict[str, str]
+    levers: Levers
+    nodes: NodeSpec
+    devices: int
+    kind: str  # the device kind, "gpu" or "cpu" (simulated)
+
+
+# The request's flags every run takes as they are (RunConfig's names)
+AS_ASKED = ("dataset", "image_size", "seed", "timeout", "threads", "bn", "compile_cache", "profile")
+
+
+def recipe(preset: Preset, devices: int) -> dict:
+    """What `preset` trains on `devices` devices (the flags already in it), by RunConfig's names."""
+    return {
+        "model": preset.model,
+        "epochs": preset.epochs,
+        "batch_size": preset.batch(devices),
+        "lr": preset.learning_rate(devices),
+        "train_size": explicit_size(preset.train_size, preset.dataset, 0),
+        "test_size": explicit_size(preset.test_size, preset.dataset, 1),
+        "init": preset.init,
+        "timed_steps": preset.timed_steps,
+        "target_accuracy": preset.target_accuracy,
+    }
+
+
+def absolute(path: str | None) -> str | None:
+    """A path the workers, which run from the project root, read as the user meant it."""
+    return os.path.abspath(path) if path else None
+
+
+def make_config(request: RunRequest, preset: Preset, row: Row, data_dir: str | None) -> RunConfig:
+    """The run of `row`: `preset`'s recipe, the request's settings, the row's levers and nodes."""
     cfg = RunConfig(
-        backend=backend,
-        strategy=strategy,
-        devices=n,
-        device_kind=kind,
-        simulated=(kind == "cpu"),
-        nodes=nodes,
-        node_rank=0 if loopback else topology.node_rank,
-        coordinator=coordinator,
-        loopback_nodes=loopback,
-        join_timeout=topology.join_timeout,
-        peer_timeout=topology.peer_timeout,
-        local_addr=topology.local_addr,
-        interface=topology.interface,
-        model=preset.model,
-        epochs=preset.epochs,
-        batch_size=preset.batch(n),
-        lr=preset.learning_rate(n),
-        train_size=explicit_size(preset.train_size, preset.dataset, 0),
-        test_size=explicit_size(preset.test_size, preset.dataset, 1),
-        dataset=request.dataset,
+        backend=row.backend,
+        strategy=row.strategy,
+        devices=row.devices,
+        device_kind=row.kind,
+        simulated=(row.kind == "cpu"),
+        options=row.options,
+        levers=row.levers,
+        nodes=row.nodes,
         data_dir=data_dir,
-        image_size=request.image_size,
-        seed=request.seed,
-        timeout=request.timeout,
-        threads=request.threads,
-        options=options,
-        bn=request.bn,
-        init=preset.init,
-        **(asked_levers(request) if levers is None else levers),
-        prefetch=request.prefetch,
-        compile_cache=request.compile_cache,
-        timed_steps=preset.timed_steps,
-        target_accuracy=preset.target_accuracy,
-        profile=request.profile,
-        load_weights=os.path.abspath(request.load_weights) if request.load_weights else None,
-        save_weights=os.path.abspath(request.save_weights) if request.save_weights else None,
+        **recipe(preset, row.devices),
+        **{name: getattr(request, name) for name in AS_ASKED},
+        load_weights=absolute(request.load_weights),
+        save_weights=absolute(request.save_weights),
     )
     try:
         return cfg.validate()
@@ -450,16 +448,13 @@ def build_plan(request: RunRequest) -> Plan:
     )
     if request.best:
         plan.best = {name: best_note(backends[name], kind) for name in names}
+    sweep = Sweep(kind, counts, topology, options)
     for name in names:
         for strategy, reason in strategies[name]:  # (none: no asked strategy is this backend's)
             reason = reason or refused.get(name)
-            for m, variant, levers, n in rows(
-                request, backends[name], strategy, options, kind, topology, counts
-            ):
-                cfg = make_config(
-                    request, preset, name, strategy, variant, n, kind, data_dir, topology, m, levers
-                )
-                why = reason or engine_refusal(backends[name], strategy, m)
+            for row in rows(request, sweep, backends[name], strategy):
+                cfg = make_config(request, preset, row, data_dir)
+                why = reason or engine_refusal(backends[name], strategy, row.nodes.count)
                 if why:
                     plan.not_run.append((cfg, why))
                 else:
@@ -471,22 +466,28 @@ def build_plan(request: RunRequest) -> Plan:
     return plan
 
 
-def rows(
-    request: RunRequest,
-    backend: Manifest,
-    strategy: str,
-    options,
-    kind: str,
-    topology: Topology,
-    counts,
-):
-    """(nodes, options, levers, devices in all) of every row of one strategy, in the plan's order: a variant's
-    device counts together, so that the report's scaling reads each variant's rows."""
+@dataclass(frozen=True)
+class Sweep:
+    """What every strategy's rows are swept over: the device counts per node (--gpus), the node counts this host
+    takes part in, and the options asked for (--option, {name: [values]})."""
+
+    kind: str  # the device kind, "gpu" or "cpu" (simulated)
+    counts: list[int]
+    topology: Topology
+    options: dict[str, list[str]]
+
+
+def rows(request: RunRequest, sweep: Sweep, backend: Manifest, strategy: str):
+    """Every row of one strategy, in the plan's order: a variant's device counts together, so that the report's
+    scaling reads each variant's rows."""
+    topology = sweep.topology
     for m in filter(topology.runs_here, topology.counts):
-        for variant in option_variants(backend, strategy, options, m > 1):
-            for levers in lever_variants(request, backend, kind):
-                for n in counts:
-                    yield m, variant, levers, n * m
+        for variant in option_variants(backend, strategy, sweep.options, m > 1):
+            for levers in lever_variants(request, backend, sweep.kind):
+                for n in sweep.counts:
+                    yield Row(
+                        backend.name, strategy, variant, levers, topology.spec(m), n * m, sweep.kind
+                    )
 
 
 def measuring_peaks(configs: list[RunConfig]) -> list[RunConfig]:

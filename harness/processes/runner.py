@@ -7,7 +7,6 @@ worker's own, or a failed / timeout one with the tail of its output.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import queue
 import re
@@ -40,7 +39,7 @@ KILL_GRACE_S = 5.0
 
 def label(cfg: RunConfig) -> str:
     return f"{cfg.backend} {cfg.variant} x{cfg.devices}" + (
-        f" on {cfg.nodes} nodes" if cfg.nodes > 1 else ""
+        f" on {cfg.nodes.count} nodes" if cfg.nodes.count > 1 else ""
     )
 
 
@@ -320,19 +319,18 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{cfg.backend}-{cfg.variant}-x{cfg.devices}").strip(
         "-"
     )
-    if cfg.nodes > 1:
-        name += f"-{cfg.nodes}nodes"
+    if cfg.nodes.count > 1:
+        name += f"-{cfg.nodes.count}nodes"
     if trial is not None:
         name += f"-trial{trial}"
-    if cfg.nodes > 1 and cfg.loopback_nodes:
-        cfg = dataclasses.replace(
-            cfg,
+    if cfg.nodes.count > 1 and cfg.nodes.loopback:
+        cfg = cfg.with_nodes(
             coordinator=f"127.0.0.1:{free_port()}",  # free now, on this host
             local_addr="127.0.0.1",
             interface=interface_of("127.0.0.1"),
         )
     watch = None  # across hosts: the run's heartbeats with the other hosts (harness/nodes/watch.py)
-    if cfg.nodes > 1 and not cfg.loopback_nodes:
+    if cfg.nodes.count > 1 and not cfg.nodes.loopback:
         try:
             meeting = rollcall.meet_and_tell(cfg, name, console.say)
         except rollcall.JoinError as e:
@@ -349,15 +347,15 @@ def _run_nodes(
     cfg: RunConfig, python: str, workdir: Path, console: Console, name: str, watch
 ) -> dict:
     """This host's nodes of the run, started together; their result (node 0's, or the first failure)."""
-    ranks = list(range(cfg.nodes)) if cfg.loopback_nodes else [cfg.node_rank]
+    ranks = list(range(cfg.nodes.count)) if cfg.nodes.loopback else [cfg.nodes.rank]
     try:
         (workdir / "runs").mkdir(parents=True, exist_ok=True)
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
         nodes = [
             Node(
-                dataclasses.replace(cfg, node_rank=r),
+                cfg.with_nodes(rank=r),
                 workdir,
-                name + (f".node{r}" if cfg.nodes > 1 else ""),
+                name + (f".node{r}" if cfg.nodes.count > 1 else ""),
             )
             for r in ranks
         ]
@@ -368,7 +366,11 @@ def _run_nodes(
     env = envs.worker_env(
         PYTHONUNBUFFERED="1",
         **({THREADS_ENV: str(cfg.threads)} if cfg.threads else {}),
-        **({DEVICES_ENV: str(cfg.devices)} if cfg.device_kind == "cpu" and cfg.nodes == 1 else {}),
+        **(
+            {DEVICES_ENV: str(cfg.devices)}
+            if cfg.device_kind == "cpu" and cfg.nodes.count == 1
+            else {}
+        ),
     )
     # Each run's compile caches in a folder of its own (its nodes share it), inside runs/, which the report
     # does not keep; or the user's shared folder (common/caches.py).
@@ -610,12 +612,12 @@ def merge_nodes(
     if not bad:
         return results[0]
     first = results[bad[0]]
-    rank = nodes[bad[0]].cfg.node_rank
+    rank = nodes[bad[0]].cfg.nodes.rank
     echoes = "".join(
-        f"\n(then node {nodes[i].cfg.node_rank}: {_last_line(results[i])})" for i in bad[1:]
+        f"\n(then node {nodes[i].cfg.nodes.rank}: {_last_line(results[i])})" for i in bad[1:]
     )
     # The headline (the last line, which survives the error's tail) names the node that failed first.
-    error = f"{first.get('error') or ''}{echoes}\nnode {rank} of {cfg.nodes} failed first: {_last_line(first)}"
+    error = f"{first.get('error') or ''}{echoes}\nnode {rank} of {cfg.nodes.count} failed first: {_last_line(first)}"
     status = first["status"] if first["status"] in ("unavailable", "diverged") else "failed"
     return {
         **failed_result(cfg.to_dict(), status, error),

@@ -90,7 +90,7 @@ def ratio_interval(
 
 def row_key(t: Trials) -> tuple:
     c = t.config
-    return c.backend, c.variant, c.devices, c.nodes
+    return c.backend, c.variant, c.devices, c.nodes.count
 
 
 def incomparable(old: Trials, new: Trials, accept: set[str]) -> list[str]:

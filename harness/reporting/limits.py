@@ -135,9 +135,9 @@ def theoretical_peak(row: Row, cpu: float | None) -> float | None:
     """The run's theoretical peak: the datasheet of its GPUs (x devices), or the host's CPU peak in float32."""
     c = row.result.config
     if c.device_kind == "gpu":
-        peak = flops.peak_tflops(device_name(row.result), c.precision)
+        peak = flops.peak_tflops(device_name(row.result), c.levers.precision)
         return peak * c.devices if peak else None
-    return cpu if c.precision != "bf16" else None
+    return cpu if c.levers.precision != "bf16" else None
 
 
 def limits_table(rows: list[Row]) -> list[str]:
@@ -154,7 +154,7 @@ def limits_table(rows: list[Row]) -> list[str]:
                 c.backend,
                 c.variant,
                 devices_cell(c),
-                c.precision,
+                c.levers.precision,
                 f"{achieved:.3g}",
                 fmt(row.matmul_peak, ".3g"),
                 fmt(achieved / row.matmul_peak if row.matmul_peak else None, ".0%"),

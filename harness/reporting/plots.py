@@ -39,7 +39,7 @@ def plot_accuracy(rows: list[Row], path: Path) -> bool:
             markerfacecolor="none",
             label=" ".join(map(str, key(r)[:3]))
             + " dev"
-            + (f" on {r.config.nodes} nodes" * (r.config.nodes > 1)),
+            + (f" on {r.config.nodes.count} nodes" * (r.config.nodes.count > 1)),
         )
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy")
@@ -90,7 +90,7 @@ def plot_throughput(rows: list[Row], path: Path) -> bool:
         if row.result.ok and row.images_per_s:  # (evaluation-only runs have none)
             # one line per backend/strategy and node count (processes across nodes scale differently)
             c = row.result.config
-            name = key(row.result)[:2] + ((f"{c.nodes} nodes",) if c.nodes > 1 else ())
+            name = key(row.result)[:2] + ((f"{c.nodes.count} nodes",) if c.nodes.count > 1 else ())
             series.setdefault(name, []).append((c.devices, row.images_per_s))
     if not any(len(points) > 1 for points in series.values()):
         return False

@@ -23,12 +23,12 @@ def input_line(cfg: RunConfig | None) -> str:
         "Input: each epoch's batches are assembled (one gather of its permutation) before its timer "
         "starts; "
     )
-    if cfg and cfg.resident_data:
+    if cfg and cfg.levers.resident_data:
         return (
             line
             + "with --resident-data they are also copied to the devices before it (no copy is timed)."
         )
-    prefetch = cfg.prefetch if cfg else 0
+    prefetch = cfg.levers.prefetch if cfg else 0
     if not prefetch:
         return (
             line
@@ -41,13 +41,13 @@ def input_line(cfg: RunConfig | None) -> str:
 
 
 def precision_line(cfg: RunConfig | None) -> str:
-    levers = cfg.levers if cfg else []
+    levers = cfg.levers.on if cfg else []
     text = {
         "fp32": "fp32 everywhere, TF32 disabled explicitly",
         "tf32": "TF32 matmuls and convolutions",
         "bf16": "bfloat16 compute (autocast / flax dtype), float32 weights, gradients and SGD",
     }
-    line = f"Precision: {text[cfg.precision if cfg else 'fp32']}."
+    line = f"Precision: {text[cfg.levers.precision if cfg else 'fp32']}."
     others = [lever for lever in levers if lever not in text]
     return line + (
         f" Speed levers: {', '.join(others)} (see each backend's backend.toml for what they do)."
@@ -70,7 +70,7 @@ def devices_line(meta: dict) -> str:
 
 def nodes_section(rows: list, topology: str) -> list[str]:
     """The runs on several nodes: how they were spread, over what, and what it cost."""
-    several = [row for row in rows if row.result.ok and row.result.config.nodes > 1]
+    several = [row for row in rows if row.result.ok and row.result.config.nodes.count > 1]
     if not several:
         return []
     lines = ["## Several nodes", "", f"{topology}." if topology else "", ""]
@@ -112,7 +112,7 @@ def nodes_section(rows: list, topology: str) -> list[str]:
         ],
         body,
     )
-    loopback = any(row.result.config.loopback_nodes for row in several)
+    loopback = any(row.result.config.nodes.loopback for row in several)
     lines += [
         "",
         "Every node runs the same config with its own rank and feeds its own shard of each global batch "
@@ -131,9 +131,9 @@ def nodes_section(rows: list, topology: str) -> list[str]:
 
 def hosts_cell(c) -> str:
     """The node count, and where this report's host (node 0) bound its engines: "2 (node 0: 10.0.0.1 on eth0)"."""
-    if c.loopback_nodes:
-        return f"{c.nodes} (loopback)"
-    return f"{c.nodes} (node 0: {c.local_addr or '?'} on {c.interface or 'no interface found'})"
+    if c.nodes.loopback:
+        return f"{c.nodes.count} (loopback)"
+    return f"{c.nodes.count} (node 0: {c.nodes.local_addr or '?'} on {c.nodes.interface or 'no interface found'})"
 
 
 def setting(value) -> str:

@@ -29,12 +29,12 @@ def as_results(results: list[dict | Result]) -> list[Result]:
 
 def key(r: Result) -> tuple:
     c = r.config
-    return c.backend, c.variant, c.devices, c.nodes
+    return c.backend, c.variant, c.devices, c.nodes.count
 
 
 def devices_cell(c, simulated: bool = True) -> str:
     """ "2 (sim.)", or with several nodes "4 = 2 nodes x 2 (sim.)": how the devices were spread."""
-    spread = f" = {c.nodes} nodes x {c.local_devices}" if c.nodes > 1 else ""
+    spread = f" = {c.nodes.count} nodes x {c.local_devices}" if c.nodes.count > 1 else ""
     return f"{c.devices}{spread}{' (sim.)' if c.simulated and simulated else ''}"
 
 
@@ -92,7 +92,7 @@ def baseline(r: Result) -> tuple:
     at its several-node default (MXNet's dist_sync kvstore is measured against its 1-device run)."""
     c = r.config
     options = c.options
-    if c.nodes > 1 and manifest.canonical_name(c.backend):
+    if c.nodes.count > 1 and manifest.canonical_name(c.backend):
         declared = manifest.load(c.backend).options
         options = {
             k: v for k, v in options.items() if k not in declared or v != declared[k].nodes_default
@@ -115,7 +115,9 @@ def with_scaling(results: list[Result]) -> list[Row]:
     base = {
         baseline(row.result): row.images_per_s
         for row in rows
-        if row.images_per_s and row.result.config.devices == 1 and row.result.config.nodes == 1
+        if row.images_per_s
+        and row.result.config.devices == 1
+        and row.result.config.nodes.count == 1
     }
     peaks = measured_peaks(results)
     for row in rows:
@@ -124,7 +126,7 @@ def with_scaling(results: list[Result]) -> list[Row]:
             row.speedup = row.images_per_s / b
             row.efficiency = row.speedup / row.result.config.devices
         c = row.result.config
-        row.matmul_peak = peaks.get((c.backend, c.device_kind, peak_dtype(c.precision)))
+        row.matmul_peak = peaks.get((c.backend, c.device_kind, peak_dtype(c.levers.precision)))
     rows.sort(key=lambda row: key(row.result))
     return rows
 
@@ -239,7 +241,7 @@ def model_flops(row: Row) -> tuple[float | None, float | None]:
         return None, None
     achieved = flops.training_flops(c.model, c.image_side) * row.images_per_s / 1e12
     name = device_name(row.result)
-    peak = None if c.simulated or not name else flops.peak_tflops(name, c.precision)
+    peak = None if c.simulated or not name else flops.peak_tflops(name, c.levers.precision)
     return achieved, (achieved / (peak * c.devices) if peak else None)
 
 
@@ -305,7 +307,7 @@ def summary_records(rows: list[Row]) -> list[dict]:
                 "backend": c.backend,
                 "strategy": c.variant,
                 "devices": c.devices,
-                "nodes": c.nodes,
+                "nodes": c.nodes.count,
                 "simulated": c.simulated,
                 "status": r.status,
                 "batch": c.batch_size,
@@ -482,7 +484,7 @@ def accuracy_table(rows: list[Row]) -> list[str]:
     body = [
         [
             " ".join(map(str, key(r)[:3]))
-            + (f" on {r.config.nodes} nodes" if r.config.nodes > 1 else "")
+            + (f" on {r.config.nodes.count} nodes" if r.config.nodes.count > 1 else "")
         ]
         + [fmt(e.test_acc, ".4f") for e in r.epochs]
         + [""] * (n - len(r.epochs))

@@ -23,9 +23,10 @@ from common import backend as backendlib
 from common import data as datalib
 from common import manifest, mllog, profiling
 from common.backend import Probe
-from common.config import COMPILE_MODES, PRECISIONS, RunConfig
+from common.config import RunConfig
 from common.errors import Unsupported
-from common.levers import PLAIN, TF32_ON_CPU
+from common.levers import COMPILE_MODES, PLAIN, PRECISIONS, TF32_ON_CPU, Levers
+from common.nodes import NodeSpec
 from common.results import SCHEMA_VERSION, result_problem
 from common.trainer import METHODS, PROBES, Trainer
 from common.weights import he_scaled
@@ -566,7 +567,7 @@ def test_only_the_warm_up_compiles(backend, strategy, tmp_path, monkeypatch):
 def compiles_without_the_lever(backend, strategy: str) -> bool:
     """Whether `strategy` compiles every step whatever --compile says: its environment record calls the lever's
     compile inherent."""
-    cfg = Probe(strategy, "lenet", 1, levers={"compile": True}).config(NAME, BATCH, 0.5)
+    cfg = Probe(strategy, "lenet", 1, levers=Levers(compile=True)).config(NAME, BATCH, 0.5)
     return (backend.environment(cfg)["compile"] or "").startswith("inherent")
 
 
@@ -772,7 +773,7 @@ def running_values(meta, lever: str) -> list:
 
 def lever_steps(backend, strategy: str, levers: dict, dtype: str = "float32") -> dict:
     """One LeNet step of BATCH images on 2 devices with `levers`, unless they are refused (Unsupported)."""
-    probe = Probe(strategy, "lenet", 2, dtype=dtype, levers=levers)
+    probe = Probe(strategy, "lenet", 2, dtype=dtype, levers=Levers(**levers))
     return backend.train_steps(probe, backend.initial_weights("lenet", 0), [batch()], 0.5)
 
 
@@ -818,7 +819,7 @@ def test_each_value_of_a_lever_runs_or_is_refused_with_its_reason(backend, meta,
         assert all(np.isfinite(v).all() for v in stepped.values()), value
         if lever in COMPILING:
             assert_takes_the_float64_step(backend, strategy, levers, stepped)
-        cfg = Probe(strategy, "lenet", 2, levers=levers).config(NAME, BATCH, 0.5)
+        cfg = Probe(strategy, "lenet", 2, levers=Levers(**levers)).config(NAME, BATCH, 0.5)
         # as asked (a compile mode is named in the record's `compile`, where the backend has modes)
         recorded = backend.environment(cfg)["levers"]
         asked = {k: v for k, v in levers.items() if k in recorded}
@@ -826,10 +827,10 @@ def test_each_value_of_a_lever_runs_or_is_refused_with_its_reason(backend, meta,
         if lever == "resident_data":
             exact = lever_steps(backend, strategy, {}, "float64")
             assert relative(lever_steps(backend, strategy, levers, "float64"), exact) <= IDENTICAL
-        elif cfg.levers:  # (fp32: the plain step)
+        elif cfg.levers.on:  # (fp32: the plain step)
             with pytest.raises(Unsupported) as refused:
                 lever_steps(backend, strategy, levers, "float64")
-            rule = f"dtype float64 runs the plain step only, not {', '.join(cfg.levers)}"
+            rule = f"dtype float64 runs the plain step only, not {', '.join(cfg.levers.on)}"
             assert str(refused.value) == rule
 
 
@@ -868,7 +869,7 @@ def steps_in_each_precision(cfg: RunConfig, rank: int, payload) -> dict:
     backend, weights, batches = payload
     out = {}
     for name, (precision, dtype) in PRECISION_STEPS.items():
-        run = dataclasses.replace(cfg, precision=precision).validate()
+        run = cfg.with_levers(precision=precision).validate()
         with backend.computing_in(dtype):
             trainer = backend.make_trainer(run, weights, dtype)
             out[name] = PROBES["trace"](trainer, backendlib.as_dtype(batches, dtype))["final"]
@@ -885,7 +886,7 @@ def test_the_bf16_step_is_close_to_the_fp32_step_but_not_the_same(backend, meta,
     (std 0.01) it is mostly the biases', which a forward pass on other inputs leaves alone."""
     if reason := expected_refusal(meta, "precision", "bf16"):
         pytest.skip(reason)
-    cfg = Probe(strategy, "lenet", 2, levers={"precision": "bf16"}).config(NAME, BATCH, 0.5)
+    cfg = Probe(strategy, "lenet", 2, levers=Levers(precision="bf16")).config(NAME, BATCH, 0.5)
     call(backend.check_supported, cfg)
     start = he_scaled(backend.initial_weights("lenet", 0), "lenet")
     with backend.session(cfg):
@@ -976,7 +977,7 @@ def traces_of_each_feed(cfg: RunConfig, rank: int, payload) -> dict:
     traces = {}
     with backend.computing_in("float64"):
         for feed, levers in FEEDS.items():
-            fed = dataclasses.replace(cfg, **levers).validate()
+            fed = cfg.with_levers(**levers).validate()
             traces[feed] = PROBES["trace"](backend.make_trainer(fed, weights, "float64"), batches)
     return traces
 
@@ -1296,7 +1297,7 @@ def test_two_nodes_take_the_steps_of_one_process_and_of_one_device(
 
 
 # Node 0 of 2, its coordinator never asked: a refusal comes before any engine starts.
-NODE_0_OF_2 = {"nodes": 2, "node_rank": 0, "coordinator": "127.0.0.1:1"}
+NODE_0_OF_2 = NodeSpec(2, 0, "127.0.0.1:1")
 
 
 def test_a_strategy_without_an_engine_refuses_several_nodes_before_joining(
@@ -1317,7 +1318,7 @@ def test_a_strategy_without_an_engine_refuses_several_nodes_before_joining(
     engines = ", ".join(s for s, declared in without.items() if declared.engine) or "none"
     x, y = batch()
     with pytest.raises(Unsupported) as refused:
-        probe = Probe(strategy, "lenet", 2, levers=NODE_0_OF_2)
+        probe = Probe(strategy, "lenet", 2, nodes=NODE_0_OF_2)
         backend.gradients(probe, backend.initial_weights("lenet", 0), x, y)
     assert str(refused.value) == (
         f"{NAME} {strategy} runs in one process; --nodes 2 needs a strategy with a distributed engine "

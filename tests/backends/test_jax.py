@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from common.backend import Probe
+from common.levers import Levers
 from tests.backends.conftest import NAME, run_backend_worker
 from tests.backends.numerics import (
     IDENTICAL,
@@ -43,7 +44,7 @@ def trainer(
     backend, strategy, model, k, batch_size, lr=0.1, bn="local", precision="fp32", dtype="float64"
 ):
     """A reset trainer; a float64 one is used inside `with float64():`."""
-    cfg = Probe(strategy, model, k, bn=bn, levers={"precision": precision}).config(
+    cfg = Probe(strategy, model, k, bn=bn, levers=Levers(precision=precision)).config(
         "jax", batch_size, lr
     )
     return backend.make_trainer(cfg, backend.initial_weights(model, 0), dtype)
@@ -393,7 +394,12 @@ def test_jax_enable_x64_is_off_again_after_a_float64_call_that_ran_or_was_refuse
     assert not jax.config.jax_enable_x64
     for lever, value in (("precision", "bf16"), ("compile", True)):
         with pytest.raises(Unsupported):
-            gradients(Probe(strategy, "lenet", 1, dtype="float64", levers={lever: value}), w, x, y)
+            gradients(
+                Probe(strategy, "lenet", 1, dtype="float64", levers=Levers(**{lever: value})),
+                w,
+                x,
+                y,
+            )
         assert not jax.config.jax_enable_x64
     w64 = {k: v.astype(np.float64) for k, v in w.items()}
     loss, grads = gradients(Probe(strategy, "lenet", 1, dtype="float64"), w64, x, y)
@@ -412,7 +418,7 @@ def test_environment_records_the_precision_jax_computes_in(backend):
     environment = backend.environment
 
     def cfg(**levers):
-        return RunConfig(backend="jax", strategy="pmap", devices=2, **levers)
+        return RunConfig(backend="jax", strategy="pmap", devices=2, levers=Levers(**levers))
 
     plain = environment(cfg())
     assert plain["precision"] == {
@@ -552,7 +558,7 @@ def traces_with(backend, strategy, **levers):
     start = backend.initial_weights("lenet", 0)
     batches = [batch(12, seed=s) for s in range(3)]
     return start, backend.train_trace(
-        Probe(strategy, "lenet", 2, dtype="float64", levers=levers), start, batches, 0.5
+        Probe(strategy, "lenet", 2, dtype="float64", levers=Levers(**levers)), start, batches, 0.5
     )
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from common.backend import Probe
+from common.levers import Levers
 from tests.backends.conftest import NAME
 from tests.backends.numerics import (
     IDENTICAL,
@@ -122,7 +123,7 @@ def test_ddp_compiled_step_is_as_close_to_the_float64_step_as_the_eager_one(back
         t["final"] for t in backend.run_probes(Probe("ddp", "lenet", 2), start, runs, 0.5)
     )
     compiled = backend.train_steps(
-        Probe("ddp", "lenet", 2, levers={"compile": True}), start, batches, 0.5
+        Probe("ddp", "lenet", 2, levers=Levers(compile=True)), start, batches, 0.5
     )
     assert max_abs_diff(eager, start) > 1e-3
     assert max_abs_diff(compiled, exact) <= float32_tolerance((eager, exact))
@@ -148,7 +149,7 @@ def test_what_each_strategy_refuses_and_why(backend):
     def refused(**kw):
         with pytest.raises(Unsupported) as e:
             backend.check_supported(
-                RunConfig(**{"backend": "keras", "devices": 2, **kw}).validate()
+                RunConfig.from_dict({"backend": "keras", "devices": 2, **kw}).validate()
             )
         return str(e.value)
 
@@ -177,7 +178,10 @@ def test_environment_records_the_framework_under_keras(backend):
 
     ddp = backend.environment(
         RunConfig(
-            backend="keras", strategy="ddp", devices=2, precision="bf16", channels_last=True
+            backend="keras",
+            strategy="ddp",
+            devices=2,
+            levers=Levers(precision="bf16", channels_last=True),
         ).validate()
     )
     assert ddp["libraries"]["keras_backend"] == "torch" and ddp["processes"] == 2

@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 
 from common.backend import Probe
+from common.levers import Levers
+from common.nodes import NodeSpec
 from tests.backends.conftest import NAME, run_backend_worker
 from tests.backends.numerics import IDENTICAL, float32_tolerance, max_abs_diff, relative, scale
 
@@ -113,7 +115,7 @@ def make_trainer(
 ):
     """The trainer of an equivalence call's run config (common.backend.Probe.config), checked as the call
     checks it."""
-    cfg = Probe(strategy, model, k, options=options or {}, levers=levers).config(
+    cfg = Probe(strategy, model, k, options=options or {}, levers=Levers(**levers)).config(
         "mxnet", batch_size, lr
     )
     backend.check_supported(cfg, dtype)
@@ -509,7 +511,7 @@ def test_gpu_steps_from_pinned_memory_are_the_cpu_steps(backend, name):
 
 
 # Node 0 of 2, its coordinator never asked: the refusals come before any engine starts.
-NODE_0_OF_2 = {"nodes": 2, "node_rank": 0, "coordinator": "127.0.0.1:1"}
+NODE_0_OF_2 = NodeSpec(2, 0, "127.0.0.1:1")
 
 
 def test_float64_on_two_nodes_is_refused_as_the_kvstore_rounds_it(backend):
@@ -518,7 +520,7 @@ def test_float64_on_two_nodes_is_refused_as_the_kvstore_rounds_it(backend):
     x, y = batches(1, size=8)[0]
     with pytest.raises(Unsupported, match="carries float32 only"):
         backend.gradients(
-            Probe("gluon", "lenet", 2, dtype="float64", levers=NODE_0_OF_2),
+            Probe("gluon", "lenet", 2, dtype="float64", nodes=NODE_0_OF_2),
             backend.initial_weights("lenet", 0),
             x,
             y,
@@ -533,10 +535,10 @@ def test_gluon_on_two_nodes_refuses_a_kvstore_of_one_process(backend, tmp_path):
     reason = "needs kvstore 'dist_sync'"
     x, y = batches(1, size=8)[0]
     with pytest.raises(Unsupported, match=reason):
-        probe = Probe("gluon", "lenet", 2, options={"kvstore": "device"}, levers=NODE_0_OF_2)
+        probe = Probe("gluon", "lenet", 2, options={"kvstore": "device"}, nodes=NODE_0_OF_2)
         backend.gradients(probe, backend.initial_weights("lenet", 0), x, y)
     rc, r = run_backend_worker(
-        tmp_path, strategy="gluon", options={"kvstore": "device"}, **NODE_0_OF_2
+        tmp_path, strategy="gluon", options={"kvstore": "device"}, **NODE_0_OF_2.flat()
     )
     assert rc != 0 and r["status"] == "unavailable" and reason in r["error"]
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from common.backend import Probe
+from common.levers import Levers
 from tests.backends.conftest import NAME, run_backend_worker
 from tests.backends.hosts import run_row, small_run, start_harness, two_hosts, wait_all
 from tests.backends.numerics import IDENTICAL, max_abs_diff, relative
@@ -123,7 +124,7 @@ def scratch_trainer(backend, devices=2, batch_size=8, **levers):
         model="lenet",
         batch_size=batch_size,
         lr=0.5,
-        **levers,
+        levers=Levers(**levers),
     ).validate()
     return ScratchTrainer(cfg, backend.initial_weights("lenet", 0))
 
@@ -134,7 +135,7 @@ def flat(weights: dict) -> np.ndarray:
 
 def steps_with(backend, strategy, devices, n_steps=2, dtype="float32", **levers):
     start = backend.initial_weights("lenet", 0)
-    probe = Probe(strategy, "lenet", devices, dtype=dtype, levers=levers)
+    probe = Probe(strategy, "lenet", devices, dtype=dtype, levers=Levers(**levers))
     return start, backend.train_steps(probe, start, image_batches(n_steps), 0.5)
 
 
@@ -299,7 +300,7 @@ def test_environment_changes_no_global_setting(backend):
             simulated=kind == "cpu",
             model="lenet",
             batch_size=8,
-            precision=precision,
+            levers=Levers(precision=precision),
         ).validate()
         env = backend.environment(cfg)
         assert env["precision"]["tf32_matmul"] is (precision == "tf32")
@@ -322,7 +323,7 @@ def test_environment_records_the_input_copies_and_the_update(backend):
 
     def env(**kw):
         values = dict(backend="torch", strategy="scratch", devices=2, model="lenet", batch_size=8)
-        return backend.environment(RunConfig(**{**values, **kw}).validate())
+        return backend.environment(RunConfig.from_dict({**values, **kw}).validate())
 
     assert (
         env()["input_copies"]
@@ -354,7 +355,9 @@ GPUS = min(2, cuda_devices())
 
 def gpu_steps(backend, strategy, devices, dtype="float32", **levers):
     start = backend.initial_weights("lenet", 0)
-    probe = Probe(strategy, "lenet", devices, device_kind="gpu", dtype=dtype, levers=levers)
+    probe = Probe(
+        strategy, "lenet", devices, device_kind="gpu", dtype=dtype, levers=Levers(**levers)
+    )
     return backend.train_steps(probe, start, image_batches(2), 0.5)
 
 

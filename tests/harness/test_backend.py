@@ -13,6 +13,7 @@ from common import backend as backendlib
 from common.backend import Backend, Probe, check_supported
 from common.config import RunConfig
 from common.errors import Unsupported
+from common.nodes import NodeSpec
 
 
 class Engine:
@@ -23,7 +24,7 @@ class Engine:
         self.calls = []
 
     def join(self, cfg):
-        self.calls.append(("join", cfg.nodes))
+        self.calls.append(("join", cfg.nodes.count))
 
     def leave(self, clean=True):
         self.calls.append(("leave", clean))
@@ -44,10 +45,12 @@ def backend_with(engine, refusal=lambda cfg, dtype: None) -> Backend:
 
 
 def config(**kw) -> RunConfig:
-    return RunConfig(**{"backend": "torch", "strategy": "ddp", "devices": 2, **kw}).validate()
+    return RunConfig.from_dict(
+        {"backend": "torch", "strategy": "ddp", "devices": 2, **kw}
+    ).validate()
 
 
-NODE_0_OF_2 = {"nodes": 2, "node_rank": 0, "coordinator": "127.0.0.1:1"}
+NODE_0_OF_2 = NodeSpec(2, 0, "127.0.0.1:1")
 X, Y = np.zeros((4, 1, 28, 28), np.float32), np.zeros(4, np.int32)
 
 
@@ -55,7 +58,7 @@ def test_a_session_joins_once_and_leaves_once_when_the_outermost_ends():
     """The check worker holds a session around its job: a probe's own session inside it joins nothing again."""
     engine = Engine()
     backend = backend_with(engine)
-    probe = Probe("ddp", "lenet", 2, levers=NODE_0_OF_2)
+    probe = Probe("ddp", "lenet", 2, nodes=NODE_0_OF_2)
     with backend.session(probe.config("torch", len(Y), 0.1)):
         assert backend.gradients(probe, {}, X, Y) == ("gradients", "float32")
         assert engine.calls == [("join", 2), ("launch", "probe_job")]
@@ -81,7 +84,7 @@ def test_a_refused_probe_joins_no_engine():
     engine = Engine()
     backend = backend_with(engine)
     with pytest.raises(Unsupported, match="torch scratch runs in one process; --nodes 2 needs"):
-        backend.gradients(Probe("scratch", "lenet", 2, levers=NODE_0_OF_2), {}, X, Y)
+        backend.gradients(Probe("scratch", "lenet", 2, nodes=NODE_0_OF_2), {}, X, Y)
     assert engine.calls == []
 
 

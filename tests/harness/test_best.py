@@ -115,7 +115,9 @@ def test_every_backend_declares_a_best_it_runs_with_its_reason(name):
     assert (best.gpu, best.cpu, best.why) == (declared["gpu"], declared["cpu"], declared["why"])
     assert best.why
     for kind in manifest.DEVICE_KINDS:
-        assert levers.refusals(manifest.load(name).levers, levers.asked(**best.on(kind))) == []
+        assert (
+            levers.refusals(manifest.load(name).levers, levers.Levers(**best.on(kind)).asked) == []
+        )
     assert best.cpu.get("compile_mode", "default") != "reduce-overhead"  # CUDA graphs: GPU only
 
 

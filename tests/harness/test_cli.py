@@ -274,7 +274,7 @@ def test_a_lever_one_backend_lacks_makes_its_rows_not_run_and_labels_the_others(
         "pmap[bf16,compile]",
         "sharding[bf16,compile]",
     }
-    assert all(c.precision == "bf16" and c.compile for c in plan.configs)
+    assert all(c.levers.precision == "bf16" and c.levers.compile for c in plan.configs)
     refused = [reason for c, reason in plan.not_run if c.backend == "mxnet"]
     assert refused and all(r.startswith("mxnet refuses --precision bf16") for r in refused)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from common.config import RunConfig
+from common.levers import Levers
 from common.results import Result, new_result
 from harness.reporting import flops
 from harness.reporting.tables import flops_cell, model_flops, with_scaling
@@ -43,7 +44,7 @@ def row_of(
         devices=devices,
         batch_size=32 * devices,
         simulated=simulated,
-        precision=precision,
+        levers=Levers(precision=precision),
         device_kind="cpu" if simulated else "gpu",
     ).to_dict()
     epoch = {

@@ -107,7 +107,7 @@ def config(**overrides) -> RunConfig:
         timed_steps=0,
         dataset="synthetic",
     )
-    return RunConfig(**{**values, **overrides}).validate()
+    return RunConfig.from_dict({**values, **overrides}).validate()
 
 
 def test_an_epochs_batches_are_assembled_before_its_timer_starts():

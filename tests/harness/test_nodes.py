@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from common.config import RunConfig
+from common.nodes import NodeSpec
 from harness import cli
 from harness.errors import UsageError
 from harness.nodes import nodes
@@ -214,19 +215,24 @@ def test_bad_node_flags_exit_2(capfd):
 def test_the_plan_runs_the_strategies_with_an_engine_on_several_nodes():
     plan = cli.build_plan(cli.parse([*BASE, "--nodes", "1,2", "--gpus", "1"]))
     several = {
-        (c.backend, c.strategy, c.options.get("kvstore")) for c in plan.configs if c.nodes == 2
+        (c.backend, c.strategy, c.options.get("kvstore"))
+        for c in plan.configs
+        if c.nodes.count == 2
     }
     assert ("torch", "ddp", None) in several and ("mxnet", "gluon", "dist_sync") in several
     assert all(
-        c.devices == 2 and c.local_devices == 1 and c.loopback_nodes
+        c.devices == 2 and c.local_devices == 1 and c.nodes.loopback
         for c in plan.configs
-        if c.nodes == 2
+        if c.nodes.count == 2
     )
-    refused = {(c.backend, c.strategy): why for c, why in plan.not_run if c.nodes == 2}
+    refused = {(c.backend, c.strategy): why for c, why in plan.not_run if c.nodes.count == 2}
     assert "runs in one process; --nodes 2 needs" in refused[("torch", "scratch")]
     # MXNet's kvstore on one node is its own (dist_sync needs peers); the speed-up is still against it
     gluon = [c for c in plan.configs if (c.backend, c.strategy) == ("mxnet", "gluon")]
-    assert {(c.nodes, c.options.get("kvstore")) for c in gluon} == {(1, "device"), (2, "dist_sync")}
+    assert {(c.nodes.count, c.options.get("kvstore")) for c in gluon} == {
+        (1, "device"),
+        (2, "dist_sync"),
+    }
 
 
 def test_a_strategy_in_one_process_asked_for_on_several_nodes_is_refused(capfd):
@@ -254,9 +260,7 @@ def test_a_host_runs_only_the_runs_it_takes_part_in():
             ]
         )
     )
-    assert [(c.nodes, c.node_rank, c.coordinator, c.loopback_nodes) for c in plan.configs] == [
-        (2, 1, "10.0.0.1:29500", False)
-    ]
+    assert [c.nodes for c in plan.configs] == [NodeSpec(2, 1, "10.0.0.1:29500", loopback=False)]
 
 
 # A node worker: node 1 fails at once with an error of its own; node 0 waits on it forever (as a ps-lite
@@ -287,8 +291,7 @@ def test_a_failing_node_fails_the_run_with_its_error_and_ends_the_waiting_node(
         backend="torch",
         strategy="ddp",
         devices=2,
-        nodes=2,
-        coordinator="127.0.0.1:1",
+        nodes=NodeSpec(2, coordinator="127.0.0.1:1"),
         model="lenet",
         batch_size=32,
         timeout=120,

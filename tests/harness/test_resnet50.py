@@ -184,12 +184,14 @@ def test_a_damaged_prepared_file_is_a_data_error(tmp_path):
 
 def test_the_resnet50_presets():
     gpu = build_plan("--preset", "resnet50", "--gpus", "1,2", "--strategy", "ddp").configs
-    assert [(c.model, c.dataset, c.image_side, c.precision, c.batch_size, c.lr) for c in gpu] == [
+    assert [
+        (c.model, c.dataset, c.image_side, c.levers.precision, c.batch_size, c.lr) for c in gpu
+    ] == [
         ("resnet50", "imagenet-synthetic", 224, "bf16", 256, 0.1),
         ("resnet50", "imagenet-synthetic", 224, "bf16", 512, 0.2),
     ]
     quick = build_plan("--preset", "resnet50-quick", "--gpus", "2", "--strategy", "ddp").configs[0]
-    assert (quick.image_side, quick.precision, quick.batch_size, quick.train_size) == (
+    assert (quick.image_side, quick.levers.precision, quick.batch_size, quick.train_size) == (
         32,
         "fp32",
         8,

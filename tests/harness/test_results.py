@@ -135,7 +135,7 @@ def test_a_schema_v1_result_still_loads(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps(v1))
     assert load_result(tmp_path / "r.json", old_config) == v1
     r = Result.from_dict(v1)
-    assert r.config.prefetch == 0 and r.config.compile_mode == "default"
+    assert r.config.levers.prefetch == 0 and r.config.levers.compile_mode == "default"
     assert (
         r.step_time is None
         and r.allreduce is None
@@ -170,7 +170,7 @@ def test_load_results_json_reads_a_committed_report():
     assert len(results) == len(runs) > 0 and all(isinstance(r, Result) for r in results)
     assert meta["schema_version"] == 1 and meta["run_id"] == COMMITTED.name and "runs" not in meta
     ok = [r for r in results if r.ok]
-    assert ok and all(r.epochs and r.step_time and r.config.prefetch == 0 for r in ok)
+    assert ok and all(r.epochs and r.step_time and r.config.levers.prefetch == 0 for r in ok)
     assert {r.status for r in results} <= {"ok", "unavailable"}
     # and what v3 writes reads back the same
     assert [Result.from_dict(r.to_dict()) for r in results] == results

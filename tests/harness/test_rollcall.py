@@ -12,6 +12,7 @@ import pytest
 
 from common.config import RunConfig
 from common.network import free_port
+from common.nodes import NodeSpec
 from harness.nodes import rollcall
 from harness.processes import runner
 from tests.harness.helpers import fake_python
@@ -29,12 +30,8 @@ def node(rank: int, nodes: int, port: int, wait: float = 5.0, **extra) -> RunCon
         backend="torch",
         strategy="ddp",
         devices=nodes,
-        nodes=nodes,
-        node_rank=rank,
         batch_size=6 * nodes,
-        coordinator=f"127.0.0.1:{port}",
-        loopback_nodes=False,
-        join_timeout=wait,
+        nodes=NodeSpec(nodes, rank, f"127.0.0.1:{port}", loopback=False, join_timeout=wait),
         **extra,
     ).validate()
 
@@ -62,7 +59,7 @@ def test_the_nodes_meet_and_each_learns_its_address():
     for meeting in (zero, one, two):
         meeting.watch.finish()
     placed = rollcall.addressed(node(1, 3, port), one)
-    assert (placed.local_addr, placed.interface) == ("127.0.0.1", "lo")
+    assert (placed.nodes.local_addr, placed.nodes.interface) == ("127.0.0.1", "lo")
 
 
 def test_an_absent_node_fails_the_meeting_on_every_host_naming_it():

@@ -341,10 +341,13 @@ def test_a_killed_node_is_named_by_how_it_died_not_by_its_last_words():
     from types import SimpleNamespace
 
     from common.config import RunConfig
+    from common.nodes import NodeSpec
     from common.results import failed_result
     from harness.processes import runner
 
-    cfg = RunConfig(backend="jax", strategy="pmap", devices=2, nodes=2, coordinator="127.0.0.1:1")
+    cfg = RunConfig(
+        backend="jax", strategy="pmap", devices=2, nodes=NodeSpec(2, coordinator="127.0.0.1:1")
+    )
     died = "worker killed by SIGKILL: often the kernel's out-of-memory killer and no valid result (no file)"
     results = [
         failed_result(cfg.to_dict(), "timeout", "stopped 1 s after another node had ended"),
@@ -352,6 +355,6 @@ def test_a_killed_node_is_named_by_how_it_died_not_by_its_last_words():
             cfg.to_dict(), "failed", f"{died}\n[Gloo] Rank 1 is connected to 1 peer ranks."
         ),
     ]
-    nodes = [SimpleNamespace(cfg=SimpleNamespace(node_rank=r)) for r in (0, 1)]
+    nodes = [SimpleNamespace(cfg=cfg.with_nodes(rank=r)) for r in (0, 1)]
     merged = runner.merge_nodes(cfg, nodes, results, [2.0, 1.0])
     assert merged["error"].splitlines()[-1] == f"node 1 of 2 failed first: failed: {died}"

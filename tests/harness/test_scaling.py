@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from common.config import RunConfig
+from common.nodes import NodeSpec
 from common.results import Result, new_result
 from harness import projection
 from harness.reporting import scaling
@@ -234,9 +235,8 @@ def result(
         backend="torch",
         strategy=strategy,
         devices=devices,
-        nodes=nodes,
+        nodes=NodeSpec(nodes, coordinator="127.0.0.1:29500" if nodes > 1 else None),
         batch_size=32 * devices,
-        coordinator="127.0.0.1:29500" if nodes > 1 else None,
     ).to_dict()
     return Result.from_dict(
         {

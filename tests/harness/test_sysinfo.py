@@ -35,15 +35,15 @@ def test_the_environment_record_keeps_its_json_shape():
     this order."""
     from common import sysinfo
     from common.config import RunConfig
+    from common.levers import Levers
+    from common.nodes import NodeSpec
 
     cfg = RunConfig(
         backend="torch",
         strategy="ddp",
         devices=4,
-        nodes=2,
-        coordinator="127.0.0.1:29500",
-        precision="bf16",
-        compile=True,
+        nodes=NodeSpec(2, coordinator="127.0.0.1:29500"),
+        levers=Levers(precision="bf16", compile=True),
     )
     record = sysinfo.EnvironmentRecord(
         framework="torch",

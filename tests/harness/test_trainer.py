@@ -11,6 +11,7 @@ import pytest
 from common import trainer as trainerlib
 from common.backend import Probe
 from common.config import RunConfig
+from common.levers import Levers
 
 
 class LeastSquares(trainerlib.Trainer):
@@ -66,8 +67,7 @@ def make(resident_data=False, prefetch=2):
         batch_size=4,
         lr=0.1,
         train_size=8,
-        resident_data=resident_data,
-        prefetch=prefetch,
+        levers=Levers(resident_data=resident_data, prefetch=prefetch),
     ).validate()
     t = LeastSquares(cfg, {"w": np.array([0.5, -1.0])})
     t.reset()
@@ -130,9 +130,11 @@ def test_a_trainer_that_lacks_a_method_every_strategy_defines_cannot_be_made():
 
 
 def test_a_probes_config_is_validated():
-    probe = Probe("gluon", "lenet", 2, options={"kvstore": "local"}, levers={"resident_data": True})
+    probe = Probe(
+        "gluon", "lenet", 2, options={"kvstore": "local"}, levers=Levers(resident_data=True)
+    )
     cfg = probe.config("mxnet", 12, 0.1)
-    assert (cfg.devices, cfg.batch_size, cfg.options, cfg.resident_data) == (
+    assert (cfg.devices, cfg.batch_size, cfg.options, cfg.levers.resident_data) == (
         2,
         12,
         {"kvstore": "local"},
