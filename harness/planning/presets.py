@@ -29,12 +29,13 @@ class Preset:
     # stop a run at the first epoch whose test accuracy reaches it (--target-accuracy); None: every epoch
     target_accuracy: float | None = None
 
-    def with_flags(self, args) -> "Preset":
-        """The preset with the value of every flag the command line gives in place of its own."""
+    def with_flags(self, request) -> "Preset":
+        """The preset with the value of every flag the request gives (a RunRequest's field that is not None) in
+        place of its own."""
         given = {
-            name: getattr(args, name)
+            name: getattr(request, name)
             for name in PRESET_FLAGS
-            if getattr(args, name, None) is not None
+            if getattr(request, name, None) is not None
         }
         return dataclasses.replace(self, **given)
 
