@@ -27,8 +27,10 @@ ten-minute slot on a host without network:
     python3 benchmarks/gpu_reference.py run --piece 4        # one piece
     python3 benchmarks/gpu_reference.py run --piece 10,7     # these pieces, in this order
     python3 benchmarks/gpu_reference.py run --smoke          # the training pieces on the CPU, cut to a few steps
+    python3 benchmarks/gpu_reference.py run --fresh --piece 4  # piece 4 again from the start, whatever it left
 
---budget picks pieces in order while their estimated minutes fit, and is also a deadline: a piece still running
+--budget picks, among the pieces not done yet, pieces in order while their estimated minutes fit, and is also a
+deadline: a piece still running
 when the budget is spent is stopped with SIGTERM, so that its harness writes the runs that finished into its
 report before the slot ends (a command killed from outside would leave nothing). The estimates are minutes on one
 H200, measured where the table says so.
@@ -41,14 +43,35 @@ travel with the working tree (the test tools' wheels are left out by default: wi
 reports they would pass the size a working tree may have). `run` installs the carried wheels into the interpreter
 if it lacks them, then runs each piece with that interpreter for torch, JAX and Keras (--python); the reports land
 in reports/ as usual.
+
+`run` takes up where the last one stopped, by default: a lease ends at its budget and the next is a fresh machine,
+and a forgotten flag would pay again for every run already finished, where a piece to measure again costs only
+--fresh. Each piece's state is read first, and `list` shows it:
+ - done: skipped, with one line naming the report that holds its runs. A benchmark piece (`run`-type and parity) is
+   done when its report in reports/ was written by a harness that ended its session and no run there was
+   interrupted (a run that failed is the piece's finding, not a cut: `python -m harness --resume REPORT` runs it
+   again). The pieces that write no report (the tests, the check) are done once they ended by themselves with
+   status 0, which the script records by their command in reports/gpu-reference-done.json.
+ - cut off: its report has interrupted runs (stopped at the budget), or a killed harness left it (`-killed`):
+   the piece runs as `python -m harness [parity] --resume REPORT`, so its finished runs are kept, not paid for
+   twice; its estimate is the share of its runs left.
+ - not started (no report of its command, no mark): it runs from the start.
+A piece's report is the latest in reports/ whose results.json records the piece's own command (the same flags,
+interpreters and data): a report of another command, a smoke run's say, is not this piece's. The commands name the
+data and the tests relative to the project's root, so that they are the same on every machine. A results.json or
+done-file that cannot be read is said in one line and counts for no piece: the piece runs again from the start.
+--fresh ignores every report and mark and runs the pieces from the start (after the harness refused to resume a
+report because the code changed since, say).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -59,6 +82,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / ".data" / "fashion-mnist"
+REPORTS = ROOT / "reports"
+# The pieces that write no report (the tests, the check): each one's command, once it ended by itself with status 0.
+MARKS = "gpu-reference-done.json"
 WHEELS = ROOT / ".whl"
 FILES = (
     "train-images-idx3-ubyte.gz",
@@ -222,11 +248,12 @@ PARITY_SMOKE = ["--device", "cpu", "--batch-size", "8", "--repeat", "2", "--time
 
 def command(args: list[str], python: str | None, smoke: bool) -> list[str]:
     """The command of a piece, with the host's interpreter for torch and JAX (None: the backends' own
-    environments, for a smoke run) and the carried data."""
+    environments, for a smoke run) and the carried data. It runs in the project's root, and names its files
+    relative to it: the same piece is the same command on every machine, which is how its report is found."""
     sub = args[0] if args[0] in ("check", "parity", "test", "pytest") else None
     if sub == "pytest":  # one backend's GPU-only tests, in the interpreter that has its framework
         backend, selection = args[1], args[2]
-        test_file = str(ROOT / "tests" / "backends" / f"test_{backend}.py")
+        test_file = f"tests/backends/test_{backend}.py"
         return [python or sys.executable, "-m", "pytest", "-q", "-rs", test_file, "-k", selection]
     if smoke:  # CUDA graphs: there are none on the CPU
         args = without_graphs(args)
@@ -239,7 +266,7 @@ def command(args: list[str], python: str | None, smoke: bool) -> list[str]:
     )
     if sub == "test":  # the harness's tests, then the backend's on the GPU
         return harness + (["--python", f"{args[2]}={python}"] if python else [])
-    data = ["--data-dir", str(DATA)] if DATA.is_dir() else []
+    data = ["--data-dir", str(DATA.relative_to(ROOT))] if DATA.is_dir() else []
     if sub == "check":
         return harness + pythons + data + (["--device", "cpu"] if smoke else [])
     if sub == "parity":
@@ -263,17 +290,172 @@ def piece_env(piece: Piece) -> dict:
     return env
 
 
-def within_budget(pieces: list[Piece], minutes: float | None) -> list[Piece]:
-    """The pieces, in order, while their estimated minutes add up to at most `minutes` (None: all)."""
+def within_budget(
+    pieces: list[Piece], minutes: float | None, cost=lambda piece: piece.minutes
+) -> list[Piece]:
+    """The pieces, in order, while their estimated minutes (`cost`: what is left of each) add up to at most
+    `minutes` (None: all)."""
     if minutes is None:
         return pieces
     chosen, total = [], 0.0
     for piece in pieces:
-        if total + piece.minutes > minutes:
+        if total + cost(piece) > minutes:
             break
         chosen.append(piece)
-        total += piece.minutes
+        total += cost(piece)
     return chosen
+
+
+# ------------------------------------------------------------------ where each piece stands (see the docstring)
+
+DONE, CUT_OFF, NOT_STARTED = "done", "cut off", "not started"
+# A run's status in results.json (common/results.py's STATUSES): anything else is a damaged report.
+RUN_STATUSES = ("ok", "failed", "diverged", "timeout", "unavailable", "interrupted")
+HARNESS = ["python", "-m", "harness"]  # how results.json's "command" begins
+
+
+@dataclass(frozen=True)
+class State:
+    kind: str = NOT_STARTED
+    report: str = ""  # the report that holds its runs, relative to the project's root
+    what: str = ""  # what is known of it, in words
+    left: float = 1.0  # the share of its estimated minutes still to run
+
+
+def writes_report(piece: Piece) -> bool:
+    return piece.args[0] not in ("check", "test", "pytest")
+
+
+def shown(path: Path) -> str:
+    """A path as the user knows it: relative to the project's root where it is inside."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def read_reports(say) -> dict[tuple[str, ...], list[tuple[Path, dict]]]:
+    """Every report in reports/ by its command's words after `python -m harness`, oldest first (a run id begins
+    with the time it started). A results.json that cannot be read counts for no piece, in one line."""
+    found: dict[tuple[str, ...], list[tuple[Path, dict]]] = {}
+    for path in sorted(REPORTS.glob("*/results.json")):
+        try:
+            words, doc = read_report(path)
+        except ValueError as e:
+            say(f"{shown(path)} cannot be read ({e}): it counts for no piece")
+            continue
+        if words[:3] == HARNESS:
+            found.setdefault(tuple(words[3:]), []).append((path.parent, doc))
+    return found
+
+
+def read_report(path: Path) -> tuple[list[str], dict]:
+    """A results.json's command, in words, and the document; ValueError, in words, if it has none (untrusted)."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except OSError as e:
+        raise ValueError(e.strerror or type(e).__name__) from None
+    except (UnicodeDecodeError, RecursionError):
+        raise ValueError("not JSON") from None
+    # (json.JSONDecodeError is a ValueError, and says where the text breaks)
+    if not isinstance(doc, dict) or not isinstance(doc.get("command"), str):
+        raise ValueError("it records no command")
+    return shlex.split(doc["command"]), doc
+
+
+def report_state(folder: Path, doc: dict) -> State:
+    """A piece's report read: done, or cut off (interrupted runs, or a killed harness's report, which has no
+    "finished"); ValueError, in words, where its runs are not runs."""
+    runs = doc.get("runs")
+    if not isinstance(runs, list) or not runs:
+        raise ValueError("it holds no list of runs")
+    if not all(isinstance(r, dict) and r.get("status") in RUN_STATUSES for r in runs):
+        raise ValueError("a run has no status the harness writes")
+    planned = [r for r in runs if r["status"] != "unavailable"]
+    left = sum(r["status"] == "interrupted" for r in planned)
+    where = shown(folder)
+    if not isinstance(doc.get("finished"), str):
+        return State(CUT_OFF, where, f"its harness was killed; {where} holds the runs it finished")
+    if left:
+        return State(
+            CUT_OFF,
+            where,
+            f"{where} holds {len(planned) - left} of its {len(planned)} runs",
+            left / len(planned),
+        )
+    failed = sum(r["status"] != "ok" for r in planned)
+    failures = f" ({failed} of them failed)" if failed else ""
+    return State(DONE, where, f"{where} holds its runs{failures}", 0.0)
+
+
+def read_marks(say) -> dict[str, str]:
+    """reports/gpu-reference-done.json: each done piece's command, with when it ended; one line if unreadable."""
+    path = REPORTS / MARKS
+    if not path.exists():
+        return {}
+    try:
+        marks = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as e:
+        say(f"{shown(path)} cannot be read ({e}): the pieces it marks done run again")
+        return {}
+    if not isinstance(marks, dict):
+        say(f"{shown(path)} is not a map of commands: the pieces it marks done run again")
+        return {}
+    return {k: v for k, v in marks.items() if isinstance(v, str)}
+
+
+def mark_key(cmd: list[str]) -> str:
+    return shlex.join(cmd[1:])  # the words after the interpreter, as a report records its command
+
+
+def mark_done(cmd: list[str]) -> None:
+    """Records a piece without a report as done (it ended by itself with status 0), written whole or not at all."""
+    path = REPORTS / MARKS
+    marks = read_marks(lambda line: None)  # (an unreadable file was said when the pieces were read)
+    marks[mark_key(cmd)] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    REPORTS.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{MARKS}.tmp")
+    staged.write_text(json.dumps(marks, indent=1, sort_keys=True) + "\n")
+    os.replace(staged, path)
+
+
+def piece_states(pieces: list[Piece], python: str | None, smoke: bool, say) -> dict[str, State]:
+    """Each piece's state, by its name."""
+    reports, marks = read_reports(say), read_marks(say)
+    return {
+        p.name: piece_state(p, command(p.args, python, smoke), reports, marks, say) for p in pieces
+    }
+
+
+def piece_state(piece: Piece, cmd: list[str], reports: dict, marks: dict[str, str], say) -> State:
+    if not writes_report(piece):
+        ended = marks.get(mark_key(cmd))
+        return (
+            State(DONE, "", f"it ended with status 0 at {ended} ({MARKS})", 0.0)
+            if ended
+            else State()
+        )
+    found = reports.get(tuple(cmd[3:]))
+    if not found:
+        return State()
+    folder, doc = found[-1]  # the latest: a resumed report holds every run of the one it resumed
+    try:
+        return report_state(folder, doc)
+    except ValueError as e:
+        say(
+            f"piece {piece.name}: its report {shown(folder)} is damaged ({e}): it runs again from the start"
+        )
+        return State()
+
+
+def piece_command(piece: Piece, python: str | None, smoke: bool, state: State) -> list[str]:
+    """The piece's command; a cut-off one's is the harness's --resume of its report, which takes no other flag:
+    the report's own command is planned again, its finished runs kept."""
+    cmd = command(piece.args, python, smoke)
+    if state.kind != CUT_OFF:
+        return cmd
+    return cmd[:3] + (["parity"] if piece.args[0] == "parity" else []) + ["--resume", state.report]
+
+
+def say_error(line: str) -> None:
+    print(f"gpu_reference: {line}", file=sys.stderr)
 
 
 def prepare(source: Path, tests: bool) -> int:
@@ -347,13 +529,22 @@ def lacking(packages: dict[str, str]) -> list[str]:
 STOP_GRACE_S = 30
 
 
-def run(pieces: list[Piece], python: str | None, smoke: bool, deadline: float | None) -> int:
-    """Each piece in turn, each stopped with SIGTERM where `deadline` (a time.monotonic() instant) passes."""
+def run(
+    pieces: list[Piece],
+    python: str | None,
+    smoke: bool,
+    deadline: float | None,
+    states: dict[str, State] | None = None,
+) -> int:
+    """Each piece in turn (a cut-off one resumed, by `states`), each stopped with SIGTERM where `deadline` (a
+    time.monotonic() instant) passes."""
     install_carried(python)
     failed, timings = [], []
     for piece in pieces:
-        cmd = command(piece.args, python, smoke)
-        print(f"\n== piece {piece.name}: {' '.join(cmd[1:])}", flush=True)
+        state = (states or {}).get(piece.name, State())
+        cmd = piece_command(piece, python, smoke, state)
+        resumed = f", resumed ({state.what})" if state.kind == CUT_OFF else ""
+        print(f"\n== piece {piece.name}{resumed}: {' '.join(cmd[1:])}", flush=True)
         started = time.monotonic()
         child = subprocess.Popen(cmd, cwd=ROOT, env=piece_env(piece))
         try:
@@ -371,8 +562,16 @@ def run(pieces: list[Piece], python: str | None, smoke: bool, deadline: float | 
             stop(child)
             failed.append(f"{piece.name} (cut off at the budget)")
             break
+        if status == 0 and not writes_report(piece):
+            mark_done(cmd)
         if status:
             failed.append(piece.name)
+        if status == 2 and state.kind == CUT_OFF:
+            number = PIECES.index(piece) + 1
+            say_error(
+                f"piece {piece.name}: the harness refused to resume {state.report} (another commit made it?); "
+                f"`run --fresh --piece {number}` runs it from the start"
+            )
     print(f"\ntime per piece: {', '.join(timings)}")
     failures = f"; failed: {', '.join(failed)}" if failed else ""
     print(f"{len(timings) - len(failed)} of {len(pieces)} pieces ok{failures}")
@@ -417,9 +616,13 @@ def piece_numbers(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"must be piece numbers, comma-separated (got {text!r})")
 
 
-def main(argv: list[str] | None = None) -> int:
+def catch_stop_signals() -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
+
+
+def main(argv: list[str] | None = None) -> int:
+    catch_stop_signals()
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -447,8 +650,8 @@ def main(argv: list[str] | None = None) -> int:
             type=positive_minutes,
             default=None,
             metavar="MINUTES",
-            help="the first pieces whose estimated minutes fit, each stopped (its report kept) once the "
-            "budget is spent (default: every piece, no deadline)",
+            help="the first pieces not done whose estimated minutes (what is left of them) fit, each stopped "
+            "(its report kept, to be resumed) once the budget is spent (default: every piece, no deadline)",
         )
         p.add_argument(
             "--python",
@@ -457,6 +660,12 @@ def main(argv: list[str] | None = None) -> int:
             "own environments)",
         )
         p.add_argument("--smoke", action="store_true", help="on the CPU, cut to a few steps")
+        p.add_argument(
+            "--fresh",
+            action="store_true",
+            help="run the pieces from the start, as if no report existed (default: a piece done is skipped, "
+            "one cut off is resumed from its report)",
+        )
     args = parser.parse_args(argv)
     if args.action == "prepare":
         return prepare(Path(args.data_dir), args.tests)
@@ -468,20 +677,41 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     pieces = PIECES if args.piece is None else [PIECES[k - 1] for k in args.piece]
-    pieces = within_budget(pieces, args.budget)
-    if not pieces:
-        print(f"gpu_reference: error: no piece fits {args.budget:g} minutes", file=sys.stderr)
-        return 2
     python = args.python or (None if args.smoke else sys.executable)
+    states = {} if args.fresh else piece_states(pieces, python, args.smoke, say_error)
+
+    def state(piece: Piece) -> State:
+        return states.get(piece.name, State())
+
+    left = [p for p in pieces if state(p).kind != DONE]
+    chosen = within_budget(left, args.budget, lambda p: p.minutes * state(p).left)
+    if left and not chosen:
+        say_error(f"error: no piece left fits {args.budget:g} minutes")
+        return 2
     if args.action == "list":
         for piece in pieces:
-            i = PIECES.index(piece) + 1
-            print(
-                f"{i}. {piece.name} (~{piece.minutes:g} min): {' '.join(command(piece.args, python, args.smoke)[1:])}"
-            )
+            if state(piece).kind == DONE or piece in chosen:
+                print(listed(piece, state(piece), python, args.smoke))
+        return 0
+    for piece in pieces:
+        if state(piece).kind == DONE:
+            print(f"== piece {piece.name}: done, skipped: {state(piece).what}")
+    if not chosen:
+        print("Every piece asked for is done (--fresh runs them again)")
         return 0
     deadline = None if args.budget is None else time.monotonic() + 60 * args.budget
-    return run(pieces, python, args.smoke, deadline)
+    return run(chosen, python, args.smoke, deadline, states)
+
+
+def listed(piece: Piece, state: State, python: str | None, smoke: bool) -> str:
+    """`list`'s line of a piece: its number, name, minutes (what is left of them) and command, or that it is done."""
+    head = f"{PIECES.index(piece) + 1}. {piece.name}"
+    if state.kind == DONE:
+        return f"{head} (~{piece.minutes:g} min): done, {state.what}"
+    cmd = " ".join(piece_command(piece, python, smoke, state)[1:])
+    if state.kind == CUT_OFF:
+        return f"{head} (~{piece.minutes * state.left:.2g} of {piece.minutes:g} min; cut off, {state.what}): {cmd}"
+    return f"{head} (~{piece.minutes:g} min): {cmd}"
 
 
 if __name__ == "__main__":

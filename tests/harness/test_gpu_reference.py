@@ -1,12 +1,18 @@
 """benchmarks/gpu_reference.py: the GPU reference's pieces as commands, in the order that buys the most certainty
-per GPU minute, and the budget that picks and stops them (its smoke run on the CPU is a benchmark command, not a
-test: minutes of ResNet-18)."""
+per GPU minute, the budget that picks and stops them, and the next run taking up where the last stopped (its smoke
+run on the CPU is a benchmark command, not a test: minutes of ResNet-18; here the pieces run a fake interpreter)."""
 
 from __future__ import annotations
 
+import json
+import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
 
 from benchmarks import gpu_reference
 from tests.harness.helpers import ROOT
@@ -82,13 +88,12 @@ def test_each_framework_at_its_best_comes_first_then_each_lever_alone_then_the_r
     for line in lines[:10]:
         assert "--device gpu" in line and "--python torch=/opt/py --python jax=/opt/py" in line
     assert lines[10].endswith("--device gpu --repeat 4")
-    assert lines[11].endswith(
-        "-m pytest -q -rs " + str(ROOT / "tests/backends/test_torch.py") + " -k cuda"
-    )
+    # the files named relative to the project's root: a piece is the same command on every machine
+    assert lines[11].endswith("-m pytest -q -rs tests/backends/test_torch.py -k cuda")
     assert lines[13].endswith(
         "check --backend torch,jax --gpus 1 --model resnet18 --python torch=/opt/py --python jax=/opt/py"
         + " --python keras=/opt/py"
-        + (f" --data-dir {gpu_reference.DATA}" if gpu_reference.DATA.is_dir() else "")
+        + (" --data-dir .data/fashion-mnist" if gpu_reference.DATA.is_dir() else "")
     )
     assert "--preset d2l-target --precision bf16 --repeat 3" in lines[18]
     assert lines[19].endswith("test --backend torch --python torch=/opt/py")
@@ -161,7 +166,7 @@ def test_a_piece_out_of_range_or_a_budget_nothing_fits_is_refused_in_one_line():
         (["--piece", "22"], "--piece must be 1..21 (got 22)"),
         (["--piece", "6,0"], "--piece must be 1..21 (got 0)"),
         (["--piece", "six"], "must be piece numbers, comma-separated"),
-        (["--budget", "0.5"], "no piece fits 0.5 minutes"),
+        (["--budget", "0.5"], "no piece left fits 0.5 minutes"),
         (["--budget", "-1"], "must be a positive number of minutes"),
         (["--budget", "inf"], "must be a positive number of minutes"),
     ):
@@ -169,3 +174,157 @@ def test_a_piece_out_of_range_or_a_budget_nothing_fits_is_refused_in_one_line():
             [sys.executable, SCRIPT, "run", *args], capture_output=True, text=True, timeout=60
         )
         assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, args
+
+
+# The interpreter the pieces run with here: it notes each command it is given and ends at once, with status 1
+# where the command holds $FAKE_FAILS.
+FAKE_PYTHON = """#!/bin/sh
+printf '%s\\n' "$*" >> "$(dirname "$0")/ran.log"
+if [ -n "$FAKE_FAILS" ]; then case "$*" in *"$FAKE_FAILS"*) exit 1;; esac; fi
+exit 0
+"""
+
+
+@dataclass
+class Lease:
+    """A project's reports/ in a temporary folder, and the pieces run there by the fake interpreter."""
+
+    root: Path
+    python: str
+
+    @property
+    def reports(self) -> Path:
+        return self.root / "reports"
+
+    def command(self, number: int) -> list[str]:
+        return gpu_reference.command(gpu_reference.PIECES[number - 1].args, self.python, False)
+
+    def report(self, number: int, run_id: str, statuses: list[str], finished: bool = True) -> Path:
+        """A report of piece `number`, as its harness writes it: its command, and a run per status."""
+        doc = {
+            "command": "python -m harness " + shlex.join(self.command(number)[3:]),
+            "runs": [{"status": s} for s in statuses],
+            **({"finished": "2027-01-01 00:00:00 UTC"} if finished else {}),
+        }
+        return self.write(run_id, json.dumps(doc))
+
+    def write(self, run_id: str, text: str) -> Path:
+        folder = self.reports / run_id
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text(text)
+        return folder
+
+    def run(self, *args: str) -> int:
+        return gpu_reference.main(["run", "--python", self.python, *args])
+
+    def ran(self) -> list[str]:
+        log = self.root / "ran.log"
+        return log.read_text().splitlines() if log.exists() else []
+
+    def ran_as(self, number: int) -> str:
+        """How the fake interpreter notes piece `number`'s own command."""
+        return " ".join(self.command(number)[1:])
+
+
+@pytest.fixture
+def lease(tmp_path, monkeypatch) -> Lease:
+    monkeypatch.setattr(gpu_reference, "REPORTS", tmp_path / "reports")
+    monkeypatch.setattr(gpu_reference, "catch_stop_signals", lambda: None)
+    monkeypatch.delenv("FAKE_FAILS", raising=False)
+    python = tmp_path / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    return Lease(tmp_path, str(python))
+
+
+def test_a_piece_whose_latest_report_is_complete_is_skipped_saying_which_report_holds_its_runs(
+    lease, capsys
+):
+    lease.report(15, "20270101-000000-jax-torch", ["ok", "interrupted"])
+    # the report that resumed it, later: every run finished, one of them failed (a finding, not a cut)
+    resumed = lease.report(15, "20270102-000000-jax-torch", ["ok", "failed"])
+    assert lease.run("--piece", "15,16") == 0
+    out = capsys.readouterr().out
+    assert f"== piece d2l-bf16: done, skipped: {resumed} holds its runs (1 of them failed)" in out
+    assert lease.ran() == [lease.ran_as(16)]
+    assert "1 of 1 pieces ok" in out
+
+
+def test_a_cut_off_piece_is_resumed_from_its_report_by_the_harness_s_own_resume(lease, capsys):
+    cut = lease.report(16, "20270101-000000-jax-torch", ["ok", "ok", "interrupted", "interrupted"])
+    parity = lease.report(11, "20270101-000100-jax-torch", ["ok", "interrupted"])
+    killed = lease.report(1, "20270101-000200-torch-killed", ["ok"], finished=False)
+    assert lease.run("--piece", "16,11,1,2") == 0
+    assert lease.ran() == [
+        f"-m harness --resume {cut}",
+        f"-m harness parity --resume {parity}",
+        f"-m harness --resume {killed}",
+        lease.ran_as(2),
+    ]
+    out = capsys.readouterr().out
+    assert f"== piece d2l-fp32, resumed ({cut} holds 2 of its 4 runs): -m harness --resume" in out
+    assert f"== piece torch-best, resumed (its harness was killed; {killed} holds" in out
+
+
+def test_a_damaged_report_or_done_file_is_said_in_one_line_and_its_piece_runs_again(lease, capsys):
+    cut_short = lease.write("20270101-000000-jax-torch", '{"command": "python -m harness --bac')
+    odd = lease.report(16, "20270101-000100-jax-torch", ["ok", "lost"])
+    (lease.reports / "gpu-reference-done.json").write_text("[1, 2")
+    assert lease.run("--piece", "15,16,13") == 0
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 3 and not any("Traceback" in line for line in err)
+    assert err[0] == (
+        f"gpu_reference: {cut_short}/results.json cannot be read (Unterminated string starting at: line 1 "
+        "column 13 (char 12)): it counts for no piece"
+    )
+    assert err[1] == (
+        f"gpu_reference: {lease.reports}/gpu-reference-done.json cannot be read (Expecting ',' delimiter: "
+        "line 1 column 6 (char 5)): the pieces it marks done run again"
+    )
+    assert err[2] == (
+        f"gpu_reference: piece d2l-fp32: its report {odd} is damaged (a run has no status the harness "
+        "writes): it runs again from the start"
+    )
+    assert lease.ran() == [lease.ran_as(15), lease.ran_as(16), lease.ran_as(13)]
+
+
+def test_a_piece_without_a_report_is_done_once_it_ended_by_itself_with_status_0(
+    lease, capsys, monkeypatch
+):
+    monkeypatch.setenv("FAKE_FAILS", " check ")
+    assert lease.run("--piece", "13,14") == 1
+    marks = json.loads((lease.reports / "gpu-reference-done.json").read_text())
+    assert list(marks) == [shlex.join(lease.command(13)[1:])]
+    capsys.readouterr()
+    assert lease.run("--piece", "13,14") == 1
+    out = capsys.readouterr().out
+    assert "== piece gpu-tests-jax: done, skipped: it ended with status 0 at " in out
+    # the check failed: it runs again
+    assert lease.ran() == [lease.ran_as(13), lease.ran_as(14), lease.ran_as(14)]
+
+
+def test_the_budget_picks_from_the_pieces_left_a_cut_off_one_at_the_share_of_its_runs_left(
+    lease, capsys
+):
+    # torch-best (2.5 min) done, jax-resident (1 min) half done, torch-graphs 0.8 min, the next 1 min
+    torch = lease.report(1, "20270101-000000-torch", ["ok", "ok"])
+    half = lease.report(2, "20270101-000100-jax", ["ok", "interrupted"])
+    assert lease.run("--budget", "1.35") == 0
+    assert lease.ran() == [f"-m harness --resume {half}", lease.ran_as(3)]
+    capsys.readouterr()
+    assert gpu_reference.main(["list", "--python", lease.python, "--budget", "1.35"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in listed] == [
+        "1. torch-best (~2.5 min)",
+        f"2. jax-resident (~0.5 of 1 min; cut off, {half} holds 1 of its 2 runs)",
+        "3. torch-graphs (~0.8 min)",
+    ]
+    assert listed[1].endswith(f": -m harness --resume {half}")
+    assert listed[0] == f"1. torch-best (~2.5 min): done, {torch} holds its runs"
+
+
+def test_fresh_runs_every_piece_from_the_start_whatever_its_report_says(lease):
+    lease.report(15, "20270101-000000-jax-torch", ["ok", "ok"])
+    lease.report(16, "20270101-000100-jax-torch", ["ok", "interrupted"])
+    assert lease.run("--piece", "15,16", "--fresh") == 0
+    assert lease.ran() == [lease.ran_as(15), lease.ran_as(16)]
