@@ -91,9 +91,8 @@ def ensure(name: str, requirements: Path, say=print, base_python: str = BASE_PYT
                     "pip",
                     "install",
                     "--disable-pip-version-check",
-                    # Python compiles a module when it is first imported: pip's compiling of every module
-                    # it installs (torch's thousands) is half of a build's CPU time, for the few imported.
-                    "--no-compile",
+                    # (pip compiles every module it installs, half of a build's CPU time: without it a process
+                    # under PYTHONDONTWRITEBYTECODE would compile torch's modules again at each start)
                     "-r",
                     str(requirements),
                 ],
