@@ -68,6 +68,22 @@ def test_the_normal_pass_changes_nothing_but_pythonpath():
     }
 
 
+def test_the_project_is_byte_compiled_before_the_suites_where_python_writes_nothing(
+    tmp_path, monkeypatch
+):
+    """Under PYTHONDONTWRITEBYTECODE an import writes no byte code: the pass compiles every package once, so that
+    its processes read it instead of compiling the modules again."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setattr(testing, "ROOT", tmp_path)
+    for package in testing.PROJECT_PACKAGES:
+        (tmp_path / package / "inner").mkdir(parents=True)
+        (tmp_path / package / "inner" / "module.py").write_text("X = 1\n")
+    testing.compile_the_project()
+    tag = sys.implementation.cache_tag
+    compiled = sorted(p.relative_to(tmp_path).parts[0] for p in tmp_path.rglob(f"module.{tag}.pyc"))
+    assert compiled == sorted(testing.PROJECT_PACKAGES)
+
+
 def test_a_suite_runs_on_its_lane_and_everything_it_starts_inherits_it(tmp_path):
     """Each suite of a pass runs on its own CPUs: its thread pools are sized from them, and two suites never
     share a core. A stand-in for pytest reports the CPUs it and its child may use."""
