@@ -96,6 +96,34 @@ def test_a_resumed_report_keeps_what_finished_and_runs_only_the_rest(tmp_path):
     assert meta["command"] == json.loads((cut / "results.json").read_text())["command"]
 
 
+@pytest.mark.parametrize("target", [[], ["--target-accuracy", "0.4"]], ids=["repeat", "target"])
+def test_a_resume_keeps_each_finished_trial_of_repeat_and_target_accuracy(tmp_path, target):
+    """--repeat, alone (every trial the same configuration) and with --target-accuracy (each trial its own batch
+    order): each trial is a run of its own, kept or run again by itself, with its trial number and target."""
+    out, flags = sweep(tmp_path, fail_on="2")
+    first = run_harness(*flags, "--repeat", "2", *target)
+    assert first.returncode == 1, first.stderr
+    cut = only_report(out)
+    trials = [(r["config"]["devices"], r.get("trial"), r["status"]) for r in runs_of(cut)]
+    # (every configuration's first trial, then every second: trials interleave)
+    assert trials == [(n, t, "failed" if n == 2 else "ok") for t in (1, 2) for n in (1, 2, 4)]
+    (tmp_path / "fail_on").write_text("")
+    second = run_harness("--resume", str(cut), "--quiet")
+    assert second.returncode == 0, second.stderr
+    for n in (1, 4):
+        for t in (1, 2):
+            assert (
+                f"[torch scratch x{n} trial {t}] kept from {cut}: finished there" in second.stderr
+            )
+    resumed = runs_of(only_report(out, {cut}))
+    assert [(r["config"]["devices"], r.get("trial"), r["status"]) for r in resumed] == [
+        (n, t, "ok") for t in (1, 2) for n in (1, 2, 4)
+    ]
+    assert all(r["config"]["target_accuracy"] == (0.4 if target else None) for r in resumed)
+    kept = [r for r in runs_of(cut) if r["status"] == "ok"]
+    assert kept == [r for r in resumed if r["config"]["devices"] != 2]  # byte for byte
+
+
 def test_what_cannot_be_resumed_is_refused_in_one_line(tmp_path):
     out, flags = sweep(tmp_path, fail_on="4")
     assert run_harness(*flags).returncode == 1
