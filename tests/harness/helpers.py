@@ -104,6 +104,8 @@ def fake_nvidia_smi(
 
 CPU = ("--device", "cpu")
 SYNTHETIC = ("--dataset", "synthetic")
+# The run most tests' commands start from: torch's scratch strategy on LeNet, the quickest there is.
+TORCH_LENET = ("--backend", "torch", "--strategy", "scratch", "--model", "lenet")
 
 
 def assert_refused(

@@ -17,15 +17,17 @@ import pytest
 from common import data as datalib
 from common import weights
 from harness import cli
-from tests.harness.helpers import CPU, assert_refused, fake_python, idx_bytes, run_harness
+from tests.harness.helpers import (
+    CPU,
+    TORCH_LENET,
+    assert_refused,
+    fake_python,
+    idx_bytes,
+    run_harness,
+)
 
 ONE_RUN = (
-    "--backend",
-    "torch",
-    "--strategy",
-    "scratch",
-    "--model",
-    "lenet",
+    *TORCH_LENET,
     "--train-size",
     "256",
     "--test-size",

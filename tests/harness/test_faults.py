@@ -22,15 +22,10 @@ import pytest
 from harness import cli
 from harness.processes import envs
 from harness.reporting import document
-from tests.harness.helpers import ROOT, fake_python
+from tests.harness.helpers import ROOT, TORCH_LENET, fake_python
 
 BASE = (
-    "--backend",
-    "torch",
-    "--strategy",
-    "scratch",
-    "--model",
-    "lenet",
+    *TORCH_LENET,
     "--dataset",
     "synthetic",
     "--train-size",
@@ -621,12 +616,7 @@ def test_a_worker_killed_in_epoch_3_keeps_epochs_1_and_2_as_partial_and_says_how
             sys.executable,
             "-m",
             "harness",
-            "--backend",
-            "torch",
-            "--strategy",
-            "scratch",
-            "--model",
-            "lenet",
+            *TORCH_LENET,
         ]
         + ["--dataset", "synthetic", "--train-size", "256", "--test-size", "64", "--epochs", "3"]
         + ["--gpus", "1", "--device", "cpu", "--no-check", "--quiet", "--python", f"torch={python}"]

@@ -15,7 +15,7 @@ from harness import cli, parity
 from harness.processes import runner
 from harness.reporting import document
 from harness.session import resume
-from tests.harness.helpers import fake_python, run_harness
+from tests.harness.helpers import TORCH_LENET, fake_python, run_harness
 from tests.harness.test_faults import BASE, assert_none_survive, finish, start_harness
 
 # A worker that writes a finished result, except on the devices counts FAIL_ON names (a file beside it), where it
@@ -44,16 +44,7 @@ def sweep(tmp_path: Path, fail_on: str) -> tuple[Path, list[str]]:
     (tmp_path / "fail_on").write_text(fail_on)
     python = fake_python(tmp_path, f'exec {sys.executable} {script} "$@"')
     out = tmp_path / "reports"
-    flags = [
-        "--backend",
-        "torch",
-        "--strategy",
-        "scratch",
-        "--model",
-        "lenet",
-        "--dataset",
-        "synthetic",
-    ]
+    flags = [*TORCH_LENET, "--dataset", "synthetic"]
     flags += ["--gpus", "1,2,4", "--device", "cpu", "--no-check", "--quiet"]
     flags += ["--python", f"torch={python}", "--out", str(out)]
     return out, flags
