@@ -145,7 +145,10 @@ def train_to_target(
         epochs.append(record)
         if report:
             mllog.event("eval_accuracy", record["test_acc"], epoch_num=epoch + 1)
-            progress.emit("epoch", **record, epochs=cfg.epochs)
+            # with the peak resident set so far: what the harness says of a worker killed later (deaths.PeakRSS)
+            progress.emit(
+                "epoch", **record, epochs=cfg.epochs, peak_host_rss_mb=sysinfo.peak_rss_mb()
+            )
         if cfg.target_accuracy is not None and record["test_acc"] >= cfg.target_accuracy:
             reached_at = (epoch + 1, wall)
             break

@@ -466,3 +466,15 @@ def test_a_save_that_fails_names_the_path_and_the_run_keeps_its_figures(tmp_path
     good = loop.save_weights(trainer, SimpleNamespace(save_weights=str(tmp_path / "w.npz")))
     (line,) = sections.saved_weights_lines([Result.from_dict(ok_result(saved_weights=good))])
     assert line.endswith(f"saved to `{tmp_path / 'w.npz'}` (`{good['sha256'][:16]}`)")
+
+
+def test_each_epochs_progress_line_carries_the_workers_peak_resident_set(capsys):
+    """The runner reads it as the last peak of a worker that is killed later (harness/processes/deaths.py)."""
+    from common import progress
+
+    loop.run_training(
+        ImprovingTrainer([], [0.5, 0.6]), config(epochs=2), datalib.synthetic(48, 8, 0)
+    )
+    records = [progress.parse(line) for line in capsys.readouterr().out.splitlines()]
+    peaks = [r["peak_host_rss_mb"] for r in records if r and r["event"] == "epoch"]
+    assert len(peaks) == 2 and 0 < peaks[0] <= peaks[1]  # a high-water mark
