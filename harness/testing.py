@@ -75,6 +75,8 @@ PORTABLE_CROSS_MINUTES = 1.8
 # temporary folder.
 TIMES_FILE = ROOT / ".test-times.json"
 LONGEST_SHOWN = 10
+# The JUnit property tests/conftest.py gives each test: its CPU seconds.
+CPU_PROPERTY = "cpu_s"
 
 # The full pass's budget (`--passes normal,portable`, every backend, the environments' build included), by the widest
 # vector set the host has: XLA's and oneDNN's CPU kernels run half as wide without AVX-512. Set for 2 cores, where CI
@@ -131,6 +133,24 @@ def junit_times(path: Path) -> dict[str, float]:
         f"{case.get('classname')}::{case.get('name')}": float(case.get("time", 0.0))
         for case in ET.parse(path).getroot().iter("testcase")
     }
+
+
+def junit_cpu(path: Path) -> dict[str, float]:
+    """Each test's CPU seconds in a JUnit report (its process's and the children's it waited for: the property
+    tests/conftest.py records), by its id; a test without the property is left out."""
+    return {
+        f"{case.get('classname')}::{case.get('name')}": float(prop.get("value"))
+        for case in ET.parse(path).getroot().iter("testcase")
+        for prop in case.iter("property")
+        if prop.get("name") == CPU_PROPERTY and is_number(prop.get("value"))
+    }
+
+
+def is_number(text: str | None) -> bool:
+    try:
+        return text is not None and float(text) >= 0
+    except ValueError:
+        return False
 
 
 def suite_env(extra_env: dict, portable: bool, caller: Mapping[str, str] = os.environ) -> dict:
@@ -208,13 +228,16 @@ def caps(pythons: dict[str, str], cpus: set[int]) -> list[str]:
 
 @dataclass
 class Outcome:
-    """What one suite's run gave: its counts, everything pytest printed, its wall time, and each test's seconds by
-    its id (JUnit's classname::name)."""
+    """What one suite's run gave: its counts, everything pytest printed, its wall time, each test's seconds by
+    its id (JUnit's classname::name), and the CPU seconds of the suite and of each test (None and {} where not
+    measured). Wall time well above CPU time is waiting: a timeout, a peer's grace, a sleep, or a loaded host."""
 
     counts: Counts
     output: str
     seconds: float
     tests: dict[str, float] = field(default_factory=dict)
+    cpu_seconds: float | None = None
+    tests_cpu: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -326,17 +349,28 @@ def run_suite(suite: Suite, cpus: set[int] | None = None) -> Outcome:
                 start_new_session=True,
             )
             with RUNNING.holding(proc):
-                rc = proc.wait()
+                rc, cpu = wait_counting_cpu(proc)
         output = log.read_text(errors="replace")
         if not xml.exists():
             output += f"\n{suite.title}: pytest exited with status {rc} and no report\n"
-            return Outcome(Counts(failed=1), output, time.monotonic() - start)
-        counts, tests = junit_counts(xml), junit_times(xml)
+            return Outcome(Counts(failed=1), output, time.monotonic() - start, cpu_seconds=cpu)
+        counts, tests, tests_cpu = junit_counts(xml), junit_times(xml), junit_cpu(xml)
     # (with -k and the like, selecting nothing is fine)
     if counts.total == 0 and not suite.pytest_args:
         output += f"\n{suite.title}: no test ran; counted as a failure\n"
         counts.failed += 1
-    return Outcome(counts, output, time.monotonic() - start, tests)
+    return Outcome(counts, output, time.monotonic() - start, tests, cpu, tests_cpu)
+
+
+def wait_counting_cpu(proc: subprocess.Popen) -> tuple[int, float | None]:
+    """`proc`'s exit status and the CPU seconds it and every descendant it waited for spent (None where an
+    interrupt's stop reaped it first)."""
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    except ChildProcessError:
+        return proc.wait(), None
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, round(usage.ru_utime + usage.ru_stime, 1)
 
 
 def lanes(jobs: int, cpus: set[int]) -> list[set[int]]:
@@ -682,7 +716,9 @@ def measured_suites(suites: list[Suite], outcomes: dict, date: str) -> dict[str,
             "passed": o.counts.passed,
             "failed": o.counts.failed,
             "skipped": o.counts.skipped,
+            "cpu_seconds": o.cpu_seconds,
             "tests": o.tests,
+            "tests_cpu": o.tests_cpu,
         }
         for s in suites
         if (o := outcomes.get(s.key)) and o.tests and not s.pytest_args
@@ -717,22 +753,28 @@ def keep_times(record: dict | None) -> None:
     print(f"\nthe tests' times: {TIMES_FILE.name}", flush=True)
 
 
-def longest_tests(outcomes: dict, n: int = LONGEST_SHOWN) -> list[tuple[str, str, float]]:
-    """The `n` longest tests of a pass: (suite, test id, seconds), the longest first."""
+def longest_tests(
+    outcomes: dict, n: int = LONGEST_SHOWN
+) -> list[tuple[str, str, float, float | None]]:
+    """The `n` longest tests of a pass: (suite, test id, seconds, CPU seconds or None), the longest first."""
     rows = [
-        (label(key), test, seconds)
+        (label(key), test, seconds, outcome.tests_cpu.get(test))
         for key, outcome in outcomes.items()
         for test, seconds in outcome.tests.items()
     ]
     return sorted(rows, key=lambda row: -row[2])[:n]
 
 
-def print_longest(rows: list[tuple[str, str, float]]) -> None:
+def print_longest(rows: list[tuple[str, str, float, float | None]]) -> None:
     if not rows:
         return
-    print(f"\n=== the {len(rows)} longest tests ===")
-    for suite, test, seconds in rows:
-        print(f"{seconds:7.1f} s  {suite}  {test}")
+    print(f"\n=== the {len(rows)} longest tests (wall time, CPU time) ===")
+    for suite, test, seconds, cpu in rows:
+        print(f"{seconds:7.1f} s {cpu_text(cpu):>9}  {suite}  {test}")
+
+
+def cpu_text(cpu: float | None) -> str:
+    return "" if cpu is None else f"CPU {cpu:.0f} s"
 
 
 # ------------------------------------------------------------------------------------------------- the summary
@@ -780,9 +822,10 @@ def summarise(outcomes: dict[tuple[str, str], Outcome], passes: list[str], wall:
     portable = " (portable: capped CPU kernels, one CPU per suite)" if "portable" in passes else ""
     print(f"\n=== summary{portable} ===")
     for (pass_name, title), outcome in outcomes.items():
+        cpu = "" if outcome.cpu_seconds is None else f", {cpu_text(outcome.cpu_seconds)}"
         print(
             f"{pass_name:9} {title.split(' ')[0]:14} {counts_line(outcome.counts)} "
-            f"in {outcome.seconds:.0f} s"
+            f"in {outcome.seconds:.0f} s{cpu}"
         )
     for pass_name in passes:
         mine = [o for (p, _), o in outcomes.items() if p == pass_name]

@@ -405,8 +405,10 @@ def test_a_suite_keeps_each_tests_seconds_from_its_junit_report(tmp_path):
     report = tmp_path / "junit.xml"
     report.write_text(
         '<testsuites><testsuite tests="3" failures="1" errors="0" skipped="1">'
-        '<testcase classname="tests.backends.test_contract" name="test_steps[ddp]" time="12.500"/>'
+        '<testcase classname="tests.backends.test_contract" name="test_steps[ddp]" time="12.500">'
+        '<properties><property name="cpu_s" value="3.25"/></properties></testcase>'
         '<testcase classname="tests.backends.test_contract" name="test_steps[scratch]" time="0.250">'
+        '<properties><property name="cpu_s" value="-1"/><property name="other" value="2"/></properties>'
         "<failure/></testcase>"
         '<testcase classname="tests.backends.test_torch" name="test_on_gpu" time="0.001"><skipped/></testcase>'
         "</testsuite></testsuites>"
@@ -417,6 +419,8 @@ def test_a_suite_keeps_each_tests_seconds_from_its_junit_report(tmp_path):
         "tests.backends.test_contract::test_steps[scratch]": 0.25,
         "tests.backends.test_torch::test_on_gpu": 0.001,
     }
+    # the CPU seconds tests/conftest.py records; a value that is no CPU time is left out
+    assert testing.junit_cpu(report) == {"tests.backends.test_contract::test_steps[ddp]": 3.25}
 
 
 def one_test(seconds: dict[str, float]):
@@ -424,8 +428,8 @@ def one_test(seconds: dict[str, float]):
 
     def ran(item):
         s = seconds.get(item.title.split(" ")[0], 1.0)
-        tests = {f"tests.{item.title.split(' ')[0]}::test_{item.pass_name}": s}
-        return testing.Outcome(testing.Counts(passed=1), "", s + 1, tests)
+        test = f"tests.{item.title.split(' ')[0]}::test_{item.pass_name}"
+        return testing.Outcome(testing.Counts(passed=1), "", s + 1, {test: s}, s / 2, {test: s / 4})
 
     return ran
 
@@ -452,7 +456,9 @@ def test_the_pass_leaves_each_suites_times_with_its_date_and_host(monkeypatch, t
         "passed": 1,
         "failed": 0,
         "skipped": 0,
+        "cpu_seconds": 15.0,
         "tests": {"tests.torch::test_portable": 30.0},
+        "tests_cpu": {"tests.torch::test_portable": 7.5},
     }
 
 
@@ -524,15 +530,19 @@ def test_the_longest_tests_are_shown_longest_first_with_their_suite():
             testing.Counts(), "", 0.0, {f"t::test_{i}": float(i) for i in range(8)}
         ),
         ("portable", "jax (inside its environment)"): testing.Outcome(
-            testing.Counts(), "", 0.0, {"j::test_a": 6.5, "j::test_b": 100.0, "j::test_c": 0.5}
+            testing.Counts(),
+            "",
+            0.0,
+            {"j::test_a": 6.5, "j::test_b": 100.0, "j::test_c": 0.5},
+            tests_cpu={"j::test_b": 12.0},
         ),
     }
     rows = testing.longest_tests(outcomes)
     assert len(rows) == testing.LONGEST_SHOWN == 10
     assert rows[:3] == [
-        ("portable: jax (inside its environment)", "j::test_b", 100.0),
-        ("torch (inside its environment)", "t::test_7", 7.0),
-        ("portable: jax (inside its environment)", "j::test_a", 6.5),
+        ("portable: jax (inside its environment)", "j::test_b", 100.0, 12.0),
+        ("torch (inside its environment)", "t::test_7", 7.0, None),
+        ("portable: jax (inside its environment)", "j::test_a", 6.5, None),
     ]
     assert [r[2] for r in rows] == [100.0, 7.0, 6.5, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0, 0.5]
 
