@@ -135,6 +135,24 @@ def host() -> dict:
     }
 
 
+def busy_cpu_seconds(cpus: set[int], stat: str = "/proc/stat") -> float | None:
+    """The seconds `cpus` have spent busy since boot, whoever ran on them (/proc/stat; None where it cannot be read).
+    A run pinned to CPUs of its own takes the difference: its processes' CPU time, including those whose parent never
+    waited for them, which getrusage's children's count misses (torch's elastic workers)."""
+    try:
+        with open(stat) as f:
+            lines = [line.split() for line in f if line.startswith("cpu") and line[3].isdigit()]
+    except OSError:
+        return None
+    # user nice system idle iowait irq softirq steal ...: busy is all but idle and iowait
+    ticks = sum(
+        sum(map(int, fields[1:4])) + sum(map(int, fields[6:9]))
+        for fields in lines
+        if int(fields[0][3:]) in cpus
+    )
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def peak_rss_mb() -> float:
     """Peak resident memory of this process, in MiB.
 

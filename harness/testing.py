@@ -136,7 +136,7 @@ def junit_times(path: Path) -> dict[str, float]:
 
 
 def junit_cpu(path: Path) -> dict[str, float]:
-    """Each test's CPU seconds in a JUnit report (its process's and the children's it waited for: the property
+    """Each test's CPU seconds in a JUnit report (the busy seconds of the CPUs it ran on: the property
     tests/conftest.py records), by its id; a test without the property is left out."""
     return {
         f"{case.get('classname')}::{case.get('name')}": float(prop.get("value"))
@@ -348,8 +348,11 @@ def run_suite(suite: Suite, cpus: set[int] | None = None) -> Outcome:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+            used = cpus or os.sched_getaffinity(0)
+            busy = sysinfo.busy_cpu_seconds(used)
             with RUNNING.holding(proc):
-                rc, cpu = wait_counting_cpu(proc)
+                rc = proc.wait()
+            cpu = cpu_since(busy, used)
         output = log.read_text(errors="replace")
         if not xml.exists():
             output += f"\n{suite.title}: pytest exited with status {rc} and no report\n"
@@ -362,15 +365,10 @@ def run_suite(suite: Suite, cpus: set[int] | None = None) -> Outcome:
     return Outcome(counts, output, time.monotonic() - start, tests, cpu, tests_cpu)
 
 
-def wait_counting_cpu(proc: subprocess.Popen) -> tuple[int, float | None]:
-    """`proc`'s exit status and the CPU seconds it and every descendant it waited for spent (None where an
-    interrupt's stop reaped it first)."""
-    try:
-        _, status, usage = os.wait4(proc.pid, 0)
-    except ChildProcessError:
-        return proc.wait(), None
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, round(usage.ru_utime + usage.ru_stime, 1)
+def cpu_since(busy: float | None, cpus: set[int]) -> float | None:
+    """The busy seconds of `cpus` since they were `busy`: a suite's CPU time, where its lane's CPUs are its own."""
+    now = sysinfo.busy_cpu_seconds(cpus)
+    return None if busy is None or now is None else round(now - busy, 1)
 
 
 def lanes(jobs: int, cpus: set[int]) -> list[set[int]]:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from common import sysinfo
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -117,3 +119,18 @@ def test_the_environment_record_keeps_its_json_shape():
         "layout",
         "details",
     ]
+
+
+def test_busy_cpu_seconds_count_only_the_cpus_asked_and_not_their_idle_time(tmp_path):
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text(
+        "cpu  300 0 90 5000 20 0 6 4 0 0\n"
+        "cpu0 100 0 50 1000 7 0 3 2 0 0\n"
+        "cpu1 200 0 40 4000 13 0 3 2 0 0\n"
+        "intr 12345\n"
+    )
+    hz = os.sysconf("SC_CLK_TCK")
+    assert sysinfo.busy_cpu_seconds({0}, str(stat)) == 155 / hz
+    assert sysinfo.busy_cpu_seconds({0, 1}, str(stat)) == 400 / hz
+    assert sysinfo.busy_cpu_seconds({0}, str(tmp_path / "absent")) is None
