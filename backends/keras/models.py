@@ -1,7 +1,8 @@
 """ResNet-18 (d2l's variant for 28x28 inputs), d2l's from-scratch LeNet and ResNet-50 (torchvision's v1.5), from
 keras.layers (Keras 3's functional API), the same code on either framework Keras runs on here (torch in the ddp
-ranks, jax otherwise). ResNet-50 takes square images of any side from 32 (its input's spatial dims are None, as a
-torch module takes any size): one model for every --image-size, the step compiled for the size it is given.
+ranks, jax otherwise). The ResNets pool globally and take square images of any side (ResNet-18's from 8, ResNet-50's
+from 32: their input's spatial dims are None, as a torch module takes any size): one model for every --image-size,
+the step compiled for the size it is given. LeNet's dense layers fix its input at 28 x 28.
 
 Layer names are the canonical module names (common/architectures.py) with "-" for "." (torch, under Keras,
 refuses dots in parameter names): layer `stage2-0-conv3` holds canonical `stage2.0.conv3.weight` and `.bias`
@@ -232,8 +233,9 @@ class Net:
         return keras.Input(shape, dtype="float64" if self.policy == "float64" else "float32")
 
     def resnet18(self, num_classes: int = 10, in_channels: int = 1) -> keras.Model:
-        """3x3 stride-1 stem (no max-pool), stages of 64/128/256/512 channels, global average pool, dense."""
-        inputs = self.inputs(in_channels)
+        """3x3 stride-1 stem (no max-pool), stages of 64/128/256/512 channels, global average pool, dense. Any image
+        side (see the module's docstring)."""
+        inputs = self.inputs(in_channels, side=None)
         x = self.relu(self.bn(self.conv(inputs, "conv", 64, 3, 1, 1), "bn"))
         for stage, channels in enumerate((64, 128, 256, 512), start=1):
             first = stage == 1

@@ -35,6 +35,7 @@ from tests.backends.nodes import finish, refused_port, start_nodes
 from tests.backends.numerics import (
     BF16_EPSILON,
     IDENTICAL,
+    RESNET18_SIDE,
     bitwise_equal,
     float32_tolerance,
     max_abs_diff,
@@ -50,12 +51,15 @@ RESNET_BATCH, RESNET_LR = 8, 0.1
 
 
 def batch(n=BATCH, seed=0, model="lenet"):
-    """n random images of the shape `model` takes (ResNet-50: 3 x 32 x 32, its smallest), and their labels."""
+    """n random images of the shape `model` takes (ResNet-50: 3 x 32 x 32, its smallest; ResNet-18: RESNET18_SIDE),
+    and their labels."""
     from common.architectures import example_shape, num_classes
 
+    channels, side, _ = example_shape(model)[1:]
+    side = RESNET18_SIDE if model == "resnet18" else side
     rng = np.random.default_rng(seed)
     return (
-        rng.random((n, *example_shape(model)[1:]), dtype=np.float32),
+        rng.random((n, channels, side, side), dtype=np.float32),
         rng.integers(0, num_classes(model), n).astype(np.int32),
     )
 
@@ -276,7 +280,7 @@ def test_strategies_agree_in_float64(backend, meta):
                     results[name] = backend.train_steps(
                         Probe(name, model, k, dtype="float64"),
                         backend.initial_weights(model, 0),
-                        [batch(size, seed=s) for s in range(n_steps)],
+                        [batch(size, seed=s, model=model) for s in range(n_steps)],
                         lr,
                     )
                 except Unsupported:
@@ -348,7 +352,7 @@ def test_the_idiom_takes_the_suites_steps_in_float64(backend, idiom_env, tmp_pat
 
 def test_train_mode_forward_normalises_with_the_batch_statistics(backend):
     """Training mode normalises with the batch's statistics: the running statistics are not read there."""
-    x, _ = batch(6)
+    x, _ = batch(6, model="resnet18")
     w = backend.initial_weights("resnet18", 0)
     moved = {
         k: v + 5 if k.endswith("running_mean") else v * 100 if k.endswith("running_var") else v
@@ -423,7 +427,7 @@ def test_sync_batchnorm_makes_k_devices_one_device(backend, strategy, meta):
     if "sync" not in declared_bn_modes(meta, strategy):
         pytest.skip(f"{meta.name} {strategy} has no synchronised BatchNorm")
     w = backend.initial_weights("resnet18", 0)
-    batches = [batch(RESNET_BATCH, seed=0)]
+    batches = [batch(RESNET_BATCH, seed=0, model="resnet18")]
     one = call(
         backend.train_steps, Probe(strategy, "resnet18", 1, dtype="float64"), w, batches, RESNET_LR
     )
@@ -487,7 +491,7 @@ def test_running_statistics_follow_torchs_convention(backend, strategy, meta, k,
         pytest.skip(f"{meta.name} {strategy} has no --bn {bn}")
     # statistics of a visible size
     w = he_scaled(backend.initial_weights("resnet18", 0), "resnet18")
-    x, y = batch(RESNET_BATCH)
+    x, y = batch(RESNET_BATCH, model="resnet18")
     got = call(
         backend.train_steps,
         Probe(strategy, "resnet18", k, bn=bn, dtype="float64"),

@@ -18,6 +18,7 @@ from common.levers import Levers
 from tests.backends.conftest import NAME, run_backend_worker
 from tests.backends.numerics import (
     IDENTICAL,
+    RESNET18_SIDE,
     bitwise_equal,
     float32_tolerance,
     max_abs_diff,
@@ -28,9 +29,9 @@ pytestmark = pytest.mark.skipif(NAME != "jax", reason="jax backend only")
 DIFFERENT = 1e6 * IDENTICAL  # a float64 difference this large is other math, not rounding
 
 
-def batch(n, seed=0):
+def batch(n, seed=0, side=28):
     rng = np.random.default_rng(seed)
-    return rng.random((n, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, n).astype(np.int32)
+    return rng.random((n, 1, side, side), dtype=np.float32), rng.integers(0, 10, n).astype(np.int32)
 
 
 def float64():
@@ -62,7 +63,7 @@ def on_each_device(t, stats, *path):
 def test_batchnorm_uses_each_devices_own_shard_then_averages(backend, strategy):
     """After one 2-device step, device i's running statistics are those of a 1-device step on shard i
     (not of the global batch); before evaluation they become the mean of the two. float64."""
-    x, y = batch(8)
+    x, y = batch(8, side=RESNET18_SIDE)
     with float64():
         two = trainer(backend, strategy, "resnet18", 2, 8)
         two.step(x, y)
@@ -94,7 +95,7 @@ def test_batchnorm_uses_each_devices_own_shard_then_averages(backend, strategy):
 def test_canonical_weights_average_the_running_statistics_and_leave_the_devices_alone(
     backend, strategy
 ):
-    x, y = batch(8)
+    x, y = batch(8, side=RESNET18_SIDE)
     with float64():
         two = trainer(backend, strategy, "resnet18", 2, 8)
         two.step(x, y)
@@ -111,7 +112,7 @@ def test_train_mode_forward_gives_the_loss_that_gradients_reports(backend, strat
     """The mean cross-entropy of predict(train=True) logits is the loss of the strategy's gradient step
     (float64)."""
     w = backend.initial_weights("resnet18", 0)
-    x, y = batch(8)
+    x, y = batch(8, side=RESNET18_SIDE)
     logits = backend.predict("resnet18", w, x, train=True, dtype="float64")
     shifted = logits - logits.max(axis=1, keepdims=True)
     log_softmax = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
