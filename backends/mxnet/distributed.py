@@ -132,7 +132,9 @@ def leave(clean: bool = True) -> None:
             mx.base.check_call(mx.base._LIB.MXKVStoreFree(node.kvstore.handle))
         # unclean: never freed, its destructor would wait for the other workers
         node.kvstore.handle = None
-    deadline = time.monotonic() + (SETTLE_S if clean else 0)
+    # Without a kvstore (the join failed) nothing tells the children to stop: they are not waited for.
+    settles = clean and node.kvstore is not None
+    deadline = time.monotonic() + (SETTLE_S if settles else 0)
     for child in node.children:
         try:
             child.wait(timeout=max(0.0, deadline - time.monotonic()))
