@@ -32,6 +32,21 @@ from common import architectures
 from common.architectures import RESNET50_LAYERS
 
 BN_EPS = 1e-5
+
+
+class Unset(keras.initializers.Initializer):
+    """Every weight's value before load_canonical gives it the canonical one, which every network is given before it
+    computes: zeros made by numpy. Keras's own initializers would only cost time: on jax each is a program compiled
+    for each shape, 4 to 10 s of the first build of a model in a process."""
+
+    def __call__(self, shape, dtype=None):
+        return np.zeros(shape, keras.backend.standardize_dtype(dtype))
+
+
+UNSET = Unset()
+BN_UNSET = {
+    f"{weight}_initializer": UNSET for weight in ("gamma", "beta", "moving_mean", "moving_variance")
+}
 # torch's convention: running <- 0.9 * running + 0.1 * batch (Keras's momentum=0.9)
 BN_MOMENTUM = 0.1
 
@@ -66,7 +81,7 @@ class BatchNorm(layers.BatchNormalization):
     synchronised BatchNorm. Statistics are taken in at least float32 (bfloat16 activations included)."""
 
     def __init__(self, groups: int = 1, **kwargs):
-        super().__init__(momentum=1 - BN_MOMENTUM, epsilon=BN_EPS, **kwargs)
+        super().__init__(momentum=1 - BN_MOMENTUM, epsilon=BN_EPS, **BN_UNSET, **kwargs)
         self.groups = groups
 
     def call(self, inputs, training=None, mask=None):
@@ -168,6 +183,8 @@ class Net:
             padding="same" if same else "valid",
             use_bias=bias,
             data_format=self.data_format,
+            kernel_initializer=UNSET,
+            bias_initializer=UNSET,
             dtype=self.policy,
             name=layer_name(name),
         )(x)
@@ -188,7 +205,13 @@ class Net:
         return layers.ReLU(dtype=self.policy)(x)
 
     def dense(self, x, name: str, units: int):
-        return Dense(units, dtype=self.policy, name=layer_name(name))(x)
+        return Dense(
+            units,
+            kernel_initializer=UNSET,
+            bias_initializer=UNSET,
+            dtype=self.policy,
+            name=layer_name(name),
+        )(x)
 
     def max_pool(self, x, name: str, size: int, stride: int, padding: int):
         """torch pads a max-pool with -inf; zeros give the same maxima (and gradients) after a ReLU, as
