@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -147,8 +148,9 @@ def junit_cpu(path: Path) -> dict[str, float]:
 
 
 def is_number(text: str | None) -> bool:
+    """A finite count of seconds, >= 0 (a report is untrusted input: no NaN or infinity reaches the times file)."""
     try:
-        return text is not None and float(text) >= 0
+        return text is not None and 0 <= float(text) < math.inf
     except ValueError:
         return False
 

@@ -408,7 +408,8 @@ def test_a_suite_keeps_each_tests_seconds_from_its_junit_report(tmp_path):
         '<testcase classname="tests.backends.test_contract" name="test_steps[ddp]" time="12.500">'
         '<properties><property name="cpu_s" value="3.25"/></properties></testcase>'
         '<testcase classname="tests.backends.test_contract" name="test_steps[scratch]" time="0.250">'
-        '<properties><property name="cpu_s" value="-1"/><property name="other" value="2"/></properties>'
+        '<properties><property name="cpu_s" value="-1"/><property name="cpu_s" value="inf"/>'
+        '<property name="other" value="2"/></properties>'
         "<failure/></testcase>"
         '<testcase classname="tests.backends.test_torch" name="test_on_gpu" time="0.001"><skipped/></testcase>'
         "</testsuite></testsuites>"
