@@ -51,6 +51,40 @@ def test_a_child_harness_bootstraps_again(monkeypatch):
     assert envs.BOOTSTRAPPED not in envs.worker_env()
 
 
+def test_an_environment_writes_the_byte_code_it_compiles_inside_itself_whatever_the_variable_says(
+    tmp_path, monkeypatch
+):
+    """An environment's packages come uncompiled: its interpreter must write what it compiles, under
+    PYTHONDONTWRITEBYTECODE too (else every process compiles torch again), and only inside the environment (the
+    checkout stays clean). The .pth is read as the environment's site-packages is, by site at start."""
+    import subprocess
+    import sys
+
+    target = tmp_path / "env"
+    site_packages = target / "lib" / "python3.11" / "site-packages"
+    site_packages.mkdir(parents=True)
+    envs.keep_bytecode_inside(target)
+    source = tmp_path / "checkout"
+    source.mkdir()
+    (source / "compiled_once.py").write_text("VALUE = 7\n")
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import site; site.addsitedir({str(site_packages)!r}); import compiled_once",
+        ],
+        cwd=source,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    written = list((target / envs.BYTECODE_DIR).rglob("compiled_once.*.pyc"))
+    assert len(written) == 1 and written[0].parent.name == "checkout"
+    assert not (source / "__pycache__").exists()
+
+
 # ------------------------------------------------------------------ CPU or CUDA builds
 
 
