@@ -56,8 +56,9 @@ def ps_environment(cfg: RunConfig, role: str) -> dict[str, str]:
         "DMLC_NUM_WORKER": str(cfg.nodes.count),
         # ps-lite's heartbeats, off by default: the scheduler then notes a node dead after the run's engine
         # bound (twice --peer-timeout). It does not end a worker waiting on that node: the harness's heartbeats
-        # (harness/nodes/watch.py) do.
-        "PS_HEARTBEAT_INTERVAL": str(max(1, int(cfg.nodes.peer_timeout / 5))),
+        # (harness/nodes/watch.py) do. Every second: ps-lite's shutdown waits for the heartbeat's sleep to end,
+        # which at a fifth of the bound (6 s) was most of a two-node run's exit.
+        "PS_HEARTBEAT_INTERVAL": "1",
         "PS_HEARTBEAT_TIMEOUT": str(max(1, int(cfg.engine_timeout))),
     }
     # The address this node's ps-lite processes advertise: the one the harness found (loopback nodes:

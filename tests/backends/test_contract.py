@@ -1188,7 +1188,7 @@ def test_a_node_that_cannot_reach_the_coordinator_fails_naming_it(meta, tmp_path
         pytest.skip(f"{NAME} has no strategy with a distributed engine")
     if NAME in ENGINE_OF:
         pytest.skip(f"{NAME}'s nodes meet through {ENGINE_OF[NAME]}'s engine, proven in its suite")
-    address, timeout = f"127.0.0.1:{refused_port()}", 6
+    address, timeout = f"127.0.0.1:{refused_port()}", 2
     job = worker_config(
         strategy=engines[0],
         epochs=1,
