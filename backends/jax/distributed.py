@@ -52,6 +52,9 @@ def join(cfg) -> None:
         return
     if cfg.device_kind == "cpu":  # before any backend exists: XLA's CPU client is made with it
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # Its SIGTERM handler notes a preemption and lets the process run on: a node the harness stops (its peer
+    # failed, Ctrl-C) then waited for the SIGKILL that follows 5 s later. The run has no use for the notice.
+    jax.config.update("jax_enable_preemption_service", False)
     timeout = max(1, int(cfg.timeout))
     if cfg.nodes.rank:
         wait_for_coordinator(*cfg.nodes.coordinator_address, timeout, f"{ENGINE} coordinator")
