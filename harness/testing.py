@@ -627,7 +627,8 @@ def compile_the_project() -> None:
     """The project's modules byte-compiled once, on every usable CPU, before the suites. Where
     PYTHONDONTWRITEBYTECODE is set (as in many images) Python never writes what it compiles on import, so each of
     the pass's hundreds of processes (harness runs, workers, nodes) compiled them again: 12% of the CPU time of four
-    harness test files that start processes. A file that does not compile is left to its tests to say."""
+    harness test files that start processes. In .venvs/harness/ it lands in the environment's own cache, where its
+    interpreters read it (envs.keep_bytecode_inside). A file that does not compile is left to its tests to say."""
     import compileall
 
     for package in PROJECT_PACKAGES:

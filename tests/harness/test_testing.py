@@ -72,8 +72,10 @@ def test_the_project_is_byte_compiled_before_the_suites_where_python_writes_noth
     tmp_path, monkeypatch
 ):
     """Under PYTHONDONTWRITEBYTECODE an import writes no byte code: the pass compiles every package once, so that
-    its processes read it instead of compiling the modules again."""
+    its processes read it instead of compiling the modules again. Where Python reads it: beside the sources for a
+    harness installed outside .venvs/ (as here), in the environment's own cache inside .venvs/harness/."""
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setattr(sys, "pycache_prefix", None)
     monkeypatch.setattr(testing, "ROOT", tmp_path)
     for package in testing.PROJECT_PACKAGES:
         (tmp_path / package / "inner").mkdir(parents=True)
