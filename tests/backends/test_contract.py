@@ -1247,25 +1247,18 @@ def probes_in_both_dtypes(cfg: RunConfig, rank: int, payload) -> dict:
     return out
 
 
-@pytest.mark.rounding
-def test_two_nodes_take_the_steps_of_one_process_and_of_one_device(
-    backend, strategy, meta, tmp_path
-):
-    """A check job on 2 loopback nodes x 1 device, against 1 process x 2 devices and 1 device holding the whole
-    batch: the loss, gradients, the weights after the first and the last step and every step's loss, in float64;
-    every node stores the same values; in float32 the nodes are as close to one process as float32 is to float64.
-    An engine that carries float32 only (MXNet's dist kvstore) has its float64 run refused, with the reason: its
-    float32 nodes are held to the float64 steps within that distance."""
+@pytest.fixture(scope="session")
+def lenet_on_two_nodes(backend, meta, tmp_path_factory):
+    """A check job of every strategy with an engine, LeNet on 2 loopback nodes x 1 device: (weights, batches, lr,
+    every node's arrays). One launch for them all (jax's pmap and sharding meet through one jax.distributed): a
+    node's start and join is a third of its launch."""
     from tests.backends.nodes import measure_on_nodes, write_check_inputs
 
-    if not meta.strategies[strategy].engine:
-        pytest.skip(f"{NAME} {strategy} runs in one process")
-    if NAME in ENGINE_OF:
-        pytest.skip(f"{NAME}'s nodes meet through {ENGINE_OF[NAME]}'s engine, proven in its suite")
+    tmp_path = tmp_path_factory.mktemp("two-nodes")
     weights, batches, lr = backend.initial_weights("lenet", 0), [batch(8, s) for s in range(3)], 0.1
     job = {
         "models": ["lenet"],
-        "strategies": [strategy],
+        "strategies": _engines(meta),
         "devices": [2],
         "bn": ["local"],
         "lr": lr,
@@ -1273,7 +1266,23 @@ def test_two_nodes_take_the_steps_of_one_process_and_of_one_device(
         "float64": False,
         **write_check_inputs(tmp_path, "lenet", weights, batches),
     }
-    nodes = measure_on_nodes(NAME, job, 2, tmp_path, timeout=240)
+    return weights, batches, lr, measure_on_nodes(NAME, job, 2, tmp_path, timeout=240)
+
+
+@pytest.mark.rounding
+def test_two_nodes_take_the_steps_of_one_process_and_of_one_device(
+    backend, strategy, meta, request
+):
+    """A check job on 2 loopback nodes x 1 device, against 1 process x 2 devices and 1 device holding the whole
+    batch: the loss, gradients, the weights after the first and the last step and every step's loss, in float64;
+    every node stores the same values; in float32 the nodes are as close to one process as float32 is to float64.
+    An engine that carries float32 only (MXNet's dist kvstore) has its float64 run refused, with the reason: its
+    float32 nodes are held to the float64 steps within that distance."""
+    if not meta.strategies[strategy].engine:
+        pytest.skip(f"{NAME} {strategy} runs in one process")
+    if NAME in ENGINE_OF:
+        pytest.skip(f"{NAME}'s nodes meet through {ENGINE_OF[NAME]}'s engine, proven in its suite")
+    weights, batches, lr, nodes = request.getfixturevalue("lenet_on_two_nodes")
     assert all(bitwise_equal(node, nodes[0]) for node in nodes[1:])
     nodes32, nodes64 = (
         measured(nodes[0], f"lenet|{strategy}{s}|2|local") for s in ("", ":float64")
