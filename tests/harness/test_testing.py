@@ -470,7 +470,7 @@ def test_the_next_pass_keeps_the_suites_it_did_not_run_and_orders_its_lanes_by_t
 ):
     """A pass of one backend keeps the others' times; a pass with the user's pytest arguments ran part of each
     suite and keeps nothing; the next pass starts the suites by the times measured (torch's 900 s before the
-    cross suite's declared 3.5 minutes, the harness's 2 s after everything), a suite never measured by its declared
+    cross suite's declared 3.1 minutes, the harness's 2 s after everything), a suite never measured by its declared
     minutes."""
     fake_pass(monkeypatch, tmp_path, backend="torch", ran=one_test({"torch": 899.0}))
     fake_pass(monkeypatch, tmp_path, backend="jax", ran=one_test({"jax": 9.0}))
