@@ -120,12 +120,12 @@ def keep_bytecode_inside(target: Path) -> None:
     the environment's own folder (target/pycache), and reads it there after. Its packages come uncompiled
     (pip --no-compile): a module is compiled the first time something imports it, which for torch is about a
     quarter of its modules. Where PYTHONDONTWRITEBYTECODE is set (as in many images) Python would otherwise never
-    write it and compile again at every start. Nothing is written outside the environment: the project's
-    checkout stays as the variable asks."""
+    write it and compile again at every start. Nothing is written outside the environment, the project's checkout
+    stays as the variable asks, and a cache folder of the user's own (PYTHONPYCACHEPREFIX) is kept."""
     (site_packages,) = target.glob("lib/python*/site-packages")
     cache = str(target.resolve() / BYTECODE_DIR)
     (site_packages / BYTECODE_PTH).write_text(
-        f"import sys; sys.pycache_prefix = {cache!r}; sys.dont_write_bytecode = False\n"
+        f"import sys; sys.pycache_prefix = sys.pycache_prefix or {cache!r}; sys.dont_write_bytecode = False\n"
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from harness.processes import envs
 
@@ -28,6 +29,8 @@ def test_a_package_on_the_callers_pythonpath_is_importable_in_a_worker(tmp_path,
 
     (tmp_path / "carried_package.py").write_text("VALUE = 42\n")
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    # its byte code in the test's folder, not in the environment's cache, where it would outlive the test
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path / "pycache"))
     env = envs.worker_env(EXTRA="1")
     assert (
         env["PYTHONPATH"].split(os.pathsep) == [str(envs.ROOT), str(tmp_path)]
@@ -56,7 +59,8 @@ def test_an_environment_writes_the_byte_code_it_compiles_inside_itself_whatever_
 ):
     """An environment's packages come uncompiled: its interpreter must write what it compiles, under
     PYTHONDONTWRITEBYTECODE too (else every process compiles torch again), and only inside the environment (the
-    checkout stays clean). The .pth is read as the environment's site-packages is, by site at start."""
+    checkout stays clean); a cache folder of the user's own is kept. The .pth is read as the environment's
+    site-packages is, by site (-S: not this interpreter's own site-packages, which may hold one)."""
     import subprocess
     import sys
 
@@ -68,21 +72,32 @@ def test_an_environment_writes_the_byte_code_it_compiles_inside_itself_whatever_
     source.mkdir()
     (source / "compiled_once.py").write_text("VALUE = 7\n")
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"import site; site.addsitedir({str(site_packages)!r}); import compiled_once",
-        ],
-        cwd=source,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stderr
-    written = list((target / envs.BYTECODE_DIR).rglob("compiled_once.*.pyc"))
-    assert len(written) == 1 and written[0].parent.name == "checkout"
+    monkeypatch.delenv("PYTHONPYCACHEPREFIX", raising=False)
+
+    def import_it() -> list[Path]:
+        """Where the byte code of compiled_once lands, imported in a fresh interpreter of the environment."""
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-S",
+                "-c",
+                f"import site; site.addsitedir({str(site_packages)!r}); import compiled_once",
+            ],
+            cwd=source,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        return list(tmp_path.rglob("compiled_once.*.pyc"))
+
+    (written,) = import_it()
+    assert written.parent.name == "checkout" and written.is_relative_to(target / envs.BYTECODE_DIR)
     assert not (source / "__pycache__").exists()
+    written.unlink()
+    monkeypatch.setenv("PYTHONPYCACHEPREFIX", str(tmp_path / "own"))
+    (written,) = import_it()
+    assert written.is_relative_to(tmp_path / "own")
 
 
 # ------------------------------------------------------------------ CPU or CUDA builds
