@@ -105,8 +105,11 @@ def ensure(name: str, requirements: Path, say=print, base_python: str = BASE_PYT
                         f"building .venvs/{name}/ failed at `{' '.join(cmd[-3:])}` "
                         f"(full log: {log.relative_to(ROOT)}):\n{tail}"
                     )
-        keep_bytecode_inside(target)
-        (target / STAMP).write_text(stamp_for(requirements, base_python) + "\n")
+        try:
+            keep_bytecode_inside(target)
+            (target / STAMP).write_text(stamp_for(requirements, base_python) + "\n")
+        except OSError as e:  # a full disk, say: the environment stays unstamped, rebuilt next time
+            raise EnvError(f"building .venvs/{name}/ failed at its last files: {e}") from None
         return venv_python(name)
 
 

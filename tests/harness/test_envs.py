@@ -100,6 +100,36 @@ def test_an_environment_writes_the_byte_code_it_compiles_inside_itself_whatever_
     assert written.is_relative_to(tmp_path / "own")
 
 
+def test_an_environment_whose_last_files_cannot_be_written_is_an_error_and_stays_unstamped(
+    tmp_path, monkeypatch
+):
+    """A build whose .pth cannot be written (a full disk, say) is the build's EnvError, in one line, and the
+    environment gets no stamp: it is rebuilt on next use, never used half-made. venv and pip are stood in for."""
+    import subprocess
+
+    monkeypatch.setattr(envs, "ROOT", tmp_path)  # (where its messages name files from)
+    monkeypatch.setattr(envs, "VENVS", tmp_path / "venvs")
+    target = tmp_path / "venvs" / "torch"
+
+    def fake_run(cmd, **kwargs):
+        # the venv step makes the folders; where the .pth goes, a folder stands in the way
+        (target / "lib" / "python3.11" / "site-packages" / envs.BYTECODE_PTH).mkdir(
+            parents=True, exist_ok=True
+        )
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(envs.subprocess, "run", fake_run)
+    req = tmp_path / "requirements.txt"
+    req.write_text("torch==2.13.0\n")
+    try:
+        envs.ensure("torch", req, say=lambda _: None)
+    except envs.EnvError as e:
+        assert str(e).startswith("building .venvs/torch/ failed at its last files: ")
+    else:
+        raise AssertionError("the build did not fail")
+    assert not (target / envs.STAMP).exists()
+
+
 # ------------------------------------------------------------------ CPU or CUDA builds
 
 
