@@ -359,7 +359,16 @@ def run_suite(suite: Suite, cpus: set[int] | None = None) -> Outcome:
         if not xml.exists():
             output += f"\n{suite.title}: pytest exited with status {rc} and no report\n"
             return Outcome(Counts(failed=1), output, time.monotonic() - start, cpu_seconds=cpu)
-        counts, tests, tests_cpu = junit_counts(xml), junit_times(xml), junit_cpu(xml)
+        try:
+            counts, tests, tests_cpu = junit_counts(xml), junit_times(xml), junit_cpu(xml)
+        except (
+            ET.ParseError,
+            ValueError,
+        ) as e:  # cut short (a killed pytest, a full disk): untrusted input
+            output += (
+                f"\n{suite.title}: pytest exited with status {rc} and an unreadable report ({e})\n"
+            )
+            return Outcome(Counts(failed=1), output, time.monotonic() - start, cpu_seconds=cpu)
     # (with -k and the like, selecting nothing is fine)
     if counts.total == 0 and not suite.pytest_args:
         output += f"\n{suite.title}: no test ran; counted as a failure\n"

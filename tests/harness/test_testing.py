@@ -426,6 +426,25 @@ def test_a_suite_keeps_each_tests_seconds_from_its_junit_report(tmp_path):
     assert testing.junit_cpu(report) == {"tests.backends.test_contract::test_steps[ddp]": 3.25}
 
 
+def test_a_suite_whose_report_was_cut_short_fails_in_one_line(tmp_path):
+    """A JUnit report cut short (pytest killed while writing it, a full disk) is untrusted input: the suite fails,
+    saying so, and the pass goes on."""
+    fake = tmp_path / "fake-python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'for arg in "$@"; do\n'
+        '    case "$arg" in\n'
+        '        --junitxml=*) printf \'<testsuites><testsuite tests="3"\' > "${arg#*=}" ;;\n'
+        "    esac\n"
+        "done\n"
+    )
+    fake.chmod(0o755)
+    suite = testing.Suite("fake", str(fake), [], {**os.environ}, [], ["-k", "x"])
+    outcome = testing.run_suite(suite)
+    assert outcome.counts == testing.Counts(failed=1)
+    assert "fake: pytest exited with status 0 and an unreadable report (" in outcome.output
+
+
 def one_test(seconds: dict[str, float]):
     """A fake suite's outcome: one passed test of seconds[its short title] (the suite took one second more)."""
 
