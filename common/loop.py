@@ -7,7 +7,11 @@ A backend supplies a Trainer (common/trainer.py); this module decides what is ti
   nothing about the training that follows;
 * an epoch's time runs from a barrier before its first step to a barrier after its
   last; host->device copies of the batches are inside it (as in d2l), batch assembly
-  (one numpy gather of the epoch's permutation) happens before its timer starts;
+  (one numpy gather of the epoch's permutation) happens before its timer starts, and so
+  does the pinning of the host batches where the framework copies from page-locked memory
+  (trainer.pin, as DataLoader's pin_memory does off the training loop's path); each epoch
+  records both costs: `prepare_s`, the host's seconds to assemble and pin (or stage) its
+  batches before the timer, and `feed_s`, the host's seconds inside it spent in put();
 * each batch is put on the devices --prefetch batches ahead of the step that takes it
   (trainer.put: asynchronous copies, from pinned host memory on a copy stream where the
   framework has them), so copies overlap the steps before; --prefetch 0 leaves the copy
@@ -43,7 +47,7 @@ from common import profiling as profilinglib
 from common import weights as weightslib
 from common.errors import Diverged
 from common.results import device_busy, epoch_over_steps
-from common.trainer import Trainer, feed
+from common.trainer import FeedClock, Trainer, feed, ready
 
 
 def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset, profiling=None) -> dict:
@@ -187,9 +191,9 @@ def warm_up(trainer: Trainer, cfg, dataset: datalib.Dataset) -> float:
     """One step on the first batch, between barriers (the compile, where the framework compiles), then the
     trainer reset to the initial weights: the slowest rank's seconds."""
     trainer.reset()
-    first = datalib.train_batches(dataset, cfg.batch_size, cfg.batch_seed, 0)[:1]
-    if cfg.levers.resident_data:
-        first = trainer.stage(first)
+    first = ready(
+        trainer, datalib.train_batches(dataset, cfg.batch_size, cfg.batch_seed, 0)[:1], cfg
+    )
     trainer.sync()
     start = time.perf_counter()
     for x0, y0 in feed(trainer, first, cfg):
@@ -205,17 +209,19 @@ def train_epoch(trainer: Trainer, cfg, dataset: datalib.Dataset, epoch: int, com
     `compiles` counts what the framework compiled between the epoch's barriers."""
     report = trainer.rank == 0
     steps = datalib.steps_per_epoch(len(dataset.y_train), cfg.batch_size)
-    batches = datalib.train_batches(
-        dataset, cfg.batch_size, cfg.batch_seed, epoch
-    )  # before the timer
-    if cfg.levers.resident_data:
-        batches = trainer.stage(batches)
+    # before the timer: the epoch's gather, and the batches staged or pinned
+    preparing = time.perf_counter()
+    batches = ready(
+        trainer, datalib.train_batches(dataset, cfg.batch_size, cfg.batch_seed, epoch), cfg
+    )
+    prepare_s = time.perf_counter() - preparing
     handles = []
     last_emit = 0.0
+    clock = FeedClock()
     trainer.sync()
     compiles.open()
     start = time.perf_counter()
-    for i, (x, y) in enumerate(feed(trainer, batches, cfg)):
+    for i, (x, y) in enumerate(feed(trainer, batches, cfg, clock)):
         handles.append(trainer.step(x, y))
         now = time.perf_counter()
         if report and now - last_emit > 0.5:
@@ -238,6 +244,8 @@ def train_epoch(trainer: Trainer, cfg, dataset: datalib.Dataset, epoch: int, com
         "images_per_s": images / seconds,
         "train_loss": train_loss,
         "train_acc": correct / images,
+        "prepare_s": prepare_s,
+        "feed_s": clock.seconds,
     }
 
 
@@ -269,9 +277,7 @@ def time_steps(trainer: Trainer, cfg, dataset: datalib.Dataset) -> list[float]:
     (accuracy, saved weights) are not affected."""
     if not cfg.timed_steps:
         return []
-    batches = batches_after_training(cfg, dataset, 0, cfg.timed_steps)
-    if cfg.levers.resident_data:
-        batches = trainer.stage(batches)
+    batches = ready(trainer, batches_after_training(cfg, dataset, 0, cfg.timed_steps), cfg)
     seconds = []
     # a step's batch is put (ahead) before its opening barrier
     for x, y in feed(trainer, batches, cfg):
@@ -302,9 +308,9 @@ def profile_steps(trainer: Trainer, cfg, dataset: datalib.Dataset, profiling) ->
     if not cfg.profile or profiling is None:
         return None
     folder = profilinglib.traces_folder()
-    batches = batches_after_training(cfg, dataset, cfg.timed_steps, cfg.profile)
-    if cfg.levers.resident_data:
-        batches = trainer.stage(batches)
+    batches = ready(
+        trainer, batches_after_training(cfg, dataset, cfg.timed_steps, cfg.profile), cfg
+    )
     trainer.sync()
     with profiling.record(cfg, folder, trainer.rank) as recording:
         start = time.perf_counter()

@@ -81,6 +81,10 @@ class Epoch(_Record):
     train_loss: float | None = None
     train_acc: float | None = None
     test_acc: float | None = None
+    # the host's seconds to assemble and pin (or stage) the epoch's batches before its timer, and inside it the
+    # seconds spent putting them on the devices (absent from results written before)
+    prepare_s: float | None = None
+    feed_s: float | None = None
     extra: dict = field(default_factory=dict)
 
 
@@ -436,7 +440,9 @@ FIELD_TYPES = {
     "compiles": (dict, type(None)),
     "saved_weights": (dict, type(None)),
 }
-EPOCH_FIELDS = tuple(f.name for f in fields(Epoch) if f.name != "extra")
+# An epoch's figures a result must have; the feeding ones may be absent (results written before them).
+EPOCH_FEEDING = ("prepare_s", "feed_s")
+EPOCH_FIELDS = tuple(f.name for f in fields(Epoch) if f.name not in ("extra", *EPOCH_FEEDING))
 
 
 def result_problem(result, config: dict | None = None) -> str | None:
@@ -515,6 +521,11 @@ def _metrics_problem(result: dict) -> str | None:
             _number(epoch.get(name)) for name in EPOCH_FIELDS
         ):
             return f"an epoch record lacks one of {', '.join(EPOCH_FIELDS)} (finite numbers)"
+        if any(
+            epoch.get(name) is not None and not (_number(epoch[name]) and epoch[name] >= 0)
+            for name in EPOCH_FEEDING
+        ):
+            return f"an epoch's {' or '.join(EPOCH_FEEDING)} is not a finite number of seconds"
         if epoch["time_s"] <= 0:
             return "an epoch took no time"
     required = {

@@ -11,8 +11,11 @@ one cannot be made. The glossary (docs/ARCHITECTURE.md) says the same in prose:
   reset()                        load the run's initial weights (the loop calls it after the warm-up)
   place(x, y)                    a global numpy batch laid out on the devices as the step takes it
                                  (one shard per device, or the whole batch where the framework scatters)
+  pin(batches)                   an epoch's numpy batches made ready, before its timer, for put()'s
+                                 asynchronous copies: in page-locked host memory where the framework copies
+                                 from it (torch on CUDA, as DataLoader's pin_memory does), else as they are
   put(x, y)                      place(), queued ahead of its step: asynchronous copies where the device
-                                 has them, not waited for (--prefetch)
+                                 has them, not waited for (--prefetch); nothing but the copies
   stage(batches)                 put() every batch and wait for the copies (--resident-data)
   step(x, y)                     one synchronous SGD step on a global batch (numpy, or from put/stage);
                                  returns the step's handles, (loss sum, correct) not yet read back
@@ -55,6 +58,7 @@ METHODS = (
     "__init__",
     "reset",
     "place",
+    "pin",
     "put",
     "stage",
     "step",
@@ -90,6 +94,10 @@ class Trainer(abc.ABC):
 
     @abc.abstractmethod
     def place(self, x, y): ...
+
+    def pin(self, batches: list) -> list:
+        """As they are: a framework whose copies need page-locked host memory overrides it."""
+        return batches
 
     def put(self, x, y):
         """place() now: a backend with asynchronous copies overrides it."""
@@ -153,20 +161,49 @@ class Trainer(abc.ABC):
 # ----------------------------------------------------------------------- driving a trainer
 
 
-def feed(trainer: Trainer, batches: list, cfg) -> Iterable:
+def ready(trainer: Trainer, batches: list, cfg) -> list:
+    """A timed part's batches made ready before its timer starts: staged on the devices (--resident-data), else
+    pinned for put()'s asynchronous copies (--prefetch N), else as they are (--prefetch 0: step() copies them).
+    So the timer covers the copies and the steps, and no feeding work besides."""
+    if cfg.levers.resident_data:
+        return trainer.stage(batches)
+    if cfg.levers.prefetch:
+        return trainer.pin(batches)
+    return batches
+
+
+def feed(trainer: Trainer, batches: list, cfg, clock: "FeedClock | None" = None) -> Iterable:
     """The batches as step() takes them: staged ones (--resident-data) as they are, numpy ones put on the
-    devices cfg.levers.prefetch batches ahead of their step (0: as they are, step() copies them itself)."""
+    devices cfg.levers.prefetch batches ahead of their step (0: as they are, step() copies them itself). `clock`
+    adds up the host's seconds in put()."""
     if cfg.levers.resident_data or not cfg.levers.prefetch:
         return iter(batches)
-    return prefetched(trainer, batches, cfg.levers.prefetch)
+    return prefetched(trainer, batches, cfg.levers.prefetch, clock)
 
 
-def prefetched(trainer: Trainer, batches: Iterable, depth: int) -> Iterable:
+class FeedClock:
+    """The host's seconds spent putting batches (trainer.put) inside a timed part: what feeding costs the host
+    between the steps, the figure that shows a slow input path (common/loop.py records it per epoch)."""
+
+    def __init__(self):
+        self.seconds = 0.0
+
+    def put(self, trainer: Trainer, x, y):
+        start = time.perf_counter()
+        placed = trainer.put(x, y)
+        self.seconds += time.perf_counter() - start
+        return placed
+
+
+def prefetched(
+    trainer: Trainer, batches: Iterable, depth: int, clock: FeedClock | None = None
+) -> Iterable:
     """Each batch trainer.put() `depth` batches before it is yielded: when the step of batch i is queued,
     the copies of batches i+1..i+depth are queued too, so the device copies while it computes."""
+    clock = clock or FeedClock()
     ahead = collections.deque()
     for x, y in batches:
-        ahead.append(trainer.put(x, y))
+        ahead.append(clock.put(trainer, x, y))
         if len(ahead) > depth:
             yield ahead.popleft()
     while ahead:
@@ -192,10 +229,9 @@ def time_calls(trainer: Trainer, call, repeats: int) -> list[float]:
 
 
 def fed(trainer: Trainer, batches: list) -> Iterable:
-    """The batches as training feeds them to step(): staged (--resident-data), else put --prefetch ahead."""
-    if trainer.cfg.levers.resident_data:
-        batches = trainer.stage(batches)
-    return feed(trainer, batches, trainer.cfg)
+    """The batches as training feeds them to step(): staged (--resident-data), else pinned and put --prefetch
+    ahead."""
+    return feed(trainer, ready(trainer, batches, trainer.cfg), trainer.cfg)
 
 
 def first_gradients(trainer: Trainer, batches: list) -> tuple[float, dict[str, np.ndarray]]:

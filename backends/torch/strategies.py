@@ -32,6 +32,7 @@ from backends.torch.environment import autocast_device
 from backends.torch.parallel import (
     CopyStreams,
     OnDevice,
+    PinnedBatches,
     allreduce,
     as_tensor,
     convert_sync_batchnorm,
@@ -50,8 +51,18 @@ class TorchTrainer(Trainer):
     module: nn.Module
     devs: list
     _streams: CopyStreams | None = None
+    _pinned: PinnedBatches | None = None
     # Averaged since the last training forward: canonical() needs no collective (rank 0 alone saves weights).
     _statistics_averaged = False
+
+    def pin(self, batches: list) -> list:
+        """On CUDA, the batches in page-locked host memory, one buffer reused by every timed part; on the CPU as
+        they are (the devices read the numpy batch's memory)."""
+        if self.cfg.device_kind != "gpu":
+            return batches
+        if self._pinned is None:
+            self._pinned = PinnedBatches()
+        return self._pinned.fill(batches)
 
     def put(self, x, y):
         """One batch placed ahead of its step: on CUDA copied from pinned memory on copy streams, not waited

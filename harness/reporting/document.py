@@ -35,6 +35,7 @@ from harness.reporting.sections import (
     devices_line,
     environment_section,
     equivalence_section,
+    feeding_section,
     hashes_section,
     input_line,
     nodes_section,
@@ -235,6 +236,7 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
         notes = consistency_notes(rows)
         if notes:
             L += ["**Figures that disagree**:", ""] + notes + [""]
+    L += feeding_section(rows)
     L += profile_section(rows, plots.get("breakdown", False))
     L += limits_section(rows)
     if plots.get("accuracy"):

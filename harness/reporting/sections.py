@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from common import manifest
 from common.config import RunConfig
 from common.results import Result
-from harness.reporting.tables import fmt, key, milliseconds, table
+from harness.reporting.tables import devices_cell, fmt, key, milliseconds, table
 
 # What a GPU run's speed depends on beyond the framework (recorded by the workers that have them).
 GPU_SETTINGS = (
@@ -35,8 +36,9 @@ def input_line(cfg: RunConfig | None) -> str:
             + "each step copies its own batch to the devices (--prefetch 0), inside the epoch time."
         )
     return line + (
-        f"each batch is put on the devices {prefetch} batches ahead of its step (pinned host memory "
-        "and asynchronous copies on GPUs), so the copies, inside the epoch time, overlap compute."
+        f"each batch is put on the devices {prefetch} batches ahead of its step (on GPUs asynchronous copies "
+        "from page-locked host memory, pinned before the timer where the framework copies from it), so the "
+        "copies, inside the epoch time, overlap compute."
     )
 
 
@@ -66,6 +68,56 @@ def devices_line(meta: dict) -> str:
         )
     gpus = meta.get("gpus", [])
     return f"- Devices: {len(gpus)} GPU(s): {', '.join(gpus)}" + (f", {how}" if how else "")
+
+
+def feeding_section(rows: list) -> list[str]:
+    """What feeding cost the host in each run: its batches' path to the devices, the seconds before each epoch's
+    timer (the gather, and the pinning or staging) and inside it (putting each batch ahead of its step), so that a
+    slow input path shows as a figure."""
+    body = []
+    for row in rows:
+        r, c = row.result, row.result.config
+        fed = [e for e in r.epochs if e.prepare_s is not None and e.feed_s is not None]
+        if not r.ok or not fed:
+            continue
+        prepare = statistics.mean(e.prepare_s for e in fed)
+        feed = statistics.mean(e.feed_s for e in fed)
+        epoch = statistics.mean(e.time_s for e in fed)
+        body.append(
+            [
+                c.backend,
+                c.variant,
+                devices_cell(c),
+                fmt(prepare, ".2f"),
+                milliseconds(feed / fed[0].steps),
+                fmt(feed / epoch, ".1%"),
+                setting((r.environment or {}).get("input_copies") or "—"),
+            ]
+        )
+    if not body:
+        return []
+    header = [
+        "backend",
+        "strategy",
+        "devices",
+        "before the timer, s/epoch",
+        "put, ms/step",
+        "put / epoch",
+        "input path",
+    ]
+    return [
+        "## Feeding",
+        "",
+        *table(header, body),
+        "",
+        "The host's seconds spent feeding, per epoch (the mean over the epochs). Before the timer, not timed: the "
+        "epoch's gather (one numpy copy of its shuffled images) and, where the framework copies from page-locked "
+        "memory, the batches pinned into it (as DataLoader's pin_memory thread does off the loop's path), or with "
+        "--resident-data copied to the devices. Inside the timer: the host's time in putting each batch on the "
+        "devices ahead of its step (the copies' launch; on a GPU they run on a copy stream beside the steps). "
+        "Put / epoch is its share of the epoch's time: the part of the epoch the host spends on input, not steps.",
+        "",
+    ]
 
 
 def nodes_section(rows: list, topology: str) -> list[str]:

@@ -112,7 +112,7 @@ def image_batches(n_steps=1, size=8):
     ]
 
 
-def scratch_trainer(backend, devices=2, batch_size=8, **levers):
+def scratch_trainer(backend, devices=2, batch_size=8, device_kind="cpu", simulated=True, **levers):
     """A scratch trainer of LeNet, as built (not reset)."""
     from backends.torch.strategies import ScratchTrainer
     from common.config import RunConfig
@@ -124,6 +124,8 @@ def scratch_trainer(backend, devices=2, batch_size=8, **levers):
         model="lenet",
         batch_size=batch_size,
         lr=0.5,
+        device_kind=device_kind,
+        simulated=simulated,
         levers=Levers(**levers),
     ).validate()
     return ScratchTrainer(cfg, backend.initial_weights("lenet", 0))
@@ -394,6 +396,32 @@ def test_cuda_put_copies_from_pinned_memory_on_a_copy_stream(backend):
     assert all(t.is_cuda for t in placed_x.take())
     torch.cuda.synchronize()
     assert np.array_equal(np.concatenate([t.cpu().numpy() for t in placed_x.value]), x)
+
+
+@needs_cuda
+def test_cuda_fed_steps_neither_synchronise_nor_allocate_pinned_memory(backend):
+    """An epoch's work between its barriers, on one GPU: each batch put ahead of its step from the page-locked
+    buffer pin() filled before the timer, then the steps. No call may make the host wait for the device (torch's
+    sync debug mode raises on one), and no page-locked memory may be allocated (CUDA synchronises the device for
+    it): the host then runs ahead of the device, as with resident batches."""
+    import torch
+
+    from common import trainer as trainerlib
+
+    trainer = scratch_trainer(backend, devices=1, batch_size=8, device_kind="gpu", simulated=False)
+    trainer.reset()
+    batches = trainer.pin(image_batches(6))
+    trainer.sync()
+    stats = getattr(torch.cuda, "host_memory_stats", dict)
+    allocations = stats().get("num_host_alloc")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for x, y in trainerlib.feed(trainer, batches, trainer.cfg):
+            trainer.step(x, y)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    trainer.sync()
+    assert stats().get("num_host_alloc") == allocations
 
 
 @needs_cuda

@@ -22,6 +22,13 @@ class RecordingArray(np.ndarray):
         return super().__getitem__(index)
 
 
+class Pinned(np.ndarray):
+    """A batch that RecordingTrainer.pin() made ready (page-locked, in a real backend)."""
+
+    def __new__(cls, a):
+        return np.asarray(a).view(cls)
+
+
 class RecordingTrainer:
     """Just enough of loop.Trainer: logs each barrier and step, so the order of events shows what the
     epoch timer (started right after a barrier, stopped right after one) encloses."""
@@ -32,8 +39,15 @@ class RecordingTrainer:
         self.events, self.weights = events, {"w": np.zeros(1, np.float32)}
         self.stepped = []  # the labels of every batch step() received, in order
 
+    def pin(self, batches):
+        self.events.append("pin")
+        return [(Pinned(x), Pinned(y)) for x, y in batches]
+
     def put(self, x, y):
-        self.events.append("put")
+        # the loop's put() takes what pin() made: anything else is feeding work left to the timed step
+        self.events.append(
+            "put" if isinstance(x, Pinned) and isinstance(y, Pinned) else "put unpinned"
+        )
         return ("placed", x), ("placed", y)
 
     def reset(self):
@@ -132,6 +146,50 @@ def test_with_prefetch_each_batch_is_put_ahead_of_its_step_inside_the_timer():
     assert epochs[0] == ["sync", "put", "step", "sync"]  # the warm-up step goes through put() too
 
 
+def test_each_batch_is_pinned_before_its_timer_and_the_timed_put_only_copies_it():
+    """The feeding work beside the copy (pinning host memory, where the framework copies from it) is done before
+    each timed part's opening barrier, so an epoch's timer holds its copies and its steps and nothing else."""
+    events = []
+    loop.run_training(
+        RecordingTrainer(events), config(prefetch=1, timed_steps=2), recording_dataset(events)
+    )
+    assert "put unpinned" not in events
+    opening = [i for i, e in enumerate(events) if e == "sync" and "step" in events[i + 1 : i + 3]]
+    # the warm-up, the two epochs, the timed steps: each part pinned its batches before its opening barrier
+    assert events.count("pin") == 4
+    for timed in timed_epochs(events):
+        assert set(timed) <= {"sync", "put", "step"}
+    assert all("pin" in events[:i] for i in opening)
+
+
+def test_each_epoch_records_the_hosts_seconds_spent_feeding(monkeypatch):
+    """feed_s: the host's seconds in put() inside the timer, here 1 s a put on a fake clock (6 steps an epoch);
+    prepare_s: the seconds before it, the gather and the pinning."""
+    clock = FakeClock()
+
+    class SlowPut(RecordingTrainer):
+        def put(self, x, y):
+            clock.now += 1.0
+            return super().put(x, y)
+
+    monkeypatch.setattr(trainerlib, "time", clock)
+    metrics = loop.run_training(SlowPut([]), config(prefetch=2), datalib.synthetic(48, 8, 0))
+    assert [e["feed_s"] for e in metrics["epochs"]] == [6.0, 6.0]
+    assert all(e["prepare_s"] >= 0 for e in metrics["epochs"])
+    unfed = loop.run_training(RecordingTrainer([]), config(prefetch=0), datalib.synthetic(48, 8, 0))
+    assert [e["feed_s"] for e in unfed["epochs"]] == [0.0, 0.0]
+
+
+class FakeClock:
+    """common.trainer's `time`: perf_counter reads a clock the test moves."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
 def test_prefetch_gives_every_step_the_same_batches_in_the_same_order():
     """Whatever the depth (0 = no put at all, more than an epoch's 6 steps included), the steps receive
     the same batches, in the same order, timed steps included."""
@@ -153,9 +211,9 @@ def test_prefetched_puts_depth_batches_ahead():
     events = []
     trainer = RecordingTrainer(events)
     batches = [(np.zeros(1), np.full(1, i)) for i in range(4)]
-    for x, y in trainerlib.prefetched(trainer, batches, 1):
+    for x, y in trainerlib.prefetched(trainer, trainer.pin(batches), 1):
         trainer.step(x, y)
-    assert events == ["put", "put", "step", "put", "step", "put", "step", "step"]
+    assert events == ["pin", "put", "put", "step", "put", "step", "put", "step", "step"]
     assert trainer.stepped == [batch_y.tobytes() for _, batch_y in batches]
 
 
@@ -268,7 +326,8 @@ def test_the_profiled_steps_come_after_everything_timed_and_change_none_of_it(
         RecordingProfiling(profiled, [0.0]),
     )
     start = profiled.index("profiler on")
-    assert profiled[:start] == plain + ["sync"]  # the work before it done, outside the trace
+    # the work before it done, and its batches pinned, outside the trace
+    assert profiled[:start] == plain + ["pin", "sync"]
     inside = profiled[start + 1 : profiled.index("profiler off")]
     assert inside == ["put"] * 3 + ["sync", "step", "sync"] * 3
     profile = metrics["profile"]
