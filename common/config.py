@@ -161,6 +161,9 @@ class RunConfig:
     target_accuracy: float | None = None
     # steps recorded with the framework's profiler after everything timed (--profile; 0: none): common/profiling.py
     profile: int = 0
+    # --profile-epoch: the profiled steps run as an epoch runs them (barriers only around the stretch), so the trace
+    # shows the input path; else each between two barriers, as a timed step
+    profile_epoch: bool = False
     # measure the framework's matmul peak on this host after training (the harness asks it of one run per backend)
     measure_peak: bool = False
     # the nodes the run spans and this one's place among them (common/nodes.py)

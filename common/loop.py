@@ -302,9 +302,11 @@ def batches_after_training(cfg, dataset: datalib.Dataset, skip: int, count: int)
 
 def profile_steps(trainer: Trainer, cfg, dataset: datalib.Dataset, profiling) -> dict | None:
     """--profile: cfg.profile more steps (after the timed steps, on the batches that follow them), each between
-    two barriers as a timed step is, inside the framework's profiler; each rank writes its trace in the traces
-    folder (common/profiling.py's traces_folder). Rank 0's record: its trace's name in that folder and its
-    breakdown (common/profiling.py), or the reason there is none."""
+    two barriers as a timed step is, or with --profile-epoch as an epoch runs them (a barrier before the first
+    and after the last, each batch put ahead: the input path and any wait between the steps in the trace), inside
+    the framework's profiler; each rank writes its trace in the traces folder (common/profiling.py's
+    traces_folder). Rank 0's record: its trace's name in that folder and its breakdown (common/profiling.py), or
+    the reason there is none."""
     if not cfg.profile or profiling is None:
         return None
     folder = profilinglib.traces_folder()
@@ -315,8 +317,12 @@ def profile_steps(trainer: Trainer, cfg, dataset: datalib.Dataset, profiling) ->
     with profiling.record(cfg, folder, trainer.rank) as recording:
         start = time.perf_counter()
         for x, y in feed(trainer, batches, cfg):
-            trainer.sync()
+            if not cfg.profile_epoch:
+                trainer.sync()
             trainer.step(x, y)
+            if not cfg.profile_epoch:
+                trainer.sync()
+        if cfg.profile_epoch:
             trainer.sync()
         # this rank's own time, the one its trace shows (the slowest rank's would need a collective, which
         # would land in the trace after the steps)

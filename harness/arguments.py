@@ -460,6 +460,13 @@ def run_flags() -> Parser:
         "step's time goes (docs/profiling.md). Default 0: none",
     )
     p.add_argument(
+        "--profile-epoch",
+        action="store_true",
+        help="record the --profile steps as an epoch runs them, not each between two barriers: one barrier "
+        "before the first and one after the last, each batch put ahead of its step, so the trace shows the "
+        "input path and any wait between steps (docs/profiling.md)",
+    )
+    p.add_argument(
         "--repeat",
         type=int,
         default=1,

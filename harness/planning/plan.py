@@ -345,7 +345,17 @@ class Row:
 
 
 # The request's flags every run takes as they are (RunConfig's names)
-AS_ASKED = ("dataset", "image_size", "seed", "timeout", "threads", "bn", "compile_cache", "profile")
+AS_ASKED = (
+    "dataset",
+    "image_size",
+    "seed",
+    "timeout",
+    "threads",
+    "bn",
+    "compile_cache",
+    "profile",
+    "profile_epoch",
+)
 
 
 def recipe(preset: Preset, devices: int) -> dict:

@@ -76,6 +76,7 @@ class RunRequest:
     threads: int | None
     timeout: float
     profile: int
+    profile_epoch: bool
     load_weights: str | None
     save_weights: str | None
     check: bool

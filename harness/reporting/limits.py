@@ -100,8 +100,9 @@ def profile_section(rows: list[Row], plotted: bool) -> list[str]:
         L += ["![Where a step's time goes](breakdown.png)", ""]
     L += [
         "Each run's --profile steps, recorded with its framework's own profiler after everything timed (torch."
-        "profiler, jax.profiler, MXNet's profiler; Keras through the framework it runs on), each step between "
-        "two barriers as a timed step is. Every instant of their wall time goes to one category: the op running "
+        "profiler, jax.profiler, MXNet's profiler; Keras through the framework it runs on), "
+        + profiled_how(rows)
+        + " Every instant of their wall time goes to one category: the op running "
         "then (the outermost op with a category, on any thread; where several run at once, the first in the "
         'table\'s order), or "untraced" where no op was. The shares add up to the profiled step. The profiled '
         "step is slower than the timed one by what the profiler costs. On a GPU only the device's kernels and "
@@ -120,6 +121,17 @@ def profile_section(rows: list[Row], plotted: bool) -> list[str]:
     ]
     notes = profile_notes(rows)
     return L + (["**Breakdowns to read with care**:", ""] + notes + [""] if notes else [])
+
+
+def profiled_how(rows: list[Row]) -> str:
+    """How the profiled steps ran: each between two barriers, or (--profile-epoch) as an epoch runs them."""
+    as_epoch = any(row.result.config.profile_epoch for row in rows if row.profile)
+    if as_epoch:
+        return (
+            "as an epoch runs them (--profile-epoch): one barrier before the first and one after the last, each "
+            "batch put ahead of its step, so the trace holds the input path and any wait between the steps."
+        )
+    return "each step between two barriers as a timed step is."
 
 
 def host_peak(rows: list[Row]) -> tuple[float | None, str]:

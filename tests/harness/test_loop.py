@@ -336,6 +336,21 @@ def test_the_profiled_steps_come_after_everything_timed_and_change_none_of_it(
     assert metrics["device_busy"] is None  # a host's trace: no device to be busy
 
 
+def test_profile_epoch_records_the_steps_as_an_epoch_runs_them(tmp_path, monkeypatch):
+    """--profile-epoch: no barrier between the profiled steps, each batch put ahead as in an epoch, so the trace
+    holds the input path; the record's wall time ends at the barrier after the last step."""
+    monkeypatch.setenv("DPBENCH_TRACES", str(tmp_path))
+    events = []
+    loop.run_training(
+        RecordingTrainer(events),
+        config(timed_steps=2, profile=3, profile_epoch=True),
+        datalib.synthetic(48, 8, 0),
+        RecordingProfiling(events, [0.0]),
+    )
+    inside = events[events.index("profiler on") + 1 : events.index("profiler off")]
+    assert inside == ["put"] * 3 + ["step"] * 3 + ["sync"]
+
+
 def test_a_gpu_run_records_the_share_of_its_epochs_step_the_device_is_busy(tmp_path, monkeypatch):
     """A device trace of 30 us of kernels over the 3 profiled steps: 10 us a step, over the mean epoch's time per
     step (6 steps an epoch)."""
