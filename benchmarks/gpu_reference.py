@@ -1,27 +1,34 @@
 """The GPU reference, in the order that buys the most certainty per minute of GPU time, in pieces that each fit a
 ten-minute slot on a host without network:
 
- 1. torch-best      torch as written and at its best (--best: torch.compile with CUDA graphs, channels-last) on
-                    the d2l recipe in bf16, batches resident on the device, scratch and ddp, 4 epochs, profiled,
-                    torch's own log of the graphs it captured in each worker's log
- 2. jax-resident    JAX beside it on the same card: pmap and sharding with resident batches, 4 epochs, profiled
- 3. torch-graphs    CUDA graphs alone (compile reduce-overhead), torch scratch, 2 epochs
- 4-5. resnet50-torch-*  torchvision's ResNet-50 throughput preset in torch, channels-last, then compiled too
- 6. keras           Keras ddp and distribution on the d2l recipe in bf16, 2 epochs (Keras's wheels are carried)
- 7. resnet50-jax-resident  JAX sharding's ResNet-50 with resident batches
- 8-10. torch-*      each other torch lever alone (compile, resident data, channels-last), 2 epochs
- 11. parity         each strategy beside its framework's own loop
- 12-13. gpu-tests   the tests that skip without a GPU: torch's CUDA tests and jax's GPU tests
- 14. check          `harness check --gpus 1 --model resnet18`, torch and jax
- 15-16. d2l-*       the d2l recipe (ResNet-18, 10 epochs, all 60,000/10,000 images, batch 256, lr 0.1) in bf16,
+ 1. gpu-tests-torch  torch's CUDA tests first: among them, that the steps of an epoch, fed as it feeds them, never
+                    make the host wait for the device nor allocate page-locked memory
+ 2. torch-fed       torch scratch as written by default (batches pinned before the timer, copied a step ahead) on
+                    the d2l recipe in bf16, 2 epochs, profiled as an epoch runs (--profile-epoch: the feeding shows)
+ 3. torch-resident  the same with resident batches, minutes later on the same card: their ratio is the feeding's cost
+ 4. keras           Keras ddp and distribution on the d2l recipe in bf16, 2 epochs, profiled (Keras's wheels carried)
+ 5. parity          each strategy of torch, JAX and Keras beside its framework's own loop, 3 trials a side
+ 6. d2l-best        the d2l recipe's 10 epochs at each framework's best: torch scratch (--best) and JAX, resident
+ 7. keras-compile   Keras ddp with --compile, given the time it needs once, torch's graph breaks and recompiles logged
+ 8. readme          the README's table in one sitting: torch, JAX and Keras as written and at their best, 3 epochs
+ 9. resnet50-jax-resident  JAX sharding's ResNet-50 with resident batches
+ 10. torch-best     torch as written and at its best on the d2l recipe in bf16, resident, scratch and ddp, 4 epochs,
+                    profiled, torch's own log of the graphs it captured in each worker's log
+ 11. jax-resident   JAX beside it: pmap and sharding with resident batches, 4 epochs, profiled
+ 12. torch-graphs   CUDA graphs alone (compile reduce-overhead), torch scratch, 2 epochs
+ 13-14. resnet50-torch-*  torchvision's ResNet-50 throughput preset in torch, channels-last, then compiled too
+ 15-16. torch-*     each other torch lever alone (compile, channels-last), 2 epochs
+ 17. gpu-tests-jax  jax's GPU tests
+ 18. check          `harness check --gpus 1 --model resnet18`, torch and jax
+ 19-20. d2l-*       the d2l recipe (ResNet-18, 10 epochs, all 60,000/10,000 images, batch 256, lr 0.1) in bf16,
                     then fp32: torch scratch and ddp, jax pmap and sharding, one GPU
- 17. profile        the bf16 runs again, 2 epochs, profiled
- 18. resnet50       ResNet-50, torch and jax as they are, profiled
- 19. d2l-target     time to 0.91 test accuracy in bf16, 3 trials each on their own batch orders
- 20-21.             the whole torch and jax suites (`harness test`)
+ 21. profile        the bf16 runs again, 2 epochs, profiled
+ 22. resnet50       ResNet-50, torch and jax as they are, profiled
+ 23. d2l-target     time to 0.91 test accuracy in bf16, 3 trials each on their own batch orders
+ 24-25.             the whole torch and jax suites (`harness test`)
 
     python3 benchmarks/gpu_reference.py prepare              # where there is network: .data/ and .whl/ to carry
-    python3 benchmarks/gpu_reference.py prepare --tests      # ... with the test tools' wheels (pieces 20-21)
+    python3 benchmarks/gpu_reference.py prepare --tests      # ... with the test tools' wheels (pieces 24-25)
     python3 benchmarks/gpu_reference.py list                 # the pieces, their minutes and commands
     python3 benchmarks/gpu_reference.py run --budget 8       # on the GPU host: the first pieces that fit 8 minutes
     python3 benchmarks/gpu_reference.py run --piece 4        # one piece
@@ -126,6 +133,10 @@ PROFILED_3 = [
 ]  # ResNet-50's steps are long: three profiled are enough
 # torch's own words on its CUDA graphs (captured, or skipped and why), in each worker's log beside the report
 TORCH_GRAPH_LOGS = {"TORCH_LOGS": "cudagraphs,perf_hints"}
+# ... and on where dynamo breaks a Keras model into graphs and why it compiles one again
+KERAS_COMPILE_LOGS = {"TORCH_LOGS": "graph_breaks,recompiles"}
+# the profiled steps as an epoch runs them: the trace holds the input path and any wait between steps
+FED_PROFILE = ["--profile", "5", "--profile-epoch"]
 
 
 @dataclass(frozen=True)
@@ -140,10 +151,65 @@ class Piece:
     env: dict | None = None  # added to the piece's environment
 
 
-# In the order of what the next GPU hour must buy: each framework at its best (torch with CUDA graphs, beside JAX
-# on the same card), what each torch lever gives alone, ResNet-50 at its best, Keras's first GPU run; then the
-# reference pieces that earlier leases ran (correctness, the d2l recipe, the rest).
+# In the order of what the next GPU minutes must buy: what feeding costs torch as written (found by the CUDA tests,
+# measured against resident batches on the same card), Keras's GPU runs, parity on the GPU, the d2l recipe at each
+# framework's best and the README's table; then the pieces earlier leases ran.
 PIECES = [
+    # what the feeding costs, found and proven: the CUDA tests (the fed steps neither synchronise the host with the
+    # device nor allocate page-locked memory), then torch as written by default beside resident batches, same card
+    Piece("gpu-tests-torch", 1.5, ["pytest", "torch", "cuda"]),
+    Piece("torch-fed", 0.6, [*TORCH_SCRATCH, *D2L_BF16, *LEVER_EPOCHS, *FED_PROFILE]),
+    Piece("torch-resident", 0.4, [*TORCH_SCRATCH, *D2L_BF16, "--resident-data", *LEVER_EPOCHS]),
+    # Keras on both its frameworks, profiled (the syncs and device ops a step), then every framework against its
+    # own idiom, then each framework at its best for the d2l recipe's 10 epochs
+    Piece("keras", 2.5, ["--backend", "keras", *D2L_BF16, *LEVER_EPOCHS, "--profile", "3"]),
+    Piece("parity", 9.0, ["parity", "--backend", "torch,jax,keras", "--gpus", "1"]),
+    Piece(
+        "d2l-best",
+        5.0,
+        [
+            "--backend",
+            "torch,jax",
+            "--strategy",
+            "scratch,pmap,sharding",
+            *D2L_BF16,
+            "--best",
+            "--resident-data",
+            "--no-check",
+        ],
+        TORCH_GRAPH_LOGS,
+    ),
+    # Keras's ddp compiled, given the time it needs once, with torch's words on its graph breaks and recompiles
+    Piece(
+        "keras-compile",
+        6.0,
+        ["--backend", "keras", "--strategy", "ddp", *D2L_BF16, "--compile", *LEVER_EPOCHS],
+        KERAS_COMPILE_LOGS,
+    ),
+    # the README's table in one sitting: each framework as written and at its best, one card
+    Piece(
+        "readme",
+        8.0,
+        ["--backend", "torch,jax,keras", *D2L_BF16, "--best", "--epochs", "3", "--no-check"],
+        TORCH_GRAPH_LOGS,
+    ),
+    Piece(
+        "resnet50-jax-resident",
+        1.2,
+        [
+            "--backend",
+            "jax",
+            "--strategy",
+            "sharding",
+            "--preset",
+            "resnet50",
+            "--gpus",
+            "1",
+            "--resident-data",
+            "--no-check",
+        ],
+    ),
+    # the pieces earlier leases ran: each framework at its best, each torch lever alone, ResNet-50, the reference
     Piece(
         "torch-best",
         2.5,
@@ -175,30 +241,10 @@ PIECES = [
         1.5,
         [*RESNET50_TORCH, "--channels-last", "--compile", *PROFILED_3],
     ),
-    Piece("keras", 2.0, ["--backend", "keras", *D2L_BF16, *LEVER_EPOCHS]),
-    Piece(
-        "resnet50-jax-resident",
-        1.2,
-        [
-            "--backend",
-            "jax",
-            "--strategy",
-            "sharding",
-            "--preset",
-            "resnet50",
-            "--gpus",
-            "1",
-            "--resident-data",
-            "--no-check",
-        ],
-    ),
     Piece("torch-compile", 0.6, [*TORCH_SCRATCH, *D2L_BF16, "--compile", *LEVER_EPOCHS]),
-    Piece("torch-resident", 0.4, [*TORCH_SCRATCH, *D2L_BF16, "--resident-data", *LEVER_EPOCHS]),
     Piece(
         "torch-channels-last", 0.4, [*TORCH_SCRATCH, *D2L_BF16, "--channels-last", *LEVER_EPOCHS]
     ),
-    Piece("parity", 10.0, ["parity", "--backend", "torch,jax", "--gpus", "1"]),
-    Piece("gpu-tests-torch", 1.5, ["pytest", "torch", "cuda"]),
     Piece("gpu-tests-jax", 0.5, ["pytest", "jax", "gpu"]),
     Piece("check", 3.0, ["check", "--backend", "torch,jax", "--gpus", "1", "--model", "resnet18"]),
     Piece("d2l-bf16", 4.5, [*BOTH, *TRAIN, "--precision", "bf16"]),
@@ -241,8 +287,9 @@ SMOKE = [
     "--timed-steps",
     "2",
 ]
-# parity: each strategy beside its framework's own loop, 4 trials of each side at batch 256 (10 minutes)
-PARITY_GPU = ["--device", "gpu", "--repeat", "4"]
+# parity: each strategy of torch, JAX and Keras beside its framework's own loop, 3 trials of each side at batch 256,
+# the fixed design (95% intervals), so that the three frameworks fit one command
+PARITY_GPU = ["--device", "gpu", "--repeat", "3", "--max-trials", "3"]
 PARITY_SMOKE = ["--device", "cpu", "--batch-size", "8", "--repeat", "2", "--timed-steps", "3"]
 
 

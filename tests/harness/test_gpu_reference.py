@@ -35,72 +35,116 @@ def names(lines: list[str]) -> list[str]:
     return [line.split(" (~")[0] for line in lines]
 
 
-def test_each_framework_at_its_best_comes_first_then_each_lever_alone_then_the_reference_pieces():
+def number(name: str) -> int:
+    """A piece's number, as --piece takes it."""
+    return next(i for i, piece in enumerate(gpu_reference.PIECES, 1) if piece.name == name)
+
+
+def test_the_feeding_comes_first_then_keras_parity_and_each_framework_at_its_best_then_the_rest():
     lines = pieces()
     assert names(lines) == [
-        "1. torch-best",
-        "2. jax-resident",
-        "3. torch-graphs",
-        "4. resnet50-torch-channels-last",
-        "5. resnet50-torch-compile",
-        "6. keras",
-        "7. resnet50-jax-resident",
-        "8. torch-compile",
-        "9. torch-resident",
-        "10. torch-channels-last",
-        "11. parity",
-        "12. gpu-tests-torch",
-        "13. gpu-tests-jax",
-        "14. check",
-        "15. d2l-bf16",
-        "16. d2l-fp32",
-        "17. profile",
-        "18. resnet50",
-        "19. d2l-target",
-        "20. test-torch",
-        "21. test-jax",
+        "1. gpu-tests-torch",
+        "2. torch-fed",
+        "3. torch-resident",
+        "4. keras",
+        "5. parity",
+        "6. d2l-best",
+        "7. keras-compile",
+        "8. readme",
+        "9. resnet50-jax-resident",
+        "10. torch-best",
+        "11. jax-resident",
+        "12. torch-graphs",
+        "13. resnet50-torch-channels-last",
+        "14. resnet50-torch-compile",
+        "15. torch-compile",
+        "16. torch-channels-last",
+        "17. gpu-tests-jax",
+        "18. check",
+        "19. d2l-bf16",
+        "20. d2l-fp32",
+        "21. profile",
+        "22. resnet50",
+        "23. d2l-target",
+        "24. test-torch",
+        "25. test-jax",
     ]
+    line = dict(zip([n.split(". ")[1] for n in names(lines)], lines))
+    # the files named relative to the project's root: a piece is the same command on every machine
+    assert line["gpu-tests-torch"].endswith("-m pytest -q -rs tests/backends/test_torch.py -k cuda")
+    # torch as written by default, its profiled steps as an epoch runs them, then resident batches on the same card
+    assert (
+        "--strategy scratch --gpus 1 --preset d2l --precision bf16 --epochs 2 --no-check --profile 5 "
+        "--profile-epoch" in line["torch-fed"]
+    )
+    # Keras's own interpreter is the host's too, with its carried wheels
+    assert "--backend keras" in line["keras"] and "--python keras=/opt/py" in line["keras"]
+    assert "--profile 3" in line["keras"]
+    assert line["parity"].endswith(
+        "parity --backend torch,jax,keras --gpus 1 --python torch=/opt/py --python jax=/opt/py "
+        "--python keras=/opt/py"
+        + (" --data-dir .data/fashion-mnist" if gpu_reference.DATA.is_dir() else "")
+        + " --device gpu --repeat 3 --max-trials 3"
+    )
+    # the d2l recipe's 10 epochs (the preset's) at each framework's best
+    assert (
+        "--backend torch,jax --strategy scratch,pmap,sharding --gpus 1 --preset d2l --precision bf16 "
+        in (line["d2l-best"])
+        and "--best --resident-data --no-check" in line["d2l-best"]
+    )
+    assert "--epochs" not in line["d2l-best"]
+    assert (
+        "--backend keras --strategy ddp" in line["keras-compile"]
+        and "--compile" in line["keras-compile"]
+    )
+    assert (
+        "--backend torch,jax,keras --gpus 1 --preset d2l --precision bf16 --best --epochs 3"
+        in line["readme"]
+    )
     # torch as written and at its best (--best), batches on the device, profiled; JAX beside it
     assert (
         "--backend torch --strategy scratch,ddp --gpus 1 --preset d2l --precision bf16 --best "
         "--resident-data --epochs 4 --profile 5 --no-check"
-    ) in lines[0]
+    ) in line["torch-best"]
     assert (
         "--backend jax --gpus 1 --preset d2l --precision bf16 --resident-data --epochs 4"
-        in lines[1]
+        in line["jax-resident"]
     )
     # each torch lever alone, 2 epochs of the same recipe
-    for line, lever in zip(
-        (lines[2], *lines[7:10]),
-        (
-            "--compile --compile-mode reduce-overhead",
-            "--compile",
-            "--resident-data",
-            "--channels-last",
-        ),
+    for name, lever in (
+        ("torch-graphs", "--compile --compile-mode reduce-overhead"),
+        ("torch-compile", "--compile"),
+        ("torch-resident", "--resident-data"),
+        ("torch-channels-last", "--channels-last"),
     ):
         assert (
-            f"--strategy scratch --gpus 1 --preset d2l --precision bf16 {lever} --epochs 2" in line
+            f"--strategy scratch --gpus 1 --preset d2l --precision bf16 {lever} --epochs 2"
+            in line[name]
         )
-    assert "--preset resnet50 --gpus 1 --channels-last --compile --profile 3" in lines[4]
-    # Keras's own interpreter is the host's too, with its carried wheels
-    assert "--backend keras" in lines[5] and "--python keras=/opt/py" in lines[5]
-    for line in lines[:10]:
-        assert "--device gpu" in line and "--python torch=/opt/py --python jax=/opt/py" in line
-    assert lines[10].endswith("--device gpu --repeat 4")
-    # the files named relative to the project's root: a piece is the same command on every machine
-    assert lines[11].endswith("-m pytest -q -rs tests/backends/test_torch.py -k cuda")
-    assert lines[13].endswith(
+    assert (
+        "--preset resnet50 --gpus 1 --channels-last --compile --profile 3"
+        in line["resnet50-torch-compile"]
+    )
+    for trains in lines[1:4] + lines[5:16]:
+        assert "--device gpu" in trains and "--python torch=/opt/py --python jax=/opt/py" in trains
+    assert line["check"].endswith(
         "check --backend torch,jax --gpus 1 --model resnet18 --python torch=/opt/py --python jax=/opt/py"
         + " --python keras=/opt/py"
         + (" --data-dir .data/fashion-mnist" if gpu_reference.DATA.is_dir() else "")
     )
-    assert "--preset d2l-target --precision bf16 --repeat 3" in lines[18]
-    assert lines[19].endswith("test --backend torch --python torch=/opt/py")
+    assert "--preset d2l-target --precision bf16 --repeat 3" in line["d2l-target"]
+    assert line["test-torch"].endswith("test --backend torch --python torch=/opt/py")
+
+
+def test_keras_compile_logs_its_graph_breaks_and_recompiles():
+    env = gpu_reference.piece_env(gpu_reference.PIECES[number("keras-compile") - 1])
+    assert env["TORCH_LOGS"] == "graph_breaks,recompiles"
 
 
 def test_torch_logs_its_cuda_graphs_where_a_piece_captures_them():
     for piece in gpu_reference.PIECES:
+        if piece.name == "keras-compile":
+            continue
         graphs = "reduce-overhead" in piece.args or "--best" in piece.args
         assert (
             gpu_reference.piece_env(piece).get("TORCH_LOGS") == "cudagraphs,perf_hints"
@@ -108,7 +152,7 @@ def test_torch_logs_its_cuda_graphs_where_a_piece_captures_them():
 
 
 def test_pieces_named_by_number_run_in_the_order_given():
-    assert names(pieces("--piece", "9,6")) == ["9. torch-resident", "6. keras"]
+    assert names(pieces("--piece", "9,4")) == ["9. resnet50-jax-resident", "4. keras"]
 
 
 def test_the_budget_takes_the_first_pieces_whose_minutes_fit():
@@ -120,19 +164,20 @@ def test_the_budget_takes_the_first_pieces_whose_minutes_fit():
 
 
 def test_a_pytest_piece_runs_inside_its_backend():
-    env = gpu_reference.piece_env(gpu_reference.PIECES[12])
+    env = gpu_reference.piece_env(gpu_reference.PIECES[number("gpu-tests-jax") - 1])
     assert env["DPBENCH_BACKEND"] == "jax" and str(ROOT) in env["PYTHONPATH"].split(":")
 
 
 def test_the_smoke_run_is_the_same_pieces_on_the_cpu_cut_to_a_few_steps():
     smoke = pieces("--smoke")
-    assert all(
-        "--device cpu --epochs 1" in line and "--device gpu" not in line for line in smoke[:10]
-    )
+    trains = smoke[1:4] + smoke[5:16]
+    assert all("--device cpu --epochs 1" in line and "--device gpu" not in line for line in trains)
     # CUDA graphs are refused on the CPU: the smoke run compiles without them
-    assert "--compile --epochs 2" in smoke[2] and "reduce-overhead" not in smoke[2]
-    assert pieces("--piece", "5", "--smoke") == [smoke[4]]
-    assert smoke[10].endswith("--device cpu --batch-size 8 --repeat 2 --timed-steps 3")
+    graphs = smoke[number("torch-graphs") - 1]
+    assert "--compile --epochs 2" in graphs and "reduce-overhead" not in graphs
+    assert pieces("--piece", "13", "--smoke") == [smoke[12]]
+    parity = smoke[number("parity") - 1]
+    assert parity.endswith("--device cpu --batch-size 8 --repeat 2 --timed-steps 3")
 
 
 # A piece that writes what it finished on SIGTERM, as the harness does, and would otherwise run a minute.
@@ -150,7 +195,7 @@ def test_a_piece_running_past_the_budget_is_stopped_with_sigterm_and_counted_as_
     monkeypatch.setattr(
         gpu_reference, "command", lambda *a: [sys.executable, "-c", WRITES_ON_SIGTERM]
     )
-    two = gpu_reference.PIECES[14:16]
+    two = gpu_reference.PIECES[18:20]
     started = time.monotonic()
     status = gpu_reference.run(two, python=None, smoke=False, deadline=time.monotonic() + 1)
     out = capfd.readouterr().out
@@ -163,8 +208,8 @@ def test_a_piece_running_past_the_budget_is_stopped_with_sigterm_and_counted_as_
 
 def test_a_piece_out_of_range_or_a_budget_nothing_fits_is_refused_in_one_line():
     for args, says in (
-        (["--piece", "22"], "--piece must be 1..21 (got 22)"),
-        (["--piece", "6,0"], "--piece must be 1..21 (got 0)"),
+        (["--piece", "26"], "--piece must be 1..25 (got 26)"),
+        (["--piece", "6,0"], "--piece must be 1..25 (got 0)"),
         (["--piece", "six"], "must be piece numbers, comma-separated"),
         (["--budget", "0.5"], "no piece left fits 0.5 minutes"),
         (["--budget", "-1"], "must be a positive number of minutes"),
@@ -240,26 +285,26 @@ def lease(tmp_path, monkeypatch) -> Lease:
 def test_a_piece_whose_latest_report_is_complete_is_skipped_saying_which_report_holds_its_runs(
     lease, capsys
 ):
-    lease.report(15, "20270101-000000-jax-torch", ["ok", "interrupted"])
+    lease.report(19, "20270101-000000-jax-torch", ["ok", "interrupted"])
     # the report that resumed it, later: every run finished, one of them failed (a finding, not a cut)
-    resumed = lease.report(15, "20270102-000000-jax-torch", ["ok", "failed"])
-    assert lease.run("--piece", "15,16") == 0
+    resumed = lease.report(19, "20270102-000000-jax-torch", ["ok", "failed"])
+    assert lease.run("--piece", "19,20") == 0
     out = capsys.readouterr().out
     assert f"== piece d2l-bf16: done, skipped: {resumed} holds its runs (1 of them failed)" in out
-    assert lease.ran() == [lease.ran_as(16)]
+    assert lease.ran() == [lease.ran_as(20)]
     assert "1 of 1 pieces ok" in out
 
 
 def test_a_cut_off_piece_is_resumed_from_its_report_by_the_harness_s_own_resume(lease, capsys):
-    cut = lease.report(16, "20270101-000000-jax-torch", ["ok", "ok", "interrupted", "interrupted"])
-    parity = lease.report(11, "20270101-000100-jax-torch", ["ok", "interrupted"])
-    killed = lease.report(1, "20270101-000200-torch-killed", ["ok"], finished=False)
-    assert lease.run("--piece", "16,11,1,2") == 0
+    cut = lease.report(20, "20270101-000000-jax-torch", ["ok", "ok", "interrupted", "interrupted"])
+    parity = lease.report(5, "20270101-000100-jax-torch", ["ok", "interrupted"])
+    killed = lease.report(10, "20270101-000200-torch-killed", ["ok"], finished=False)
+    assert lease.run("--piece", "20,5,10,11") == 0
     assert lease.ran() == [
         f"-m harness --resume {cut}",
         f"-m harness parity --resume {parity}",
         f"-m harness --resume {killed}",
-        lease.ran_as(2),
+        lease.ran_as(11),
     ]
     out = capsys.readouterr().out
     assert f"== piece d2l-fp32, resumed ({cut} holds 2 of its 4 runs): -m harness --resume" in out
@@ -268,9 +313,9 @@ def test_a_cut_off_piece_is_resumed_from_its_report_by_the_harness_s_own_resume(
 
 def test_a_damaged_report_or_done_file_is_said_in_one_line_and_its_piece_runs_again(lease, capsys):
     cut_short = lease.write("20270101-000000-jax-torch", '{"command": "python -m harness --bac')
-    odd = lease.report(16, "20270101-000100-jax-torch", ["ok", "lost"])
+    odd = lease.report(20, "20270101-000100-jax-torch", ["ok", "lost"])
     (lease.reports / "gpu-reference-done.json").write_text("[1, 2")
-    assert lease.run("--piece", "15,16,13") == 0
+    assert lease.run("--piece", "19,20,17") == 0
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 3 and not any("Traceback" in line for line in err)
     assert err[0] == (
@@ -285,46 +330,46 @@ def test_a_damaged_report_or_done_file_is_said_in_one_line_and_its_piece_runs_ag
         f"gpu_reference: piece d2l-fp32: its report {odd} is damaged (a run has no status the harness "
         "writes): it runs again from the start"
     )
-    assert lease.ran() == [lease.ran_as(15), lease.ran_as(16), lease.ran_as(13)]
+    assert lease.ran() == [lease.ran_as(19), lease.ran_as(20), lease.ran_as(17)]
 
 
 def test_a_piece_without_a_report_is_done_once_it_ended_by_itself_with_status_0(
     lease, capsys, monkeypatch
 ):
     monkeypatch.setenv("FAKE_FAILS", " check ")
-    assert lease.run("--piece", "13,14") == 1
+    assert lease.run("--piece", "17,18") == 1
     marks = json.loads((lease.reports / "gpu-reference-done.json").read_text())
-    assert list(marks) == [shlex.join(lease.command(13)[1:])]
+    assert list(marks) == [shlex.join(lease.command(17)[1:])]
     capsys.readouterr()
-    assert lease.run("--piece", "13,14") == 1
+    assert lease.run("--piece", "17,18") == 1
     out = capsys.readouterr().out
     assert "== piece gpu-tests-jax: done, skipped: it ended with status 0 at " in out
     # the check failed: it runs again
-    assert lease.ran() == [lease.ran_as(13), lease.ran_as(14), lease.ran_as(14)]
+    assert lease.ran() == [lease.ran_as(17), lease.ran_as(18), lease.ran_as(18)]
 
 
 def test_the_budget_picks_from_the_pieces_left_a_cut_off_one_at_the_share_of_its_runs_left(
     lease, capsys
 ):
-    # torch-best (2.5 min) done, jax-resident (1 min) half done, torch-graphs 0.8 min, the next 1 min
-    torch = lease.report(1, "20270101-000000-torch", ["ok", "ok"])
-    half = lease.report(2, "20270101-000100-jax", ["ok", "interrupted"])
-    assert lease.run("--budget", "1.35") == 0
+    # the CUDA tests (1.5 min) done, torch-fed (0.6 min) half done, torch-resident 0.4 min, keras 2.5 min
+    gpu_reference.mark_done(lease.command(1))
+    half = lease.report(2, "20270101-000100-torch", ["ok", "interrupted"])
+    assert lease.run("--budget", "0.75") == 0
     assert lease.ran() == [f"-m harness --resume {half}", lease.ran_as(3)]
     capsys.readouterr()
-    assert gpu_reference.main(["list", "--python", lease.python, "--budget", "1.35"]) == 0
+    assert gpu_reference.main(["list", "--python", lease.python, "--budget", "0.75"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in listed] == [
-        "1. torch-best (~2.5 min)",
-        f"2. jax-resident (~0.5 of 1 min; cut off, {half} holds 1 of its 2 runs)",
-        "3. torch-graphs (~0.8 min)",
+        "1. gpu-tests-torch (~1.5 min)",
+        f"2. torch-fed (~0.3 of 0.6 min; cut off, {half} holds 1 of its 2 runs)",
+        "3. torch-resident (~0.4 min)",
     ]
     assert listed[1].endswith(f": -m harness --resume {half}")
-    assert listed[0] == f"1. torch-best (~2.5 min): done, {torch} holds its runs"
+    assert listed[0].startswith("1. gpu-tests-torch (~1.5 min): done, it ended with status 0 at ")
 
 
 def test_fresh_runs_every_piece_from_the_start_whatever_its_report_says(lease):
-    lease.report(15, "20270101-000000-jax-torch", ["ok", "ok"])
-    lease.report(16, "20270101-000100-jax-torch", ["ok", "interrupted"])
-    assert lease.run("--piece", "15,16", "--fresh") == 0
-    assert lease.ran() == [lease.ran_as(15), lease.ran_as(16)]
+    lease.report(19, "20270101-000000-jax-torch", ["ok", "ok"])
+    lease.report(20, "20270101-000100-jax-torch", ["ok", "interrupted"])
+    assert lease.run("--piece", "19,20", "--fresh") == 0
+    assert lease.ran() == [lease.ran_as(19), lease.ran_as(20)]
