@@ -1,22 +1,24 @@
 """What every idiom shares: the run config read, the same weights and batches as the suite's run, and the
 timing rule. Framework-free; each framework's file (torch.py, jax.py, mxnet.py, keras.py) holds only its
-network and its training step, written the way that framework's own examples write them.
+network, its feeding and its training step, written the way that framework's own examples write them.
 
     python -m benchmarks.idioms.<name> --config run.json --result idiom.json [--trace N --dtype float64]
 
 An idiom module provides `FRAMEWORK` (its name and version, for the report),
-`training_step(weights, lr, dtype, device_kind) -> (put, step)`: `put(x, y)` moves one numpy batch to the device the
-framework's usual way, `step(batch)` takes one SGD step on it and returns its loss as a Python float (the
-host reading the loss is the step's sync, as in every example's loop); and `record(cfg, folder)`, its
-framework's profiler (profilers/), the one the backend's runs are recorded with.
+`training_step(weights, lr, dtype, device_kind) -> (feed, step)`: `feed(batches)` takes a list of numpy (x, y)
+batches and returns an iterable of them on the device, in that order, fed the way that framework's examples feed
+their steps (a torch DataLoader, flax's prefetch to the device, a Gluon DataLoader, Keras's tensors), `step(batch)`
+takes one SGD step on one of them and returns its loss as a Python float (the host reading the loss is the step's
+sync, as in every example's loop); and `record(cfg, folder)`, its framework's profiler (profilers/), the one the
+backend's runs are recorded with. The driver checks that the feed yields exactly one batch per batch it was given.
 
-Timed like the suite's steps (common/loop.py's time_steps): one warm-up step (compilation), then
-`timed_steps` steps on the batches the suite's timed steps take, each batch put before its timer starts
-and each step timed alone; then, where the run config asks (`profile`: parity asks it of the first trial), as many
-more steps as a suite run profiles, on the batches that follow, inside the framework's profiler: their trace and
+Timed like the suite's steps (common/loop.py's time_steps): one warm-up step (compilation), then `timed_steps`
+steps on the batches the suite's timed steps take, each batch taken from the feed (put) before its timer starts and
+each step timed alone; then, where the run config asks (`profile`: parity asks it of the first trial), as many more
+steps as a suite run profiles, on the batches that follow, inside the framework's profiler: their trace and
 breakdown are read as a suite run's are (common/profiling.py), for parity's reasons. `--trace N` instead takes N
-steps on the first batches of epoch 0 and records
-their losses: the test that the idiom computes what the suite computes (tests/backends/test_contract.py).
+steps on the first batches of epoch 0 and records their losses: the test that the idiom computes what the suite
+computes (tests/backends/test_contract.py).
 """
 
 from __future__ import annotations
@@ -51,11 +53,11 @@ def timed_batches(cfg: RunConfig, dataset: datalib.Dataset) -> list:
     return batches_after_training(cfg, dataset, 0, cfg.timed_steps)
 
 
-def time_steps(put, step, batches: list) -> tuple[list[float], list[float]]:
-    """Each step's seconds and loss, its batch put before its timer starts."""
+def time_steps(feed, step, batches: list) -> tuple[list[float], list[float]]:
+    """Each step's seconds and loss, its batch taken from the idiom's feed before its timer starts; a feed that
+    yields more or fewer batches than it was given is an error (strict zip)."""
     seconds, losses = [], []
-    for x, y in batches:
-        batch = put(x, y)
+    for _, batch in zip(batches, feed(batches), strict=True):
         start = time.perf_counter()
         losses.append(step(batch))
         seconds.append(time.perf_counter() - start)
@@ -67,20 +69,20 @@ def measure(idiom, cfg: RunConfig) -> dict:
     dataset = datalib.load(cfg)
     weights = weightslib.for_run(cfg)
     batches = timed_batches(cfg, dataset)
-    put, step = idiom.training_step(weights, cfg.lr, "float32", cfg.device_kind)
-    warmup = time_steps(put, step, batches[:1])[0][0]
-    seconds, losses = time_steps(put, step, batches)
+    feed, step = idiom.training_step(weights, cfg.lr, "float32", cfg.device_kind)
+    warmup = time_steps(feed, step, batches[:1])[0][0]
+    seconds, losses = time_steps(feed, step, batches)
     return {
         "framework": idiom.FRAMEWORK,
         "weights_hash": weightslib.fingerprint(weights),
         "warmup_s": warmup,
         "steps_s": seconds,
         "losses": losses,
-        "profile": profile(idiom, cfg, put, step, dataset),
+        "profile": profile(idiom, cfg, feed, step, dataset),
     }
 
 
-def profile(idiom, cfg: RunConfig, put, step, dataset: datalib.Dataset) -> dict | None:
+def profile(idiom, cfg: RunConfig, feed, step, dataset: datalib.Dataset) -> dict | None:
     """cfg.profile more steps after the timed ones, inside the framework's profiler, their batches those a suite
     run profiles: the record a suite run makes (common/profiling.py summary), or None without `profile`."""
     if not cfg.profile:
@@ -89,7 +91,7 @@ def profile(idiom, cfg: RunConfig, put, step, dataset: datalib.Dataset) -> dict 
     batches = batches_after_training(cfg, dataset, cfg.timed_steps, cfg.profile)
     with idiom.record(cfg, folder) as recording:
         start = time.perf_counter()
-        time_steps(put, step, batches)
+        time_steps(feed, step, batches)
         wall = time.perf_counter() - start
     return profiling.summary(recording, folder, wall, len(batches))
 
@@ -101,8 +103,8 @@ def trace(idiom, cfg: RunConfig, steps: int, dtype: str) -> dict:
     batches = datalib.train_batches(dataset, cfg.batch_size, cfg.seed, 0)[:steps]
     weights = {k: v.astype(dtype) for k, v in weights.items()}
     batches = [(x.astype(dtype), y) for x, y in batches]
-    put, step = idiom.training_step(weights, cfg.lr, dtype, cfg.device_kind)
-    return {"framework": idiom.FRAMEWORK, "losses": time_steps(put, step, batches)[1]}
+    feed, step = idiom.training_step(weights, cfg.lr, dtype, cfg.device_kind)
+    return {"framework": idiom.FRAMEWORK, "losses": time_steps(feed, step, batches)[1]}
 
 
 def main(idiom, argv: list[str] | None = None) -> int:

@@ -3,7 +3,7 @@
 outputs)) and compiles it, here with `keras.optimizers.SGD` and
 `SparseCategoricalCrossentropy(from_logits=True)`; each step one `model.train_on_batch` (keras.io's
 Model training APIs), Keras's own compiled train step. It runs on the framework KERAS_BACKEND names
-(jax unless set), in Keras's default data format, channels_last: `put` transposes the NCHW batches.
+(jax unless set), in Keras's default data format, channels_last: `feed` transposes the NCHW batches.
 
     KERAS_BACKEND=jax python -m benchmarks.idioms.keras --config run.json --result idiom.json
 """
@@ -126,17 +126,22 @@ def training_step(weights: dict, lr: float, dtype: str, device_kind: str):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
 
-    def put(x, y):
-        # To the default device (the GPU if any) before the timer, NCHW -> Keras's NHWC.
-        images = keras.ops.convert_to_tensor(np.transpose(x, (0, 2, 3, 1)))
-        return images, keras.ops.convert_to_tensor(y)
+    def feed(batches: list):
+        """Each batch a tensor on the default device (the GPU if any), NCHW -> Keras's NHWC: what
+        train_on_batch takes. `fit`'s own feeding (its epoch iterator over arrays or a dataset) runs inside
+        the call, so it cannot be put before a step's timer (docs/parity.md)."""
+        for x, y in batches:
+            yield (
+                keras.ops.convert_to_tensor(np.transpose(x, (0, 2, 3, 1))),
+                keras.ops.convert_to_tensor(y),
+            )
 
     def step(batch) -> float:
         # train_on_batch resets the loss tracker first: it returns this step's loss (its forward
         # pass, before the update) as a Python float, the host reading it the sync.
         return float(model.train_on_batch(*batch))
 
-    return put, step
+    return feed, step
 
 
 def record(cfg, folder):

@@ -1,7 +1,8 @@
 """MXNet Gluon's idiom: d2l's ResNet-18 as the seed writes it (d2l 12.6, Concise Implementation for
 Multiple GPUs: an `nn.Sequential` of d2l's `Residual`, 7.6), Gluon's stock layers, hybridized as d2l
 does for speed (12.1, Compilers and Interpreters), trained as d2l's Gluon chapters train (6.6,
-`train_ch6`; 13.1, `train_batch_ch13`): `gluon.Trainer` with 'sgd', `SoftmaxCrossEntropyLoss`,
+`train_ch6`; 13.1, `train_batch_ch13`): batches from a `gluon.data.DataLoader`, each moved to the device
+with `as_in_context` (`split_and_load` over one device), `gluon.Trainer` with 'sgd', `SoftmaxCrossEntropyLoss`,
 forward and loss under `autograd.record()`, `backward`, `trainer.step(batch_size)` (the mean loss's
 SGD step), the mean loss read back with `asscalar()`.
 
@@ -11,6 +12,8 @@ SGD step), the mean loss read back with `asscalar()`.
 from __future__ import annotations
 
 import sys
+
+import numpy as np
 
 from benchmarks.idioms import driver
 from profilers import mxnet as profiler
@@ -116,9 +119,20 @@ def training_step(weights: dict, lr: float, dtype: str, device_kind: str):
     trainer = gluon.Trainer(net.collect_params(), sgd, {"learning_rate": lr})
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
 
-    def put(x, y):
+    def feed(batches: list):
+        """The batches through a Gluon DataLoader, in order (the driver orders them: no shuffle), each moved
+        to the device as d2l moves it. num_workers=0: the batches are already in memory."""
+        sizes = {len(y) for _, y in batches}
+        if len(sizes) != 1:
+            raise ValueError(f"the loader re-batches at one batch size, not {sorted(sizes)}")
+        images = np.concatenate([x for x, _ in batches]).astype(dtype)
         # the loss picks each row's label with an index in the prediction's dtype
-        return mx.nd.array(x, ctx=ctx, dtype=dtype), mx.nd.array(y, ctx=ctx, dtype=dtype)
+        labels = np.concatenate([y for _, y in batches]).astype(dtype)
+        loader = gluon.data.DataLoader(
+            gluon.data.ArrayDataset(images, labels), batch_size=sizes.pop(), shuffle=False
+        )
+        for X, y in loader:
+            yield X.as_in_context(ctx), y.as_in_context(ctx)
 
     def step(batch) -> float:
         X, y = batch
@@ -128,7 +142,7 @@ def training_step(weights: dict, lr: float, dtype: str, device_kind: str):
         trainer.step(X.shape[0])
         return float(l.mean().asscalar())
 
-    return put, step
+    return feed, step
 
 
 def record(cfg, folder):

@@ -1,8 +1,8 @@
 """PyTorch's idiom: d2l's ResNet-18 as the seed writes it (an `nn.Sequential` of d2l's `Residual`), trained
 with `nn.CrossEntropyLoss` and `torch.optim.SGD`, the loop of PyTorch's ImageNet example
-(github.com/pytorch/examples, imagenet/main.py: `train`): batch to the device with `non_blocking=True`,
-forward, loss, `zero_grad`, `backward`, `step`, `loss.item()`. On a GPU, `cudnn.benchmark` as that
-example sets it.
+(github.com/pytorch/examples, imagenet/main.py: `train`): batches from a `torch.utils.data.DataLoader` with
+`pin_memory=True` on a GPU, each copied to the device with `non_blocking=True`, forward, loss, `zero_grad`,
+`backward`, `step`, `loss.item()`. On a GPU, `cudnn.benchmark` as that example sets it.
 
     python -m benchmarks.idioms.torch --config run.json --result idiom.json
 """
@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
 
 from benchmarks.idioms import driver
 from profilers import torch as profiler
@@ -93,11 +95,27 @@ def training_step(weights: dict, lr: float, dtype: str, device_kind: str):
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(net.parameters(), lr)
 
-    def put(x, y):
-        return (
-            torch.from_numpy(x).to(device, non_blocking=True),
-            torch.from_numpy(y).long().to(device, non_blocking=True),
+    def feed(batches: list):
+        """The batches through a DataLoader, in order (the driver orders them: no shuffle), each copied to the
+        device as the example copies it. num_workers=0: the batches are already in memory, so the example's
+        decoding workers would have nothing to do; with no workers the loader pins each batch in this process
+        when it is taken, before its step's timer. pin_memory only on a GPU, as on the CPU torch warns that
+        it does nothing."""
+        sizes = {len(y) for _, y in batches}
+        if len(sizes) != 1:
+            raise ValueError(f"the loader re-batches at one batch size, not {sorted(sizes)}")
+        size = sizes.pop()
+        images = torch.from_numpy(np.concatenate([x for x, _ in batches]))
+        targets = torch.from_numpy(np.concatenate([y for _, y in batches])).long()
+        loader = DataLoader(
+            TensorDataset(images, targets),
+            batch_size=size,
+            shuffle=False,
+            num_workers=0,
+            pin_memory=device.type == "cuda",
         )
+        for x, y in loader:
+            yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
     def step(batch) -> float:
         images, target = batch
@@ -108,7 +126,7 @@ def training_step(weights: dict, lr: float, dtype: str, device_kind: str):
         optimizer.step()
         return loss.item()
 
-    return put, step
+    return feed, step
 
 
 def record(cfg, folder):

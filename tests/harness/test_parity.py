@@ -296,7 +296,7 @@ class FakeIdiom:
         self.recorded = 0
 
     def training_step(self, weights, lr, dtype, device_kind):
-        return (lambda x, y: (x, y)), (lambda batch: 2.3)
+        return iter, (lambda batch: 2.3)
 
     def record(self, cfg, folder):
         import contextlib
@@ -421,3 +421,16 @@ def test_an_idioms_profile_that_is_not_one_is_dropped_and_its_timed_steps_stand(
     assert record["profile"] == {
         "error": "its profile is not one: profile.trace is not a path inside the run's traces folder"
     }
+
+
+def test_an_idioms_feed_must_yield_one_batch_per_batch_it_is_given():
+    """The driver times the suite's batches in order: a feed that drops or adds a batch is an error, not a
+    shorter run."""
+    from benchmarks.idioms import driver
+
+    batches = [(i, i) for i in range(3)]
+    seconds, losses = driver.time_steps(iter, lambda batch: float(batch[0]), batches)
+    assert losses == [0.0, 1.0, 2.0] and len(seconds) == 3
+    for wrong in (lambda b: iter(b[:-1]), lambda b: iter([*b, b[0]])):
+        with pytest.raises(ValueError):
+            driver.time_steps(wrong, lambda batch: 0.0, batches)
