@@ -304,18 +304,47 @@ def _note_exits(
 
 
 def run(
-    cfg: RunConfig, python: str, workdir: Path, console: Console, trial: int | None = None
+    cfg: RunConfig,
+    python: str,
+    workdir: Path,
+    console: Console,
+    trial: int | None = None,
+    keep: Callable[[dict], None] | None = None,
 ) -> dict:
     """One worker run (one process per node of this host): config file in, result file out, output logged to
     workdir/logs/. With several nodes, node 0's result is the run's, failed with the first failing node's error
-    if any failed. `trial` (--repeat) names the log and is recorded in the result."""
-    result = _run(cfg, python, workdir, console, trial)
+    if any failed. `trial` (--repeat) names the log and is recorded in the result. `keep` is handed the result
+    before the run is announced (`ended`), and from the moment its workers have ended until it is kept a stop
+    signal waits: an interrupt then comes after the result is kept, never between the two."""
+    return _run(cfg, python, workdir, console, trial, keep)
+
+
+def ended(
+    cfg: RunConfig,
+    result: dict,
+    console: Console,
+    keep: Callable[[dict], None] | None = None,
+    trial: int | None = None,
+) -> dict:
+    """A run's end: its result (with its `trial`) handed to `keep` first, then announced (`ok`, or why not),
+    the two held against a stop signal, which is raised after them: a run announced is a run kept."""
     if trial is not None:
         result["trial"] = trial
+    with interrupts.held():
+        if keep is not None:
+            keep(result)
+        console.finished(cfg, result)
     return result
 
 
-def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: int | None) -> dict:
+def _run(
+    cfg: RunConfig,
+    python: str,
+    workdir: Path,
+    console: Console,
+    trial: int | None,
+    keep: Callable[[dict], None] | None,
+) -> dict:
     name = re.sub(r"[^A-Za-z0-9_.-]+", "-", f"{cfg.backend}-{cfg.variant}-x{cfg.devices}").strip(
         "-"
     )
@@ -334,19 +363,27 @@ def _run(cfg: RunConfig, python: str, workdir: Path, console: Console, trial: in
         try:
             meeting = rollcall.meet_and_tell(cfg, name, console.say)
         except rollcall.JoinError as e:
-            return _not_started(cfg, console, str(e))
+            return _not_started(cfg, console, str(e), keep, trial)
         cfg, watch = rollcall.addressed(cfg, meeting), meeting.watch
     try:
-        return _run_nodes(cfg, python, workdir, console, name, watch)
+        return _run_nodes(cfg, python, workdir, console, name, watch, trial, keep)
     finally:
         if watch is not None:
             watch.finish()
 
 
 def _run_nodes(
-    cfg: RunConfig, python: str, workdir: Path, console: Console, name: str, watch
+    cfg: RunConfig,
+    python: str,
+    workdir: Path,
+    console: Console,
+    name: str,
+    watch,
+    trial: int | None,
+    keep: Callable[[dict], None] | None,
 ) -> dict:
-    """This host's nodes of the run, started together; their result (node 0's, or the first failure)."""
+    """This host's nodes of the run, started together; their result (node 0's, or the first failure), kept and
+    announced (`ended`)."""
     ranks = list(range(cfg.nodes.count)) if cfg.nodes.loopback else [cfg.nodes.rank]
     try:
         (workdir / "runs").mkdir(parents=True, exist_ok=True)
@@ -362,7 +399,7 @@ def _run_nodes(
     except (
         OSError
     ) as e:  # a full disk, say: this run fails in one line; the ones that finished are kept
-        return _not_started(cfg, console, disk.not_written(workdir, e))
+        return _not_started(cfg, console, disk.not_written(workdir, e), keep, trial)
     env = envs.worker_env(
         PYTHONUNBUFFERED="1",
         **({THREADS_ENV: str(cfg.threads)} if cfg.threads else {}),
@@ -396,7 +433,7 @@ def _run_nodes(
     oom_before = deaths.oom_kills()
     peak = deaths.PeakRSS()  # the workers' peak resident set, which a SIGKILL is read with
     try:
-        ended = launch_all(
+        exits = launch_all(
             [n.command(python) for n in nodes],
             env,
             [n.log for n in nodes],
@@ -412,39 +449,41 @@ def _run_nodes(
     ) as e:  # this host's workers are stopped: the run fails in the line that names the node
         result = not_run_result(cfg, "failed", str(e))
         result["log"] = f"logs/{nodes[0].log.name}"
-        console.finished(cfg, result)
-        return result
+        return ended(cfg, result, console, keep, trial)
     except OSError as e:
         what = (
             disk.not_written(e.filename, e)
             if isinstance(e, LogNotWritten)
             else f"could not start {python}: {e}"
         )
-        return not_run_result(cfg, "failed", what)
-    codes = [code for code, _, _ in ended if code is not None]
-    # what the others had
-    grace = None if not codes else FAILED_NODE_GRACE_S if any(codes) else NODE_GRACE_S
-    oom = (oom_before, deaths.oom_kills(), peak.mb)
-    results = [
-        n.result(code, output, workdir, grace, oom) for n, (code, output, _) in zip(nodes, ended)
-    ]
-    result = (
-        results[0]
-        if len(nodes) == 1
-        else merge_nodes(cfg, nodes, results, [at for *_, at in ended])
-    )
-    if watch is not None and result["status"] != "ok" and watch.lost():
-        # The engine failed on the lost host just before the heartbeats said so: the line that names the
-        # node is the headline (the last line), the engine's own words before it.
-        result["error"] = f"{result.get('error') or ''}\n{watch.lost()}".strip()
-    deaths.keep_partial_epochs(result, finished_epochs)
-    result["log"] = f"logs/{nodes[0].log.name}"
-    mllog_path = nodes[0].log.with_suffix(".mllog")
-    if mllog.extract(nodes[0].log, mllog_path):
-        result["mllog"] = f"logs/{mllog_path.name}"
-    result["profile"] = in_report(result.get("profile"), workdir, name)
-    console.finished(cfg, result)
-    return result
+        return ended(cfg, not_run_result(cfg, "failed", what), console, keep, trial)
+    # The workers have ended: from reading their results until the run's is kept, a stop signal waits (it is
+    # raised once the run is kept and announced), or a run that finished would be lost.
+    with interrupts.held():
+        codes = [code for code, _, _ in exits if code is not None]
+        # what the others had
+        grace = None if not codes else FAILED_NODE_GRACE_S if any(codes) else NODE_GRACE_S
+        oom = (oom_before, deaths.oom_kills(), peak.mb)
+        results = [
+            n.result(code, output, workdir, grace, oom)
+            for n, (code, output, _) in zip(nodes, exits)
+        ]
+        result = (
+            results[0]
+            if len(nodes) == 1
+            else merge_nodes(cfg, nodes, results, [at for *_, at in exits])
+        )
+        if watch is not None and result["status"] != "ok" and watch.lost():
+            # The engine failed on the lost host just before the heartbeats said so: the line that names the
+            # node is the headline (the last line), the engine's own words before it.
+            result["error"] = f"{result.get('error') or ''}\n{watch.lost()}".strip()
+        deaths.keep_partial_epochs(result, finished_epochs)
+        result["log"] = f"logs/{nodes[0].log.name}"
+        mllog_path = nodes[0].log.with_suffix(".mllog")
+        if mllog.extract(nodes[0].log, mllog_path):
+            result["mllog"] = f"logs/{mllog_path.name}"
+        result["profile"] = in_report(result.get("profile"), workdir, name)
+        return ended(cfg, result, console, keep, trial)
 
 
 def in_report(profile: dict | None, workdir: Path, name: str) -> dict | None:
@@ -462,13 +501,17 @@ def in_report(profile: dict | None, workdir: Path, name: str) -> dict | None:
     return {**profile, "trace": trace}
 
 
-def _not_started(cfg: RunConfig, console: Console, error: str) -> dict:
+def _not_started(
+    cfg: RunConfig,
+    console: Console,
+    error: str,
+    keep: Callable[[dict], None] | None,
+    trial: int | None,
+) -> dict:
     """The run's failed row when it could not start (the nodes did not meet, a file could not be written): its
     one line, no worker started."""
     console.started(cfg)
-    result = not_run_result(cfg, "failed", error)
-    console.finished(cfg, result)
-    return result
+    return ended(cfg, not_run_result(cfg, "failed", error), console, keep, trial)
 
 
 # After one node has ended, how long the others may take to end too before they are killed: a peer's

@@ -25,34 +25,58 @@ def backend_python(name: str, plan: Plan, say) -> str:
     return str(envs.ensure_backend(name, plan.backends[name].requirements, say=say))
 
 
+class Finished:
+    """The runs that finished, in plan order (`results`), and whether the one after them had started
+    (`running`): what the rows of an interrupt say. A run is kept, and `running` cleared, in one step that a stop
+    signal waits for (`keep`, which runner.run calls before it announces the run)."""
+
+    def __init__(self):
+        self.results: list[dict] = []
+        self.running = False
+
+    def start(self) -> None:
+        self.running = True
+
+    def keep(self, result: dict) -> None:
+        with interrupts.held():
+            self.results.append(result)
+            self.running = False
+
+
 def execute(
     plan: Plan,
     workdir: Path,
     console: runner.Console,
-    results: list[dict],
+    finished: Finished,
     earlier: resume.Earlier | None = None,
 ) -> None:
-    """Run the planned runs (plan.runs: each config, and each trial with --repeat) in order, appending each one's
-    result to `results` as it ends; never lets one failure stop the others. An interrupt propagates: `results`
-    then holds the runs that finished, and plan.runs[len(results):] are the ones that did not. With `earlier`
-    (--resume), a run that finished there is kept, not run again."""
+    """Run the planned runs (plan.runs: each config, and each trial with --repeat) in order, keeping each one's
+    result in `finished` as it ends, before it is announced; never lets one failure stop the others. An interrupt
+    propagates: `finished` then holds the runs that finished, and plan.runs[len(finished.results):] are the ones
+    that did not (the first of them running if `finished.running`). With `earlier` (--resume), a run that
+    finished there is kept, not run again."""
     pythons = Pythons(plan, console.say)
     for cfg, trial in plan.runs:
-        kept = kept_run(cfg, trial, earlier, workdir, console.say)
-        results.append(kept if kept is not None else run_one(cfg, trial, pythons, workdir, console))
+        if kept_run(cfg, trial, earlier, workdir, console.say, keep=finished.keep) is None:
+            finished.start()
+            run_one(cfg, trial, pythons, workdir, console, keep=finished.keep)
 
 
 def kept_run(
-    cfg, trial: int | None, earlier: resume.Earlier | None, workdir: Path, say
+    cfg, trial: int | None, earlier: resume.Earlier | None, workdir: Path, say, keep=None
 ) -> dict | None:
-    """The run's record from the report resumed, its log and trace copied into this one, if it finished there."""
+    """The run's record from the report resumed, its log and trace copied into this one, if it finished there;
+    handed to `keep` (if given) before it is said, the two held against a stop signal."""
     kept = earlier.kept(cfg, trial) if earlier else None
     if kept is not None:
         problem = resume.copy_records(kept, earlier, workdir)
-        say(
-            f"[{runner.label(cfg)}{f' trial {trial}' if trial else ''}] kept from {earlier.folder}: finished there"
-            + (f" ({problem})" if problem else "")
-        )
+        with interrupts.held():
+            if keep is not None:
+                keep(kept)
+            say(
+                f"[{runner.label(cfg)}{f' trial {trial}' if trial else ''}] kept from {earlier.folder}: finished there"
+                + (f" ({problem})" if problem else "")
+            )
     return kept
 
 
@@ -73,15 +97,15 @@ class Pythons:
 
 
 def run_one(
-    cfg, trial: int | None, pythons: Pythons, workdir: Path, console: runner.Console
+    cfg, trial: int | None, pythons: Pythons, workdir: Path, console: runner.Console, keep=None
 ) -> dict:
-    """One planned run's result: the worker's, or a failed row if its environment could not be built."""
+    """One planned run's result: the worker's, or a failed row if its environment could not be built; handed to
+    `keep` (if given) before the run is announced, with no stop signal between the two (runner.run)."""
     python = pythons(cfg.backend)
     if isinstance(python, Exception):
         result = not_run(cfg, trial, "failed", f"environment setup failed: {python}")
-        console.finished(cfg, result)
-        return result
-    return runner.run(cfg, python, workdir, console, trial)
+        return runner.ended(cfg, result, console, keep)
+    return runner.run(cfg, python, workdir, console, trial, keep=keep)
 
 
 def not_run(cfg, trial: int | None, status: str, reason: str) -> dict:
@@ -230,8 +254,7 @@ def run_all(
     them: the runs that finished keep their results, the others are reported as interrupted. With `earlier`
     (--resume): its finished check and runs are kept."""
     results = [runner.not_run_result(cfg, "unavailable", reason) for cfg, reason in plan.not_run]
-    finished: list[dict] = []
-    training = False
+    finished = Finished()
     try:
         # Printed even with --quiet: which devices ran is what a result means, and it is one line.
         console.say(Devices(plan.device_kind, plan.gpus, plan.detection).line)
@@ -257,21 +280,22 @@ def run_all(
             # replaced by the table if the check finishes
             meta["equivalence"] = {"interrupted": True}
             meta["equivalence"] = workers.equivalence(plan, console.say, workdir / "logs")
-        training = True
         execute(plan, workdir, console, finished, earlier)
     except KeyboardInterrupt as e:
         by = str(e) or "the user"
         console.say(
             f"Interrupted ({str(e) or 'SIGINT'}): writing the report with the runs finished so far"
         )
-        # execute() appends one result per config, in order: the first one left was running (if training had
-        # begun), the rest never started
-        left = plan.runs[len(finished) :]
-        finished += [
-            not_run(cfg, trial, "interrupted", interrupted_why(by, running=training and i == 0))
+        # execute() keeps one result per config, in order: the first one left was running (if it had started),
+        # the rest never started
+        left = plan.runs[len(finished.results) :]
+        finished.results += [
+            not_run(
+                cfg, trial, "interrupted", interrupted_why(by, running=finished.running and i == 0)
+            )
             for i, (cfg, trial) in enumerate(left)
         ]
-    return results + finished
+    return results + finished.results
 
 
 def interrupted_why(by: str, running: bool) -> str:

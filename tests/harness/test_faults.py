@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness import cli
-from harness.processes import envs
+from harness.processes import envs, runner
 from harness.reporting import document
 from tests.harness.helpers import ROOT, TORCH_LENET, fake_python
 
@@ -381,6 +381,63 @@ def test_an_interrupt_while_the_report_is_written_loses_nothing(tmp_path, monkey
     assert statuses(report_dir) == [(1, "ok")]
     assert (report_dir / "report.md").is_file()
     assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("at", ["read", "announced"])
+def test_a_signal_as_a_run_finishes_keeps_that_run(tmp_path, monkeypatch, capfd, at):
+    """In-process: SIGTERM arrives the moment the 1-device run's result is read, or the moment the run is
+    announced (`ok`): the report keeps that run, ok with its figures and log, and the 2-device run says it never
+    started. The signal is raised in the harness's own thread, so it lands exactly there, every time."""
+    if at == "read":
+        real_load = runner.load_result
+
+        def load_result(*args, **kwargs):
+            signal.raise_signal(signal.SIGTERM)
+            return real_load(*args, **kwargs)
+
+        monkeypatch.setattr(runner, "load_result", load_result)
+    else:
+        real_finished = runner.Console.finished
+
+        def finished(self, cfg, result):
+            if result["status"] == "ok":
+                signal.raise_signal(signal.SIGTERM)
+            return real_finished(self, cfg, result)
+
+        monkeypatch.setattr(runner.Console, "finished", finished)
+    # SIGTERM at its default whatever the test runner inherited (the harness leaves an ignored signal ignored)
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    out = tmp_path / "reports"
+    monkeypatch.setenv("FAKE_STATE", str(tmp_path))
+    try:
+        code = cli.main(
+            [
+                *BASE,
+                "--no-check",
+                "--gpus",
+                "1,2",
+                "--timeout",  # the 2-device worker hangs: were it started, the row would say so in time
+                "30",
+                "--python",
+                f"torch={fake_worker(tmp_path)}",
+                "--out",
+                str(out),
+            ]
+        )
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    err = capfd.readouterr().err
+    assert code == 143, err
+    assert "Traceback" not in err
+    report_dir = only_report(out)
+    runs = json.loads((report_dir / "results.json").read_text())["runs"]
+    assert [(r["config"]["devices"], r["status"], r["error"]) for r in runs] == [
+        (1, "ok", None),
+        (2, "interrupted", "not started: the harness was interrupted by SIGTERM first"),
+    ]
+    assert [e["test_acc"] for e in runs[0]["epochs"]] == [0.5]
+    assert runs[0]["weights_hash"] == "w" * 64
+    assert (report_dir / runs[0]["log"]).is_file()
 
 
 # -------------------------------------------------------------------- same second
