@@ -38,7 +38,7 @@ from harness.errors import UsageError
 from harness.planning.plan import Devices, Plan, choose_devices, parse_gpus
 from harness.planning.presets import PRESETS
 from harness.planning.request import RunRequest
-from harness.processes import envs, runner
+from harness.processes import envs, interrupts, runner
 from harness.reporting import provenance
 from harness.reporting.comparison import ratio_interval
 from harness.reporting.reasons import breakdown_reason, profiled_pair
@@ -305,12 +305,12 @@ def run_sides(
     `earlier`, those that finished there kept instead."""
     for trial, side in runs:
         if isinstance(side, RunConfig):
-            kept = benchmark.kept_run(side, trial, earlier, workdir, console.say)
-            finished.append(
-                kept
-                if kept is not None
-                else benchmark.run_one(side, trial, pythons, workdir, console)
+            # each run kept in `finished` before it is announced, the two held against a stop signal
+            kept = benchmark.kept_run(
+                side, trial, earlier, workdir, console.say, keep=finished.append
             )
+            if kept is None:
+                benchmark.run_one(side, trial, pythons, workdir, console, keep=finished.append)
             continue
         kept = kept_idiom(side, trial, earlier, workdir, console.say)
         if kept is not None:
@@ -320,7 +320,10 @@ def run_sides(
         if isinstance(python, Exception):
             idioms.append(failed_idiom(side, trial, f"environment setup failed: {python}"))
         else:
-            idioms.append(announce(console, run_idiom(side, trial, python, workdir)))
+            record = run_idiom(side, trial, python, workdir)
+            with interrupts.held():
+                idioms.append(record)
+                announce(console, record)
 
 
 def kept_idiom(

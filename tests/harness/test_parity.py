@@ -251,10 +251,12 @@ def test_an_undecided_strategy_gets_more_trials_until_its_interval_clears_a_line
     medians = {"scratch": 1.0, "ddp": 1.10}
     trials: dict = {}
 
-    def run_one(cfg, trial, pythons, workdir, console):
+    def run_one(cfg, trial, pythons, workdir, console, keep):
         trials.setdefault(cfg.strategy, []).append(trial)
         steps = noisy(0.1 * medians[cfg.strategy], trial * 7 + len(cfg.strategy))
-        return {**suite_trial(steps, cfg.strategy), "trial": trial}
+        result = {**suite_trial(steps, cfg.strategy), "trial": trial}
+        keep(result)
+        return result
 
     def run_idiom(job, trial, python, workdir):
         trials.setdefault("idiom", []).append(trial)
