@@ -112,16 +112,19 @@ class BatchNorm(layers.BatchNormalization):
             * (count / (count - 1))
         )
         m = self.momentum
-        self.moving_mean.assign(
-            self.moving_mean * m + ops.cast(batch_mean, self.moving_mean.dtype) * (1 - m)
-        )
-        self.moving_variance.assign(
-            self.moving_variance * m + ops.cast(batch_var, self.moving_variance.dtype) * (1 - m)
-        )
+        for running, batch in ((self.moving_mean, batch_mean), (self.moving_variance, batch_var)):
+            # on the variable's tensor (`value`, a stateless call's value in one), not on the Keras variable,
+            # whose operators are Keras's ops (see _normalize)
+            running.assign(running.value * m + ops.cast(batch, running.dtype) * (1 - m))
         return ops.cast(y, self.compute_dtype)
 
     def _normalize(self, x, mean, var, channel: int):
-        """(x - mean) / sqrt(var + eps) * gamma + beta, the per-channel vectors broadcast along `channel`."""
+        """(x - mean) / sqrt(var + eps) * gamma + beta, the per-channel vectors broadcast along `channel`.
+
+        This layer's Python numbers (eps, the momentum, the counts) meet only the framework's own tensors, through
+        its own operators, which take a number as an operand of the kernel. A Keras op, or an operator of a Keras
+        variable, would first make each a tensor (on torch, torch.as_tensor on the device: a copy from the host
+        that waits, each call); so the variables enter the math as tensors (ops.cast, `value`)."""
         shape = [1] * len(x.shape)
         shape[channel] = -1
         mean, var, gamma, beta = (

@@ -139,6 +139,79 @@ def test_bf16_policy_computes_in_bfloat16_and_keeps_variables_float32():
     assert keras.config.floatx() == "float32"
 
 
+# ------------------------------------------------------------------ ddp's step: nothing between host and device
+
+# Run by Keras on torch in its own process (this one's Keras is on jax): the aten ops of one BatchNorm call, forward
+# and backward, that make a tensor of a host value or read one back to the host. On a GPU each is a copy between
+# host and device that waits (torch.as_tensor of a Python number: aten.lift_fresh), in every BatchNorm of every step.
+HOST_OPS_ON_TORCH = """
+import collections, json
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from backends.keras import models
+from backends.keras.models import keras
+
+torch.set_num_threads(1)
+HOST = ("aten.lift_fresh", "aten.lift_fresh_copy", "aten.scalar_tensor", "aten._local_scalar_dense", "aten.item")
+
+class Ops(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.seen = collections.Counter()
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.seen[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+def host(ops):
+    return {name: n for name, n in ops.seen.items() if name in HOST}
+
+out = {}
+for dtype, groups in (("float32", 2), ("float64", 1)):
+    layer = models.BatchNorm(groups=groups, axis=-1, dtype=dtype)
+    x = torch.from_numpy(np.random.default_rng(0).random((4, 3, 3, 5))).to(getattr(torch, dtype))
+    layer.build(x.shape)
+    for training in (True, False):
+        inputs = x.clone().requires_grad_(training)
+        with Ops() as ops:
+            y = layer(inputs, training=training)
+            if training:
+                y.sum().backward()
+        out[f"{dtype}-{'train' if training else 'eval'}"] = [host(ops), sum(ops.seen.values())]
+with Ops() as ops:  # what is counted: a Keras op on a Python number makes a tensor of it
+    keras.ops.multiply(x, 0.5)
+out["control"] = [host(ops), sum(ops.seen.values())]
+print(json.dumps(out))
+"""
+
+
+def test_ddps_batchnorm_moves_nothing_between_host_and_device():
+    """ddp's BatchNorm (Keras on torch) makes no tensor of a Python number and reads nothing back, in training
+    (forward and backward, its running statistics updated) or evaluation: its numbers meet torch's tensors
+    through torch's operators, never a Keras op or a Keras variable's operator (models.BatchNorm._normalize).
+    Each such op was a blocking copy on a GPU: 34 a ResNet-18 step, two per BatchNorm."""
+    import json
+    import subprocess
+    import sys
+
+    from harness.processes.envs import worker_env
+    from tests.backends.conftest import ROOT
+
+    proc = subprocess.run(
+        [sys.executable, "-c", HOST_OPS_ON_TORCH],
+        cwd=ROOT,
+        env=worker_env(KERAS_BACKEND="torch"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert counts.pop("control")[0] == {"aten.lift_fresh": 1}
+    assert {call: host for call, (host, _) in counts.items()} == dict.fromkeys(counts, {})
+    assert all(total >= 5 for _, total in counts.values())  # (the mode saw the layer's ops)
+
+
 # ------------------------------------------------------------------ refusals and the environment record
 
 
