@@ -81,6 +81,10 @@ class DDPTrainer(RankCollectives, KerasTrainer):
         ]
         # broadcast_buffers=False: every rank keeps its own BatchNorm statistics (averaged before evaluation),
         # as torch's ddp does. (Keras's non-trainable variables are torch parameters without gradients.)
+        # gradient_as_bucket_view=True, as torch's ddp: the gradients become views of DDP's allreduce buckets, so
+        # the reduced buckets are not copied back into them after each backward (a copy per variable per step);
+        # zero_grad(set_to_none=True) drops the views and the next backward makes them again, and
+        # canonical_gradients reads copies of them.
         with warnings.catch_warnings():
             warnings.filterwarnings(
                 "ignore", message=".*broadcast_buffers.*", category=FutureWarning
@@ -89,6 +93,7 @@ class DDPTrainer(RankCollectives, KerasTrainer):
                 self.model,
                 device_ids=[self.device.index] if cfg.device_kind == "gpu" else None,
                 broadcast_buffers=False,
+                gradient_as_bucket_view=True,
             )
         if cfg.levers.compile:
             self.net = torch.compile(self.net)
