@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -121,18 +122,26 @@ def summary(recording: Recording, folder: Path, wall_s: float, steps: int) -> di
 def reread(profile: dict, folder: Path) -> dict:
     """A stored profile record (summary()'s) made anew from its trace in `folder` (the report's), by this version's
     rules: what `harness report --reread-traces` writes back after the rules changed. As it was where it names no
-    trace or the trace is not there."""
+    trace. TraceError, with the reason, where the trace is not there or does not read cleanly into finite figures:
+    the caller keeps the stored record then, since a report is never made worse by reading it again."""
     trace = profile.get("trace")
-    if not trace or not (Path(folder) / trace).is_file():
+    if not trace:
         return profile
-    record = {key: profile[key] for key in ("framework", "trace", "steps", "step_s")}
-    wall_s = profile["step_s"] * profile["steps"]
+    path = Path(folder) / trace
+    if not path.is_file():
+        raise TraceError("not in the report")
     try:
-        figures = breakdown(
-            Path(folder) / trace, framework_ops(profile["framework"]), wall_s, profile["steps"]
-        )
+        ops = framework_ops(profile["framework"])
+        record = {key: profile[key] for key in ("framework", "trace", "steps", "step_s")}
+        wall_s = profile["step_s"] * profile["steps"]
+    except (KeyError, TypeError, ValueError, OSError) as e:
+        raise TraceError(
+            f"its stored profile names no framework whose ops are known ({e})"
+        ) from None
+    try:
+        figures = breakdown(path, ops, wall_s, profile["steps"])
     except TraceError as e:
-        return {**record, "error": str(e)}
+        raise TraceError(str(e).removeprefix(f"{path.name}: ")) from None
     # the stored step_s, not wall_s / steps again: the same figure, without a rounding's change
     return {**record, **figures, "step_s": profile["step_s"], "error": None}
 
@@ -190,6 +199,14 @@ def spans(events: list[dict]) -> list[Span]:
         start = e.get("ts")
         if not isinstance(start, (int, float)) or isinstance(start, bool):
             continue
+        duration = e.get("dur") if kind == "X" else 0
+        if not math.isfinite(start) or (
+            isinstance(duration, (int, float)) and not math.isfinite(duration)
+        ):
+            # NaN or Infinity (not JSON, yet Python reads them) or 1e999: a damaged trace, never a figure
+            raise TraceError(
+                f"event {name[:60]!r} has a timestamp or duration that is not a finite number"
+            )
         if kind == "X" and isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0:
             out.append(Span(lane, float(start), float(start + e["dur"]), name))
         elif kind == "B":
@@ -278,8 +295,12 @@ def breakdown(path: Path, ops: Ops, wall_s: float, steps: int) -> dict:
 
 
 def events_breakdown(events: list[dict], name: str, ops: Ops, wall_s: float, steps: int) -> dict:
-    """breakdown() of a trace's events already read (`name`: the trace's, for a TraceError)."""
-    timed = spans(events)
+    """breakdown() of a trace's events already read (`name`: the trace's, for a TraceError). TraceError too where
+    a figure is not a finite number: a damaged trace's breakdown never reaches a result."""
+    try:
+        timed = spans(events)
+    except TraceError as e:
+        raise TraceError(f"{name}: {e}") from None
     if not timed:
         raise TraceError(f"{name}: no timed events")
     device = on_device(events)
@@ -292,7 +313,7 @@ def events_breakdown(events: list[dict], name: str, ops: Ops, wall_s: float, ste
     span_s = (max(s.end for s in timed) - min(s.start for s in timed)) / 1e6
     seconds = {key: micro[key] / 1e6 / steps for key in CATEGORIES if key != "untraced"}
     seconds["untraced"] = max(0.0, wall_s / steps - sum(seconds.values()))
-    return {
+    figures = {
         "steps": steps,
         "step_s": wall_s / steps,
         "trace_span_s": span_s,
@@ -301,6 +322,19 @@ def events_breakdown(events: list[dict], name: str, ops: Ops, wall_s: float, ste
         "seconds": seconds,
         **({"launches": launches(events, steps)} if device else {}),
     }
+    unfinite = [key for key, value in numbers(figures) if not math.isfinite(value)]
+    if unfinite:
+        raise TraceError(f"{name}: its {', '.join(unfinite)} would not be finite numbers")
+    return figures
+
+
+def numbers(figures: dict, prefix: str = ""):
+    """(dotted key, value) of every number in a breakdown, nested tables included."""
+    for key, value in figures.items():
+        if isinstance(value, dict):
+            yield from numbers(value, f"{prefix}{key}.")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield f"{prefix}{key}", value
 
 
 # The CUDA calls with which a host starts work on a GPU, as the tracers name them (the runtime's and the driver's):

@@ -604,8 +604,9 @@ def profile_problem(profile) -> str | None:
         and all(isinstance(k, str) and _number(v) and v >= 0 for k, v in seconds.items())
     ):
         return "profile.seconds is not a table of seconds"
-    if profile.get("coverage") is not None and not _number(profile["coverage"]):
-        return "profile.coverage is not a number"
+    for name in ("coverage", "trace_span_s"):
+        if profile.get(name) is not None and not _number(profile[name]):
+            return f"profile.{name} is not a number"
     launches = profile.get("launches")
     if launches is not None and not (
         isinstance(launches, dict)

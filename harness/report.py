@@ -8,11 +8,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 from pathlib import Path
 
 from common import profiling
 from common.files import write_json_atomic, write_text_atomic
-from common.results import Result, load_results_json
+from common.results import Result, load_results_json, profile_problem
 from harness.arguments import Parser
 from harness.errors import UsageError
 from harness.reporting import document, reasons
@@ -71,28 +72,62 @@ def rerender(directory: Path, results: list[Result], meta: dict) -> None:
     )
 
 
-def reread_traces(directory: Path) -> int:
+def reread_traces(directory: Path) -> tuple[int, int, list[str]]:
     """Every breakdown of the report (its runs' and parity's idioms') read again from its trace by this version's
-    rules, with what is made from them (device busy, parity's breakdowns and reasons), into results.json; the
-    rest of the file as it was. The number of traces read."""
+    rules, with what is made from them (device busy, parity's breakdowns and reasons), into results.json (written
+    whole or not at all); the rest of the file as it was. A report is never made worse by reading it again: a
+    trace that is not there or does not read cleanly into finite figures leaves its stored breakdown as it was,
+    and a line says why. (traces read, traces named, the lines of those kept)."""
     path = directory / "results.json"
     doc = json.loads(path.read_text(encoding="utf-8"))
-    read = 0
-    for record in [*doc["runs"], *((doc.get("parity") or {}).get("idioms") or [])]:
+    read, named, kept = 0, 0, []
+    records = [(run_name(run), run) for run in doc["runs"]]
+    records += [
+        (f"idiom {i.get('idiom')} trial {i.get('trial')}", i)
+        for i in (doc.get("parity") or {}).get("idioms") or []
+        if isinstance(i, dict)
+    ]
+    reread = set()
+    for name, record in records:
         profile = record.get("profile")
-        if isinstance(profile, dict) and profile.get("trace"):
-            record["profile"] = profiling.reread(profile, directory)
-            read += record["profile"] is not profile
+        if not (isinstance(profile, dict) and profile.get("trace")):
+            continue
+        named += 1
+        try:
+            problem = profile_problem(profile)
+            if problem:
+                raise profiling.TraceError(f"its stored profile is not one ({problem})")
+            fresh = profiling.reread(profile, directory)
+            problem = profile_problem(fresh)
+            if problem:
+                raise profiling.TraceError(problem)
+        except profiling.TraceError as e:
+            why = " ".join(str(e).split())  # one line
+            kept.append(f"{name}: {profile['trace']}: {why}; its stored breakdown kept")
+            continue
+        record["profile"] = fresh
+        reread.add(id(record))
+        read += 1
     for run in doc["runs"]:
+        if id(run) not in reread:
+            continue  # its profile as stored, and so what is made of it
         # made anew from the profile just read (Result.from_dict's); a run without one is left without the field
         busy = Result.from_dict({**run, "device_busy": None}).device_busy
         if busy is not None or "device_busy" in run:
             run["device_busy"] = busy
     if isinstance(doc.get("parity"), dict):
         runs = [Result.from_dict(run) for run in doc["runs"]]
-        reasons.reread_breakdowns(doc["parity"], runs)
+        kept += reasons.reread_breakdowns(doc["parity"], runs)
     write_json_atomic(path, doc)
-    return read
+    return read, named, kept
+
+
+def run_name(run: dict) -> str:
+    """A run of results.json as the report's lines name it: backend, strategy, devices (and its trial)."""
+    result = Result.from_dict(run)
+    c = result.config
+    trial = run.get("trial")
+    return f"{c.backend} {c.variant} x{c.devices}" + (f" trial {trial}" if trial else "")
 
 
 def main(args) -> int:
@@ -110,11 +145,15 @@ def main(args) -> int:
             f"{directory} is a file: re-rendering needs the report directory (or use --format)"
         )
     try:
+        kept = []
         if args.reread_traces:
-            print(f"Re-read {reread_traces(directory)} trace(s) into {directory / 'results.json'}")
+            read, named, kept = reread_traces(directory)
+            print(f"Re-read {read} of {named} trace(s) into {directory / 'results.json'}")
+            for line in kept:
+                print(line, file=sys.stderr)
             results, meta = load_results_json(directory)
         rerender(directory, results, meta)
     except OSError as e:
         raise UsageError(f"cannot write the report in {directory}: {e.strerror or e}") from None
     print(f"Report: {directory / 'report.md'}")
-    return 0
+    return 1 if kept else 0

@@ -4,6 +4,8 @@ once the breakdowns are re-read from their traces."""
 
 from __future__ import annotations
 
+import math
+
 from common.profiling import CATEGORIES, step_seconds
 from common.results import Result
 from harness.reporting.tables import milliseconds
@@ -53,20 +55,54 @@ def breakdown_reason(mine: dict, theirs: dict) -> str:
     return f"{PROFILED}a step takes +{milliseconds(total)} ms against its idiom's; more in {where}"
 
 
-def reread_breakdowns(parity: dict, results: list[Result]) -> None:
+def reread_breakdowns(parity: dict, results: list[Result]) -> list[str]:
     """A stored parity's rows given the breakdowns (and the reasons read off them) of its runs' and idioms'
     profiles, once those are re-read from their traces (`harness report --reread-traces`); a known reason, the
-    figures and the verdict stay as they are."""
+    figures and the verdict stay as they are. A row whose profiles give no breakdown now, or one that is not
+    finite seconds, keeps its stored breakdown and reason: a line each says why (a report is never made worse by
+    reading it again)."""
+    kept = []
     for r in parity.get("rows") or []:
-        if "suite_step_s" not in r:
+        if not isinstance(r, dict) or "suite_step_s" not in r:
             continue  # not measured: no breakdown
         suite = [
             x
             for x in results
-            if (x.config.backend, x.config.variant) == (r["backend"], r["strategy"])
+            if (x.config.backend, x.config.variant) == (r.get("backend"), r.get("strategy"))
         ]
-        idioms = [i for i in parity.get("idioms") or [] if i.get("idiom") == r["idiom"]]
-        pair = profiled_pair(suite, idioms, r["suite_step_s"], r["idiom_step_s"])
+        idioms = [
+            i
+            for i in parity.get("idioms") or []
+            if isinstance(i, dict) and i.get("idiom") == r.get("idiom")
+        ]
+        try:
+            pair = profiled_pair(suite, idioms, r["suite_step_s"], r.get("idiom_step_s"))
+            problem = pair and unfinite(pair)
+        except (TypeError, ValueError, AttributeError) as e:
+            pair, problem = None, f"its profiles are not tables of seconds ({e})"
+        if pair is None and r.get("breakdown") and not problem:
+            problem = "its profiles give no breakdown now"
+        if problem:
+            name = (
+                f"parity {r.get('backend')} {r.get('strategy')} against its idiom {r.get('idiom')}"
+            )
+            kept.append(f"{name}: {problem}; its stored breakdown kept")
+            continue
         r["breakdown"] = pair and {"strategy": pair[0], "idiom": pair[1]}
         if pair and str(r.get("reason") or "").startswith(PROFILED):
             r["reason"] = breakdown_reason(*pair)
+    return kept
+
+
+def unfinite(pair: tuple[dict, dict]) -> str | None:
+    """Why a profiled pair is not one a report can hold (a category whose seconds are not a finite number), or
+    None."""
+    for side, seconds in zip(("strategy", "idiom"), pair):
+        for key, value in seconds.items():
+            if not _number(value):
+                return f"its {side}'s {key} seconds are not a finite number ({value!r})"
+    return None
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -266,6 +266,10 @@ def test_a_backends_op_names_are_regexes_of_the_categories_a_name_can_take(backe
         ('{"traceEvents": 3}', "no traceEvents list"),
         ('{"traceEvents": [{"ph": "X", "name": "x", "ts": "soon", "dur": 1}]}', "no timed events"),
         ("[]", "no timed events"),
+        # numbers JSON has not (Python reads them): a damaged trace, never a NaN or infinite breakdown
+        ('[{"ph": "X", "name": "x", "ts": NaN, "dur": 1}]', "not a finite number"),
+        ('[{"ph": "X", "name": "x", "ts": 0, "dur": Infinity}]', "not a finite number"),
+        ('[{"ph": "X", "name": "x", "ts": 1e308, "dur": 1e308}]', "would not be finite numbers"),
     ],
 )
 def test_a_trace_that_cannot_be_read_is_one_line(tmp_path, content, says):

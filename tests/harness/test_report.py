@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 import shutil
 import socket
 import tomllib
@@ -15,7 +16,7 @@ from common import results, sysinfo
 from common.config import RunConfig
 from common.results import SCHEMA_VERSION
 from harness.reporting import document, limits, provenance, sections, tables
-from tests.harness.helpers import ROOT, fake_python, run_harness
+from tests.harness.helpers import ROOT, fake_python, harness_in_process, run_harness
 
 
 def result(backend="torch", strategy="scratch", devices=1, ips=100.0, status="ok", epochs=2):
@@ -543,33 +544,62 @@ def test_a_cpu_reports_breakdown_has_no_device_busy_column():
     assert "device busy" not in limits.breakdown_table(rows)[0]
 
 
+# A GPU trace whose kernels overlap their predecessors' timestamps (the rule before kernel_segments clipped each to
+# its predecessor's end: 60 us of the kernels' 119.8), as (name, start us, end us).
+KERNELS = [
+    ("void at::native::batch_norm_collect_statistics_kernel<bf16>", 0, 50),
+    ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", 49.8, 99.8),
+    ("sm90_xmma_dgrad_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", 120, 130),
+    ("void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16>", 129.8, 140),
+]
+
+
+def kernel_events(kernels=KERNELS) -> list[dict]:
+    return [
+        {"ph": "X", "name": n, "ts": a, "dur": b - a, "pid": 0, "tid": 7, "cat": "kernel"}
+        for n, a, b in kernels
+    ]
+
+
+def trace_text(events: list[dict]) -> str:
+    return json.dumps({"traceEvents": events})
+
+
+def stale_gpu_report(tmp_path: Path, strategies=("scratch",)) -> dict[str, Path]:
+    """A GPU report of one run per strategy, each with KERNELS' trace and the breakdown the former rule read from
+    it (stored in results.json): {strategy: its trace}."""
+    runs, traces = [], {}
+    for strategy in strategies:
+        trace = tmp_path / "traces" / f"torch-{strategy}-x1" / "rank0.trace.json.gz"
+        trace.parent.mkdir(parents=True)
+        with gzip.open(trace, "wt") as f:
+            f.write(trace_text(kernel_events()))
+        r = profiled_result(strategy, 0.0, 0.0)
+        stale = {"conv_matmul": 10e-6, "bn_elementwise": 50e-6, "untraced": 140e-6}
+        r["profile"] = {
+            **r["profile"],
+            "steps": 1,
+            "step_s": 200e-6,
+            "device": True,
+            "seconds": stale,
+        }
+        r["step_time"] = {"steps": 5, "median_s": 150e-6, "p10_s": 150e-6, "p90_s": 150e-6}
+        r["epochs"] = [{**e, "time_s": 64 * 200e-6} for e in r["epochs"]]
+        runs.append(r)
+        traces[strategy] = trace
+    document.write(tmp_path, runs, {**META, "run_id": "x"})
+    return traces
+
+
 def test_reread_traces_writes_each_breakdown_as_its_trace_gives_it_now(tmp_path):
     """A GPU report whose stored breakdown a former rule read (each kernel that overlaps its predecessor's
     timestamps clipped to its end: 60 us of the kernels' 119.8): `report --reread-traces` reads the trace again
     into results.json, device busy with it, and renders report.md from them. A 150 us timed step: 60 us of
     convolutions (40%), 49.8 of BN (33%), 10 of copies (7%), 30.2 idle (20%); an epoch's step 200 us: 60% busy."""
-    trace = tmp_path / "traces" / "torch-scratch-x1" / "rank0.trace.json.gz"
-    trace.parent.mkdir(parents=True)
-    kernels = [
-        ("void at::native::batch_norm_collect_statistics_kernel<bf16>", 0, 50),
-        ("sm90_xmma_fprop_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", 49.8, 99.8),
-        ("sm90_xmma_dgrad_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc_nhwc", 120, 130),
-        ("void cudnn::engines_precompiled::nchwToNhwcKernel<__nv_bfloat16>", 129.8, 140),
-    ]
-    events = [
-        {"ph": "X", "name": n, "ts": a, "dur": b - a, "pid": 0, "tid": 7, "cat": "kernel"}
-        for n, a, b in kernels
-    ]
-    with gzip.open(trace, "wt") as f:
-        json.dump({"traceEvents": events}, f)
-    r = profiled_result("scratch", 0.0, 0.0)
-    stale = {"conv_matmul": 10e-6, "bn_elementwise": 50e-6, "untraced": 140e-6}
-    r["profile"] = {**r["profile"], "steps": 1, "step_s": 200e-6, "device": True, "seconds": stale}
-    r["step_time"] = {"steps": 5, "median_s": 150e-6, "p10_s": 150e-6, "p90_s": 150e-6}
-    r["epochs"] = [{**e, "time_s": 64 * 200e-6} for e in r["epochs"]]
-    document.write(tmp_path, [r], {**META, "run_id": "x"})
+    stale_gpu_report(tmp_path)
     out = run_harness("report", str(tmp_path), "--reread-traces")
     assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("Re-read 1 of 1 trace(s) into ") and out.stderr == ""
     (run,) = json.loads((tmp_path / "results.json").read_text())["runs"]
     seconds = {k: round(v * 1e6, 3) for k, v in run["profile"]["seconds"].items() if v}
     assert seconds == {"conv_matmul": 60, "bn_elementwise": 49.8, "copies": 10, "untraced": 80.2}
@@ -579,6 +609,115 @@ def test_reread_traces_writes_each_breakdown_as_its_trace_gives_it_now(tmp_path)
         "| torch | scratch | 1 | 0.2 | 0.15 | 40% | 33% | 7% | 20% | 60% | 0 graphs + 0 kernels | [trace]"
         in text
     )
+
+
+def nonfinite_kernel(field: str, value: str) -> bytes:
+    """KERNELS' trace with its second kernel's `field` a number JSON has not, as Python's json writes NaN and
+    Infinity and as an overflowing exponent reads."""
+    events = kernel_events()
+    events[1][field] = "@@"
+    return gzip.compress(trace_text(events).replace('"@@"', value).encode())
+
+
+def truncated_gzip() -> bytes:
+    whole = gzip.compress(trace_text(kernel_events()).encode())
+    return whole[: len(whole) // 2]
+
+
+# A trace damaged each way a report's trace can be, with what the line says of it.
+DAMAGED_TRACES = {
+    "random-bytes": (lambda: random.Random(0).randbytes(4096), "not a readable Chrome trace"),
+    "truncated-gzip": (truncated_gzip, "not a readable Chrome trace"),
+    "empty-file": (lambda: b"", "not a readable Chrome trace"),
+    "not-utf8": (
+        lambda: gzip.compress(b'{"traceEvents": [{"name": "\xff\xfe"}]}'),
+        "not a readable Chrome trace",
+    ),
+    "no-events": (lambda: gzip.compress(b'{"traceEvents": []}'), "no timed events"),
+    "no-event-list": (lambda: gzip.compress(b'{"displayTimeUnit": "ns"}'), "no traceEvents list"),
+    "nan-duration": (lambda: nonfinite_kernel("dur", "NaN"), "not a finite number"),
+    "infinite-duration": (lambda: nonfinite_kernel("dur", "Infinity"), "not a finite number"),
+    "infinite-timestamp": (lambda: nonfinite_kernel("ts", "-Infinity"), "not a finite number"),
+    "overflowing-timestamp": (lambda: nonfinite_kernel("ts", "1e999"), "not a finite number"),
+    "nan-timestamp": (lambda: nonfinite_kernel("ts", "NaN"), "not a finite number"),
+    "missing": (None, "not in the report"),
+}
+
+
+def profile_block(run: dict) -> str:
+    """A run's profile as results.json holds it, byte for byte (a run of its runs list, indented so)."""
+    return '"profile": ' + json.dumps(run["profile"], indent=2).replace("\n", "\n" + " " * 6)
+
+
+@pytest.mark.parametrize("damage", list(DAMAGED_TRACES))
+def test_reread_traces_keeps_a_breakdown_whose_trace_is_damaged(tmp_path, damage):
+    """A report is never made worse by reading it again: where a trace is damaged, `report --reread-traces` keeps
+    its run's stored breakdown byte for byte (no error in its place, no "nan" in results.json), says why in one
+    line naming the run and the trace, exits 1, and re-renders the report with the other runs' breakdowns re-read;
+    `report DIR` renders it afterwards."""
+    traces = stale_gpu_report(tmp_path, ("scratch", "ddp"))
+    make, says = DAMAGED_TRACES[damage]
+    if make is None:
+        traces["ddp"].unlink()
+    else:
+        traces["ddp"].write_bytes(make())
+    before = (tmp_path / "results.json").read_text()
+    stored = {r["config"]["strategy"]: r for r in json.loads(before)["runs"]}
+    assert profile_block(stored["ddp"]) in before
+    out = harness_in_process("report", str(tmp_path), "--reread-traces")
+    assert out.returncode == 1, out.stderr
+    (line,) = out.stderr.splitlines()
+    assert (
+        line.startswith("torch ddp x1: traces/torch-ddp-x1/rank0.trace.json.gz: ") and says in line
+    )
+    assert line.endswith("; its stored breakdown kept")
+    assert out.stdout.startswith("Re-read 1 of 2 trace(s) into ")
+    after = (tmp_path / "results.json").read_text()
+    assert profile_block(stored["ddp"]) in after
+    assert not any(word in after for word in ('"nan"', '"inf"', "NaN", "Infinity"))
+    runs = {r["config"]["strategy"]: r for r in json.loads(after)["runs"]}
+    assert runs["ddp"] == stored["ddp"]
+    assert runs["scratch"]["profile"]["seconds"]["copies"] == pytest.approx(10e-6)  # re-read
+    assert "| torch | ddp | 1 | 0.2 | 0.15 |" in (tmp_path / "report.md").read_text()
+    again = harness_in_process("report", str(tmp_path))
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+
+
+def test_reread_traces_says_in_one_line_which_trace_it_could_not_read_and_exits_1(tmp_path):
+    """The command itself: one line on stderr per damaged trace, no traceback, exit status 1."""
+    traces = stale_gpu_report(tmp_path)
+    traces["scratch"].write_bytes(random.Random(1).randbytes(4096))
+    before = (tmp_path / "results.json").read_bytes()
+    out = run_harness("report", str(tmp_path), "--reread-traces")
+    assert out.returncode == 1
+    assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("torch scratch x1: traces/torch-scratch-x1/rank0.trace.json.gz: ")
+    assert (tmp_path / "results.json").read_bytes() == before
+
+
+def test_a_paritys_stored_breakdown_stays_where_its_profiles_give_none_now():
+    """Parity's rows re-read by the same rule: a row whose profiles give no breakdown, or one of seconds that are
+    not finite numbers, keeps its stored breakdown and reason, with a line saying why."""
+    from harness.reporting import reasons
+
+    stored_breakdown = {"strategy": {"conv_matmul": 0.1}, "idiom": {"conv_matmul": 0.08}}
+    row = {
+        "backend": "torch",
+        "strategy": "scratch",
+        "idiom": "torch",
+        "suite_step_s": 0.1,
+        "idiom_step_s": 0.08,
+        "reason": "profiled (docs/profiling.md): a step takes +20 ms against its idiom's; more in x",
+        "breakdown": stored_breakdown,
+    }
+    mine = profiled_result("scratch", 0.08, 0.0)
+    for theirs in ({"conv_matmul": "nan"}, {"conv_matmul": float("inf")}, None):
+        profile = theirs and {"steps": 1, "step_s": 0.08, "seconds": theirs, "error": None}
+        parity = {"rows": [dict(row)], "idioms": [{"idiom": "torch", "profile": profile}]}
+        (line,) = reasons.reread_breakdowns(parity, tables.as_results([mine]))
+        assert line.startswith("parity torch scratch against its idiom torch: ")
+        assert line.endswith("; its stored breakdown kept")
+        assert parity["rows"] == [row]
 
 
 @pytest.mark.parametrize(
