@@ -39,6 +39,7 @@ from backends.keras.distributed import RankCollectives, rank_device
 from backends.keras.environment import DATA_FORMAT
 from backends.keras.parallel import devices
 from backends.torch.models import compiled_graphs
+from backends.torch.parallel import CopyStreams, OnDevice, PinnedBatches
 from common.config import RunConfig
 from common.data import check_divisible
 from common.trainer import Trainer
@@ -99,6 +100,8 @@ class DDPTrainer(RankCollectives, KerasTrainer):
             self.net = torch.compile(self.net)
         self.optimizer = torch.optim.SGD([v.value for v in self.trainable], lr=cfg.lr)
         self._statistics_averaged = False
+        self._pinned: PinnedBatches | None = None  # pin()'s page-locked buffer (CUDA)
+        self._streams: CopyStreams | None = None  # put()'s copy stream (CUDA)
 
     def reset(self) -> None:
         models.load_canonical(self.model, self.weights)
@@ -106,18 +109,31 @@ class DDPTrainer(RankCollectives, KerasTrainer):
 
     def place(self, x, y):
         """This rank's shard of the global batch, on its device."""
-        check_divisible(len(y), self.n_devices)
-        m = len(y) // self.n_devices
-        rows = slice(self.rank * m, (self.rank + 1) * m)
-        return (
-            torch.from_numpy(np.ascontiguousarray(self._inputs(x[rows]))).to(
-                self.device, non_blocking=True
-            ),
-            torch.from_numpy(np.asarray(y[rows])).to(self.device, non_blocking=True).long(),
-        )
+        return self._to_device(*self._shard(x, y))
+
+    def pin(self, batches: list) -> list:
+        """On CUDA, this rank's shard of every batch, in the model's dtype and data format, in page-locked host
+        memory (torch's PinnedBatches: one buffer, refilled before each timer), so that put() only copies; on
+        the CPU as they are."""
+        if self.cfg.device_kind != "gpu":
+            return batches
+        if self._pinned is None:
+            self._pinned = PinnedBatches()
+        return self._pinned.fill([self._shard(x, y) for x, y in batches])
+
+    def put(self, x, y):
+        """A shard pin() made, copied on a copy stream and not waited for (CUDA); a numpy batch placed now."""
+        if not isinstance(x, torch.Tensor):
+            return self.place(x, y)
+        if self._streams is None:
+            self._streams = CopyStreams([self.device])
+        return self._streams.put(self._to_device, x, y)
 
     def reduce_gradients(self, x, y):
-        xi, yi = self.place(x, y) if isinstance(x, np.ndarray) else (x, y)
+        if isinstance(x, OnDevice):
+            xi, yi = x.take(), y.take()
+        else:
+            xi, yi = self.place(x, y) if isinstance(x, np.ndarray) else (x, y)
         self._statistics_averaged = False  # the training forward updates them
         self.optimizer.zero_grad(set_to_none=True)
         logits = self.net(xi, training=True)
@@ -169,6 +185,19 @@ class DDPTrainer(RankCollectives, KerasTrainer):
 
     def compiles(self) -> int:
         return compiled_graphs(self.cfg)
+
+    def _shard(self, x, y) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's rows of a global numpy batch, the images in the model's dtype and data format."""
+        check_divisible(len(y), self.n_devices)
+        m = len(y) // self.n_devices
+        rows = slice(self.rank * m, (self.rank + 1) * m)
+        return np.ascontiguousarray(self._inputs(x[rows])), np.asarray(y[rows])
+
+    def _to_device(self, x, y):
+        return (
+            torch.as_tensor(x).to(self.device, non_blocking=True),
+            torch.as_tensor(y).to(self.device, non_blocking=True).long(),
+        )
 
 
 class DistributionTrainer(KerasTrainer):
