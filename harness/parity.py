@@ -596,7 +596,7 @@ def resume_main(args) -> int:
     kept."""
     resume.only_flag(args.argv, "parity", args.resume)
     earlier = resume.read(args.resume, "parity")
-    flags = Parser(parents=parents()).parse_args(earlier.argv[1:])
+    flags = resume.parse(earlier, Parser(parents=parents()), earlier.argv[1:], args)
     if flags.resume:
         raise UsageError(f"--resume {args.resume}: its own command resumed another report")
     for line in resume.check_code(earlier, provenance.record()):

@@ -31,11 +31,12 @@ def main(args) -> int:
 
 
 def resume_main(args) -> int:
-    """--resume REPORT_DIR (with --quiet at most): the report's command, planned again, its finished runs kept."""
+    """--resume REPORT_DIR (with --quiet and --python at most): the report's command, planned again, its finished
+    runs kept."""
     resume.only_flag(args.argv, "run", args.resume)
     earlier = resume.read(args.resume)
     words = earlier.argv[1:] if earlier.argv[:1] == ["run"] else earlier.argv
-    flags = Parser(parents=arguments.run_parents()).parse_args(words)
+    flags = resume.parse(earlier, Parser(parents=arguments.run_parents()), words, args)
     if flags.resume:
         raise UsageError(f"--resume {args.resume}: its own command resumed another report")
     for line in resume.check_code(earlier, provenance.record()):

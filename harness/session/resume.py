@@ -3,20 +3,26 @@ command is planned again; every run that finished there (the same configuration 
 and trace with it, and so is every idiom trial parity finished; only the runs that did not finish, or never started,
 run now; and the new report, one document with all of them, says it resumed which report and when. The report is
 untrusted input: one that cannot be read, that another command made, or that other code made (another version or
-commit, or uncommitted changes on one side only) is refused in one line."""
+commit, or uncommitted changes on one side only) is refused in one line. A report is data, not a program: its
+command goes through the parser and refusals a typed one does, and names no interpreter to run (its `--python` is
+dropped: the checkout's own environments run it, or the `--python` typed with `--resume`); a kept run is one whose
+record holds its figures."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import shlex
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.config import RunConfig
 from common.results import load_results_json
 from harness.errors import UsageError
+from harness.processes import runner
 from harness.reporting import provenance
 
 # What a resumed run keeps: a run that ended with figures (or with a verdict on its math), not one that failed,
@@ -36,6 +42,8 @@ class Earlier:
     equivalence: dict | None
     provenance: dict | None
     idioms: tuple[dict, ...] = ()  # parity's idiom trials that finished there
+    # lines said once it is taken up: each run recorded as finished but not kept, its command's --python dropped
+    said: list[str] = field(default_factory=list)
 
     def kept(self, cfg: RunConfig, trial: int | None) -> dict | None:
         return self.results.get(run_key(cfg.to_dict(), trial))
@@ -57,10 +65,36 @@ def run_key(config: dict, trial: int | None) -> tuple[str, int | None]:
 
 
 def only_flag(argv: list[str], command: str, folder: str) -> None:
-    """--resume takes the report's own command: `command --resume REPORT_DIR` with --quiet at most."""
-    given = [a for a in argv if a not in (command, "--quiet") and not a.startswith("--resume")]
+    """--resume takes the report's own command: `command --resume REPORT_DIR` with --quiet and --python at most."""
+    given, words = [], iter(argv)
+    for a in words:
+        if a == "--python":
+            next(words, None)
+        elif a not in (command, "--quiet") and not a.startswith(("--resume", "--python=")):
+            given.append(a)
     if given[1:] or (given and os.path.abspath(given[0]) != folder):
-        raise UsageError("--resume takes the report's own command: give no other flag than --quiet")
+        raise UsageError(
+            "--resume takes the report's own command: give no other flag than --quiet or --python NAME=PATH"
+        )
+
+
+def parse(
+    earlier: Earlier, parser: argparse.ArgumentParser, words: list[str], typed
+) -> argparse.Namespace:
+    """The report's command (`words`) parsed as a typed one, refused in one line where it does not parse; its
+    `--python` dropped (said in one line) for the one typed with --resume (`typed.python`): a report names no
+    interpreter to run."""
+    try:
+        flags = parser.parse_args(words)
+    except UsageError as e:
+        raise UsageError(f"--resume {earlier.folder}: its command does not parse: {e}") from None
+    if flags.python:
+        instead = "the --python given here" if typed.python else "the checkout's own environments"
+        earlier.said.append(
+            f"--resume {earlier.folder}: its command's --python is not taken from a report: {instead} run it"
+        )
+    flags.python = list(typed.python)
+    return flags
 
 
 def read(folder: str, command: str = "run") -> Earlier:
@@ -74,18 +108,54 @@ def read(folder: str, command: str = "run") -> Earlier:
     line = str(meta.get("command") or "")
     if not line.startswith(COMMAND + " ") and line != COMMAND:
         raise UsageError(f"--resume {folder}: its command is not a run of {COMMAND} ({line!r})")
-    argv = shlex.split(line)[3:]
+    try:
+        argv = shlex.split(line)[3:]
+    except ValueError as e:
+        raise UsageError(f"--resume {folder}: its command does not parse ({e})") from None
     theirs = argv[0] if argv and not argv[0].startswith("-") else "run"
     if theirs != command:
         raise UsageError(
             f"--resume {folder}: a report of `{theirs}`; take it up with `{COMMAND} {theirs} --resume {folder}`"
         )
-    results = {run_key(r.config.to_dict(), r.trial): r.to_dict() for r in runs if r.status in KEPT}
+    results, dropped = {}, []
+    for r in runs:
+        record = r.to_dict()
+        problem = figures_problem(record) if r.status in KEPT else "not finished"
+        if problem is None:
+            results[run_key(r.config.to_dict(), r.trial)] = record
+        elif r.status in KEPT:
+            trial = f" trial {r.trial}" if r.trial else ""
+            dropped.append(
+                f"[{runner.label(r.config)}{trial}] not kept from {folder}: {problem}; it runs again"
+            )
     check = meta.get("equivalence")
     finished_check = check if isinstance(check, dict) and check.get("rows") is not None else None
     return Earlier(
-        path, argv, results, finished_check, meta.get("provenance"), finished_idioms(meta)
+        path,
+        argv,
+        results,
+        finished_check,
+        meta.get("provenance"),
+        finished_idioms(meta),
+        dropped,
     )
+
+
+def figures_problem(record: dict) -> str | None:
+    """Why a run recorded as ok does not hold its figures (its final test accuracy, and its epochs unless it
+    trained none), or None: a status edited to ok keeps no run."""
+    if record.get("status") != "ok":
+        return None
+    accuracy = record.get("final_test_acc")
+    if (
+        isinstance(accuracy, bool)
+        or not isinstance(accuracy, (int, float))
+        or not math.isfinite(accuracy)
+    ):
+        return "recorded as ok without its final test accuracy"
+    if not record.get("epochs") and (record.get("config") or {}).get("epochs") != 0:
+        return "recorded as ok without its epochs"
+    return None
 
 
 def finished_idioms(meta: dict) -> tuple[dict, ...]:
@@ -99,8 +169,8 @@ def finished_idioms(meta: dict) -> tuple[dict, ...]:
 
 def check_code(earlier: Earlier, now: dict) -> list[str]:
     """Refuses (UsageError) a report other code made: another version or commit, or uncommitted changes on one side
-    only; the lines to say otherwise (the host it was made on, where it was another; uncommitted changes on both
-    sides, which cannot be compared)."""
+    only; the lines to say otherwise (Earlier.said; the host it was made on, where it was another; uncommitted
+    changes on both sides, which cannot be compared)."""
     then = provenance.known(earlier.provenance)
     if then is None:
         raise UsageError(f"--resume {earlier.folder}: it does not record the code that made it")
@@ -113,7 +183,7 @@ def check_code(earlier: Earlier, now: dict) -> list[str]:
         differs.append("uncommitted changes on one side only")
     if differs:
         raise UsageError(f"--resume {earlier.folder}: other code made it ({'; '.join(differs)})")
-    said = []
+    said = list(earlier.said)
     if then.get("uncommitted_changes"):
         said.append("Resuming over uncommitted changes on both sides: they are not compared")
     if then.get("host") != now.get("host"):

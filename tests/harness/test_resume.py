@@ -15,7 +15,7 @@ from harness import cli, parity
 from harness.processes import runner
 from harness.reporting import document
 from harness.session import resume
-from tests.harness.helpers import TORCH_LENET, fake_python, run_harness
+from tests.harness.helpers import TORCH_LENET, fake_python, harness_in_process, run_harness
 from tests.harness.test_faults import BASE, assert_none_survive, finish, start_harness
 
 # A worker that writes a finished result, except on the devices counts FAIL_ON names (a file beside it), where it
@@ -50,6 +50,12 @@ def sweep(tmp_path: Path, fail_on: str) -> tuple[Path, list[str]]:
     return out, flags
 
 
+def typed(flags: list[str]) -> list[str]:
+    """The sweep's --python, typed again with --resume: a report names no interpreter to run."""
+    at = flags.index("--python")
+    return flags[at : at + 2]
+
+
 def only_report(out: Path, but: set[Path] = frozenset()) -> Path:
     (report,) = [p for p in out.iterdir() if p not in but and not p.name.startswith(".")]
     return report
@@ -66,7 +72,7 @@ def test_a_resumed_report_keeps_what_finished_and_runs_only_the_rest(tmp_path):
     cut = only_report(out)
     assert [r["status"] for r in runs_of(cut)] == ["ok", "failed", "failed"]
     (tmp_path / "fail_on").write_text("4")  # the host is better now, but not for 4 devices
-    second = run_harness("--resume", str(cut), "--quiet")
+    second = run_harness("--resume", str(cut), "--quiet", *typed(flags))
     assert second.returncode == 1, second.stderr
     assert f"[torch scratch x1] kept from {cut}: finished there" in second.stderr
     resumed = only_report(out, {cut})
@@ -77,7 +83,7 @@ def test_a_resumed_report_keeps_what_finished_and_runs_only_the_rest(tmp_path):
     assert f"- Resumed `{cut}` at " in text
     (tmp_path / "fail_on").write_text("")
     third = run_harness(
-        "--resume", str(resumed), "--quiet"
+        "--resume", str(resumed), "--quiet", *typed(flags)
     )  # cut off again, taken up again: the same holds
     assert third.returncode == 0, third.stderr
     final = only_report(out, {cut, resumed})
@@ -99,7 +105,7 @@ def test_a_resume_keeps_each_finished_trial_of_repeat_and_target_accuracy(tmp_pa
     # (every configuration's first trial, then every second: trials interleave)
     assert trials == [(n, t, "failed" if n == 2 else "ok") for t in (1, 2) for n in (1, 2, 4)]
     (tmp_path / "fail_on").write_text("")
-    second = run_harness("--resume", str(cut), "--quiet")
+    second = run_harness("--resume", str(cut), "--quiet", *typed(flags))
     assert second.returncode == 0, second.stderr
     for n in (1, 4):
         for t in (1, 2):
@@ -144,6 +150,75 @@ def test_what_cannot_be_resumed_is_refused_in_one_line(tmp_path):
         (other / "results.json").write_text(json.dumps({**doc, **change}))
         assert said in refused(other)
     assert [p for p in out.iterdir() if not p.name.startswith(".")] == [report]  # nothing made
+
+
+def edited(report: Path, to: Path, **change) -> Path:
+    """A copy of `report`'s results.json in `to`, with `change` made to it: a report someone else made."""
+    to.mkdir()
+    doc = json.loads((report / "results.json").read_text())
+    (to / "results.json").write_text(json.dumps({**doc, **change}))
+    return to
+
+
+def test_a_report_is_data_its_commands_python_is_never_run(tmp_path):
+    """An edited report naming --python torch=EVIL: the resume never runs EVIL (it drops the report's --python, says
+    so in one line, and runs with the --python typed with --resume)."""
+    out, flags = sweep(tmp_path, fail_on="4")
+    assert run_harness(*flags).returncode == 1
+    report = only_report(out)
+    (tmp_path / "fail_on").write_text("")
+    marker = tmp_path / "evil-ran"
+    evil = fake_python(tmp_path, f"touch {marker}", name="evil")
+    command = json.loads((report / "results.json").read_text())["command"]
+    python = typed(flags)[1]
+    assert python in command
+    other = edited(report, tmp_path / "other", command=command.replace(python, f"torch={evil}"))
+    result = run_harness("--resume", str(other), "--quiet", *typed(flags))
+    assert result.returncode == 0, result.stderr
+    assert not marker.exists()
+    assert (
+        "its command's --python is not taken from a report: the --python given here"
+        in result.stderr
+    )
+    assert [r["status"] for r in runs_of(only_report(out, {report, other}))] == ["ok"] * 3
+
+
+def test_a_stored_command_that_does_not_parse_is_refused_in_one_line(tmp_path):
+    out, flags = sweep(tmp_path, fail_on="4")
+    assert run_harness(*flags).returncode == 1
+    report = only_report(out)
+    for name, command in (
+        ("quote", "python -m harness --backend 'torch"),
+        ("flag", "python -m harness --no-such-flag"),
+    ):
+        result = harness_in_process(
+            "--resume", str(edited(report, tmp_path / name, command=command))
+        )
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, (
+            result.stderr
+        )
+        assert "its command does not parse" in lines[0]
+
+
+def test_a_run_edited_to_ok_without_its_figures_is_not_kept(tmp_path):
+    """A failed run whose status was edited to ok holds no figures: it is not kept; it runs again, said in one line."""
+    out, flags = sweep(tmp_path, fail_on="4")
+    assert run_harness(*flags).returncode == 1
+    report = only_report(out)
+    doc = json.loads((report / "results.json").read_text())
+    assert doc["runs"][2]["status"] == "failed"
+    runs = [*doc["runs"][:2], {**doc["runs"][2], "status": "ok"}]
+    other = edited(report, tmp_path / "other", runs=runs)
+    earlier = resume.read(str(other))
+    assert len(earlier.results) == 2 and "recorded as ok without" in earlier.said[0]
+    (tmp_path / "fail_on").write_text("")
+    result = run_harness("--resume", str(other), "--quiet", *typed(flags))
+    assert result.returncode == 0, result.stderr
+    assert f"[torch scratch x4] not kept from {other}: recorded as ok without" in result.stderr
+    resumed = runs_of(only_report(out, {report, other}))
+    assert [r["status"] for r in resumed] == ["ok"] * 3 and resumed[2]["epochs"]
+    assert resumed[:2] == doc["runs"][:2]
 
 
 def test_a_kept_runs_log_that_cannot_be_copied_is_said_and_the_run_stays_kept(
@@ -291,13 +366,17 @@ def test_a_sweep_stopped_at_any_stage_and_resumed_twice_keeps_every_finished_fig
         code = stopped_in_process(monkeypatch, state, stage, *flags)
     assert code == 128 + signal.SIGTERM
     reports = [reports_in(out, set())]
-    code, stderr = stopped_by_its_worker(state, "--resume", str(reports[0]), "--quiet", hang="4")
+    code, stderr = stopped_by_its_worker(
+        state, "--resume", str(reports[0]), "--quiet", *typed(flags), hang="4"
+    )
     assert (
         code == (0 if stage == "report" else 128 + signal.SIGTERM) and "Traceback" not in stderr
     ), stderr
     reports.append(reports_in(out, set(reports)))
     assert [[r["status"] for r in runs_of(report)] for report in reports] == list(STAGES[stage])
-    code, stderr = stopped_by_its_worker(state, "--resume", str(reports[1]), "--quiet", hang="")
+    code, stderr = stopped_by_its_worker(
+        state, "--resume", str(reports[1]), "--quiet", *typed(flags), hang=""
+    )
     assert code == 0, stderr
     reports.append(reports_in(out, set(reports)))
     final = {r["config"]["devices"]: r for r in runs_of(reports[-1])}
@@ -391,10 +470,14 @@ def test_parity_stopped_twice_and_resumed_continues_its_sequential_rule_from_the
     code, _ = stopped_by_its_worker(cut, *flags, "--out", str(out), hang="strategy-3")
     assert code == 128 + signal.SIGTERM
     reports = [only_report(out)]
-    code, _ = stopped_by_its_worker(cut, "parity", "--resume", str(reports[0]), hang="idiom-4")
+    code, _ = stopped_by_its_worker(
+        cut, "parity", "--resume", str(reports[0]), *typed(flags), hang="idiom-4"
+    )
     assert code == 128 + signal.SIGTERM
     reports.append(only_report(out, set(reports)))
-    code, stderr = stopped_by_its_worker(cut, "parity", "--resume", str(reports[1]), hang="")
+    code, stderr = stopped_by_its_worker(
+        cut, "parity", "--resume", str(reports[1]), *typed(flags), hang=""
+    )
     assert code == 0, stderr
     reports.append(only_report(out, set(reports)))
     trials = [(parity_of(r)[0], [i["trial"] for i in parity_of(r)[1]["idioms"]]) for r in reports]
