@@ -10,14 +10,26 @@ of its own inside the run's staging folder, which the report does not keep, and 
 invocation (the user's choice, e.g. to measure steady state without paying compilation again); JAX is then
 told to cache every program, however quick its compile. MXNet has no compile cache.
 
+Compiled code is the machine's that made it, and the frameworks' cache keys do not say which: TorchInductor's C++
+kernels built where AVX-512 is on fail to compile where the kernels are capped to SSE4 (`at::vec` undeclared). So
+a shared DIR holds one folder per machine (`machine_folder`: the CPU's model and vector sets, and the caps of the
+run's environment), and a cache made on another host of a cluster that shares DIR is never read here.
+
 The harness sets these variables in the worker's environment before its framework is imported (`apply`), and
 the worker records what it started with (`record`): the mode, the folder and the files already in it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import platform
+import re
+from collections.abc import Mapping
 from pathlib import Path
+
+from common import sysinfo
 
 # Each framework's variable for its cache folder, and the subfolder it gets.
 FOLDERS = {
@@ -36,14 +48,34 @@ JAX_SHARED_SETTINGS = {
 MODE_ENV = "DPBENCH_COMPILE_CACHE"
 
 
+# The variables that cap the CPU kernels a framework compiles for (the portable test pass sets them), and XLA's flag
+# among XLA_FLAGS that does: code compiled under one cap is not code for another.
+CAPPING_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA")
+XLA_CAP = "--xla_cpu_max_isa"
+
+
+def machine_folder(env: Mapping[str, str]) -> str:
+    """The subfolder of a shared cache for code compiled here under `env`'s caps: the CPU's model name, readable,
+    and a digest of its identity (model, vendor, family, vector sets), the architecture and the caps."""
+    cpu = sysinfo.cpu_identity(sysinfo.read_cpuinfo())
+    caps = [env.get(name) for name in CAPPING_VARIABLES]
+    caps += [flag for flag in env.get("XLA_FLAGS", "").split() if flag.startswith(XLA_CAP)]
+    identity = json.dumps([cpu, platform.machine(), caps], sort_keys=True)
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
+    name = re.sub(r"[^A-Za-z0-9]+", "-", cpu["cpu"] or platform.machine() or "cpu").strip("-")
+    return f"{name[:40]}-{digest}"
+
+
 def apply(env: dict, shared: str | None, own: Path) -> dict:
-    """The worker environment `env` with the run's compile caches: every one in the shared folder, or (None)
-    the always-on ones in `own`, a folder no other run uses, and JAX's unset."""
+    """The worker environment `env` with the run's compile caches: every one in this machine's folder of the
+    shared one (machine_folder), or (None) the always-on ones in `own`, a folder no other run uses, and JAX's
+    unset."""
     env = {k: v for k, v in env.items() if k not in FOLDERS and k not in JAX_SHARED_SETTINGS}
     if shared:
+        here = Path(shared) / machine_folder(env)
         return {
             **env,
-            **{name: str(Path(shared) / sub) for name, sub in FOLDERS.items()},
+            **{name: str(here / sub) for name, sub in FOLDERS.items()},
             **JAX_SHARED_SETTINGS,
             MODE_ENV: "shared",
         }

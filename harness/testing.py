@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from common import manifest, sysinfo
+from common import caches, manifest, sysinfo
 from common.files import write_json_atomic
 from harness.arguments import Parser, backends_flags, name_list, python_flags
 from harness.errors import UsageError
@@ -324,6 +324,13 @@ class Running:
 RUNNING = Running()
 
 
+def own_compile_caches(folder: Path) -> dict[str, str]:
+    """A suite's compile caches in `folder`, gone with it. Inductor's default is one folder per user, and its keys
+    do not hold the CPU's capability: a pass with capped kernels read the normal pass's C++ kernels and failed to
+    compile them (common/caches.py)."""
+    return {name: str(folder / caches.FOLDERS[name]) for name in caches.ALWAYS_ON}
+
+
 def run_suite(suite: Suite, cpus: set[int] | None = None) -> Outcome:
     """One pytest run with a JUnit XML report, on `cpus` (None: wherever the caller runs), its output kept."""
     start = time.monotonic()
@@ -345,7 +352,7 @@ def run_suite(suite: Suite, cpus: set[int] | None = None) -> Outcome:
                 cmd,
                 cpus,
                 cwd=ROOT,
-                env=suite.env,
+                env={**suite.env, **own_compile_caches(Path(tmp))},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -5,6 +5,7 @@ cross-backend test on torch's --compile)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from common import caches
@@ -28,24 +29,45 @@ def test_a_cold_run_gets_fresh_folders_for_the_caches_frameworks_keep_anyway_and
 
 def test_a_shared_folder_holds_every_frameworks_cache_and_jax_caches_every_program(tmp_path):
     env = caches.apply({"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "5"}, "/shared", tmp_path)
+    here = f"/shared/{caches.machine_folder({})}"
     assert {name: env[name] for name in caches.FOLDERS} == {
-        "TORCHINDUCTOR_CACHE_DIR": "/shared/torchinductor",
-        "TRITON_CACHE_DIR": "/shared/triton",
-        "JAX_COMPILATION_CACHE_DIR": "/shared/jax",
+        "TORCHINDUCTOR_CACHE_DIR": f"{here}/torchinductor",
+        "TRITON_CACHE_DIR": f"{here}/triton",
+        "JAX_COMPILATION_CACHE_DIR": f"{here}/jax",
     }
     assert env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] == "0"
     assert env[caches.MODE_ENV] == "shared"
 
 
+def test_a_shared_folder_keeps_one_cache_per_machine_and_kernel_cap(tmp_path, monkeypatch):
+    """Code compiled on one CPU, or under one cap of its kernels (the portable pass's), is never read under
+    another: Inductor's cache keys hold neither. Another CPU model, or another cap, is another folder; the same
+    machine under the same caps, whatever else its environment says, the same one."""
+    plain = caches.machine_folder({"PATH": "/bin"})
+    assert plain == caches.machine_folder({"XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+    capped = [
+        caches.machine_folder({"ATEN_CPU_CAPABILITY": "default"}),
+        caches.machine_folder({"ONEDNN_MAX_CPU_ISA": "SSE41"}),
+        caches.machine_folder({"XLA_FLAGS": "--xla_cpu_max_isa=SSE4_2"}),
+    ]
+    assert len({plain, *capped}) == 4
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("model name : Another CPU 9000\nflags : fpu sse4_2\n\n")
+    monkeypatch.setattr(caches.sysinfo, "CPUINFO", str(cpuinfo))
+    other = caches.machine_folder({})
+    assert other.startswith("Another-CPU-9000-") and other != plain
+
+
 def test_the_record_counts_the_files_already_in_the_folders(tmp_path, monkeypatch):
-    (tmp_path / "torchinductor" / "fxgraph").mkdir(parents=True)
+    here = tmp_path / caches.machine_folder({})
+    (here / "torchinductor" / "fxgraph").mkdir(parents=True)
     for name in ("a", "b"):
-        (tmp_path / "torchinductor" / "fxgraph" / name).write_text("compiled")
+        (here / "torchinductor" / "fxgraph" / name).write_text("compiled")
     for name, value in caches.apply({}, str(tmp_path), tmp_path).items():
         monkeypatch.setenv(name, value)
     record = caches.record()
     assert record["mode"] == "shared" and record["files_at_start"] == 2
-    assert record["folders"]["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "jax")
+    assert record["folders"]["JAX_COMPILATION_CACHE_DIR"] == str(here / "jax")
 
 
 # A worker that writes down the cache folders it was given, and a minimal result.
@@ -89,8 +111,8 @@ def test_each_trial_starts_cold_in_a_folder_of_its_own_which_the_report_does_not
 
 
 def test_with_compile_cache_every_trial_shares_the_users_folder(tmp_path):
-    shared = tmp_path / "shared"
-    first, second = folders_given(tmp_path, "--compile-cache", str(shared))
+    shared = tmp_path / "shared" / caches.machine_folder(os.environ)
+    first, second = folders_given(tmp_path, "--compile-cache", str(tmp_path / "shared"))
     assert (
         first
         == second

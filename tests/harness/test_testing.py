@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
 import pytest
 
@@ -100,6 +101,27 @@ def test_a_suite_runs_on_its_lane_and_everything_it_starts_inherits_it(tmp_path)
     suite = testing.Suite("fake", str(fake), [], {**os.environ}, [], ["-k", "x"])
     outcome = testing.run_suite(suite, {cpu})
     assert outcome.output.split("\n")[:2] == [f"[{cpu}]", f"[{cpu}]"], outcome.output
+
+
+def test_a_suite_compiles_into_caches_of_its_own_that_end_with_it(tmp_path):
+    """Inductor's cache keys do not hold the CPU's capability: the portable pass, reading the normal pass's cache
+    (one folder per user by default), failed to compile. Each suite gets its own folders, removed after it."""
+    fake = tmp_path / "fake-python"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'echo "$TORCHINDUCTOR_CACHE_DIR" "$TRITON_CACHE_DIR"\n'
+        'mkdir -p "$TORCHINDUCTOR_CACHE_DIR" && touch "$TORCHINDUCTOR_CACHE_DIR/kernel.so"\n'
+    )
+    fake.chmod(0o755)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "users")}
+    seen = []
+    for _ in range(2):
+        suite = testing.Suite("fake", str(fake), [], env, [], ["-k", "x"])
+        inductor, triton = testing.run_suite(suite).output.split("\n")[0].split()
+        assert Path(inductor).name == "torchinductor" and Path(triton).name == "triton"
+        assert not Path(inductor).exists()
+        seen.append(inductor)
+    assert seen[0] != seen[1] and not (tmp_path / "users").exists()
 
 
 # A stand-in for a suite's pytest that starts a child, as a test starting a harness run does, and writes both pids.
