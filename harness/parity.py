@@ -29,13 +29,13 @@ from pathlib import Path
 
 from common import caches, manifest, sysinfo
 from common import weights as weightslib
-from common.config import RunConfig
+from common.config import MAX_PROFILE_STEPS, RunConfig
 from common.profiling import TRACES_ENV
 from common.results import Result, profile_problem
 from harness import arguments
 from harness.arguments import Parser, request_of
 from harness.errors import UsageError
-from harness.planning.plan import Devices, Plan, choose_devices, parse_gpus
+from harness.planning.plan import MAX_REPEAT, Devices, Plan, choose_devices, parse_gpus
 from harness.planning.presets import PRESETS
 from harness.planning.request import RunRequest
 from harness.processes import envs, interrupts, runner
@@ -57,6 +57,8 @@ DEFAULT_MAX_TRIALS = 12
 # Steps each side's first trial records with its framework's profiler (the breakdowns of a row's reason).
 DEFAULT_PROFILE = 3
 DEFAULT_TIMED_STEPS = 20
+# The most steps a trial times (each a fresh process runs them all, twice a side a trial): beyond, a typo.
+MAX_TIMED_STEPS = 10_000
 SUITE_STEPS = 2  # the suite run's one training epoch: its steps are not what parity times
 
 # Where a strategy is slower than LIMIT for a reason the suite chooses or the framework imposes, measured:
@@ -268,7 +270,7 @@ def carry_out(
             # the strategies' runs before this round: an interrupt leaves the rest of the round not run
             started = len(finished)
             run_sides(runs, pythons, workdir, console, finished, idioms, earlier)
-            left = undecided(figures(finished, idioms, alpha), plan.configs)
+            left = undecided(figures(finished, idioms, alpha, plan.repeat), plan.configs)
             if not left or trial >= max_trials:
                 break
             trial += 1
@@ -283,7 +285,7 @@ def carry_out(
             if isinstance(side, RunConfig)
         ][done:]
     meta["parity"] = {
-        **figures(finished, idioms, alpha),
+        **figures(finished, idioms, alpha, plan.repeat),
         "repeat": plan.repeat,
         "max_trials": max_trials,
     }
@@ -381,9 +383,9 @@ def announce(console: runner.Console, record: dict) -> dict:
 # ------------------------------------------------------------------------ the figures
 
 
-def figures(results: list[dict], idioms: list[dict], alpha: float = ALPHA) -> dict:
+def figures(results: list[dict], idioms: list[dict], alpha: float = ALPHA, repeat: int = 1) -> dict:
     """What results.json keeps under "parity": the limit, every idiom trial, and a row per strategy, its
-    interval at 1 - alpha."""
+    interval at 1 - alpha; a strategy with fewer than `repeat` trials kept on either side gets no verdict."""
     rows = []
     by_strategy: dict[tuple[str, str], list[Result]] = {}
     for r in as_results(results):
@@ -391,7 +393,15 @@ def figures(results: list[dict], idioms: list[dict], alpha: float = ALPHA) -> di
     for (backend, variant), trials in by_strategy.items():
         idiom = idiom_of(trials[0].config).name
         rows.append(
-            row(backend, variant, idiom, trials, [i for i in idioms if i["idiom"] == idiom], alpha)
+            row(
+                backend,
+                variant,
+                idiom,
+                trials,
+                [i for i in idioms if i["idiom"] == idiom],
+                alpha,
+                repeat,
+            )
         )
     return {"limit": LIMIT, "alpha": alpha, "rows": rows, "idioms": idioms}
 
@@ -411,8 +421,11 @@ def row(
     suite: list[Result],
     idioms: list[dict],
     alpha: float = ALPHA,
+    repeat: int = 1,
 ) -> dict:
-    """One strategy against its idiom: medians, the ratio, its interval, the verdict, a known reason."""
+    """One strategy against its idiom: medians, the ratio, its interval, the verdict, a known reason. The verdict
+    needs the trials the sequential rule's first look asks for: `repeat` kept of each side (a run cut off, or
+    trials that failed, leave fewer: the row then says so, its ratio and interval shown but not read)."""
     mine, theirs = step_trials(suite), [i["steps_s"] for i in idioms if i["status"] == "ok"]
     frameworks = sorted({i["framework"] for i in idioms if i["status"] == "ok"})
     out = {
@@ -429,6 +442,7 @@ def row(
     suite_step = statistics.median(s for t in mine for s in t)
     idiom_step = statistics.median(s for t in theirs for s in t)
     low, high = ratio_interval(theirs, mine, alpha)
+    kept = min(len(mine), len(theirs))
     breakdowns = profiled_pair(suite, idioms, suite_step, idiom_step)
     if out["reason"] is None and breakdowns and suite_step / idiom_step > EXPLAINED:
         out["reason"] = breakdown_reason(*breakdowns)
@@ -438,7 +452,7 @@ def row(
         "idiom_step_s": idiom_step,
         "ratio": suite_step / idiom_step,
         "interval": [low, high],
-        "verdict": verdict(low, high),
+        "verdict": verdict(low, high) if kept >= repeat else f"too few trials ({kept} of {repeat})",
         "breakdown": breakdowns and {"strategy": breakdowns[0], "idiom": breakdowns[1]},
     }
 
@@ -500,7 +514,9 @@ def parity_flags() -> Parser:
         type=int,
         default=DEFAULT_REPEAT,
         metavar="K",
-        help=f"interleaved trials of every strategy and idiom, each a fresh process (default {DEFAULT_REPEAT})",
+        help="interleaved trials of every strategy and idiom, each a fresh process, 1 to "
+        f"{MAX_REPEAT} (default {DEFAULT_REPEAT}); a strategy with fewer kept (a run cut off, failed trials) "
+        "gets no verdict",
     )
     p.add_argument(
         "--max-trials",
@@ -508,14 +524,14 @@ def parity_flags() -> Parser:
         default=DEFAULT_MAX_TRIALS,
         metavar="M",
         help="a strategy whose interval still straddles a line after --repeat trials gets one more trial of "
-        "each side at a time, up to M (default %(default)s; equal to --repeat: no more). Every look's interval "
-        "is widened so that looking again is paid for (docs/parity.md)",
+        f"each side at a time, up to M, at most {MAX_REPEAT} (default %(default)s; equal to --repeat: no "
+        "more). Every look's interval is widened so that looking again is paid for (docs/parity.md)",
     )
     p.add_argument(
         "--timed-steps",
         type=int,
         default=DEFAULT_TIMED_STEPS,
-        help=f"steps timed one by one in each trial (default {DEFAULT_TIMED_STEPS})",
+        help=f"steps timed one by one in each trial, 3 to {MAX_TIMED_STEPS} (default {DEFAULT_TIMED_STEPS})",
     )
     p.add_argument(
         "--profile",
@@ -523,8 +539,8 @@ def parity_flags() -> Parser:
         default=DEFAULT_PROFILE,
         metavar="N",
         help="record N more steps of each side's first trial with its framework's profiler, after the timed "
-        "ones: a strategy slower than its idiom by more than 5%% is explained from the two breakdowns "
-        "(default %(default)s; 0: none)",
+        f"ones, 0 to {MAX_PROFILE_STEPS}: a strategy slower than its idiom by more than 5%% is explained from "
+        "the two breakdowns (default %(default)s; 0: none)",
     )
     p.add_argument(
         "--option",
@@ -563,10 +579,18 @@ def settle(args) -> RunRequest:
     check."""
     if parse_gpus(args.gpus) != [1]:
         raise UsageError(f"--gpus {args.gpus}: parity measures one-device loops: --gpus 1")
-    if args.timed_steps < 3:
+    if not 3 <= args.timed_steps <= MAX_TIMED_STEPS:
         raise UsageError(
-            f"--timed-steps must be at least 3 for an interval (got {args.timed_steps})"
+            f"--timed-steps must be at least 3 for an interval and at most {MAX_TIMED_STEPS} "
+            f"(got {args.timed_steps})"
         )
+    if not 0 <= args.profile <= MAX_PROFILE_STEPS:
+        raise UsageError(
+            f"--profile must be between 0 and {MAX_PROFILE_STEPS} steps (got {args.profile})"
+        )
+    for flag, value in (("--repeat", args.repeat), ("--max-trials", args.max_trials)):
+        if not 1 <= value <= MAX_REPEAT:
+            raise UsageError(f"{flag} must be between 1 and {MAX_REPEAT} (got {value})")
     if args.max_trials < args.repeat:
         raise UsageError(
             f"--max-trials {args.max_trials} is fewer than the --repeat {args.repeat} trials every side runs"

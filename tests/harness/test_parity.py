@@ -280,6 +280,68 @@ def test_an_undecided_strategy_gets_more_trials_until_its_interval_clears_a_line
     ] == [6, 6]
 
 
+def test_a_strategy_with_fewer_trials_kept_than_repeat_gets_no_verdict(monkeypatch, tmp_path):
+    """A run cut off after its first trials (or trials that failed) keeps fewer than --repeat of a side: the
+    row shows its ratio and interval, but says "too few trials (N of M)", in results.json, the table and the
+    report, never a verdict."""
+    from harness.session import benchmark
+
+    def run_one(cfg, trial, pythons, workdir, console, keep):
+        if trial > 1:
+            raise KeyboardInterrupt("SIGTERM")
+        result = {**suite_trial(noisy(0.1, trial), cfg.strategy), "trial": trial}
+        keep(result)
+        return result
+
+    monkeypatch.setattr(benchmark, "run_one", run_one)
+    monkeypatch.setattr(
+        parity, "run_idiom", lambda job, trial, *_: idiom_trial(noisy(0.1, 100 + trial), trial)
+    )
+    monkeypatch.setattr(benchmark, "Pythons", lambda plan, say: lambda name: "python")
+    plan = Plan(configs=[config("torch", "scratch")], repeat=3)
+    plan.backends = {"torch": None}
+    meta: dict = {}
+    parity.carry_out(plan, None, parity.runner.Console(quiet=True), meta, tmp_path, max_trials=3)
+    (row,) = meta["parity"]["rows"]
+    assert row["trials"] == [1, 1] and row["verdict"] == "too few trials (1 of 3)"
+    assert row["ratio"] == pytest.approx(1.0, rel=0.05) and len(row["interval"]) == 2
+    assert "too few trials (1 of 3)" in parity.table(meta["parity"]["rows"])[-1]
+    document.write(
+        tmp_path,
+        [result()],
+        {
+            "run_id": "x",
+            "command": "c",
+            "started": "s",
+            "preset": "p",
+            "data_source": "d",
+            "parity": meta["parity"],
+        },
+    )
+    section = (tmp_path / "report.md").read_text().split("## Speed parity")[1]
+    assert "too few trials (1 of 3)" in section and "at parity" not in section.split("\n\n")[1]
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (("--max-trials", "99999999999999999999"), "--max-trials must be between 1 and 100"),
+        (("--repeat", "101", "--max-trials", "101"), "--repeat must be between 1 and 100"),
+        (("--timed-steps", "1e20"), "--timed-steps: invalid int value: '1e20'"),
+        (
+            ("--timed-steps", "100000000000000000000"),
+            "--timed-steps must be at least 3 for an interval and at most 10000",
+        ),
+        (("--profile", "51"), "--profile must be between 0 and 50"),
+        (("--profile", "-1"), "--profile must be between 0 and 50"),
+    ],
+)
+def test_absurd_counts_are_refused_up_front(tmp_path, args, match):
+    assert_refused(
+        tmp_path, *args, "--out", str(tmp_path / "reports"), command=("parity",), match=match
+    )
+
+
 def test_max_trials_below_repeat_is_refused(tmp_path):
     assert_refused(
         tmp_path,
