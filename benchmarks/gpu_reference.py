@@ -597,13 +597,13 @@ def run(
         try:
             status = wait_until(child, deadline)
         # Ctrl-C, SIGTERM, SIGHUP: the piece's harness writes what finished, then stops
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             stop(child)
             print(
                 f"\ninterrupted in piece {piece.name}; its report holds the runs that finished",
                 file=sys.stderr,
             )
-            return 130
+            return stopped_status(e)
         timings.append(f"{piece.name} {time.monotonic() - started:.0f} s")
         if status is None:
             stop(child)
@@ -642,8 +642,30 @@ def stop(child: subprocess.Popen) -> None:
         child.wait()
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where Ctrl-C raises KeyboardInterrupt, so that one path stops all three."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
 def interrupt(signum, frame):
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+    raise Stopped(signum)
+
+
+def stopped_status(error: KeyboardInterrupt) -> int:
+    """128 + the signal's number, as a shell reports a process it killed: 130 for Ctrl-C, 143 for SIGTERM, 129
+    for SIGHUP."""
+    return 128 + getattr(error, "signum", signal.SIGINT)
+
+
+class Parser(argparse.ArgumentParser):
+    """A bad flag is one line on the standard error and exit status 2, with no usage before it."""
+
+    def error(self, message):
+        say_error(f"error: {message} (see --help)")
+        sys.exit(2)
 
 
 def positive_minutes(text: str) -> float:
@@ -670,7 +692,7 @@ def catch_stop_signals() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     catch_stop_signals()
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="action", required=True)
@@ -725,6 +747,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     pieces = PIECES if args.piece is None else [PIECES[k - 1] for k in args.piece]
     python = args.python or (None if args.smoke else sys.executable)
+    # (`list` only prints the commands: it may name the interpreter of another machine)
+    if args.action == "run" and python is not None and shutil.which(python) is None:
+        say_error(f"error: --python {python}: no such interpreter (not an executable file)")
+        return 2
     states = {} if args.fresh else piece_states(pieces, python, args.smoke, say_error)
 
     def state(piece: Piece) -> State:
@@ -762,4 +788,8 @@ def listed(piece: Piece, state: State, python: str | None, smoke: bool) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt as stopped:  # before or between the pieces: nothing of theirs to keep
+        say_error("interrupted")
+        sys.exit(stopped_status(stopped))

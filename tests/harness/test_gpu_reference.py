@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -373,3 +374,54 @@ def test_fresh_runs_every_piece_from_the_start_whatever_its_report_says(lease):
     lease.report(20, "20270101-000100-jax-torch", ["ok", "interrupted"])
     assert lease.run("--piece", "19,20", "--fresh") == 0
     assert lease.ran() == [lease.ran_as(19), lease.ran_as(20)]
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["run", "--bogus"], "gpu_reference: error: unrecognized arguments: --bogus (see --help)"),
+        (
+            ["run", "--piece", "six"],
+            "gpu_reference: error: argument --piece: must be piece numbers",
+        ),
+        (["nothing"], "gpu_reference: error: argument action: invalid choice: 'nothing'"),
+        (
+            ["run", "--python", "/nonexistent/python"],
+            "gpu_reference: error: --python /nonexistent/python: no such interpreter",
+        ),
+    ],
+)
+def test_a_bad_flag_or_interpreter_is_one_line_and_exit_2_with_no_usage(args, says):
+    out = subprocess.run(
+        [sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=60
+    )
+    (line,) = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and line.startswith(says), out.stderr
+    assert out.stdout == ""  # refused before any piece started
+
+
+# A piece's harness that runs a minute and is killed by SIGTERM (the script's own stop).
+SLEEPS = "import time\nprint('started', flush=True)\ntime.sleep(60)\n"
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_stop_signal_stops_the_piece_and_exits_128_plus_its_number(tmp_path, sig, status):
+    python = tmp_path / "python"
+    python.write_text(f"#!{sys.executable}\n{SLEEPS}")
+    python.chmod(0o755)
+    child = subprocess.Popen(
+        [sys.executable, SCRIPT, "run", "--python", str(python), "--piece", "2", "--fresh"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for line in child.stdout:
+            if line.strip() == "started":
+                break
+        child.send_signal(sig)
+        _, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    assert child.returncode == status, err
+    assert "interrupted in piece torch-fed" in err and "Traceback" not in err
