@@ -402,9 +402,9 @@ def run_flags() -> Parser:
     p.add_argument(
         "--compile-mode",
         choices=COMPILE_MODES,
-        default="default",
-        help="with --compile, torch only: torch.compile's mode (reduce-overhead: CUDA graphs, GPU only; "
-        "max-autotune: autotuned kernels, long compiles)",
+        default=None,
+        help="with --compile, torch only: torch.compile's mode (not given: default; reduce-overhead: CUDA "
+        "graphs, GPU only; max-autotune: autotuned kernels, long compiles)",
     )
     p.add_argument(
         "--channels-last",

@@ -268,9 +268,10 @@ def select_strategies(
 
 def check_best(request: RunRequest) -> None:
     """--best decides the levers of backend.toml's [best]: one of them asked for as well is a contradiction."""
+    # (--compile-mode is None where not given: `--compile-mode default` asks for a mode as well)
     given = {
         "--compile": request.compile,
-        "--compile-mode": request.compile_mode != "default",
+        "--compile-mode": request.compile_mode is not None,
         "--channels-last": request.channels_last,
     }
     explicit = [flag for flag, asked in given.items() if asked]
@@ -283,7 +284,8 @@ def check_best(request: RunRequest) -> None:
 
 def asked_levers(request: RunRequest) -> Levers:
     """The levers of the run as asked, every one."""
-    return Levers(**{f.name: getattr(request, f.name) for f in dataclasses.fields(Levers)})
+    asked = {f.name: getattr(request, f.name) for f in dataclasses.fields(Levers)}
+    return Levers(**{**asked, "compile_mode": request.compile_mode or "default"})
 
 
 def lever_variants(request: RunRequest, backend: Manifest, kind: str) -> list[Levers]:
@@ -308,7 +310,7 @@ def best_note(backend: Manifest, kind: str) -> str:
 def refused_levers(request: RunRequest, backends: dict[str, Manifest], kind: str) -> dict[str, str]:
     """{backend: why it cannot run the asked levers}; an error if no selected backend can."""
     asked = asked_levers(request).asked
-    if request.compile_mode != "default" and not request.compile:
+    if request.compile_mode not in (None, "default") and not request.compile:
         raise UsageError(f"--compile-mode {request.compile_mode} needs --compile")
     if request.compile_mode == "reduce-overhead" and kind != "gpu":
         raise UsageError(

@@ -98,6 +98,8 @@ def test_a_dry_run_says_what_best_switched_on_and_where_the_default_is_the_best(
         (["--compile"], "--compile"),
         (["--channels-last"], "--channels-last"),
         (["--compile", "--compile-mode", "max-autotune"], "--compile, --compile-mode"),
+        # torch's default mode, asked for by name, is still a mode --best would choose
+        (["--compile-mode", "default"], "--compile-mode"),
     ],
 )
 def test_best_with_a_lever_it_chooses_is_refused_in_one_line(capsys, flags, dropped):
