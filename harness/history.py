@@ -12,7 +12,8 @@ cores or GPUs: results.json's provenance.machine) is marked `x` with the differe
 step says nothing about the code.
 
 It writes history.md and a plot per configuration with at least two reports into --out (default history/), and
-prints the Markdown. A folder that is not a readable report is skipped with one line on the standard error.
+prints the Markdown. A folder that is not a readable report is skipped with one line on the standard error; where
+none is readable, that is the one line of the error.
 """
 
 from __future__ import annotations
@@ -224,9 +225,16 @@ def file_name(key: tuple) -> str:
 
 def main(args) -> int:
     """`python -m harness history`, its flags parsed (cli.build_parser)."""
-    reports = find_reports(args.folders, lambda line: print(line, file=sys.stderr))
-    if not reports:
-        raise UsageError(f"no readable report in {', '.join(args.folders)}")
+    skipped: list[str] = []
+    reports = find_reports(args.folders, skipped.append)
+    if not reports:  # one line: the first folder skipped says why
+        why = f" ({skipped[0].removeprefix('skipped ')}" if skipped else ""
+        more = f"; {len(skipped) - 1} more skipped" if len(skipped) > 1 else ""
+        raise UsageError(
+            f"no readable report in {', '.join(args.folders)}{why}{more}{')' if why else ''}"
+        )
+    for line in skipped:
+        print(line, file=sys.stderr)
     series = histories(reports)
     out = Path(args.out)
     try:

@@ -95,3 +95,12 @@ def test_a_report_from_another_machine_is_marked_x_naming_it_and_one_without_its
         ("~", ""),
         ("+", "machine unknown for OLD"),
     ]
+
+
+def test_a_folder_that_does_not_exist_is_one_line_and_exit_2(tmp_path):
+    missing = tmp_path / "nonexistent"
+    result = run_harness("history", str(missing), "--out", str(tmp_path / "h"))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"harness: error: no readable report in {missing} ({missing}: not a folder)"
+    ]
