@@ -35,14 +35,17 @@ def resume_main(args) -> int:
     runs kept."""
     resume.only_flag(args.argv, "run", args.resume)
     earlier = resume.read(args.resume)
-    words = earlier.argv[1:] if earlier.argv[:1] == ["run"] else earlier.argv
-    flags = resume.parse(earlier, Parser(parents=arguments.run_parents()), words, args)
-    if flags.resume:
-        raise UsageError(f"--resume {args.resume}: its own command resumed another report")
-    for line in resume.check_code(earlier, provenance.record()):
-        print(line, file=sys.stderr)
-    request = dataclasses.replace(request_of(RunRequest, flags), quiet=args.quiet or flags.quiet)
-    return run_benchmark(request, earlier.argv, earlier=earlier)
+    with resume.one_at_a_time(earlier.folder):  # refused before anything is said
+        words = earlier.argv[1:] if earlier.argv[:1] == ["run"] else earlier.argv
+        flags = resume.parse(earlier, Parser(parents=arguments.run_parents()), words, args)
+        if flags.resume:
+            raise UsageError(f"--resume {args.resume}: its own command resumed another report")
+        for line in resume.check_code(earlier, provenance.record()):
+            print(line, file=sys.stderr)
+        request = dataclasses.replace(
+            request_of(RunRequest, flags), quiet=args.quiet or flags.quiet
+        )
+        return run_benchmark(request, earlier.argv, earlier=earlier)
 
 
 def list_main(args) -> int:

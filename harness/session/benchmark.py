@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from common.files import write_json_atomic
 from harness.checking import workers
 from harness.errors import UsageError
 from harness.planning.plan import Devices, Plan, build_plan
@@ -28,19 +29,35 @@ def backend_python(name: str, plan: Plan, say) -> str:
 class Finished:
     """The runs that finished, in plan order (`results`), and whether the one after them had started
     (`running`): what the rows of an interrupt say. A run is kept, and `running` cleared, in one step that a stop
-    signal waits for (`keep`, which runner.run calls before it announces the run)."""
+    signal waits for (`keep`, which runner.run calls before it announces the run). With a staging folder
+    (`workdir`), each is on disk as it is kept, and the run that starts is too, as the interrupted row it becomes
+    if the harness is killed (reporting/leftovers.py)."""
 
-    def __init__(self):
+    def __init__(self, workdir: Path | None = None):
         self.results: list[dict] = []
         self.running = False
+        self.workdir = workdir
 
-    def start(self) -> None:
+    def start(self, cfg=None, trial: int | None = None) -> None:
         self.running = True
+        if self.workdir is not None and cfg is not None:
+            row = not_run(
+                cfg, trial, "interrupted", f"interrupted: {leftovers.KILLED} while it ran"
+            )
+            try:
+                leftovers.stage_running(self.workdir, row)
+            except OSError:
+                pass  # (a full disk: the run fails on its own config's write, in one line)
 
-    def keep(self, result: dict) -> None:
+    def keep(self, result: dict, staged: bool = False) -> None:
         with interrupts.held():
             self.results.append(result)
             self.running = False
+            if self.workdir is not None and not staged:
+                try:
+                    leftovers.stage_record(self.workdir, len(self.results) - 1, result)
+                except OSError:
+                    pass  # a full disk: the run is kept all the same, for the report written at the end
 
 
 def execute(
@@ -54,12 +71,44 @@ def execute(
     result in `finished` as it ends, before it is announced; never lets one failure stop the others. An interrupt
     propagates: `finished` then holds the runs that finished, and plan.runs[len(finished.results):] are the ones
     that did not (the first of them running if `finished.running`). With `earlier` (--resume), a run that
-    finished there is kept, not run again."""
+    finished there is kept, not run again (its record already staged: stage_kept)."""
     pythons = Pythons(plan, console.say)
     for cfg, trial in plan.runs:
-        if kept_run(cfg, trial, earlier, workdir, console.say, keep=finished.keep) is None:
-            finished.start()
+        kept = earlier.kept(cfg, trial) if earlier else None
+        if kept is not None:
+            finished.keep(kept, staged=True)
+        else:
+            finished.start(cfg, trial)
             run_one(cfg, trial, pythons, workdir, console, keep=finished.keep)
+
+
+def stage_kept(plan: Plan, earlier: resume.Earlier | None, workdir: Path, say) -> None:
+    """A resume's kept runs staged as finished ones, before anything else runs: their logs, MLPerf logs and traces
+    copied, then their records written at once (leftovers.stage_records), so that a kill at any instant leaves a
+    folder whose resume keeps them: the one resumed (before they are staged) or this one's -killed report (after);
+    each one said."""
+    if earlier is None:
+        return
+    kept = {i: (cfg, trial, earlier.kept(cfg, trial)) for i, (cfg, trial) in enumerate(plan.runs)}
+    kept = {i: run for i, run in kept.items() if run[2] is not None}
+    if not kept:
+        return
+    problems = {
+        i: resume.copy_records(record, earlier, workdir) for i, (*_, record) in kept.items()
+    }
+    try:
+        leftovers.stage_records(workdir, {i: record for i, (*_, record) in kept.items()})
+    except OSError as e:
+        say(
+            f"--resume: the kept runs could not be staged ({e.strerror or e}): were the harness killed now, "
+            f"resume {earlier.folder} again"
+        )
+    for i, (cfg, trial, _) in kept.items():
+        problem = problems[i]
+        say(
+            f"[{runner.label(cfg)}{f' trial {trial}' if trial else ''}] kept from {earlier.folder}: finished there"
+            + (f" ({problem})" if problem else "")
+        )
 
 
 def kept_run(
@@ -124,11 +173,32 @@ def run_benchmark(
     plan: this module's `run_all`, or parity's, which adds the idioms' runs and puts the parity figures in `meta`.
     With `earlier` (--resume), its finished runs and check are kept (resume.py), if every one is a run
     `reachable(plan)` holds (the (config, trial) the command may run: plan.runs, or parity's trials up to its
-    cap)."""
-    plan = build_plan(request)
-    if earlier is not None:
+    cap). One resume of a report at a time (resume.one_at_a_time); a report with nothing left to run is not
+    resumed."""
+    if earlier is None:
+        return benchmark(request, argv, carry_out)
+    with resume.one_at_a_time(earlier.folder):
+        plan = build_plan(request)
         resume.check_configurations(earlier, reachable(plan) if reachable else plan.runs)
+        if carry_out is None and resume.nothing_left(earlier, plan.runs, request.check):
+            print(
+                f"--resume {earlier.folder}: every run it plans finished there: nothing to resume, "
+                "no report written",
+                file=sys.stderr,
+            )
+            return 0
         carry_out = functools.partial(carry_out or run_all, earlier=earlier)
+        return benchmark(request, argv, carry_out, earlier, plan)
+
+
+def benchmark(
+    request: RunRequest,
+    argv: list[str],
+    carry_out=None,
+    earlier: resume.Earlier | None = None,
+    plan: Plan | None = None,
+) -> int:
+    plan = plan or build_plan(request)
     if request.dry_run:
         print("\n".join(dry_run(plan, request)))
         return 0
@@ -254,7 +324,7 @@ def run_all(
     them: the runs that finished keep their results, the others are reported as interrupted. With `earlier`
     (--resume): its finished check and runs are kept."""
     results = [runner.not_run_result(cfg, "unavailable", reason) for cfg, reason in plan.not_run]
-    finished = Finished()
+    finished = Finished(workdir)
     try:
         # Printed even with --quiet: which devices ran is what a result means, and it is one line.
         console.say(Devices(plan.device_kind, plan.gpus, plan.detection).line)
@@ -274,12 +344,15 @@ def run_all(
         )
         for line in best_lines(plan):
             console.say(line)
+        stage_kept(plan, earlier, workdir, console.say)
         if request.check and earlier and earlier.equivalence:
             meta["equivalence"] = earlier.equivalence
+            save_meta(workdir, meta)
         elif request.check:
             # replaced by the table if the check finishes
             meta["equivalence"] = {"interrupted": True}
             meta["equivalence"] = workers.equivalence(plan, console.say, workdir / "logs")
+            save_meta(workdir, meta)
         execute(plan, workdir, console, finished, earlier)
     except KeyboardInterrupt as e:
         by = str(e) or "the user"
@@ -290,12 +363,21 @@ def run_all(
         # the rest never started
         left = plan.runs[len(finished.results) :]
         finished.results += [
-            not_run(
+            (earlier.kept(cfg, trial) if earlier else None)
+            or not_run(
                 cfg, trial, "interrupted", interrupted_why(by, running=finished.running and i == 0)
             )
             for i, (cfg, trial) in enumerate(left)
         ]
     return results + finished.results
+
+
+def save_meta(workdir: Path, meta: dict) -> None:
+    """The header again, with the check that finished: a killed harness's report keeps it too."""
+    try:
+        write_json_atomic(workdir / leftovers.META, meta)
+    except OSError:
+        pass  # a full disk: the check is in the report written at the end
 
 
 def interrupted_why(by: str, running: bool) -> str:

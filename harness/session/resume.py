@@ -11,6 +11,9 @@ record holds its figures."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
+import fcntl
 import json
 import math
 import os
@@ -23,7 +26,7 @@ from common.config import RunConfig
 from common.results import load_results_json
 from harness.errors import UsageError
 from harness.processes import runner
-from harness.reporting import provenance
+from harness.reporting import leftovers, provenance
 
 # What a resumed run keeps: a run that ended with figures (or with a verdict on its math), not one that failed,
 # ran out of time or was interrupted.
@@ -101,6 +104,8 @@ def read(folder: str, command: str = "run") -> Earlier:
     """The report in `folder` (its results.json) that `command` made, or a UsageError saying why it cannot be
     resumed."""
     path = Path(folder)
+    if path.name.startswith(".tmp-") and path.is_dir():
+        raise UsageError(staging_refusal(path))
     try:
         runs, meta = load_results_json(str(path / "results.json"))
     except (OSError, ValueError) as e:
@@ -138,6 +143,65 @@ def read(folder: str, command: str = "run") -> Earlier:
         meta.get("provenance"),
         finished_idioms(meta),
         dropped,
+    )
+
+
+def staging_refusal(path: Path) -> str:
+    """Why a staging folder is not resumed, and what takes it up: its harness's own report when it ends, or, when it
+    was killed, the next run with the same --out, which keeps it as a report that can be resumed."""
+    out, run_id = path.parent, path.name[len(".tmp-") :]
+    if not leftovers.abandoned(path):
+        return (
+            f"--resume {path}: the staging folder of a harness still running, not a report: it becomes "
+            f"{out / run_id} when that harness ends (resume that one if it was cut off)"
+        )
+    return (
+        f"--resume {path}: the staging folder of a killed harness, not a report: the next run with --out {out} "
+        f"keeps it as {out / run_id}-killed, a report of its finished runs; resume that one"
+    )
+
+
+# The reports this process is resuming (held once, however many callers ask: a second flock of this process's
+# would refuse the process itself).
+HELD: set[str] = set()
+
+
+@contextlib.contextmanager
+def one_at_a_time(folder: Path):
+    """Inside, this process is the one resuming `folder`: a lock on the folder itself (flock, which the kernel
+    drops with its holder, killed or not), or a UsageError saying another resume of it is running. A file system
+    without locks resumes unguarded."""
+    name = os.path.realpath(folder)
+    if name in HELD:
+        yield
+        return
+    try:
+        fd = os.open(name, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise UsageError(
+                    f"--resume {folder}: another resume of it is running: one at a time"
+                ) from None
+        HELD.add(name)
+        yield
+    finally:
+        HELD.discard(name)
+        os.close(fd)
+
+
+def nothing_left(
+    earlier: Earlier, planned: list[tuple[RunConfig, int | None]], check: bool
+) -> bool:
+    """Whether every planned run finished there (and the check, where the command has one): a resume would only
+    write the report again."""
+    return all(earlier.kept(cfg, trial) is not None for cfg, trial in planned) and (
+        not check or earlier.equivalence is not None
     )
 
 

@@ -337,10 +337,16 @@ def test_a_harness_killed_with_sigkill_takes_its_workers_along_and_the_next_run_
     ) in stderr
     kept = out / f"{run_id}-killed"
     assert (
-        statuses(kept) == [(1, "ok")]
+        statuses(kept) == [(1, "ok"), (2, "interrupted")]
         and (kept / "report.md").is_file()
         and (kept / "logs").is_dir()
     )
+    # it says it was killed, the run that was training is an interrupted row, and the finished run names its log
+    doc = json.loads((kept / "results.json").read_text())
+    assert "the harness was killed" in doc["finished"] and doc["killed"]["found"]
+    assert "finished never: the harness was killed" in (kept / "report.md").read_text()
+    assert doc["runs"][1]["error"] == "interrupted: the harness was killed while it ran"
+    assert (kept / doc["runs"][0]["log"]).is_file()
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []
 
 

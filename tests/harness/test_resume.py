@@ -13,7 +13,7 @@ import pytest
 
 from harness import cli, parity
 from harness.processes import runner
-from harness.reporting import document
+from harness.reporting import document, leftovers
 from harness.session import resume
 from tests.harness.helpers import TORCH_LENET, fake_python, harness_in_process, run_harness
 from tests.harness.test_faults import BASE, assert_none_survive, finish, start_harness
@@ -284,7 +284,7 @@ STAGES = {
     "check": (["interrupted"] * 3, ["ok", "ok", "interrupted"]),
     "mid-run": (["ok", "interrupted", "interrupted"], ["ok", "ok", "interrupted"]),
     "between-runs": (["ok", "interrupted", "interrupted"], ["ok", "ok", "interrupted"]),
-    "report": (["ok"] * 3, ["ok"] * 3),
+    "report": (["ok"] * 3, None),  # its resume has nothing to run: it writes nothing
 }
 
 
@@ -372,6 +372,11 @@ def test_a_sweep_stopped_at_any_stage_and_resumed_twice_keeps_every_finished_fig
     assert (
         code == (0 if stage == "report" else 128 + signal.SIGTERM) and "Traceback" not in stderr
     ), stderr
+    if stage == "report":  # nothing left to run: nothing written
+        assert "nothing to resume, no report written" in stderr, stderr
+        assert [p for p in out.iterdir()] == reports
+        assert [(state / f"finished-x{n}").read_text() for n in (1, 2, 4)] == ["1\n"] * 3
+        return
     reports.append(reports_in(out, set(reports)))
     assert [[r["status"] for r in runs_of(report)] for report in reports] == list(STAGES[stage])
     code, stderr = stopped_by_its_worker(
@@ -394,6 +399,100 @@ def test_a_sweep_stopped_at_any_stage_and_resumed_twice_keeps_every_finished_fig
     assert json.loads((reports[-1] / "results.json").read_text())["resumed"]["from"] == str(
         reports[1]
     )
+
+
+# ------------------------------------------------------------------ kill -9 during a resume, then --resume
+
+
+def refused(*args: str) -> str:
+    """`python -m harness ARGS` (in this process) refused in one line, exit 2: the line."""
+    result = harness_in_process(*args)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and "Traceback" not in result.stderr, (
+        result.stderr
+    )
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "hang", ["2", "4"], ids=["after-the-kept-runs-are-staged", "after-a-new-run"]
+)
+def test_a_resume_killed_with_sigkill_at_any_stage_keeps_every_finished_figure(tmp_path, hang):
+    """A sweep stopped in its run on 2 devices; its resume killed with SIGKILL once its kept run is staged (hanging
+    in the run on 2 devices) or once a new run finished too (hanging on 4): the next run's -killed report holds every
+    run that finished, kept and new, with its log, says the harness was killed and names the run it killed as
+    interrupted; resumed, no finished run or check runs twice, and every finished record is the first one, byte for
+    byte. Meanwhile a second resume of the same report, and a resume of the staging folder, are refused in one line,
+    and the killed resume holds no lock."""
+    out, state, flags = staged_sweep(tmp_path)
+    code, _ = stopped_by_its_worker(state, *flags, hang="2")
+    assert code == 128 + signal.SIGTERM
+    first = reports_in(out, set())
+    (state / "pids").unlink()
+    proc = start_harness(
+        "--resume",
+        str(first),
+        "--quiet",
+        *typed(flags),
+        env={"FAKE_STATE": str(state), "FAKE_HANG": hang},
+    )
+    while not (state / "pids").exists():
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    (staging,) = [p for p in out.iterdir() if p.name.startswith(".tmp-")]
+    assert "another resume of it is running" in refused(
+        "--resume", str(first), "--quiet", *typed(flags)
+    )
+    assert "the staging folder of a harness still running" in refused("--resume", str(staging))
+    proc.kill()
+    proc.communicate()
+    assert_none_survive([int(p) for p in (state / "pids").read_text().split()])
+    line = refused("--resume", str(staging))
+    assert f"the next run with --out {out} keeps it as {staging.parent}/" in line, line
+    with resume.one_at_a_time(first):  # its killed holder keeps no lock
+        pass
+
+    (said,) = leftovers.keep_left_behind(out, document.write)  # what the next run into --out does
+    killed = out / (staging.name[len(".tmp-") :] + "-killed")
+    assert str(killed) in said
+    expected = (
+        [("ok", 1), ("interrupted", 2)]
+        if hang == "2"
+        else [("ok", 1), ("ok", 2), ("interrupted", 4)]
+    )
+    assert [(r["status"], r["config"]["devices"]) for r in runs_of(killed)] == expected
+    assert runs_of(killed)[0] == runs_of(first)[0]
+    assert "the harness was killed" in (killed / "report.md").read_text()
+    assert runs_of(killed)[-1]["error"] == "interrupted: the harness was killed while it ran"
+    for run in runs_of(killed)[:-1]:
+        assert (killed / run["log"]).is_file()
+
+    code, stderr = stopped_by_its_worker(
+        state, "--resume", str(killed), "--quiet", *typed(flags), hang=""
+    )
+    assert code == 0, stderr
+    final = reports_in(out, {first, killed})
+    assert [r["status"] for r in runs_of(final)] == ["ok"] * 3
+    assert runs_of(final)[: len(expected) - 1] == runs_of(killed)[:-1]  # byte for byte
+    for run in runs_of(final):
+        assert (final / run["log"]).is_file()
+    assert [(state / f"finished-x{n}").read_text() for n in (1, 2, 4)] == ["1\n"] * 3
+    assert (state / "checked").read_text() == "1\n"
+    check = json.loads((first / "results.json").read_text())["equivalence"]
+    assert json.loads((final / "results.json").read_text())["equivalence"] == check
+
+
+def test_a_finished_report_is_not_resumed_and_nothing_is_written(tmp_path):
+    """Every run finished there: a resume would write the same report again; it says so in one line, exit 0."""
+    out, flags = sweep(tmp_path, fail_on="")
+    assert run_harness(*flags).returncode == 0
+    report = only_report(out)
+    result = harness_in_process("--resume", str(report), "--quiet", *typed(flags))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"--resume {report}: every run it plans finished there: nothing to resume, no report written"
+    )
+    assert list(out.iterdir()) == [report]
 
 
 # ------------------------------------------------------------------ parity, stopped and resumed
