@@ -171,6 +171,15 @@ def test_the_verdict_is_read_off_the_interval(factor, verdict):
     assert faster == ([("torch", row["ratio"])] if low > 1 else [])
 
 
+def test_an_idiom_faster_on_too_few_trials_is_not_said_to_be_faster():
+    """A cut-off row (fewer trials than --repeat) has no verdict, so the report never says its idiom is faster."""
+    suite = [suite_trial(noisy(0.13, seed)) for seed in range(2)]
+    idioms = [idiom_trial(noisy(0.1, 10 + seed), seed + 1) for seed in range(2)]
+    (row,) = parity.figures(suite, idioms, repeat=6)["rows"]
+    assert row["verdict"] == "too few trials (2 of 6)" and row["interval"][0] > 1
+    assert sections.faster_idioms([row]) == []
+
+
 def test_a_strategy_or_idiom_without_a_finished_trial_is_not_measured():
     failed = {**idiom_trial([], 1), "status": "failed", "error": "boom"}
     rows = parity.figures([suite_trial([0.1, 0.1, 0.1])], [failed])["rows"]
