@@ -64,6 +64,7 @@ class Report:
     commit: str
     results: list[Result]
     machine: dict | None = None  # provenance.machine (None: not recorded)
+    resumed: str | None = None  # the name of the report folder this one resumed (None: none)
 
 
 @dataclass
@@ -95,10 +96,33 @@ def find_reports(folders: list[str], say) -> list[Report]:
             except ValueError as e:
                 say(f"skipped {path}: {e}")
                 continue
-            reports.append(
-                Report(path, meta["started"], commit_of(meta), results, comparison.machine_of(meta))
+            report = Report(
+                path, meta["started"], commit_of(meta), results, comparison.machine_of(meta)
             )
-    return sorted(reports, key=lambda r: (r.started, str(r.path)))
+            report.resumed = resumed_from(meta)
+            reports.append(report)
+    return sorted(superseded_dropped(reports, say), key=lambda r: (r.started, str(r.path)))
+
+
+def resumed_from(meta: dict) -> str | None:
+    """The name of the report folder a resumed report took up (its meta's `resumed.from`), or None."""
+    resumed = meta.get("resumed")
+    source = resumed.get("from") if isinstance(resumed, dict) else None
+    return Path(source).name if isinstance(source, str) and source else None
+
+
+def superseded_dropped(reports: list[Report], say) -> list[Report]:
+    """The reports less those another one resumed: the resumed report holds their finished runs as they were, so
+    counting both would count those runs twice. Each one dropped is said."""
+    takers = {r.resumed: r for r in reports if r.resumed}
+    kept = []
+    for report in reports:
+        taker = takers.get(report.path.name)
+        if taker is not None and taker is not report:
+            say(f"skipped {report.path}: {taker.path} resumed it and holds its finished runs")
+            continue
+        kept.append(report)
+    return kept
 
 
 def commit_of(meta: dict) -> str:

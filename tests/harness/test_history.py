@@ -104,3 +104,17 @@ def test_a_folder_that_does_not_exist_is_one_line_and_exit_2(tmp_path):
     assert result.stderr.strip().splitlines() == [
         f"harness: error: no readable report in {missing} ({missing}: not a folder)"
     ]
+
+
+def test_a_report_another_one_resumed_is_counted_once(tmp_path):
+    """A resumed report holds the finished runs of the report it took up, as they were: history counts them once,
+    from the resumed one, and says which it skipped."""
+    first, resumed, _ = reports(tmp_path, [1.0, 1.0, 1.0])
+    doc = json.loads((resumed / "results.json").read_text())
+    doc["resumed"] = {"from": str(first), "at": "2026-11-21 00:00:00 UTC"}
+    (resumed / "results.json").write_text(json.dumps(doc))
+    result = run_harness("history", str(tmp_path / "reports"), "--out", str(tmp_path / "history"))
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("| 2026")]
+    assert [row.split(" | ")[2] for row in rows] == ["1111111", "2222222"]
+    assert f"skipped {first}: {resumed} resumed it and holds its finished runs" in result.stderr
