@@ -13,7 +13,8 @@ step says nothing about the code.
 
 It writes history.md and a plot per configuration with at least two reports into --out (default history/), and
 prints the Markdown. A folder that is not a readable report is skipped with one line on the standard error; where
-none is readable, that is the one line of the error.
+none is readable, that is the one line of the error. A report that a later one resumed (`--resume`) is skipped too,
+with its line: the resumed report holds its finished runs as they were, so they count once.
 """
 
 from __future__ import annotations
