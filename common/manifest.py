@@ -74,7 +74,7 @@ class Best:
 @dataclass(frozen=True)
 class KernelsProbe:
     """[kernels_probe]: how the portable test pass shows what the framework's CPU kernels run with
-    (harness/testing.py): a script beside the backend, run in its environment with the library's verbose switches
+    (harness/suites/kernels.py): a script beside the backend, run in its environment with the library's verbose switches
     (`env`)."""
 
     script: Path

@@ -1,5 +1,5 @@
 """What jax's CPU kernels run with: the portable test pass's probe (backend.toml's [kernels_probe], run by
-harness/testing.py as a script, with XLA's verbose logging). One compiled function makes XLA's CPU compiler say
+harness/suites/kernels.py as a script, with XLA's verbose logging). One compiled function makes XLA's CPU compiler say
 where its code generation is capped; the `probe:` line says the flags XLA took and the CPUs its thread pool spans."""
 
 import os

@@ -1,6 +1,6 @@
 """What MXNet's CPU kernels run with: the portable test pass's probe (backend.toml's [kernels_probe], run by
-harness/testing.py as a script, with oneDNN's verbose switch). A convolution makes oneDNN say its instruction set;
-the `probe:` line says the core OpenBLAS chose and OpenMP's threads."""
+harness/suites/kernels.py as a script, with oneDNN's verbose switch). A convolution makes oneDNN say its
+instruction set; the `probe:` line says the core OpenBLAS chose and OpenMP's threads."""
 
 import ctypes
 import os

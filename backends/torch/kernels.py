@@ -1,6 +1,6 @@
 """What torch's CPU kernels run with: the portable test pass's probe (backend.toml's [kernels_probe], run by
-harness/testing.py as a script, with oneDNN's and MKL's verbose switches). A convolution and a matrix product make
-oneDNN and MKL say their instruction set and threads; the `probe:` line says ATen's."""
+harness/suites/kernels.py as a script, with oneDNN's and MKL's verbose switches). A convolution and a matrix
+product make oneDNN and MKL say their instruction set and threads; the `probe:` line says ATen's."""
 
 import torch
 

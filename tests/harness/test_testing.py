@@ -15,6 +15,7 @@ import pytest
 
 from harness import testing
 from harness.processes.envs import ROOT
+from harness.suites import catalog, kernels, lanes, records, times
 from tests.harness.helpers import run_harness
 
 CALLER = {
@@ -26,7 +27,7 @@ CALLER = {
 
 
 def test_portable_environment_caps_every_framework_to_sse4_and_one_thread():
-    env = testing.suite_env({"DPBENCH_BACKEND": "torch"}, True, CALLER)
+    env = kernels.suite_env({"DPBENCH_BACKEND": "torch"}, True, CALLER)
     assert env["ATEN_CPU_CAPABILITY"] == "default"
     assert env["ONEDNN_MAX_CPU_ISA"] == "SSE41" and env["DNNL_MAX_CPU_ISA"] == "SSE41"
     assert env["MKL_CBWR"] == "COMPATIBLE" and env["OPENBLAS_CORETYPE"] == "Nehalem"
@@ -41,13 +42,13 @@ def test_portable_environment_caps_every_framework_to_sse4_and_one_thread():
 
 
 def test_portable_xla_flags_are_appended_to_the_callers():
-    env = testing.suite_env({}, True, CALLER)
+    env = kernels.suite_env({}, True, CALLER)
     assert env["XLA_FLAGS"] == (
         "--xla_force_host_platform_device_count=4 "
         "--xla_cpu_max_isa=SSE4_2 --xla_cpu_multi_thread_eigen=false"
     )
     assert (
-        testing.suite_env({}, True, {})["XLA_FLAGS"]
+        kernels.suite_env({}, True, {})["XLA_FLAGS"]
         == "--xla_cpu_max_isa=SSE4_2 --xla_cpu_multi_thread_eigen=false"
     )
 
@@ -55,13 +56,13 @@ def test_portable_xla_flags_are_appended_to_the_callers():
 def test_pythonpath_puts_the_project_first_and_keeps_the_callers_entry():
     for portable in (False, True):
         assert (
-            testing.suite_env({}, portable, CALLER)["PYTHONPATH"] == f"{ROOT}{os.pathsep}vendor/lib"
+            kernels.suite_env({}, portable, CALLER)["PYTHONPATH"] == f"{ROOT}{os.pathsep}vendor/lib"
         )
-        assert testing.suite_env({}, portable, {})["PYTHONPATH"] == str(ROOT)
+        assert kernels.suite_env({}, portable, {})["PYTHONPATH"] == str(ROOT)
 
 
 def test_the_normal_pass_changes_nothing_but_pythonpath():
-    env = testing.suite_env({"DPBENCH_BACKEND": "jax"}, False, CALLER)
+    env = kernels.suite_env({"DPBENCH_BACKEND": "jax"}, False, CALLER)
     assert env == {
         **CALLER,
         "PYTHONPATH": f"{ROOT}{os.pathsep}vendor/lib",
@@ -77,14 +78,14 @@ def test_the_project_is_byte_compiled_before_the_suites_where_python_writes_noth
     harness installed outside .venvs/ (as here), in the environment's own cache inside .venvs/harness/."""
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     monkeypatch.setattr(sys, "pycache_prefix", None)
-    monkeypatch.setattr(testing, "ROOT", tmp_path)
-    for package in testing.PROJECT_PACKAGES:
+    monkeypatch.setattr(catalog, "ROOT", tmp_path)
+    for package in catalog.PROJECT_PACKAGES:
         (tmp_path / package / "inner").mkdir(parents=True)
         (tmp_path / package / "inner" / "module.py").write_text("X = 1\n")
-    testing.compile_the_project()
+    catalog.compile_the_project()
     tag = sys.implementation.cache_tag
     compiled = sorted(p.relative_to(tmp_path).parts[0] for p in tmp_path.rglob(f"module.{tag}.pyc"))
-    assert compiled == sorted(testing.PROJECT_PACKAGES)
+    assert compiled == sorted(catalog.PROJECT_PACKAGES)
 
 
 def test_a_suite_runs_on_its_lane_and_everything_it_starts_inherits_it(tmp_path):
@@ -98,8 +99,8 @@ def test_a_suite_runs_on_its_lane_and_everything_it_starts_inherits_it(tmp_path)
     )
     fake.chmod(0o755)
     cpu = min(os.sched_getaffinity(0))
-    suite = testing.Suite("fake", str(fake), [], {**os.environ}, [], ["-k", "x"])
-    outcome = testing.run_suite(suite, {cpu})
+    suite = lanes.Suite("fake", str(fake), [], {**os.environ}, [], ["-k", "x"])
+    outcome = lanes.run_suite(suite, {cpu})
     assert outcome.output.split("\n")[:2] == [f"[{cpu}]", f"[{cpu}]"], outcome.output
 
 
@@ -116,8 +117,8 @@ def test_a_suite_compiles_into_caches_of_its_own_that_end_with_it(tmp_path):
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "users")}
     seen = []
     for _ in range(2):
-        suite = testing.Suite("fake", str(fake), [], env, [], ["-k", "x"])
-        inductor, triton = testing.run_suite(suite).output.split("\n")[0].split()
+        suite = lanes.Suite("fake", str(fake), [], env, [], ["-k", "x"])
+        inductor, triton = lanes.run_suite(suite).output.split("\n")[0].split()
         assert Path(inductor).name == "torchinductor" and Path(triton).name == "triton"
         assert not Path(inductor).exists()
         seen.append(inductor)
@@ -133,12 +134,12 @@ wait
 # A pass of that one suite, stopped as `python -m harness test` is (harness/cli.py's Stoppable).
 ONE_SUITE_PASS = (
     "import os, sys\n"
-    "from harness import testing\n"
+    "from harness.suites import lanes\n"
     "from harness.processes import interrupts\n"
-    "suite = testing.Suite('fake', sys.argv[1], [], {**os.environ}, [], ['-k', 'x'])\n"
+    "suite = lanes.Suite('fake', sys.argv[1], [], {**os.environ}, [], ['-k', 'x'])\n"
     "with interrupts.handled():\n"
     "    try:\n"
-    "        testing.run_suites([suite], jobs=1)\n"
+    "        lanes.run_suites([suite], jobs=1)\n"
     "    except KeyboardInterrupt:\n"
     "        sys.exit(interrupts.exit_status())\n"
 )
@@ -173,11 +174,11 @@ def test_sigterm_stops_every_suite_with_what_it_started(tmp_path):
 
 
 def test_lanes_split_the_usable_cpus_evenly_and_never_share_one():
-    assert testing.lanes(2, {0, 1}) == [{0}, {1}]
-    assert testing.lanes(2, {0, 1, 2, 3, 4}) == [{0, 2, 4}, {1, 3}]
-    assert testing.lanes(4, {3, 5}) == [{3}, {5}]  # no more lanes than CPUs
-    assert testing.lanes(1, {0, 1}) == [{0, 1}]
-    assert testing.lanes(0, {0, 1}) == [{0, 1}]
+    assert lanes.lanes(2, {0, 1}) == [{0}, {1}]
+    assert lanes.lanes(2, {0, 1, 2, 3, 4}) == [{0, 2, 4}, {1, 3}]
+    assert lanes.lanes(4, {3, 5}) == [{3}, {5}]  # no more lanes than CPUs
+    assert lanes.lanes(1, {0, 1}) == [{0, 1}]
+    assert lanes.lanes(0, {0, 1}) == [{0, 1}]
 
 
 def test_probe_facts_read_what_the_libraries_report():
@@ -190,7 +191,7 @@ def test_probe_facts_read_what_the_libraries_report():
         "FastMM:1 TID:0  NThr:1\n"
         "probe: ATen capability DEFAULT, 1 thread(s)\n"
     )
-    assert testing.probe_facts(torch) == [
+    assert kernels.probe_facts(torch) == [
         "ATen capability DEFAULT, 1 thread(s)",
         "oneDNN ISA Intel SSE4.1",
         "oneDNN 1 thread(s)",
@@ -202,7 +203,7 @@ def test_probe_facts_read_what_the_libraries_report():
         "dnnl_verbose,exec,cpu,convolution,jit:sse41,forward_inference,src_f32::blocked:aBcd8b:f0,,mb1,0.4\n"
         "probe: OpenBLAS core Nehalem, 1 OpenMP thread(s)\n"
     )
-    assert testing.probe_facts(mxnet) == [
+    assert kernels.probe_facts(mxnet) == [
         "OpenBLAS core Nehalem, 1 OpenMP thread(s)",
         "oneDNN ISA Intel SSE4.1",
         "oneDNN convolution jit:sse41",
@@ -211,8 +212,8 @@ def test_probe_facts_read_what_the_libraries_report():
         "I1122 23:30:25.157505    7150 cpu_compiler.cc:1495] `xla_cpu_max_isa` is set. Will not use features "
         "newer than: SSE4_2\n"
     )
-    assert testing.probe_facts(jax) == ["XLA codegen capped to SSE4_2"]
-    assert testing.probe_facts("nothing to see\n") == []
+    assert kernels.probe_facts(jax) == ["XLA codegen capped to SSE4_2"]
+    assert kernels.probe_facts("nothing to see\n") == []
 
 
 def test_help_names_the_portable_pass():
@@ -266,16 +267,16 @@ def fake_pass(
     def run_suites(items, jobs):
         queues.append(list(items))
         return {
-            i.key: (ran or (lambda s: testing.Outcome(testing.Counts(passed=1), "", 1.0)))(i)
+            i.key: (ran or (lambda s: records.Outcome(records.Counts(passed=1), "", 1.0)))(i)
             for i in items
         }
 
     monkeypatch.setattr(testing, "run_suites", run_suites)
-    monkeypatch.setattr(testing, "TIMES_FILE", tmp_path / "times.json")
+    monkeypatch.setattr(times, "TIMES_FILE", tmp_path / "times.json")
     (tmp_path / "cpuinfo").write_text(CPUINFO)
     monkeypatch.setattr(testing.sysinfo, "CPUINFO", str(tmp_path / "cpuinfo"))
     monkeypatch.setattr(
-        testing.envs, "ensure_backend", lambda name, requirements, say=print: f"python-{name}"
+        catalog.envs, "ensure_backend", lambda name, requirements, say=print: f"python-{name}"
     )
     args = Namespace(
         backend=backend,
@@ -297,7 +298,7 @@ def suites_run(monkeypatch, tmp_path, portable: bool, pytest_args=()) -> dict[st
     return {
         s.title.split(" ")[0]: [*s.selection, *s.pytest_args]
         for s in queue
-        if isinstance(s, testing.Suite)
+        if isinstance(s, lanes.Suite)
     }
 
 
@@ -331,7 +332,7 @@ def test_both_passes_run_from_one_queue_the_probes_first_then_the_longest_suite(
     from common import manifest
 
     queue, _ = fake_pass(monkeypatch, tmp_path, passes="portable,normal")
-    assert isinstance(queue[0], testing.Probes) and queue[0].pythons == {
+    assert isinstance(queue[0], kernels.Probes) and queue[0].pythons == {
         "torch": "python-torch",
         "jax": "python-jax",
     }
@@ -364,13 +365,13 @@ def test_passes_are_chosen_each_once_and_portable_is_the_portable_pass():
 
 
 def test_an_item_of_the_portable_pass_runs_on_one_cpu_of_its_lane_a_normal_one_on_the_lane():
-    normal = testing.harness_suite([])
-    portable = testing.backend_suite("torch", "python", True, [])
-    assert testing.item_cpus(normal, {2, 3}, jobs=2) == {2, 3}
-    assert testing.item_cpus(normal, {2, 3}, jobs=1) is None  # one lane: wherever the pass may run
-    for item in (portable, testing.Probes({})):
-        assert testing.item_cpus(item, {2, 3}, jobs=1) == {2}
-        assert testing.item_cpus(item, {2, 3}, jobs=2) == {2}
+    normal = catalog.harness_suite([])
+    portable = catalog.backend_suite("torch", "python", True, [])
+    assert lanes.item_cpus(normal, {2, 3}, jobs=2) == {2, 3}
+    assert lanes.item_cpus(normal, {2, 3}, jobs=1) is None  # one lane: wherever the pass may run
+    for item in (portable, kernels.Probes({})):
+        assert lanes.item_cpus(item, {2, 3}, jobs=1) == {2}
+        assert lanes.item_cpus(item, {2, 3}, jobs=2) == {2}
 
 
 # A stand-in for a suite's pytest: it waits for each file named in $WAIT_FOR to exist, creates $DONE, writes a JUnit
@@ -401,7 +402,7 @@ def test_a_lane_takes_the_other_passes_suites_while_a_long_suite_runs(tmp_path, 
     fake.chmod(0o755)
     cpu = min(os.sched_getaffinity(0))
     # two lanes on whatever this test may use (inside a pass, one CPU)
-    monkeypatch.setattr(testing, "lanes", lambda jobs, cpus: [{cpu}, {cpu}])
+    monkeypatch.setattr(lanes, "lanes", lambda jobs, cpus: [{cpu}, {cpu}])
 
     def suite(title, pass_name, seconds, wait_for=()):
         env = {
@@ -411,16 +412,16 @@ def test_a_lane_takes_the_other_passes_suites_while_a_long_suite_runs(tmp_path, 
             "DONE": str(tmp_path / title),
             "WAIT_FOR": ",".join(str(tmp_path / w) for w in wait_for),
         }
-        return testing.Suite(title, str(fake), [], env, [], [], pass_name)
+        return lanes.Suite(title, str(fake), [], env, [], [], pass_name)
 
     queue = [
         suite("long", "normal", "300.5", wait_for=("short1", "short2")),
         suite("short1", "portable", "2.25"),
         suite("short2", "portable", "1.0"),
     ]
-    outcomes = testing.run_suites(queue, jobs=2)
+    outcomes = lanes.run_suites(queue, jobs=2)
     assert list(outcomes) == [("normal", "long"), ("portable", "short1"), ("portable", "short2")]
-    assert [o.counts for o in outcomes.values()] == [testing.Counts(passed=1)] * 3
+    assert [o.counts for o in outcomes.values()] == [records.Counts(passed=1)] * 3
     assert outcomes[("normal", "long")].tests == {"tests.fake::test_it": 300.5}
     assert outcomes[("portable", "short1")].output.startswith("portable ran")
 
@@ -438,14 +439,14 @@ def test_a_suite_keeps_each_tests_seconds_from_its_junit_report(tmp_path):
         '<testcase classname="tests.backends.test_torch" name="test_on_gpu" time="0.001"><skipped/></testcase>'
         "</testsuite></testsuites>"
     )
-    assert testing.junit_counts(report) == testing.Counts(passed=1, failed=1, skipped=1)
-    assert testing.junit_times(report) == {
+    assert records.junit_counts(report) == records.Counts(passed=1, failed=1, skipped=1)
+    assert records.junit_times(report) == {
         "tests.backends.test_contract::test_steps[ddp]": 12.5,
         "tests.backends.test_contract::test_steps[scratch]": 0.25,
         "tests.backends.test_torch::test_on_gpu": 0.001,
     }
     # the CPU seconds tests/conftest.py records; a value that is no CPU time is left out
-    assert testing.junit_cpu(report) == {"tests.backends.test_contract::test_steps[ddp]": 3.25}
+    assert records.junit_cpu(report) == {"tests.backends.test_contract::test_steps[ddp]": 3.25}
 
 
 def test_a_suite_whose_report_was_cut_short_fails_in_one_line(tmp_path):
@@ -461,9 +462,9 @@ def test_a_suite_whose_report_was_cut_short_fails_in_one_line(tmp_path):
         "done\n"
     )
     fake.chmod(0o755)
-    suite = testing.Suite("fake", str(fake), [], {**os.environ}, [], ["-k", "x"])
-    outcome = testing.run_suite(suite)
-    assert outcome.counts == testing.Counts(failed=1)
+    suite = lanes.Suite("fake", str(fake), [], {**os.environ}, [], ["-k", "x"])
+    outcome = lanes.run_suite(suite)
+    assert outcome.counts == records.Counts(failed=1)
     assert "fake: pytest exited with status 0 and an unreadable report (" in outcome.output
 
 
@@ -473,7 +474,7 @@ def one_test(seconds: dict[str, float]):
     def ran(item):
         s = seconds.get(item.title.split(" ")[0], 1.0)
         test = f"tests.{item.title.split(' ')[0]}::test_{item.pass_name}"
-        return testing.Outcome(testing.Counts(passed=1), "", s + 1, {test: s}, s / 2, {test: s / 4})
+        return records.Outcome(records.Counts(passed=1), "", s + 1, {test: s}, s / 2, {test: s / 4})
 
     return ran
 
@@ -525,7 +526,7 @@ def test_the_next_pass_keeps_the_suites_it_did_not_run_and_orders_its_lanes_by_t
     fake_pass(monkeypatch, tmp_path, pytest_args=["-k", "split"], ran=one_test({"torch": 5.0}))
     assert (tmp_path / "times.json").read_text() == before
     queue, _ = fake_pass(monkeypatch, tmp_path, passes="normal,portable")
-    assert [testing.label(i.key) for i in queue] == [
+    assert [lanes.label(i.key) for i in queue] == [
         "portable: what each backend's CPU kernels run with",
         "torch (inside its environment)",
         "cross-backend (torch, jax)",
@@ -542,16 +543,14 @@ def test_times_from_another_host_or_unreadable_ones_are_not_used(tmp_path):
     earlier = {"host": same, "suites": {"normal: mxnet": {"seconds": 100}}}
     now = {"normal: torch": {"seconds": 9}}
     pass_ = {"date": "d"}
-    assert testing.times_record(earlier, now, same, pass_)["suites"] == {
+    assert times.times_record(earlier, now, same, pass_)["suites"] == {
         "normal: mxnet": {"seconds": 100},
         "normal: torch": {"seconds": 9},
     }
     other = {**same, "vector_isa": ["AVX2", "AVX-512"]}
-    assert testing.times_record(earlier, now, other, pass_)["suites"] == now
-    assert (
-        testing.times_record(earlier, {}, same, pass_) is None
-    )  # nothing measured: the file stays
-    assert testing.measured_seconds(
+    assert times.times_record(earlier, now, other, pass_)["suites"] == now
+    assert times.times_record(earlier, {}, same, pass_) is None  # nothing measured: the file stays
+    assert times.measured_seconds(
         {
             "suites": {
                 "a": {"seconds": 12.5},
@@ -562,27 +561,27 @@ def test_times_from_another_host_or_unreadable_ones_are_not_used(tmp_path):
             }
         }
     ) == {"a": 12.5}
-    assert testing.measured_seconds({"suites": []}) == {}
+    assert times.measured_seconds({"suites": []}) == {}
     (tmp_path / "times.json").write_text("{not json")
-    assert testing.read_times(tmp_path / "times.json") == {}
-    assert testing.read_times(tmp_path / "absent.json") == {}
+    assert times.read_times(tmp_path / "times.json") == {}
+    assert times.read_times(tmp_path / "absent.json") == {}
 
 
 def test_the_longest_tests_are_shown_longest_first_with_their_suite():
     outcomes = {
-        ("normal", "torch (inside its environment)"): testing.Outcome(
-            testing.Counts(), "", 0.0, {f"t::test_{i}": float(i) for i in range(8)}
+        ("normal", "torch (inside its environment)"): records.Outcome(
+            records.Counts(), "", 0.0, {f"t::test_{i}": float(i) for i in range(8)}
         ),
-        ("portable", "jax (inside its environment)"): testing.Outcome(
-            testing.Counts(),
+        ("portable", "jax (inside its environment)"): records.Outcome(
+            records.Counts(),
             "",
             0.0,
             {"j::test_a": 6.5, "j::test_b": 100.0, "j::test_c": 0.5},
             tests_cpu={"j::test_b": 12.0},
         ),
     }
-    rows = testing.longest_tests(outcomes)
-    assert len(rows) == testing.LONGEST_SHOWN == 10
+    rows = times.longest_tests(outcomes)
+    assert len(rows) == times.LONGEST_SHOWN == 10
     assert rows[:3] == [
         ("portable: jax (inside its environment)", "j::test_b", 100.0, 12.0),
         ("torch (inside its environment)", "t::test_7", 7.0, None),
@@ -593,12 +592,12 @@ def test_the_longest_tests_are_shown_longest_first_with_their_suite():
 
 def test_the_summary_counts_each_pass_then_all_of_them_last(capsys):
     outcomes = {
-        ("normal", "harness (no framework)"): testing.Outcome(testing.Counts(10, 0, 1), "", 300.0),
-        ("normal", "torch (inside its environment)"): testing.Outcome(
-            testing.Counts(20, 1, 2), "", 500.0
+        ("normal", "harness (no framework)"): records.Outcome(records.Counts(10, 0, 1), "", 300.0),
+        ("normal", "torch (inside its environment)"): records.Outcome(
+            records.Counts(20, 1, 2), "", 500.0
         ),
-        ("portable", "torch (inside its environment)"): testing.Outcome(
-            testing.Counts(5, 0, 0), "", 60.0
+        ("portable", "torch (inside its environment)"): records.Outcome(
+            records.Counts(5, 0, 0), "", 60.0
         ),
     }
     status = testing.summarise(outcomes, ["normal", "portable"], ["wall time of the pass: 1 s"])
@@ -616,9 +615,9 @@ def test_the_summary_counts_each_pass_then_all_of_them_last(capsys):
 
 def test_the_wall_time_is_held_to_the_budget_of_the_hosts_widest_vectors():
     """Over budget is one line, a report: the status is the tests' alone. Only the full pass has a budget."""
-    assert testing.budget(["AVX2"]) == (1500, "a 2-core host with AVX2")
-    assert testing.budget(["AVX2", "AVX-512", "AVX512-BF16"]) == (900, "a 2-core host with AVX-512")
-    assert testing.budget([]) == testing.budget(None) == testing.budget(["AVX2"])
+    assert times.budget(["AVX2"]) == (1500, "a 2-core host with AVX2")
+    assert times.budget(["AVX2", "AVX-512", "AVX512-BF16"]) == (900, "a 2-core host with AVX-512")
+    assert times.budget([]) == times.budget(None) == times.budget(["AVX2"])
     assert testing.wall_time(1450.4, ["AVX2"], full=True) == [
         "wall time of the pass: 1,450 s (24.2 min), budget 1,500 s on a 2-core host with AVX2"
     ]
@@ -645,12 +644,12 @@ def test_the_longest_suite_starts_first():
     from common import manifest
 
     suites = [
-        testing.harness_suite([]),
-        *(testing.backend_suite(n, "python", False, []) for n in manifest.known()),
+        catalog.harness_suite([]),
+        *(catalog.backend_suite(n, "python", False, []) for n in manifest.known()),
     ]
-    ordered = [s.title.split(" ")[0] for s in testing.longest_first(suites)]
+    ordered = [s.title.split(" ")[0] for s in catalog.longest_first(suites)]
     minutes = {n: manifest.load(n).test_minutes for n in manifest.known()} | {
-        "harness": testing.HARNESS_MINUTES
+        "harness": catalog.HARNESS_MINUTES
     }
     assert all(minutes[n] > 0 for n in minutes), minutes
     assert ordered == sorted(minutes, key=lambda n: -minutes[n])
@@ -661,13 +660,13 @@ def test_a_backends_suite_is_the_contract_and_every_file_of_its_own():
     """test_torch_torchvision.py is torch's too: a backend's own files are test_<name>.py and test_<name>_*.py;
     the contract's are test_contract.py and test_contract_*.py."""
     contract = ["tests/backends/test_contract.py", "tests/backends/test_contract_hosts.py"]
-    suite = testing.backend_suite("torch", "python", False, [])
+    suite = catalog.backend_suite("torch", "python", False, [])
     assert suite.paths == [
         *contract,
         "tests/backends/test_torch.py",
         "tests/backends/test_torch_torchvision.py",
     ]
-    assert testing.backend_suite("jax", "python", False, []).paths == [
+    assert catalog.backend_suite("jax", "python", False, []).paths == [
         *contract,
         "tests/backends/test_jax.py",
     ]
