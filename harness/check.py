@@ -16,11 +16,11 @@ from harness import arguments
 from harness.checking.equivalence import table
 from harness.checking.workers import CheckRequest, dataset_words, probe_dataset, run_checks
 from harness.errors import UsageError
-from harness.nodes.nodes import parse_counts as parse_node_counts
 from harness.planning.datasets import resolve_data
 from harness.planning.plan import (
     check_device_counts,
     choose_devices,
+    most_nodes,
     parse_backends,
     parse_gpus,
     parse_pythons,
@@ -83,7 +83,7 @@ def main(args) -> int:
     devices = choose_devices(args.device)
     kind = devices.kind
     counts = parse_gpus(args.gpus)
-    nodes = max(parse_node_counts(args.nodes)) if args.nodes else 1
+    nodes = most_nodes(args.nodes)
     check_device_counts(counts, kind, devices.gpus, devices.why, nodes)
     counts = [k * nodes for k in counts]  # --gpus is per node
     models = [m.strip() for m in args.model.split(",") if m.strip()]

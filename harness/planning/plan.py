@@ -47,6 +47,11 @@ def parse_backends(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def most_nodes(nodes: str | None) -> int:
+    """The largest node count --nodes names (a list, as --gpus is), 1 without it; bad input in one line."""
+    return max(nodelib.parse_counts(nodes)) if nodes else 1
+
+
 def parse_gpus(text: str) -> list[int]:
     parts = text.split(",")
     if len(parts) > 1 and not all(p.strip() for p in parts):

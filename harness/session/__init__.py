@@ -1,3 +1,5 @@
 """The benchmark session, what `run` and `parity` both are: a plan made, its report's staging made before any work,
-the equivalence check, every planned run in turn (each in its backend's environment, built on first use), and the
-report written whole, or the dry run's lines instead. `parity` hands in its own way of carrying the plan out."""
+the work done (benchmark.Work: run's planned runs, or parity's trials), and the report written whole, or the dry
+run's lines instead. The work meets the session through one record (benchmark.Session) and one protocol
+(benchmark.Work). Parity's work lives here too: its trials and figures (paired.py) and the frameworks' idioms it
+runs (idioms.py)."""

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import shlex
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
+from common.config import RunConfig
 from common.files import write_json_atomic
 from harness.checking import workers
 from harness.errors import UsageError
@@ -162,39 +164,75 @@ def not_run(cfg, trial: int | None, status: str, reason: str) -> dict:
     return result if trial is None else {**result, "trial": trial}
 
 
+@dataclass
+class Session:
+    """What a session's work runs with: the plan, the request, the console, the report's meta (the work may add to
+    it: parity's figures), the staging folder it writes in, and the report it resumes (None: a fresh one)."""
+
+    plan: Plan
+    request: RunRequest
+    console: runner.Console
+    meta: dict
+    workdir: Path
+    earlier: resume.Earlier | None = None
+
+
+class Work(Protocol):
+    """What a session runs between its plan and its report: run's planned runs (PlannedRuns), or parity's trials
+    (session/paired.py's Trials)."""
+
+    def reachable(self, plan: Plan) -> list[tuple[RunConfig, int]]:
+        """Every (config, trial) it may run: each finished run of a resumed report must be one of them."""
+
+    def nothing_left(self, earlier: resume.Earlier, plan: Plan, request: RunRequest) -> bool:
+        """Whether the resumed report finished all it would run: then nothing is resumed and no report written."""
+
+    def carry_out(self, session: Session) -> list[dict]:
+        """The work done: the report's runs."""
+
+
+@dataclass(frozen=True)
+class PlannedRuns:
+    """run's work: the equivalence check, then every planned run, each trial of it (run_all)."""
+
+    def reachable(self, plan: Plan) -> list[tuple[RunConfig, int]]:
+        return plan.runs
+
+    def nothing_left(self, earlier: resume.Earlier, plan: Plan, request: RunRequest) -> bool:
+        return resume.nothing_left(earlier, plan.runs, request.check)
+
+    def carry_out(self, session: Session) -> list[dict]:
+        return run_all(session)
+
+
 def run_benchmark(
     request: RunRequest,
     argv: list[str],
-    carry_out=None,
+    work: Work = PlannedRuns(),
     earlier: resume.Earlier | None = None,
-    reachable=None,
 ) -> int:
-    """Plan, run and report. `carry_out(plan, request, console, meta, workdir, earlier=None) -> results` runs the
-    plan: this module's `run_all`, or parity's, which adds the idioms' runs and puts the parity figures in `meta`.
-    With `earlier` (--resume), its finished runs and check are kept (resume.py), if every one is a run
-    `reachable(plan)` holds (the (config, trial) the command may run: plan.runs, or parity's trials up to its
-    cap). One resume of a report at a time (resume.one_at_a_time); a report with nothing left to run is not
-    resumed."""
+    """Plan, do the work, report. With `earlier` (--resume), its finished runs and check are kept (resume.py), if
+    every one is a run the work may run (`work.reachable`). One resume of a report at a time
+    (resume.one_at_a_time); a report with nothing left to run is not resumed."""
     if earlier is None:
-        return benchmark(request, argv, carry_out)
+        return benchmark(request, argv, work)
     with resume.one_at_a_time(earlier.folder):
         plan = build_plan(request)
-        resume.check_configurations(earlier, reachable(plan) if reachable else plan.runs)
-        if carry_out is None and resume.nothing_left(earlier, plan.runs, request.check):
+        resume.check_configurations(earlier, work.reachable(plan))
+        if work.nothing_left(earlier, plan, request):
             print(
                 f"--resume {earlier.folder}: every run it plans finished there: nothing to resume, "
                 "no report written",
                 file=sys.stderr,
             )
             return 0
-        carry_out = functools.partial(carry_out or run_all, earlier=earlier)
-        return benchmark(request, argv, carry_out, earlier, plan)
+        return benchmark(request, argv, work, earlier, plan)
 
 
 def benchmark(
     request: RunRequest,
     argv: list[str],
-    carry_out=None,
+    work: Work,
     earlier: resume.Earlier | None = None,
     plan: Plan | None = None,
 ) -> int:
@@ -224,7 +262,7 @@ def benchmark(
     for line in leftovers.keep_left_behind(Path(request.out), document.write):
         console.say(line)
     with create_staging(request.out, sorted(plan.backends), meta) as staging:
-        results = (carry_out or run_all)(plan, request, console, meta, staging.path)
+        results = work.carry_out(Session(plan, request, console, meta, staging.path, earlier))
         meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         interrupts.finishing()  # from here on a signal must not lose the results: it only sets the exit status
         final = save_report(staging, results, meta)
@@ -312,17 +350,12 @@ def create_staging(out: str, backends: list[str], meta: dict) -> document.Stagin
     return staging
 
 
-def run_all(
-    plan: Plan,
-    request: RunRequest,
-    console: runner.Console,
-    meta: dict,
-    workdir: Path,
-    earlier: resume.Earlier | None = None,
-) -> list[dict]:
+def run_all(session: Session) -> list[dict]:
     """The equivalence check, then every run. An interrupt (Ctrl-C, SIGTERM, SIGHUP) at any point ends
-    them: the runs that finished keep their results, the others are reported as interrupted. With `earlier`
-    (--resume): its finished check and runs are kept."""
+    them: the runs that finished keep their results, the others are reported as interrupted. With a resumed
+    report (--resume): its finished check and runs are kept."""
+    plan, console, meta, workdir = session.plan, session.console, session.meta, session.workdir
+    request, earlier = session.request, session.earlier
     results = [runner.not_run_result(cfg, "unavailable", reason) for cfg, reason in plan.not_run]
     finished = Finished(workdir)
     try:

@@ -295,8 +295,9 @@ def test_strategies_agree_in_float64(backend, meta):
                 assert relative(other, first) <= IDENTICAL, (model, k)
 
 
-# The environments this backend's idiom runs in, each once (backend.toml's per strategy, which harness/parity.py's
-# idiom_of reads): Keras's ddp is measured against Keras on torch, its distribution against Keras on jax.
+# The environments this backend's idiom runs in, each once (backend.toml's per strategy, which idiom_of in
+# harness/session/idioms.py reads): Keras's ddp is measured against Keras on torch, its distribution against Keras
+# on jax.
 DECLARED = manifest.load(NAME).strategies.values() if NAME else []
 IDIOM_ENVS = [dict(env) for env in dict.fromkeys(s.idiom_env for s in DECLARED)] or [{}]
 

@@ -43,7 +43,7 @@ def lint_imports(*args, cwd=ROOT, path=ROOT) -> subprocess.CompletedProcess:
 def test_the_import_contracts_hold():
     out = lint_imports()
     assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-2000:]
-    assert len(CONTRACTS) == 15
+    assert len(CONTRACTS) == 17
     for name in CONTRACTS:
         assert f"{name} KEPT" in out.stdout, name
 
@@ -72,8 +72,9 @@ def test_a_cycle_hidden_in_a_function_breaks_the_contract(tmp_path):
 def test_the_contracts_would_catch_the_old_cli_check_testing_cycle(tmp_path):
     """The cycle the harness had: cli imported check and testing, which imported cli's helpers inside functions.
     Put it back into a copy of the harness and the project's own contracts fail, naming it; so do torch's launcher
-    importing its strategies again, a framework imported inside a function of the report, a backend
-    importing another and an idiom borrowing a backend's code."""
+    importing its strategies again, a framework imported inside a function of the report, the report resuming a
+    report, the test command starting processes itself, a backend importing another and an idiom borrowing a
+    backend's code."""
     shutil.copytree(
         ROOT / "harness", tmp_path / "harness", ignore=shutil.ignore_patterns("__pycache__")
     )
@@ -87,6 +88,13 @@ def test_the_contracts_would_catch_the_old_cli_check_testing_cycle(tmp_path):
             f.write("\n\ndef _old_cycle():\n    from harness.cli import main\n    return main\n")
     with open(tmp_path / "harness" / "report.py", "a") as f:
         f.write("\n\ndef _gpu_memory():\n    import torch\n    return torch\n")
+        # a reader resuming a report itself
+        f.write("\n\ndef _resumed():\n    from harness.session import resume\n    return resume\n")
+    # the test command holding its engine, as it did before harness/suites/
+    with open(tmp_path / "harness" / "testing.py", "a") as f:
+        f.write(
+            "\n\ndef _old_engine():\n    from harness.processes import runner\n    return runner\n"
+        )
     # how history judged before harness/reporting/comparison.py
     with open(tmp_path / "harness" / "history.py", "a") as f:
         f.write("\n\ndef _old_judge():\n    from harness import compare\n    return compare\n")
@@ -113,6 +121,10 @@ def test_the_contracts_would_catch_the_old_cli_check_testing_cycle(tmp_path):
     assert "the idioms import no backend and no harness BROKEN" in out.stdout
     assert "benchmarks.idioms.jax -> backends.jax.models" in out.stdout
     assert "no import cycle anywhere BROKEN" in out.stdout
+    assert "no subcommand imports a process or node module itself BROKEN" in out.stdout
+    assert "harness.testing -> harness.processes.runner" in out.stdout
+    assert "the readers import no plan, process, session or node BROKEN" in out.stdout
+    assert "harness.report -> harness.session.resume" in out.stdout
     assert "No cycles are allowed in harness." in out.stdout
     assert "No cycles are allowed in backends.torch." in out.stdout
     assert any(

@@ -12,9 +12,10 @@ import pytest
 from common import weights as weightslib
 from common.config import RunConfig
 from common.loop import step_statistics
-from harness import parity
 from harness.planning.plan import Plan
+from harness.processes import runner
 from harness.reporting import document, reasons, sections
+from harness.session import benchmark, idioms, paired
 from tests.harness.helpers import assert_refused, fake_python
 from tests.harness.test_report import result
 
@@ -60,8 +61,8 @@ def test_the_sides_are_interleaved_and_reversed_every_other_trial():
     configs.append(config("keras", "distribution"))
     plan = Plan(backends={"torch": None, "keras": None}, configs=configs, repeat=2)
     names = [
-        (t, s.idiom.name if isinstance(s, parity.IdiomRun) else f"{s.backend} {s.strategy}")
-        for t, s in parity.schedule(plan)
+        (t, s.idiom.name if isinstance(s, idioms.IdiomRun) else f"{s.backend} {s.strategy}")
+        for t, s in paired.schedule(plan)
     ]
     first = [
         "keras on torch",
@@ -104,17 +105,17 @@ def write_idiom_result(path, cfg: RunConfig, **changes) -> None:
 def test_an_idiom_result_is_untrusted_input(tmp_path, changes, reason):
     cfg = config("torch", "scratch")
     write_idiom_result(tmp_path / "r.json", cfg)
-    assert parity.checked_result(tmp_path / "r.json", cfg)["steps_s"] == [0.1] * 4
+    assert idioms.checked_result(tmp_path / "r.json", cfg)["steps_s"] == [0.1] * 4
     write_idiom_result(tmp_path / "bad.json", cfg, **changes)
-    with pytest.raises(parity.IdiomFailed, match=reason):
-        parity.checked_result(tmp_path / "bad.json", cfg)
+    with pytest.raises(idioms.IdiomFailed, match=reason):
+        idioms.checked_result(tmp_path / "bad.json", cfg)
 
 
 def test_an_idiom_that_fails_is_a_failed_record_with_its_output(tmp_path):
     cfg = config("torch", "scratch")
     python = fake_python(tmp_path, "echo 'RuntimeError: out of memory'; exit 3")
-    job = parity.IdiomRun(parity.idiom_of(cfg), cfg)
-    record = parity.run_idiom(job, 1, python, tmp_path / "work")
+    job = idioms.IdiomRun(idioms.idiom_of(cfg), cfg)
+    record = idioms.run_idiom(job, 1, python, tmp_path / "work")
     assert record["status"] == "failed" and record["idiom"] == "torch" and record["trial"] == 1
     assert record["error"] == "exited 3: RuntimeError: out of memory"
     assert (tmp_path / "work" / "logs" / "idiom-torch-trial1.log").exists()
@@ -123,8 +124,8 @@ def test_an_idiom_that_fails_is_a_failed_record_with_its_output(tmp_path):
 def test_an_idiom_that_writes_a_bad_result_is_a_failed_record(tmp_path):
     cfg = config("torch", "scratch")
     body = 'while [ "$1" != --result ]; do shift; done; echo \'{"steps_s": [1]}\' > "$2"'
-    job = parity.IdiomRun(parity.idiom_of(cfg), cfg)
-    record = parity.run_idiom(job, 2, fake_python(tmp_path, body), tmp_path / "work")
+    job = idioms.IdiomRun(idioms.idiom_of(cfg), cfg)
+    record = idioms.run_idiom(job, 2, fake_python(tmp_path, body), tmp_path / "work")
     assert record["status"] == "failed" and "holds no 4 step times" in record["error"]
 
 
@@ -161,13 +162,13 @@ def noisy(median: float, seed: int, n: int = 20) -> list[float]:
 def test_the_verdict_is_read_off_the_interval(factor, verdict):
     suite = [suite_trial(noisy(0.1 * factor, seed)) for seed in range(6)]
     idioms = [idiom_trial(noisy(0.1, 10 + seed), seed + 1) for seed in range(6)]
-    (row,) = parity.figures(suite, idioms)["rows"]
+    (row,) = paired.figures(suite, idioms)["rows"]
     assert row["verdict"] == verdict
     assert row["ratio"] == pytest.approx(factor, rel=0.03)
     low, high = row["interval"]
     assert low <= row["ratio"] <= high and high - low < 0.1
     assert row["trials"] == [6, 6] and row["idiom"] == "torch"
-    faster = sections.faster_idioms(parity.figures(suite, idioms)["rows"])
+    faster = sections.faster_idioms(paired.figures(suite, idioms)["rows"])
     assert faster == ([("torch", row["ratio"])] if low > 1 else [])
 
 
@@ -175,17 +176,17 @@ def test_an_idiom_faster_on_too_few_trials_is_not_said_to_be_faster():
     """A cut-off row (fewer trials than --repeat) has no verdict, so the report never says its idiom is faster."""
     suite = [suite_trial(noisy(0.13, seed)) for seed in range(2)]
     idioms = [idiom_trial(noisy(0.1, 10 + seed), seed + 1) for seed in range(2)]
-    (row,) = parity.figures(suite, idioms, repeat=6)["rows"]
+    (row,) = paired.figures(suite, idioms, repeat=6)["rows"]
     assert row["verdict"] == "too few trials (2 of 6)" and row["interval"][0] > 1
     assert sections.faster_idioms([row]) == []
 
 
 def test_a_strategy_or_idiom_without_a_finished_trial_is_not_measured():
     failed = {**idiom_trial([], 1), "status": "failed", "error": "boom"}
-    rows = parity.figures([suite_trial([0.1, 0.1, 0.1])], [failed])["rows"]
+    rows = paired.figures([suite_trial([0.1, 0.1, 0.1])], [failed])["rows"]
     assert rows[0]["verdict"] == "not measured: the idiom finished no trial"
     assert "ratio" not in rows[0]
-    rows = parity.figures([result(status="failed")], [idiom_trial([0.1] * 3, 1)])["rows"]
+    rows = paired.figures([result(status="failed")], [idiom_trial([0.1] * 3, 1)])["rows"]
     assert rows[0]["verdict"] == "not measured: the strategy finished no trial"
 
 
@@ -198,7 +199,7 @@ def test_the_report_has_a_speed_parity_section_and_plot(tmp_path):
         "started": "now",
         "preset": "quick",
         "data_source": "synthetic",
-        "parity": parity.figures(suite, idioms),
+        "parity": paired.figures(suite, idioms),
     }
     document.write(tmp_path, suite, meta)
     text = (tmp_path / "report.md").read_text()
@@ -254,8 +255,6 @@ def test_an_undecided_strategy_gets_more_trials_until_its_interval_clears_a_line
     """The sequential rule: after --repeat trials, only the strategies whose interval straddles a line run again,
     with their idioms, one trial at a time, up to --max-trials; every look's interval is at 1 - 0.05 / looks."""
 
-    from harness.session import benchmark
-
     # torch's scratch is clearly at parity; its ddp sits on the 1.10 line and never decides
     medians = {"scratch": 1.0, "ddp": 1.10}
     trials: dict = {}
@@ -272,12 +271,14 @@ def test_an_undecided_strategy_gets_more_trials_until_its_interval_clears_a_line
         return idiom_trial(noisy(0.1, 100 + trial), trial)
 
     monkeypatch.setattr(benchmark, "run_one", run_one)
-    monkeypatch.setattr(parity, "run_idiom", run_idiom)
+    monkeypatch.setattr(paired, "run_idiom", run_idiom)
     monkeypatch.setattr(benchmark, "Pythons", lambda plan, say: lambda name: "python")
     plan = Plan(configs=[config("torch", "scratch"), config("torch", "ddp")], repeat=3)
     plan.backends = {"torch": None}
     meta: dict = {}
-    parity.carry_out(plan, None, parity.runner.Console(quiet=True), meta, tmp_path, max_trials=6)
+    paired.Trials(6).carry_out(
+        benchmark.Session(plan, None, runner.Console(quiet=True), meta, tmp_path)
+    )
     assert trials["scratch"] == [1, 2, 3]
     assert trials["ddp"] == [1, 2, 3, 4, 5, 6] and trials["idiom"] == [1, 2, 3, 4, 5, 6]
     figures = meta["parity"]
@@ -293,7 +294,6 @@ def test_a_strategy_with_fewer_trials_kept_than_repeat_gets_no_verdict(monkeypat
     """A run cut off after its first trials (or trials that failed) keeps fewer than --repeat of a side: the
     row shows its ratio and interval, but says "too few trials (N of M)", in results.json, the table and the
     report, never a verdict."""
-    from harness.session import benchmark
 
     def run_one(cfg, trial, pythons, workdir, console, keep):
         if trial > 1:
@@ -304,17 +304,19 @@ def test_a_strategy_with_fewer_trials_kept_than_repeat_gets_no_verdict(monkeypat
 
     monkeypatch.setattr(benchmark, "run_one", run_one)
     monkeypatch.setattr(
-        parity, "run_idiom", lambda job, trial, *_: idiom_trial(noisy(0.1, 100 + trial), trial)
+        paired, "run_idiom", lambda job, trial, *_: idiom_trial(noisy(0.1, 100 + trial), trial)
     )
     monkeypatch.setattr(benchmark, "Pythons", lambda plan, say: lambda name: "python")
     plan = Plan(configs=[config("torch", "scratch")], repeat=3)
     plan.backends = {"torch": None}
     meta: dict = {}
-    parity.carry_out(plan, None, parity.runner.Console(quiet=True), meta, tmp_path, max_trials=3)
+    paired.Trials(3).carry_out(
+        benchmark.Session(plan, None, runner.Console(quiet=True), meta, tmp_path)
+    )
     (row,) = meta["parity"]["rows"]
     assert row["trials"] == [1, 1] and row["verdict"] == "too few trials (1 of 3)"
     assert row["ratio"] == pytest.approx(1.0, rel=0.05) and len(row["interval"]) == 2
-    assert "too few trials (1 of 3)" in parity.table(meta["parity"]["rows"])[-1]
+    assert "too few trials (1 of 3)" in paired.table(meta["parity"]["rows"])[-1]
     document.write(
         tmp_path,
         [result()],
@@ -424,21 +426,21 @@ def test_a_strategy_slower_than_its_idiom_says_where_from_both_breakdowns():
         idioms[0]["profile"] = {"steps": 3, "step_s": 0.1, "seconds": theirs, "error": None}
         return suite, idioms
 
-    (slow,) = parity.figures(*trials(0.12, mine))["rows"]
+    (slow,) = paired.figures(*trials(0.12, mine))["rows"]
     assert slow["reason"] == (
         "profiled (docs/profiling.md): a step takes +20 ms against its idiom's; more in other ops +13 ms, "
         "untraced +5 ms"
     )
     assert slow["breakdown"] == {"strategy": mine, "idiom": theirs}
     # a first trial's profile faster than the idiom's does not explain a slower median: it says so
-    (unexplained,) = parity.figures(*trials(0.12, {"conv_matmul": 0.05}))["rows"]
+    (unexplained,) = paired.figures(*trials(0.12, {"conv_matmul": 0.05}))["rows"]
     assert unexplained["reason"] == (
         "profiled (docs/profiling.md): its profiled step is not longer than its idiom's (50 vs 100 ms): the "
         "first trial's profiled steps do not show the difference the trials measure"
     )
-    (close,) = parity.figures(*trials(0.101, mine))["rows"]
+    (close,) = paired.figures(*trials(0.101, mine))["rows"]
     assert close["reason"] is None
-    (unprofiled,) = parity.figures(*trials(0.12, None))["rows"]
+    (unprofiled,) = paired.figures(*trials(0.12, None))["rows"]
     assert unprofiled["reason"] is None and unprofiled["breakdown"] is None
 
 
@@ -456,7 +458,7 @@ def test_a_stored_paritys_breakdowns_and_reasons_follow_its_profiles_once_re_rea
     }
     idioms = [idiom_trial(noisy(0.1, 10 + seed), seed + 1) for seed in range(6)]
     idioms[0]["profile"] = {"steps": 3, "step_s": 0.1, "seconds": theirs, "error": None}
-    stored = parity.figures(suite, idioms)
+    stored = paired.figures(suite, idioms)
     (before,) = stored["rows"]
     assert before["reason"].endswith("more in BN & element-wise +20 ms, untraced +2 ms")
     re_read = {"conv_matmul": 0.080, "bn_elementwise": 0.018, "untraced": 0.022}
@@ -489,7 +491,7 @@ def test_an_idioms_profile_that_is_not_one_is_dropped_and_its_timed_steps_stand(
         },
     }
     (tmp_path / "r.json").write_text(json.dumps(doc))
-    record = parity.checked_result(tmp_path / "r.json", cfg)
+    record = idioms.checked_result(tmp_path / "r.json", cfg)
     assert record["steps_s"] == doc["steps_s"]
     assert record["profile"] == {
         "error": "its profile is not one: profile.trace is not a path inside the run's traces folder"

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, parity
+from harness import cli
 from harness.processes import runner
 from harness.reporting import document, leftovers
-from harness.session import resume
+from harness.session import idioms, paired, resume
 from tests.harness.helpers import TORCH_LENET, fake_python, harness_in_process, run_harness
 from tests.harness.test_faults import BASE, assert_none_survive, finish, start_harness
 
@@ -591,7 +591,7 @@ def test_parity_stopped_twice_and_resumed_continues_its_sequential_rule_from_the
         "inconclusive"
     )
     assert figures == {
-        **parity.figures(runs, figures["idioms"], figures["alpha"]),
+        **paired.figures(runs, figures["idioms"], figures["alpha"]),
         "repeat": 2,
         "max_trials": 4,
     }
@@ -663,7 +663,7 @@ def test_an_idiom_trial_is_kept_only_as_a_finished_one_of_the_same_trial(tmp_pat
     }
     record = {**record, "warmup_s": 0.1, "steps_s": [0.1, 0.2, 0.3, 0.4], **changes}
     earlier = resume.Earlier(tmp_path / "old", [], {}, None, None, (record,))
-    job = parity.IdiomRun(parity.idiom_of(cfg), cfg)
-    kept = parity.kept_idiom(job, 1, earlier, tmp_path / "new", print)
+    job = idioms.IdiomRun(idioms.idiom_of(cfg), cfg)
+    kept = idioms.kept_idiom(job, 1, earlier, tmp_path / "new", print)
     assert kept == (record if not changes else None)
     assert (tmp_path / "new" / "logs" / "idiom-torch-trial1.log").exists() == (not changes)
