@@ -82,6 +82,42 @@ class KernelsProbe:
 
 
 @dataclass(frozen=True)
+class Cache:
+    """A compile cache the framework keeps between processes (common/caches.py): the variable that names its folder,
+    the subfolder it gets, how the report names it, and whether the framework keeps it unasked (then a cold run
+    still gets a fresh folder of its own)."""
+
+    variable: str
+    folder: str
+    display: str
+    unasked: bool = False
+
+
+@dataclass(frozen=True)
+class Framework:
+    """[framework]: what the shared code knows of a framework, declared in its backend.toml only."""
+
+    # the top-level modules it is imported by: shared code imports none of them (pyproject.toml's import contracts
+    # list them, and a test holds the lists to these)
+    imports: tuple[str, ...] = ()
+    # the backend every other is checked against (`harness check`), and its strategy in a report's small check
+    reference: bool = False
+    reference_strategy: str = ""
+    # its device's out-of-memory error, as regexes; the device's memory such a message gives, (regex, how to say it)
+    out_of_memory: tuple[str, ...] = ()
+    memory_words: tuple[tuple[str, str], ...] = ()
+    # the portable test pass's caps: variables set, and flags appended to a variable (XLA_FLAGS)
+    portable_env: tuple[tuple[str, str], ...] = ()
+    portable_flags: tuple[tuple[str, str], ...] = ()
+    # its compile caches, the variables set with a shared folder, and the caps the code it compiles depends on:
+    # variables, and flags inside a variable
+    caches: tuple[Cache, ...] = ()
+    shared_cache_env: tuple[tuple[str, str], ...] = ()
+    compiled_for: tuple[str, ...] = ()
+    compiled_for_flags: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class Manifest:
     name: str
     display: str
@@ -101,6 +137,7 @@ class Manifest:
     # [profile] ops: the op names of its framework's --profile traces, (category, regex) in order, the first match
     # deciding (common/profiling.py); none where its traces are another framework's (Keras's)
     ops: tuple[tuple[str, str], ...] = ()
+    framework: Framework = field(default_factory=Framework)
 
     def options_for(self, strategy: str) -> dict[str, Option]:
         return {
@@ -164,6 +201,33 @@ def load(name: str) -> Manifest:
         test_minutes=float(d.get("tests", {}).get("minutes", 0.0)),
         portable_test_minutes=float(d.get("tests", {}).get("portable_minutes", 0.0)),
         ops=read_ops(d.get("profile", {}).get("ops", [])),
+        framework=read_framework(d.get("framework", {})),
+    )
+
+
+def pairs(table: dict) -> tuple[tuple[str, str], ...]:
+    return tuple((str(k), str(v)) for k, v in table.items())
+
+
+def read_framework(table: dict) -> Framework:
+    """backend.toml's [framework]: each cache a table of its own ([framework.caches.VARIABLE])."""
+    return Framework(
+        imports=_strings(table.get("imports", [])),
+        reference=bool(table.get("reference", False)),
+        reference_strategy=str(table.get("reference_strategy", "")),
+        out_of_memory=_strings(table.get("out_of_memory", [])),
+        memory_words=tuple(
+            (str(regex), str(said)) for regex, said in table.get("memory_words", [])
+        ),
+        portable_env=pairs(table.get("portable_env", {})),
+        portable_flags=pairs(table.get("portable_flags", {})),
+        caches=tuple(
+            Cache(variable, str(c["folder"]), str(c["display"]), bool(c.get("unasked", False)))
+            for variable, c in table.get("caches", {}).items()
+        ),
+        shared_cache_env=pairs(table.get("shared_cache_env", {})),
+        compiled_for=_strings(table.get("compiled_for", [])),
+        compiled_for_flags=pairs(table.get("compiled_for_flags", {})),
     )
 
 
@@ -232,10 +296,26 @@ def engine_refusal(backend: Manifest, strategy: str, nodes: int) -> str | None:
     )
 
 
+@functools.cache
 def known() -> tuple[str, ...]:
-    """Every backend with a backend.toml, in the suite's order (the reference, torch, first)."""
+    """Every backend with a backend.toml, in the suite's order (the reference first)."""
     names = sorted(p.parent.name for p in BACKENDS_DIR.glob("*/backend.toml"))
-    return tuple(sorted(names, key=lambda n: (n != "torch", n)))
+    return tuple(sorted(names, key=lambda n: (not load(n).framework.reference, n)))
+
+
+def reference() -> str:
+    """The backend every other is checked against: the one whose [framework] says `reference = true`."""
+    named = [name for name in known() if load(name).framework.reference]
+    if len(named) != 1:
+        raise ValueError(
+            f"exactly one backend.toml must say [framework] reference = true, not {len(named)}: {named}"
+        )
+    return named[0]
+
+
+def frameworks() -> list[Framework]:
+    """Every backend's [framework], in the suite's order."""
+    return [load(name).framework for name in known()]
 
 
 def choices() -> str:

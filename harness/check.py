@@ -78,8 +78,8 @@ def main(args) -> int:
     check_shared(seed=args.seed, lr=args.lr, timeout=args.timeout)
 
     names = parse_backends(args.backend)
-    if "torch" not in names:
-        names.insert(0, "torch")  # the reference every other backend is compared with
+    if manifest.reference() not in names:
+        names.insert(0, manifest.reference())  # the reference every other backend is compared with
     devices = choose_devices(args.device)
     kind = devices.kind
     counts = parse_gpus(args.gpus)

@@ -33,7 +33,7 @@ from harness.suites.catalog import (
     longest_first,
     pass_suites,
 )
-from harness.suites.kernels import Probes
+from harness.suites.kernels import Probes, caps_words
 from harness.suites.lanes import run_suites
 from harness.suites.records import Outcome, counted, counts_line
 from harness.suites.times import (
@@ -61,9 +61,8 @@ def parents() -> list[Parser]:
         help="the passes to run, from one queue: normal, portable, or normal,portable (CI's; default: normal). "
         "The portable pass runs the backend and cross-backend tests whose verdict rests on the kernels' "
         "rounding (marked rounding) on one CPU each with every framework's CPU kernels capped to "
-        "SSE4.1/SSE4.2 and one thread (torch: ATEN_CPU_CAPABILITY=default, oneDNN SSE41, "
-        "MKL_CBWR=COMPATIBLE; jax: XLA_FLAGS --xla_cpu_max_isa=SSE4_2; mxnet: oneDNN SSE41, OpenBLAS "
-        "Nehalem), to show the tests pass on any x86-64 CPU, and prints what each backend's kernels run with",
+        f"SSE4.1/SSE4.2 and one thread ({caps_words()}), to show the tests pass on any x86-64 CPU, and "
+        "prints what each backend's kernels run with",
     )
     own.add_argument(
         "--portable",

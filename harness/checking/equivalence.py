@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from common import manifest
 from common.architectures import spec
 from common.checkjob import (
     BN_MODES,
@@ -210,10 +211,12 @@ def _models(arrays: Mapping) -> list[str]:
 
 
 def compare(
-    results: dict[str, Measurements], w0: dict[str, dict], reference: str = "torch"
+    results: dict[str, Measurements], w0: dict[str, dict], reference: str | None = None
 ) -> list[CheckRow]:
-    """Every backend's rows against `reference`'s measurements, backend by backend: its forward and float64
-    rows per model, then each measured configuration's, then what it could not run."""
+    """Every backend's rows against `reference`'s measurements (default: the suite's reference backend),
+    backend by backend: its forward and float64 rows per model, then each measured configuration's, then what it
+    could not run."""
+    reference = reference or manifest.reference()
     ref_arrays = results[reference][0]
     ref = Reference(reference, ref_arrays, runs_of(ref_arrays), w0)
     rows: list[CheckRow] = []

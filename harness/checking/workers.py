@@ -226,7 +226,7 @@ class CheckRequest:
             bn=tuple(self.bn_modes),
             lr=self.lr,
             device_kind=self.device_kind,
-            float64=name == "torch",
+            float64=name == manifest.reference(),
             weights=files.weights,
             batches=files.batches,
         )
@@ -279,15 +279,16 @@ def run_checks(
                     failures[f"{name} on {nodes} nodes"] = str(e).splitlines()[0]
         w0 = {m: weightslib.load(p) for m, p in files.weights.items()}
         try:
-            if "torch" not in results:
+            ref = manifest.reference()
+            if ref not in results:
                 failures = {
                     **failures,
-                    "torch": failures.get("torch", "not measured: torch is the reference"),
+                    ref: failures.get(ref, f"not measured: {ref} is the reference"),
                 }
                 return [], failures, files.weights_hash
-            rows = asked_rows(compare(results, w0), counts)
+            rows = asked_rows(compare(results, w0, ref), counts)
             for name, multi_run in node_runs.items():
-                single, reference = results[name].arrays, results["torch"].arrays
+                single, reference = results[name].arrays, results[ref].arrays
                 rows += compare_nodes(name, single, multi_run, nodes, w0, reference)
             return rows, failures, files.weights_hash
         finally:
@@ -302,10 +303,6 @@ def asked_rows(rows: list[CheckRow], counts: list[int]) -> list[CheckRow]:
     and the 1-device rows that concern the backend as a whole (forward, float64 gradients, own float32)."""
     whole = ("forward", "math (float64)", "float32 vs float64")
     return [r for r in rows if r.check in whole or int(r.devices) in counts]
-
-
-# torch's strategy measured as the reference when a report runs no torch (ddp: on CPU and GPU, with either --bn).
-REFERENCE_STRATEGY = "ddp"
 
 
 # ResNet-50's last stage sees side / 32 pixels a side: at 32 px its BatchNorms normalise over one value per image,
@@ -342,10 +339,12 @@ def equivalence(plan: Plan, say, log_dir: Path | None = None) -> dict:
         if c.strategy not in strategies[c.backend]:
             strategies[c.backend].append(c.strategy)
     backends = dict(plan.backends)
-    # the reference every backend is compared with, as `check` adds it
-    if "torch" not in strategies:
-        backends["torch"] = manifest.load("torch")
-        strategies = {"torch": [REFERENCE_STRATEGY], **strategies}
+    # the reference every backend is compared with, as `check` adds it, with its declared strategy (torch's ddp: on
+    # CPU and GPU, with either --bn)
+    ref = manifest.load(manifest.reference())
+    if ref.name not in strategies:
+        backends[ref.name] = ref
+        strategies = {ref.name: [ref.framework.reference_strategy], **strategies}
     steps, batch = 5, 8 * math.lcm(*counts)
     cfg = plan.configs[0] if plan.configs else None
     if cfg is None:

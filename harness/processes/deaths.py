@@ -14,6 +14,8 @@ import signal
 import time
 from pathlib import Path
 
+from common import manifest
+
 # How how_it_died's words begin: a node's failure is read by its line that says how its process ended.
 ENDINGS = ("worker exited with status", "worker killed by")
 # What an epoch's progress line holds (common/loop.py train_epoch, progress.emit("epoch", ...)), as numbers.
@@ -182,33 +184,32 @@ class PeakRSS:
 
 # ------------------------------------------------------------------ a device out of memory
 
-# A device's out-of-memory error as each framework words it: torch's (CUDA), XLA's (jax, Keras on jax), MXNet's.
-DEVICE_OOM = re.compile(
-    r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|RESOURCE_EXHAUSTED|cudaMalloc[^\n]*out of memory",
-    re.IGNORECASE,
-)
-# The device's memory its message gives, and how to say each: torch's "GPU 0 has a total capacity of 79.15 GiB of
-# which 12.00 MiB is free", "77.50 GiB is allocated by PyTorch" and "Tried to allocate 2.00 GiB"; XLA's "Failed to
-# allocate request for 2.00GiB" or "while trying to allocate 2147483648 bytes".
-DEVICE_MEMORY = (
-    (
-        re.compile(r"GPU (\d+) has a total capacity of ([\d.]+ \w+) of which ([\d.]+ \w+) is free"),
-        "GPU {0}: {1} in all, {2} free",
-    ),
-    (re.compile(r"([\d.]+ \w+) is allocated by PyTorch"), "{0} allocated by PyTorch"),
-    (
-        re.compile(r"(?:Tried to allocate|allocate request for|trying to allocate) ([\d.]+ ?\w+)"),
-        "{0} asked for",
-    ),
-)
+
+def out_of_memory_words() -> re.Pattern:
+    """A device's out-of-memory error as each framework words it (each backend.toml's [framework] out_of_memory:
+    torch's CUDA errors, XLA's for jax and Keras on jax, MXNet's)."""
+    words = [w for framework in manifest.frameworks() for w in framework.out_of_memory]
+    return re.compile("|".join(words), re.IGNORECASE)
+
+
+def memory_words() -> list[tuple[re.Pattern, str]]:
+    """The device's memory such an error gives, and how to say each (each backend.toml's [framework] memory_words:
+    torch's "GPU 0 has a total capacity of 79.15 GiB of which 12.00 MiB is free", "77.50 GiB is allocated by
+    PyTorch" and "Tried to allocate 2.00 GiB"; XLA's "Failed to allocate request for 2.00GiB" or "while trying to
+    allocate 2147483648 bytes")."""
+    return [
+        (re.compile(regex), said)
+        for framework in manifest.frameworks()
+        for regex, said in framework.memory_words
+    ]
 
 
 def device_out_of_memory(text: str) -> str | None:
     """A worker's error or output that says its device ran out of memory, as one line with the device's memory
     at the time where the message gives it; None if it says no such thing."""
-    if not DEVICE_OOM.search(text):
+    if not out_of_memory_words().search(text):
         return None
     words = [
-        said.format(*m.groups()) for pattern, said in DEVICE_MEMORY if (m := pattern.search(text))
+        said.format(*m.groups()) for pattern, said in memory_words() if (m := pattern.search(text))
     ]
     return "the device ran out of memory" + (f" ({'; '.join(words)})" if words else "")

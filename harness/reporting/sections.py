@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from common import manifest
+from common import caches, manifest
 from common.config import RunConfig
 from common.results import Result
 from harness.reporting.tables import devices_cell, fmt, key, milliseconds, table
@@ -240,12 +240,15 @@ def compile_cache_lines(results: list[Result]) -> list[str]:
     modes = {c.get("mode") for _, c in records}
     warm = [r for r, c in records if c.get("files_at_start")]
     if modes == {"cold"}:
+        kept = ", ".join(f"{cache.display}'s" for cache in caches.unasked())
+        unkept = " and ".join(c.display for c in caches.all_caches() if not c.unasked)
         line = (
-            "cold: every run (each trial, each node) compiled from nothing, its caches (TorchInductor's, "
-            "Triton's) in a fresh folder of its own; JAX kept none"
+            f"cold: every run (each trial, each node) compiled from nothing, its caches ({kept}) in a fresh "
+            f"folder of its own; {unkept} kept none"
         )
     elif modes == {"shared"}:
-        folder = next(iter(records))[1].get("folders", {}).get("JAX_COMPILATION_CACHE_DIR", "")
+        # every cache's folder is a subfolder of the shared one's machine folder
+        folder = next(iter(next(iter(records))[1].get("folders", {}).values()), "")
         line = (
             f"shared (--compile-cache {str(Path(folder).parent)}): each run's warm-up could reuse what "
             f"earlier runs compiled; {len(warm)} of {len(records)} runs found a cache there already"

@@ -16,23 +16,42 @@ from harness.processes.envs import ROOT
 from harness.suites.lanes import start_on
 from harness.suites.records import Counts, Outcome
 
-# What --portable caps, per library; each was checked to change the kernels in the pinned versions
-# (each backend's kernel probe, probe() below, prints the evidence at the start of the pass).
-PORTABLE_ENV = {
-    "ATEN_CPU_CAPABILITY": "default",  # torch's ATen kernels: no AVX2 / AVX-512 variants
-    "ONEDNN_MAX_CPU_ISA": "SSE41",  # torch's oneDNN 3.x
-    "DNNL_MAX_CPU_ISA": "SSE41",  # MXNet 1.9.1's oneDNN 2.4, which reads only this name
-    "MKL_CBWR": "COMPATIBLE",  # torch's MKL: the code path that computes alike on every x86-64 CPU
-    "OPENBLAS_CORETYPE": "Nehalem",  # MXNet's and numpy's OpenBLAS: SSE4.2 kernels, no AVX
+# What --portable caps beside each framework's own caps (backend.toml's [framework] portable_env and
+# portable_flags): numpy's OpenBLAS (MXNet's too) to SSE4.2 kernels, no AVX, and one thread for every OpenMP and
+# OpenBLAS pool. Each cap was checked to change the kernels in the pinned versions (each backend's kernel probe,
+# probe() below, prints the evidence at the start of the pass).
+SHARED_CAPS = {
+    "OPENBLAS_CORETYPE": "Nehalem",
     "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
-    "MXNET_CPU_WORKER_NTHREADS": "1",
 }
 
 
-# Appended to the caller's XLA_FLAGS. A flag XLA does not know aborts jax: these two exist in jaxlib 0.10.2.
-PORTABLE_XLA_FLAGS = "--xla_cpu_max_isa=SSE4_2 --xla_cpu_multi_thread_eigen=false"
+def portable_env() -> dict[str, str]:
+    """The variables the portable pass sets: the shared caps, then every framework's."""
+    declared = {k: v for framework in manifest.frameworks() for k, v in framework.portable_env}
+    return {**SHARED_CAPS, **declared}
+
+
+def portable_flags() -> dict[str, str]:
+    """The flags the portable pass appends to a variable of the caller's (XLA's to XLA_FLAGS), by variable."""
+    flags: dict[str, str] = {}
+    for framework in manifest.frameworks():
+        for variable, added in framework.portable_flags:
+            flags[variable] = " ".join(f for f in (flags.get(variable, ""), added) if f)
+    return flags
+
+
+def caps_words() -> str:
+    """The caps in words, for --help: each framework's, then the shared ones."""
+    said = []
+    for name in manifest.known():
+        f = manifest.load(name).framework
+        caps = [f"{k}={v}" for k, v in f.portable_env] + [f"{k} {v}" for k, v in f.portable_flags]
+        if caps:
+            said.append(f"{name}: {', '.join(caps)}")
+    said.append(", ".join(f"{k}={v}" for k, v in SHARED_CAPS.items()))
+    return "; ".join(said)
 
 
 # What the portable pass selects: the tests marked `rounding` (pyproject.toml lists the marker).
@@ -55,13 +74,12 @@ PROBE_FACTS = [
 
 def suite_env(extra_env: dict, portable: bool, caller: Mapping[str, str] = os.environ) -> dict:
     """A suite's environment: the caller's, with the project importable and the suite's own variables;
-    portable adds the caps of PORTABLE_ENV and appends PORTABLE_XLA_FLAGS to the caller's XLA_FLAGS."""
+    portable adds the caps of portable_env() and appends portable_flags() to the caller's (XLA_FLAGS)."""
     env = envs.worker_env(caller, **extra_env)
     if portable:
-        env.update(PORTABLE_ENV)
-        env["XLA_FLAGS"] = " ".join(
-            f for f in (caller.get("XLA_FLAGS", ""), PORTABLE_XLA_FLAGS) if f
-        )
+        env.update(portable_env())
+        for variable, added in portable_flags().items():
+            env[variable] = " ".join(f for f in (caller.get(variable, ""), added) if f)
     return env
 
 

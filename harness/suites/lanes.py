@@ -104,7 +104,7 @@ def own_compile_caches(folder: Path) -> dict[str, str]:
     """A suite's compile caches in `folder`, gone with it. Inductor's default is one folder per user, and its keys
     do not hold the CPU's capability: a pass with capped kernels read the normal pass's C++ kernels and failed to
     compile them (common/caches.py)."""
-    return {name: str(folder / caches.FOLDERS[name]) for name in caches.ALWAYS_ON}
+    return caches.own_folders(folder)
 
 
 def run_suite(suite: Suite, cpus: set[int] | None = None) -> Outcome:

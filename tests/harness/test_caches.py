@@ -30,7 +30,7 @@ def test_a_cold_run_gets_fresh_folders_for_the_caches_frameworks_keep_anyway_and
 def test_a_shared_folder_holds_every_frameworks_cache_and_jax_caches_every_program(tmp_path):
     env = caches.apply({"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "5"}, "/shared", tmp_path)
     here = f"/shared/{caches.machine_folder({})}"
-    assert {name: env[name] for name in caches.FOLDERS} == {
+    assert {name: env[name] for name in caches.folders()} == {
         "TORCHINDUCTOR_CACHE_DIR": f"{here}/torchinductor",
         "TRITON_CACHE_DIR": f"{here}/triton",
         "JAX_COMPILATION_CACHE_DIR": f"{here}/jax",
@@ -121,3 +121,32 @@ def test_with_compile_cache_every_trial_shares_the_users_folder(tmp_path):
             "JAX_COMPILATION_CACHE_DIR": str(shared / "jax"),
         }
     )
+
+
+def test_the_report_says_how_the_caches_started_naming_each_frameworks_cache():
+    """The report's line, its words made from each backend.toml's [framework.caches]: the caches a framework keeps
+    unasked get a cold folder, the others none; a shared folder is named by its machine folder's parent."""
+    from harness.reporting.sections import compile_cache_lines
+    from harness.reporting.tables import as_results
+    from tests.harness.test_report import result
+
+    def ran(record: dict):
+        return as_results([{**result(), "environment": {"compile_cache": record}}])
+
+    cold = ran({"mode": "cold", "folders": {}, "files_at_start": 0})
+    assert compile_cache_lines(cold) == [
+        "- **Compile caches**: cold: every run (each trial, each node) compiled from nothing, its caches "
+        "(TorchInductor's, Triton's) in a fresh folder of its own; JAX kept none"
+    ]
+    here = "/shared/" + caches.machine_folder({})
+    shared = ran(
+        {
+            "mode": "shared",
+            "folders": {"JAX_COMPILATION_CACHE_DIR": here + "/jax"},
+            "files_at_start": 3,
+        }
+    )
+    assert compile_cache_lines(shared) == [
+        f"- **Compile caches**: shared (--compile-cache /shared/{caches.machine_folder({})}): each run's warm-up "
+        "could reuse what earlier runs compiled; 1 of 1 runs found a cache there already"
+    ]
