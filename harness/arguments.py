@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import typing
 
 from common import config as configlib
 from common import manifest
@@ -27,10 +28,23 @@ DEFAULT_JOIN_TIMEOUT = 300.0
 
 def request_of(cls, args, defaults: dict | None = None):
     """The typed request `cls` (a dataclass) of a parsed command line: each of its fields from the flag of that
-    name, else from `defaults` (the flags a command settles for itself). The one place a Namespace becomes a
-    request: below the commands nothing reads one."""
-    given = {**(defaults or {}), **vars(args)}
-    return cls(**{f.name: given[f.name] for f in dataclasses.fields(cls)})
+    name, else from `defaults` (the flags a command settles for itself); a field that is itself a dataclass (a
+    group of flags) is made the same way. The one place a Namespace becomes a request: below the commands nothing
+    reads one."""
+    return built(cls, {**(defaults or {}), **vars(args)})
+
+
+def built(cls, given: dict):
+    """`cls` made of the values in `given`, by field name; its dataclass fields made the same way."""
+    hints = typing.get_type_hints(cls)
+    return cls(
+        **{
+            f.name: built(hints[f.name], given)
+            if dataclasses.is_dataclass(hints[f.name])
+            else given[f.name]
+            for f in dataclasses.fields(cls)
+        }
+    )
 
 
 class Parser(argparse.ArgumentParser):

@@ -18,7 +18,6 @@ is known and measured; results.json holds the figures under "parity".
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 from common.config import MAX_PROFILE_STEPS
@@ -172,14 +171,13 @@ def settle(args) -> RunRequest:
             f"--max-trials {args.max_trials} is fewer than the --repeat {args.repeat} trials every side runs"
         )
     request = request_of(RunRequest, args, defaults=run_flags_defaults())
-    kind = choose_devices(request.device).kind
+    kind = choose_devices(request.devices.device).kind
     batch = args.batch_size or PRESETS["d2l" if kind == "gpu" else "quick"].batch(1)
-    return dataclasses.replace(
-        request,
+    return request.replaced(
         epochs=1,
         check=False,
-        train_size=request.train_size or SUITE_STEPS * batch,
-        test_size=request.test_size or batch,
+        train_size=request.data.train_size or SUITE_STEPS * batch,
+        test_size=request.data.test_size or batch,
     )
 
 
@@ -200,5 +198,5 @@ def resume_main(args) -> int:
         raise UsageError(f"--resume {args.resume}: its own command resumed another report")
     for line in resume.check_code(earlier, provenance.record()):
         print(line, file=sys.stderr)
-    request = dataclasses.replace(settle(flags), quiet=args.quiet or flags.quiet)
+    request = settle(flags).replaced(quiet=args.quiet or flags.quiet)
     return benchmark.run_benchmark(request, earlier.argv, Trials(flags.max_trials), earlier)

@@ -6,7 +6,6 @@ Parsing and planning are harness/planning/plan.py's; the command line, harness/c
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 from common import manifest
@@ -42,9 +41,7 @@ def resume_main(args) -> int:
             raise UsageError(f"--resume {args.resume}: its own command resumed another report")
         for line in resume.check_code(earlier, provenance.record()):
             print(line, file=sys.stderr)
-        request = dataclasses.replace(
-            request_of(RunRequest, flags), quiet=args.quiet or flags.quiet
-        )
+        request = request_of(RunRequest, flags).replaced(quiet=args.quiet or flags.quiet)
         return run_benchmark(request, earlier.argv, earlier=earlier)
 
 

@@ -31,16 +31,14 @@ def settle_data(request: RunRequest, preset: Preset) -> tuple[Preset, RunRequest
     names a folder), an image side only for ImageNet-shaped images; the request with the preset's precision too,
     where the rest of the plan reads it."""
     dataset = preset.dataset
-    if request.dataset is None and dataset not in datasets_for(preset.model):
-        dataset = default_dataset(preset.model, request.data_dir)
-    image_size = preset.image_size if imagenet_shaped(dataset) else request.image_size
+    if request.data.dataset is None and dataset not in datasets_for(preset.model):
+        dataset = default_dataset(preset.model, request.data.data_dir)
+    image_size = preset.image_size if imagenet_shaped(dataset) else request.data.image_size
     try:
         check_model_input(preset.model, dataset, image_size)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    settled = dataclasses.replace(
-        request, dataset=dataset, image_size=image_size, precision=preset.precision
-    )
+    settled = request.replaced(dataset=dataset, image_size=image_size, precision=preset.precision)
     return dataclasses.replace(preset, dataset=dataset, image_size=image_size), settled
 
 

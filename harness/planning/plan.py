@@ -275,12 +275,12 @@ def check_best(request: RunRequest) -> None:
     """--best decides the levers of backend.toml's [best]: one of them asked for as well is a contradiction."""
     # (--compile-mode is None where not given: `--compile-mode default` asks for a mode as well)
     given = {
-        "--compile": request.compile,
-        "--compile-mode": request.compile_mode is not None,
-        "--channels-last": request.channels_last,
+        "--compile": request.levers.compile,
+        "--compile-mode": request.levers.compile_mode is not None,
+        "--channels-last": request.levers.channels_last,
     }
     explicit = [flag for flag, asked in given.items() if asked]
-    if request.best and explicit:
+    if request.runs.best and explicit:
         raise UsageError(
             f"--best chooses {', '.join(given)} per backend (its backend.toml's [best]); "
             f"drop {', '.join(explicit)} or --best"
@@ -289,8 +289,8 @@ def check_best(request: RunRequest) -> None:
 
 def asked_levers(request: RunRequest) -> Levers:
     """The levers of the run as asked, every one."""
-    asked = {f.name: getattr(request, f.name) for f in dataclasses.fields(Levers)}
-    return Levers(**{**asked, "compile_mode": request.compile_mode or "default"})
+    asked = {f.name: getattr(request.levers, f.name) for f in dataclasses.fields(Levers)}
+    return Levers(**{**asked, "compile_mode": request.levers.compile_mode or "default"})
 
 
 def lever_variants(request: RunRequest, backend: Manifest, kind: str) -> list[Levers]:
@@ -298,7 +298,7 @@ def lever_variants(request: RunRequest, backend: Manifest, kind: str) -> list[Le
     mode on top (one row where its best is its default)."""
     asked = asked_levers(request)
     best = backend.best.on(kind)
-    if not request.best or not best:
+    if not request.runs.best or not best:
         return [asked]
     return [asked, dataclasses.replace(asked, **best)]
 
@@ -315,9 +315,9 @@ def best_note(backend: Manifest, kind: str) -> str:
 def refused_levers(request: RunRequest, backends: dict[str, Manifest], kind: str) -> dict[str, str]:
     """{backend: why it cannot run the asked levers}; an error if no selected backend can."""
     asked = asked_levers(request).asked
-    if request.compile_mode not in (None, "default") and not request.compile:
-        raise UsageError(f"--compile-mode {request.compile_mode} needs --compile")
-    if request.compile_mode == "reduce-overhead" and kind != "gpu":
+    if request.levers.compile_mode not in (None, "default") and not request.levers.compile:
+        raise UsageError(f"--compile-mode {request.levers.compile_mode} needs --compile")
+    if request.levers.compile_mode == "reduce-overhead" and kind != "gpu":
         raise UsageError(
             "--compile-mode reduce-overhead captures CUDA graphs; there are none on the CPU"
         )
@@ -351,18 +351,22 @@ class Row:
     kind: str  # the device kind, "gpu" or "cpu" (simulated)
 
 
-# The request's flags every run takes as they are (RunConfig's names)
-AS_ASKED = (
-    "dataset",
-    "image_size",
-    "seed",
-    "timeout",
-    "threads",
-    "bn",
-    "compile_cache",
-    "profile",
-    "profile_epoch",
-)
+# The request's flags every run takes as they are (RunConfig's names), by the request's group that holds them
+AS_ASKED = {
+    "data": ("dataset", "image_size"),
+    "recipe": ("seed", "bn"),
+    "levers": ("compile_cache",),
+    "each_run": ("timeout", "threads", "profile", "profile_epoch"),
+}
+
+
+def as_asked(request: RunRequest) -> dict:
+    """The flags of AS_ASKED, by their names."""
+    return {
+        name: getattr(getattr(request, group), name)
+        for group, names in AS_ASKED.items()
+        for name in names
+    }
 
 
 def recipe(preset: Preset, devices: int) -> dict:
@@ -398,9 +402,9 @@ def make_config(request: RunRequest, preset: Preset, row: Row, data_dir: str | N
         nodes=row.nodes,
         data_dir=data_dir,
         **recipe(preset, row.devices),
-        **{name: getattr(request, name) for name in AS_ASKED},
-        load_weights=absolute(request.load_weights),
-        save_weights=absolute(request.save_weights),
+        **as_asked(request),
+        load_weights=absolute(request.each_run.load_weights),
+        save_weights=absolute(request.each_run.save_weights),
     )
     try:
         return cfg.validate()
@@ -418,30 +422,40 @@ def default_gpus(topology, kind: str, gpus: list[str]) -> list[int]:
 
 
 def build_plan(request: RunRequest) -> Plan:
-    names = parse_backends(request.backend)
+    names = parse_backends(request.runs.backend)
     check_best(request)
-    pythons = parse_pythons(request.python)
-    devices = choose_devices(request.device)
+    pythons = parse_pythons(request.runs.python)
+    devices = choose_devices(request.devices.device)
     kind, gpus = devices.kind, devices.gpus
-    topology = nodelib.from_request(request.node_request)
+    topology = nodelib.from_request(request.nodes)
     counts = (
-        parse_gpus(request.gpus) if request.gpus is not None else default_gpus(topology, kind, gpus)
+        parse_gpus(request.devices.gpus)
+        if request.devices.gpus is not None
+        else default_gpus(topology, kind, gpus)
     )
     check_device_counts(
         counts, kind, gpus, devices.why, max(topology.counts) if topology.loopback else 1
     )
-    check_shared(seed=request.seed, lr=request.lr, timeout=request.timeout, threads=request.threads)
-    if os.path.exists(request.out) and not os.path.isdir(request.out):
-        raise UsageError(f"--out {request.out} exists and is not a directory")
+    check_shared(
+        seed=request.recipe.seed,
+        lr=request.recipe.lr,
+        timeout=request.each_run.timeout,
+        threads=request.each_run.threads,
+    )
+    if os.path.exists(request.output.out) and not os.path.isdir(request.output.out):
+        raise UsageError(f"--out {request.output.out} exists and is not a directory")
 
     preset_name = (
-        request.preset if request.preset != "auto" else ("d2l" if kind == "gpu" else "quick")
+        request.recipe.preset
+        if request.recipe.preset != "auto"
+        else ("d2l" if kind == "gpu" else "quick")
     )
-    preset, request = settle_data(request, PRESETS[preset_name].with_flags(request))
+    overridden = PRESETS[preset_name].with_flags(request.recipe, request.data, request.levers)
+    preset, request = settle_data(request, overridden)
     backends = {n: manifest.load(n) for n in names}
-    options = parse_options(request.option, backends)
+    options = parse_options(request.runs.option, backends)
     strategies = select_strategies(
-        request.strategy, backends, kind, request.bn, min(topology.counts)
+        request.runs.strategy, backends, kind, request.recipe.bn, min(topology.counts)
     )
     check_options_apply(options, backends, strategies)
     refused = refused_levers(request, backends, kind)
@@ -450,8 +464,10 @@ def build_plan(request: RunRequest) -> Plan:
     )
     check_subset_sizes(request.data, sizes)
 
-    if not 1 <= request.repeat <= MAX_REPEAT:
-        raise UsageError(f"--repeat must be between 1 and {MAX_REPEAT} (got {request.repeat})")
+    if not 1 <= request.each_run.repeat <= MAX_REPEAT:
+        raise UsageError(
+            f"--repeat must be between 1 and {MAX_REPEAT} (got {request.each_run.repeat})"
+        )
     plan = Plan(
         backends=backends,
         pythons=pythons,
@@ -461,9 +477,9 @@ def build_plan(request: RunRequest) -> Plan:
         data_source=data_source,
         preset=preset.title,
         topology=topology,
-        repeat=request.repeat,
+        repeat=request.each_run.repeat,
     )
-    if request.best:
+    if request.runs.best:
         plan.best = {name: best_note(backends[name], kind) for name in names}
     sweep = Sweep(kind, counts, topology, options)
     for name in names:
@@ -477,8 +493,8 @@ def build_plan(request: RunRequest) -> Plan:
                 else:
                     plan.configs.append(cfg)
     check_weights_flags(request, plan)
-    if request.compile_cache and plan.configs:  # (an absolute folder: RunConfig.validate)
-        check_writable_folder(request.compile_cache, "--compile-cache")
+    if request.levers.compile_cache and plan.configs:  # (an absolute folder: RunConfig.validate)
+        check_writable_folder(request.levers.compile_cache, "--compile-cache")
     plan.configs = measuring_peaks(plan.configs)
     return plan
 
@@ -519,12 +535,14 @@ def measuring_peaks(configs: list[RunConfig]) -> list[RunConfig]:
 
 
 def check_weights_flags(request: RunRequest, plan: Plan) -> None:
-    if request.load_weights:
+    if request.each_run.load_weights:
         try:
-            weightslib.load(request.load_weights, plan.configs[0].model if plan.configs else None)
+            weightslib.load(
+                request.each_run.load_weights, plan.configs[0].model if plan.configs else None
+            )
         except weightslib.WeightsError as e:
             raise UsageError(str(e)) from None
-    if request.save_weights is None:
+    if request.each_run.save_weights is None:
         return
     if len(plan.runs) != 1:
         raise UsageError(
@@ -536,7 +554,7 @@ def check_weights_flags(request: RunRequest, plan: Plan) -> None:
             "--save-weights with --epochs 0: nothing is trained to save "
             "(the loaded weights are already in the --load-weights file)"
         )
-    check_writable_file(request.save_weights, "--save-weights")
+    check_writable_file(request.each_run.save_weights, "--save-weights")
 
 
 def check_writable_file(path: str, flag: str) -> None:

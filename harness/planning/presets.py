@@ -29,13 +29,14 @@ class Preset:
     # stop a run at the first epoch whose test accuracy reaches it (--target-accuracy); None: every epoch
     target_accuracy: float | None = None
 
-    def with_flags(self, request) -> "Preset":
-        """The preset with the value of every flag the request gives (a RunRequest's field that is not None) in
-        place of its own."""
+    def with_flags(self, *groups) -> "Preset":
+        """The preset with the value of every flag the request's `groups` give (a field of PRESET_FLAGS that is not
+        None) in place of its own."""
         given = {
-            name: getattr(request, name)
+            name: getattr(group, name)
+            for group in groups
             for name in PRESET_FLAGS
-            if getattr(request, name, None) is not None
+            if getattr(group, name, None) is not None
         }
         return dataclasses.replace(self, **given)
 

@@ -199,7 +199,7 @@ class PlannedRuns:
         return plan.runs
 
     def nothing_left(self, earlier: resume.Earlier, plan: Plan, request: RunRequest) -> bool:
-        return resume.nothing_left(earlier, plan.runs, request.check)
+        return resume.nothing_left(earlier, plan.runs, request.each_run.check)
 
     def carry_out(self, session: Session) -> list[dict]:
         return run_all(session)
@@ -237,10 +237,10 @@ def benchmark(
     plan: Plan | None = None,
 ) -> int:
     plan = plan or build_plan(request)
-    if request.dry_run:
+    if request.output.dry_run:
         print("\n".join(dry_run(plan, request)))
         return 0
-    console = runner.Console(quiet=request.quiet)
+    console = runner.Console(quiet=request.output.quiet)
     meta = {
         "command": "python -m harness " + " ".join(shlex.quote(a) for a in argv),
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -259,9 +259,9 @@ def benchmark(
             else {}
         ),
     }
-    for line in leftovers.keep_left_behind(Path(request.out), document.write):
+    for line in leftovers.keep_left_behind(Path(request.output.out), document.write):
         console.say(line)
-    with create_staging(request.out, sorted(plan.backends), meta) as staging:
+    with create_staging(request.output.out, sorted(plan.backends), meta) as staging:
         results = work.carry_out(Session(plan, request, console, meta, staging.path, earlier))
         meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
         interrupts.finishing()  # from here on a signal must not lose the results: it only sets the exit status
@@ -273,7 +273,7 @@ def benchmark(
         return interrupts.exit_status() or 1
     console.say(f"\nReport: {final / 'report.md'}")
     # the standard output holds this one line, for `dir=$(python -m harness ...)` and tools
-    print(json.dumps(summary_line(final, results)) if request.json else final)
+    print(json.dumps(summary_line(final, results)) if request.output.json else final)
     bad = [r for r in results if r["status"] not in ("ok", "unavailable")]
     return interrupts.exit_status() or (1 if bad else 0)
 
@@ -301,7 +301,7 @@ def dry_run(plan: Plan, request: RunRequest) -> list[str]:
         lines.append("Would not run:")
         lines += [f"  {runner.label(cfg)}: {reason}" for cfg, reason in plan.not_run]
     lines += best_lines(plan)
-    if request.check:
+    if request.each_run.check:
         lines.append(
             "Before them, the equivalence check of these configurations (--no-check skips it)."
         )
@@ -378,10 +378,10 @@ def run_all(session: Session) -> list[dict]:
         for line in best_lines(plan):
             console.say(line)
         stage_kept(plan, earlier, workdir, console.say)
-        if request.check and earlier and earlier.equivalence:
+        if request.each_run.check and earlier and earlier.equivalence:
             meta["equivalence"] = earlier.equivalence
             save_meta(workdir, meta)
-        elif request.check:
+        elif request.each_run.check:
             # replaced by the table if the check finishes
             meta["equivalence"] = {"interrupted": True}
             meta["equivalence"] = workers.equivalence(plan, console.say, workdir / "logs")

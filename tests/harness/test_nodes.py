@@ -120,7 +120,7 @@ def test_torchruns_flag_spellings_are_read_as_the_suites():
     parsed = cli.parse(
         [*BASE, "--nnodes", "2", "--node_rank", "1", "--master-addr", "h", "--master-port", "7"]
     )
-    topology = nodes.from_request(cli.request(parsed).node_request, environ={})
+    topology = nodes.from_request(cli.request(parsed).nodes, environ={})
     assert (topology.counts, topology.node_rank, topology.coordinator) == ((2,), 1, "h:7")
 
 
