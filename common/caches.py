@@ -86,13 +86,13 @@ def apply(env: dict, shared: str | None, own: Path) -> dict:
     """The worker environment `env` with the run's compile caches: every one in this machine's folder of the
     shared one (machine_folder), or (None) the always-on ones in `own`, a folder no other run uses, and JAX's
     unset."""
-    settings = shared_settings()
-    env = {k: v for k, v in env.items() if k not in folders() and k not in settings}
+    settings, subfolders = shared_settings(), folders()
+    env = {k: v for k, v in env.items() if k not in subfolders and k not in settings}
     if shared:
         here = Path(shared) / machine_folder(env)
         return {
             **env,
-            **{name: str(here / sub) for name, sub in folders().items()},
+            **{name: str(here / sub) for name, sub in subfolders.items()},
             **settings,
             MODE_ENV: "shared",
         }
