@@ -12,6 +12,8 @@ import json
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
+from common.config import BN_MODES
+
 SEPARATOR = "|"
 # A strategy's float64 run (dtype="float64": the strategy's own code path) is stored as <strategy>:float64.
 FLOAT64 = ":float64"
@@ -25,7 +27,6 @@ IN_ORDER, PERMUTED = "float64-in-order", "float64-permuted"
 FLOOR_RUNS = (IN_ORDER, PERMUTED)
 REFERENCE_RUNS = (FLOAT64_RUN, *FLOOR_RUNS)
 
-BN_MODES = ("local", "sync")
 FORWARD_MODES = ("train", "eval")  # BatchNorm's modes in the forward measurements
 DEVICE_KINDS = ("cpu", "gpu")
 

@@ -7,41 +7,96 @@ refuse before running; each backend's worker checks the same table, so the two n
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from common import manifest
 from common.errors import ConfigError, Unsupported
+from common.flags import flag
 from common.manifest import Lever
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 MAX_PREFETCH = 16
+# A lever's metadata: every backend has it, so none refuses it (not in PLAIN)
+EVERY_BACKEND = "every_backend"
 
 
 @dataclass(frozen=True)
 class Levers:
-    """A run's speed levers: the same flag on every backend that has it (backend.toml says which do). Their
-    names are RunConfig's flat keys in results.json."""
+    """A run's speed levers: the same flag on every backend that has it (backend.toml says which do), declared
+    here once: each field is its flag (common/flags.py), its default the plain fp32 eager run's. Their names are
+    RunConfig's flat keys in results.json. In a request a precision or a compile mode not given is None: the
+    preset's, and no mode asked for."""
 
-    precision: str = "fp32"  # fp32 (TF32 off), tf32 (TF32 matmuls/convs), bf16 (bfloat16 compute)
-    compile: bool = False  # torch.compile / (jit is inherent to JAX) / Gluon hybridize
-    channels_last: bool = False  # torch: NHWC memory format for the model and batches
-    # each epoch's batches copied to the devices before its timer starts
-    resident_data: bool = False
-    # torch.compile's mode: default, reduce-overhead (CUDA graphs), max-autotune
-    compile_mode: str = "default"
-    prefetch: int = 2  # batches put on the devices ahead of their step (0: copied inside it)
+    precision: str = field(
+        default="fp32",
+        metadata=flag(
+            "fp32 (TF32 off, set explicitly), tf32 (TF32 matmuls and convolutions; NVIDIA GPUs) or bf16 "
+            "(bfloat16 compute, float32 weights and SGD); backends without it are reported as refused. "
+            "Default: the preset's (bf16 for resnet50, else fp32)",
+            choices=PRECISIONS,
+            default=None,
+        ),
+    )
+    compile: bool = field(
+        default=False,
+        metadata=flag(
+            "torch.compile for torch (and Keras's ddp), hybridize for MXNet; JAX steps (and Keras's "
+            "distribution) are always jit-compiled",
+            action="store_true",
+        ),
+    )
+    channels_last: bool = field(
+        default=False,
+        metadata=flag(
+            "NHWC: torch's memory format for model and batches (Keras's models are NHWC, its own default, "
+            "with or without it)",
+            action="store_true",
+        ),
+    )
+    resident_data: bool = field(
+        default=False,
+        metadata=flag(
+            "copy each epoch's batches to the devices before its timer starts (no host-to-device "
+            "copy inside the timed steps)",
+            action="store_true",
+        ),
+    )
+    compile_mode: str = field(
+        default="default",
+        metadata=flag(
+            "with --compile, torch only: torch.compile's mode (not given: default; reduce-overhead: CUDA "
+            "graphs, GPU only; max-autotune: autotuned kernels, long compiles)",
+            choices=COMPILE_MODES,
+            default=None,
+        ),
+    )
+    prefetch: int = field(
+        default=2,
+        metadata={
+            **flag(
+                "put each batch on the devices N batches ahead of its step (pinned host memory and a copy "
+                "stream on CUDA), so copies overlap compute; 0: each step copies its own batch",
+                type=int,
+                metavar="N",
+            ),
+            EVERY_BACKEND: True,
+        },
+    )
 
     @property
     def on(self) -> list[str]:
-        """The levers that differ from the plain fp32 eager run, in words, e.g. ["bf16", "compile"]."""
-        mode = "compile" if self.compile_mode == "default" else f"compile={self.compile_mode}"
-        compiled = [mode] if self.compile else []
-        return (
-            ([self.precision] if self.precision != "fp32" else [])
-            + compiled
-            + [name for name in ("channels_last", "resident_data") if getattr(self, name)]
-        )
+        """The levers that differ from the plain fp32 eager run, in words, e.g. ["bf16", "compile"]: a switch by
+        its name, a value by itself, a compile mode with compile."""
+        words = []
+        for name, value in self.asked.items():
+            if name == "compile_mode":
+                continue  # (said with compile: a mode needs --compile)
+            if name == "compile" and self.compile_mode != "default":
+                words.append(f"compile={self.compile_mode}")
+            else:
+                words.append(name if value is True else str(value))
+        return words
 
     @property
     def asked(self) -> dict:
@@ -54,14 +109,12 @@ class Levers:
         }
 
     def validate(self) -> Levers:
-        if self.precision not in PRECISIONS:
-            raise ConfigError(
-                f"unknown --precision {self.precision!r}; choose from {', '.join(PRECISIONS)}"
-            )
-        if self.compile_mode not in COMPILE_MODES:
-            raise ConfigError(
-                f"unknown --compile-mode {self.compile_mode!r}; choose from {', '.join(COMPILE_MODES)}"
-            )
+        for f in fields(self):  # (a worker's config file is untrusted input too)
+            choices, value = f.metadata["flag"].choices, getattr(self, f.name)
+            if choices and value not in choices:
+                raise ConfigError(
+                    f"unknown {flag_words(f.name, True)} {value!r}; choose from {', '.join(choices)}"
+                )
         if self.compile_mode != "default" and not self.compile:
             raise ConfigError(f"--compile-mode {self.compile_mode} needs --compile")
         if not 0 <= self.prefetch <= MAX_PREFETCH:
@@ -81,17 +134,11 @@ class Levers:
 
 
 # The levers a backend may refuse, at the values of the plain fp32 eager run (Levers' defaults), in the order a
-# refusal names them
-PLAIN = {
-    "precision": "fp32",
-    "compile": False,
-    "compile_mode": "default",
-    "channels_last": False,
-    "resident_data": False,
-}
+# refusal names them (Levers' own: results.json's)
+PLAIN = {f.name: f.default for f in fields(Levers) if not f.metadata.get(EVERY_BACKEND)}
 
 
-def flag(lever: str, value) -> str:
+def flag_words(lever: str, value) -> str:
     name = "--" + lever.replace("_", "-")
     return name if value is True else f"{name} {value}"
 
@@ -113,7 +160,7 @@ def refusal(declared: dict[str, Lever], lever: str, value) -> str | None:
 def refusals(declared: dict[str, Lever], levers: dict) -> list[str]:
     """`--flag value: reason` for every asked lever the backend refuses."""
     return [
-        f"{flag(lever, value)}: {why}"
+        f"{flag_words(lever, value)}: {why}"
         for lever, value in levers.items()
         if (why := refusal(declared, lever, value))
     ]

@@ -212,13 +212,8 @@ def environment(cfg, record: EnvironmentRecord) -> dict:
         "processes": record.processes,
         "threads_per_process": record.threads,
         "precision": {"mode": cfg.levers.precision, **record.precision},
-        "levers": {
-            "precision": cfg.levers.precision,
-            "compile": bool(cfg.levers.compile),
-            "channels_last": bool(cfg.levers.channels_last),
-            "resident_data": bool(cfg.levers.resident_data),
-            "prefetch": cfg.levers.prefetch,
-        },
+        # (every lever; the compile mode is "compile"'s, below, as the record has always said it)
+        "levers": {k: v for k, v in cfg.levers.flat().items() if k != "compile_mode"},
         "compile": record.compile,
         "input_copies": record.input_copies,
         "sgd_update": record.sgd_update,

@@ -9,24 +9,18 @@ them with torch's (harness/checking/equivalence.py) and prints one table; the ex
 
 from __future__ import annotations
 
-from common import manifest
-from common.config import MODELS, ConfigError, check_model_input, default_dataset, imagenet_shaped
-from common.data import imagenet
-from harness import arguments
+from harness.arguments import Parser, defaults_of, flags_of, request_of
 from harness.checking.equivalence import table
-from harness.checking.workers import CheckRequest, dataset_words, probe_dataset, run_checks
-from harness.errors import UsageError
-from harness.planning.datasets import resolve_data
-from harness.planning.plan import (
-    check_device_counts,
-    choose_devices,
-    most_nodes,
-    parse_backends,
-    parse_gpus,
-    parse_pythons,
-    select_strategies,
+from harness.checking.planned import CheckPlan, EquivalenceRequest, plan_check
+from harness.checking.workers import dataset_words, run_checks
+from harness.planning.request import (
+    DataRequest,
+    DevicesRequest,
+    EachRun,
+    NodeRequest,
+    RecipeRequest,
+    WhatRuns,
 )
-from harness.planning.request import DataRequest, check_shared
 
 # ------------------------------------------------------------------------- command
 
@@ -36,126 +30,66 @@ DESCRIPTION = (
 )
 
 
-def parents() -> list[arguments.Parser]:
-    """The flag groups of `python -m harness check` (shared with `run` where they mean the same)."""
-    own = arguments.Parser(add_help=False)
-    own.add_argument(
-        "--model",
-        type=arguments.name_list,
-        default="lenet,resnet18",
-        help="comma list of models (resnet50, which takes ImageNet-shaped images, is checked apart, on "
-        "synthetic 64x64 images unless --image-size says otherwise)",
-    )
-    own.add_argument(
-        "--bn", type=arguments.name_list, default="local,sync", help="BatchNorm modes: local, sync"
-    )
-    own.add_argument(
-        "--steps",
-        type=int,
-        default=20,
-        help="SGD steps in the loss trace; steps x batch size may not exceed the training images",
-    )
+def parents() -> list[Parser]:
+    """The flag groups of `python -m harness check`: run's where they mean the same, with check's defaults."""
     return [
-        arguments.backends_flags("backends to check (torch is always the reference)"),
-        arguments.devices_flags("1,2", "device counts to compare"),
-        arguments.nodes_flags(hosts=False),
-        own,
-        arguments.training_flags(
-            0.1,
-            "SGD learning rate",
-            16,
-            "global batch of each step",
-            "canonical weights to compare on: d2l (what runs start from) or he (He-scaled kernels)",
+        flags_of(
+            WhatRuns,
+            "backend",
+            "strategy",
+            "python",
+            backend={"help": "backends to check (torch is always the reference)"},
         ),
-        arguments.data_flags(),
-        arguments.python_flags(),
-        arguments.timeout_flags(1800.0, "seconds per backend"),
+        flags_of(DevicesRequest, gpus={"default": "1,2", "help": "device counts to compare"}),
+        flags_of(NodeRequest, "nodes"),
+        flags_of(EquivalenceRequest),
+        flags_of(
+            RecipeRequest,
+            "batch_size",
+            "lr",
+            "seed",
+            "init",
+            lr={"default": 0.1, "help": "SGD learning rate"},
+            batch_size={"default": 16, "help": "global batch of each step"},
+            init={
+                "default": "d2l",
+                "help": "canonical weights to compare on: d2l (what runs start from) or he (He-scaled kernels)",
+            },
+        ),
+        flags_of(DataRequest, "dataset", "data_dir", "image_size"),
+        flags_of(EachRun, "timeout", timeout={"default": 1800.0, "help": "seconds per backend"}),
     ]
 
 
 def main(args) -> int:
     """`python -m harness check`, its flags parsed (cli.build_parser)."""
-    check_shared(seed=args.seed, lr=args.lr, timeout=args.timeout)
-
-    names = parse_backends(args.backend)
-    if manifest.reference() not in names:
-        names.insert(0, manifest.reference())  # the reference every other backend is compared with
-    devices = choose_devices(args.device)
-    kind = devices.kind
-    counts = parse_gpus(args.gpus)
-    nodes = most_nodes(args.nodes)
-    check_device_counts(counts, kind, devices.gpus, devices.why, nodes)
-    counts = [k * nodes for k in counts]  # --gpus is per node
-    models = [m.strip() for m in args.model.split(",") if m.strip()]
-    bn_modes = [b.strip() for b in args.bn.split(",") if b.strip()]
-    if not set(models) <= set(MODELS) or not models:
-        raise UsageError(f"--model takes a comma list of {', '.join(MODELS)} (got {args.model!r})")
-    data = DataRequest(
-        args.dataset or default_dataset(models[0], args.data_dir), args.data_dir, args.image_size
-    )
-    try:
-        for model in models:
-            check_model_input(model, data.dataset, data.image_size)
-    except ConfigError as e:
-        raise UsageError(f"{e} (check models that take other images separately)") from None
-    if not set(bn_modes) <= {"local", "sync"} or not bn_modes:
-        raise UsageError(f"--bn takes local and/or sync (got {args.bn!r})")
-    if args.steps < 1:
-        raise UsageError(f"--steps must be at least 1 (got {args.steps})")
-    if args.batch_size < 1 or any(args.batch_size % n for n in counts):
-        raise UsageError(
-            f"--batch-size {args.batch_size} must split evenly across {counts} devices"
-        )
-    backends = {n: manifest.load(n) for n in names}
-    chosen = {
-        n: [s for s, reason in picks if reason is None]
-        for n, picks in select_strategies(args.strategy, backends, kind).items()
-    }
-    # (ImageNet-shaped images are synthetic in the check: probe_dataset)
-    data_dir, _, (train_images, _) = (
-        (None, "", imagenet.SIZES) if imagenet_shaped(data.dataset) else resolve_data(data)
-    )
-    # each step takes its own batch of the first epoch
-    if args.steps * args.batch_size > train_images:
-        raise UsageError(
-            f"--steps {args.steps} x --batch-size {args.batch_size} needs more than the "
-            f"{train_images} training images of {data.dataset}"
-        )
-    dataset = probe_dataset(
-        data.dataset, data_dir, args.steps * args.batch_size, models[0], data.image_size, args.seed
-    )
-
-    print(devices.line)
-    request = CheckRequest(
-        models=models,
-        strategies=chosen,
-        counts=counts,
-        bn_modes=bn_modes,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        dataset=dataset,
-        device_kind=kind,
-        timeout=args.timeout,
-        init=args.init,
-        nodes=nodes,
-        pythons=parse_pythons(args.python),
-    )
-    rows, failures, hashes = run_checks(backends, request)
+    planned = plan_check(request_of(EquivalenceRequest, args, defaults_of(DataRequest)))
+    print(planned.devices.line)
+    rows, failures, hashes = run_checks(planned.backends, planned.request)
     print()
-    print(
-        "Canonical weights: "
-        + ", ".join(f"{m} {h[:16]}" for m, h in hashes.items())
-        + f" ({args.init} init); {args.steps} batches of {args.batch_size} ({dataset_words(dataset)}), "
-        f"lr {args.lr:g}, fp32"
-    )
+    print(weights_line(planned, hashes))
     print("\n".join(table(rows)))
     for name, reason in failures.items():
         print(f"{name}: could not be checked: {reason}")
     failed = [r for r in rows if r.status == "FAIL"]
-    print(
-        f"\n{len(rows)} rows: {sum(r.status == 'ok' for r in rows)} ok, {len(failed)} failed, "
-        f"{sum(r.status == 'measured' for r in rows)} measured, {sum(r.status == 'not run' for r in rows)} not run"
-    )
+    print(f"\n{len(rows)} rows: " + counts_words(rows))
     return 1 if failed or failures else 0
+
+
+def weights_line(planned: CheckPlan, hashes: dict[str, str]) -> str:
+    """What every row starts from and takes: the weights' hashes, the batches, the learning rate."""
+    r = planned.request
+    return (
+        "Canonical weights: "
+        + ", ".join(f"{m} {h[:16]}" for m, h in hashes.items())
+        + f" ({r.init} init); {r.steps} batches of {r.batch_size} ({dataset_words(r.dataset)}), "
+        f"lr {r.lr:g}, fp32"
+    )
+
+
+def counts_words(rows) -> str:
+    said = {
+        status: sum(r.status == status for r in rows)
+        for status in ("ok", "FAIL", "measured", "not run")
+    }
+    return f"{said['ok']} ok, {said['FAIL']} failed, {said['measured']} measured, {said['not run']} not run"

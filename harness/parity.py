@@ -21,12 +21,20 @@ from __future__ import annotations
 import sys
 
 from common.config import MAX_PROFILE_STEPS
-from harness import arguments
-from harness.arguments import Parser, request_of
+from common.flags import absolute_path
+from harness.arguments import Parser, defaults_of, flags_of, request_of
 from harness.errors import UsageError
 from harness.planning.plan import MAX_REPEAT, choose_devices, parse_gpus
 from harness.planning.presets import PRESETS
-from harness.planning.request import RunRequest
+from harness.planning.request import (
+    DataRequest,
+    DevicesRequest,
+    EachRun,
+    OutputRequest,
+    RecipeRequest,
+    RunRequest,
+    WhatRuns,
+)
 from harness.reporting import provenance
 from harness.session import benchmark, resume
 from harness.session.paired import LIMIT, Trials
@@ -63,37 +71,41 @@ DESCRIPTION = (
 
 def parents() -> list[Parser]:
     return [
-        arguments.backends_flags(),
-        arguments.devices_flags(
-            "1", "data-parallel devices: 1, the idioms' loops (the only count)"
+        flags_of(WhatRuns, "backend", "strategy", "python"),
+        flags_of(
+            DevicesRequest,
+            gpus={
+                "default": "1",
+                "help": "data-parallel devices: 1, the idioms' loops (the only count)",
+            },
         ),
-        arguments.training_flags(
-            None,
-            "SGD learning rate (default: the preset's, 0.05 on the CPU, 0.1 on a GPU)",
-            None,
-            "batch (default: the preset's per-device batch, 32 on the CPU, 256 on a GPU)",
-            "initial weights (see run's --help)",
+        flags_of(
+            RecipeRequest,
+            "batch_size",
+            "lr",
+            "seed",
+            "init",
+            lr={"help": "SGD learning rate (default: the preset's, 0.05 on the CPU, 0.1 on a GPU)"},
+            batch_size={
+                "help": "batch (default: the preset's per-device batch, 32 on the CPU, 256 on a GPU)"
+            },
+            init={"help": "initial weights (see run's --help)", "default": "d2l"},
         ),
-        arguments.data_flags(),
-        arguments.python_flags(),
-        arguments.timeout_flags(arguments.DEFAULT_TIMEOUT, "seconds before one process is killed"),
-        arguments.threads_flags(),
-        parity_flags(),
+        flags_of(DataRequest, "dataset", "data_dir", "image_size"),
+        flags_of(
+            EachRun,
+            "timeout",
+            "threads",
+            timeout={"help": "seconds before one process is killed"},
+        ),
+        *parity_flags(),
     ]
 
 
-def parity_flags() -> Parser:
-    p = Parser(add_help=False)
-    p.add_argument(
-        "--repeat",
-        type=int,
-        default=DEFAULT_REPEAT,
-        metavar="K",
-        help="interleaved trials of every strategy and idiom, each a fresh process, 1 to "
-        f"{MAX_REPEAT} (default {DEFAULT_REPEAT}); a strategy with fewer kept (a run cut off, failed trials) "
-        "gets no verdict",
-    )
-    p.add_argument(
+def parity_flags() -> list[Parser]:
+    """run's flags that parity takes with its own defaults and words, and the two of its own."""
+    own = Parser(add_help=False)
+    own.add_argument(
         "--max-trials",
         type=int,
         default=DEFAULT_MAX_TRIALS,
@@ -102,51 +114,55 @@ def parity_flags() -> Parser:
         f"each side at a time, up to M, at most {MAX_REPEAT} (default %(default)s; equal to --repeat: no "
         "more). Every look's interval is widened so that looking again is paid for (docs/parity.md)",
     )
-    p.add_argument(
-        "--timed-steps",
-        type=int,
-        default=DEFAULT_TIMED_STEPS,
-        help=f"steps timed one by one in each trial, 3 to {MAX_TIMED_STEPS} (default {DEFAULT_TIMED_STEPS})",
-    )
-    p.add_argument(
-        "--profile",
-        type=int,
-        default=DEFAULT_PROFILE,
-        metavar="N",
-        help="record N more steps of each side's first trial with its framework's profiler, after the timed "
-        f"ones, 0 to {MAX_PROFILE_STEPS}: a strategy slower than its idiom by more than 5%% is explained from "
-        "the two breakdowns (default %(default)s; 0: none)",
-    )
-    p.add_argument(
-        "--option",
-        action="append",
-        type=arguments.nonempty,
-        default=[],
-        metavar="NAME=VALUE[,VALUE]",
-        help="a backend-specific option (see `list`); several values are measured one variant each",
-    )
-    p.add_argument(
-        "--out",
-        type=arguments.absolute_path,
-        default="reports",
-        help="the report goes to OUT/<run-id>/",
-    )
-    p.add_argument(
-        "--quiet", action="store_true", help="no progress bar, only a line per finished run"
-    )
-    p.add_argument(
+    own.add_argument(
         "--resume",
-        type=arguments.absolute_path,
+        type=absolute_path,
         metavar="REPORT_DIR",
         help="take up a parity report again: its own command is planned again, every trial that finished there "
         "(a strategy's or an idiom's) is kept, and the sequential rule continues from them (give no other flag)",
     )
-    return p
+    return [
+        flags_of(
+            EachRun,
+            "repeat",
+            "profile",
+            repeat={
+                "default": DEFAULT_REPEAT,
+                "help": "interleaved trials of every strategy and idiom, each a fresh process, 1 to "
+                f"{MAX_REPEAT} (default {DEFAULT_REPEAT}); a strategy with fewer kept (a run cut off, failed "
+                "trials) gets no verdict",
+            },
+            profile={
+                "default": DEFAULT_PROFILE,
+                "help": "record N more steps of each side's first trial with its framework's profiler, after "
+                f"the timed ones, 0 to {MAX_PROFILE_STEPS}: a strategy slower than its idiom by more than 5%% is "
+                "explained from the two breakdowns (default %(default)s; 0: none)",
+            },
+        ),
+        flags_of(
+            RecipeRequest,
+            "timed_steps",
+            timed_steps={
+                "default": DEFAULT_TIMED_STEPS,
+                "help": f"steps timed one by one in each trial, 3 to {MAX_TIMED_STEPS} "
+                f"(default {DEFAULT_TIMED_STEPS})",
+            },
+        ),
+        flags_of(
+            WhatRuns,
+            "option",
+            option={
+                "help": "a backend-specific option (see `list`); several values are measured one variant each"
+            },
+        ),
+        flags_of(OutputRequest, "out", "quiet", out={"help": "the report goes to OUT/<run-id>/"}),
+        own,
+    ]
 
 
 def run_flags_defaults() -> dict:
     """run's flags that parity does not take, at their defaults: the plan is run's plan."""
-    return vars(Parser(parents=arguments.run_parents()).parse_args([]))
+    return defaults_of(RunRequest)
 
 
 def settle(args) -> RunRequest:

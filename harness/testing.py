@@ -22,9 +22,11 @@ import os
 import time
 
 from common import manifest, sysinfo
-from harness.arguments import Parser, backends_flags, name_list, python_flags
+from common.flags import name_list
+from harness.arguments import Parser, flags_of
 from harness.errors import UsageError
 from harness.planning.plan import parse_backends, parse_pythons
+from harness.planning.request import WhatRuns
 from harness.suites import times
 from harness.suites.catalog import (
     PASSES,
@@ -81,8 +83,13 @@ def parents() -> list[Parser]:
         "pytest_args", nargs="*", help="passed to pytest (after --), e.g. -- -k split -x"
     )
     return [
-        backends_flags("backends whose tests to run (comma list, or all, or none)"),
-        python_flags("use this interpreter for BACKEND's tests instead of .venvs/BACKEND/"),
+        flags_of(
+            WhatRuns,
+            "backend",
+            "python",
+            backend={"help": "backends whose tests to run (comma list, or all, or none)"},
+            python={"help": "use this interpreter for BACKEND's tests instead of .venvs/BACKEND/"},
+        ),
         own,
     ]
 

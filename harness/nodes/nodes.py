@@ -21,15 +21,18 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common import network
 from common.errors import ConfigError
+from common.flags import flag, name_list, nonempty
 from common.nodes import NodeSpec, check_join_timeout, check_peer_timeout, parse_address
 from harness.errors import UsageError
 
 # torchrun's default master port: open in most cluster firewalls for this purpose
 DEFAULT_PORT = 29500
+# across hosts: a host may be minutes late (building its environments on first use)
+DEFAULT_JOIN_TIMEOUT = 300.0
 
 
 @dataclass(frozen=True)
@@ -99,15 +102,91 @@ class NodeRequest:
     """The nodes a request asks for: --nodes, --node-rank, --coordinator (or torchrun's --master-addr and
     --master-port), this host's --local-addr and --interface, and the two timeouts (None: not given)."""
 
-    nodes: str | None
-    node_rank: int | None
-    coordinator: str | None
-    master_addr: str | None
-    master_port: str | None
-    local_addr: str | None
-    interface: str | None
-    join_timeout: float
-    peer_timeout: float
+    nodes: str | None = field(
+        default=None,
+        metadata=flag(
+            "nodes (hosts) x --gpus devices each: a count (2) or a sweep (1,2). Without --node-rank "
+            "all nodes run on this host as process groups over 127.0.0.1 (simulated). Default: 1, "
+            "or the launcher's: Slurm's task count under srun (one task per node), WORLD_SIZE where torchrun's "
+            "or Kubernetes' variables are set (docs/nodes.md)",
+            aliases=("--nnodes",),
+            type=name_list,
+            metavar="M",
+        ),
+    )
+    node_rank: int | None = field(
+        default=None,
+        metadata=flag(
+            "this host's node (0..M-1) of a run across hosts: run the same command on every host",
+            aliases=("--node_rank",),
+            type=int,
+            metavar="R",
+        ),
+    )
+    coordinator: str | None = field(
+        default=None,
+        metadata=flag(
+            "with --node-rank: where node 0 listens (its engine's rendezvous), reachable from every "
+            "host; under Slurm: the first host of the job, port 29500; under torchrun's or Kubernetes' "
+            "variables: MASTER_ADDR:MASTER_PORT",
+            type=nonempty,
+            metavar="HOST:PORT",
+        ),
+    )
+    master_addr: str | None = field(
+        default=None,
+        metadata=flag(
+            "torchrun's spelling: --coordinator HOST:PORT with --master-port PORT (default 29500)",
+            aliases=("--master_addr",),
+            type=nonempty,
+            metavar="HOST",
+        ),
+    )
+    master_port: int | None = field(
+        default=None,
+        metadata=flag(
+            "torchrun's spelling, with --master-addr",
+            aliases=("--master_port",),
+            type=int,
+            metavar="PORT",
+        ),
+    )
+    local_addr: str | None = field(
+        default=None,
+        metadata=flag(
+            "across hosts: this host's address for the engines, instead of the one found",
+            type=nonempty,
+            metavar="ADDR",
+        ),
+    )
+    interface: str | None = field(
+        default=None,
+        metadata=flag(
+            "across hosts: the network interface this host's engines use (gloo, NCCL, ps-lite). "
+            "Default: the one holding the address the other nodes reach this host at",
+            type=nonempty,
+            metavar="NAME",
+        ),
+    )
+    join_timeout: float = field(
+        default=DEFAULT_JOIN_TIMEOUT,
+        metadata=flag(
+            "across hosts: how long the nodes wait for each other before each run, after which "
+            "the run fails naming the node that did not come (default: %(default)g)",
+            type=float,
+            metavar="S",
+        ),
+    )
+    peer_timeout: float = field(
+        default=NodeSpec.peer_timeout,
+        metadata=flag(
+            "across hosts: how long a node may go unheard mid-run (the harnesses exchange heartbeats) "
+            "before every other host stops its workers and fails the run naming it; the engines' own "
+            "timeouts are set from it (default: %(default)g)",
+            type=float,
+            metavar="S",
+        ),
+    )
 
 
 def from_request(asked: NodeRequest, environ=os.environ) -> Topology:
@@ -291,9 +370,9 @@ def this_host(asked: NodeRequest) -> dict:
 
 def refuse_host_flags_on_loopback(asked: NodeRequest) -> None:
     """--interface and --local-addr name this host's place among hosts: loopback nodes all use 127.0.0.1."""
-    for flag in ("interface", "local_addr"):
-        if getattr(asked, flag) is not None:
+    for name in ("interface", "local_addr"):
+        if getattr(asked, name) is not None:
             raise UsageError(
-                f"--{flag.replace('_', '-')} goes with runs across hosts (--node-rank, or Slurm); "
+                f"--{name.replace('_', '-')} goes with runs across hosts (--node-rank, or Slurm); "
                 "loopback nodes use 127.0.0.1"
             )

@@ -17,8 +17,9 @@ from common import levers as leverlib
 from common import manifest
 from common import weights as weightslib
 from common.config import MAX_SIMULATED_DEVICES, ConfigError, RunConfig
-from common.levers import Levers
-from common.manifest import Manifest, engine_refusal, strategy_refusal
+from common.flags import default_of
+from common.levers import PLAIN, Levers
+from common.manifest import BEST_LEVERS, Manifest, engine_refusal, strategy_refusal
 from common.nodes import NodeSpec
 from harness.errors import UsageError
 from harness.nodes import nodes as nodelib
@@ -273,11 +274,12 @@ def select_strategies(
 
 def check_best(request: RunRequest) -> None:
     """--best decides the levers of backend.toml's [best]: one of them asked for as well is a contradiction."""
-    # (--compile-mode is None where not given: `--compile-mode default` asks for a mode as well)
+    # (a lever not asked for holds its flag's default: None for a compile mode, so that `--compile-mode default`
+    # asks for a mode as well)
+    unasked = {f.name: default_of(f) for f in dataclasses.fields(Levers)}
     given = {
-        "--compile": request.levers.compile,
-        "--compile-mode": request.levers.compile_mode is not None,
-        "--channels-last": request.levers.channels_last,
+        leverlib.flag_words(name, True): getattr(request.levers, name) != unasked[name]
+        for name in BEST_LEVERS
     }
     explicit = [flag for flag, asked in given.items() if asked]
     if request.runs.best and explicit:
@@ -288,9 +290,10 @@ def check_best(request: RunRequest) -> None:
 
 
 def asked_levers(request: RunRequest) -> Levers:
-    """The levers of the run as asked, every one."""
-    asked = {f.name: getattr(request.levers, f.name) for f in dataclasses.fields(Levers)}
-    return Levers(**{**asked, "compile_mode": request.levers.compile_mode or "default"})
+    """The levers of the run as asked, every one (a compile mode not given: the default mode)."""
+    return dataclasses.replace(
+        request.levers, compile_mode=request.levers.compile_mode or PLAIN["compile_mode"]
+    )
 
 
 def lever_variants(request: RunRequest, backend: Manifest, kind: str) -> list[Levers]:
@@ -355,8 +358,7 @@ class Row:
 AS_ASKED = {
     "data": ("dataset", "image_size"),
     "recipe": ("seed", "bn"),
-    "levers": ("compile_cache",),
-    "each_run": ("timeout", "threads", "profile", "profile_epoch"),
+    "each_run": ("timeout", "threads", "profile", "profile_epoch", "compile_cache"),
 }
 
 
@@ -493,8 +495,8 @@ def build_plan(request: RunRequest) -> Plan:
                 else:
                     plan.configs.append(cfg)
     check_weights_flags(request, plan)
-    if request.levers.compile_cache and plan.configs:  # (an absolute folder: RunConfig.validate)
-        check_writable_folder(request.levers.compile_cache, "--compile-cache")
+    if request.each_run.compile_cache and plan.configs:  # (an absolute folder: RunConfig.validate)
+        check_writable_folder(request.each_run.compile_cache, "--compile-cache")
     plan.configs = measuring_peaks(plan.configs)
     return plan
 

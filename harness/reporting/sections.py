@@ -6,6 +6,7 @@ import statistics
 from pathlib import Path
 
 from common import caches, manifest
+from common import levers as leverlib
 from common.config import RunConfig
 from common.results import Result
 from harness.reporting.tables import devices_cell, fmt, key, milliseconds, table
@@ -51,10 +52,13 @@ def precision_line(cfg: RunConfig | None) -> str:
     }
     line = f"Precision: {text[cfg.levers.precision if cfg else 'fp32']}."
     others = [lever for lever in levers if lever not in text]
+    switches = [
+        leverlib.flag_words(name, True) for name, plain in leverlib.PLAIN.items() if plain is False
+    ]
     return line + (
         f" Speed levers: {', '.join(others)} (see each backend's backend.toml for what they do)."
         if others
-        else " No other speed lever (--compile, --channels-last, --resident-data)."
+        else f" No other speed lever ({', '.join(switches)})."
     )
 
 

@@ -40,20 +40,8 @@ BASE = [
 
 
 def args(**given) -> nodes.NodeRequest:
-    return nodes.NodeRequest(
-        **{
-            "nodes": None,
-            "node_rank": None,
-            "coordinator": None,
-            "master_addr": None,
-            "master_port": None,
-            "local_addr": None,
-            "interface": None,
-            "join_timeout": 300.0,
-            "peer_timeout": 30.0,
-            **given,
-        }
-    )
+    """The request of the node flags `given`, the others at their defaults."""
+    return nodes.NodeRequest(**given)
 
 
 def test_without_flags_or_slurm_one_node_runs():
