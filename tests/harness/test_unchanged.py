@@ -22,11 +22,54 @@ PRESETS = ("auto", "d2l", "quick", "resnet50", "resnet50-quick", "d2l-target", "
 DRY_RUNS = [
     *[("--preset", preset, *CPU, "--dry-run") for preset in PRESETS],
     ("--backend", "torch,jax", "--best", *CPU, "--dry-run"),
-    ("--backend", "torch", "--compile", "--channels-last", "--precision", "bf16", *CPU, "--dry-run"),
-    ("--backend", "all", "--resident-data", "--prefetch", "0", "--gpus", "1,2,4", *CPU, "--dry-run"),
+    (
+        "--backend",
+        "torch",
+        "--compile",
+        "--channels-last",
+        "--precision",
+        "bf16",
+        *CPU,
+        "--dry-run",
+    ),
+    (
+        "--backend",
+        "all",
+        "--resident-data",
+        "--prefetch",
+        "0",
+        "--gpus",
+        "1,2,4",
+        *CPU,
+        "--dry-run",
+    ),
     ("--backend", "mxnet", "--option", "hybridize=on,off", "--nodes", "2", *CPU, "--dry-run"),
-    ("--backend", "jax", "--strategy", "pmap", "--epochs", "3", "--lr", "0.2", "--batch-size", "48", *CPU, "--dry-run"),
-    ("--backend", "keras", "--bn", "sync", "--repeat", "3", "--target-accuracy", "0.5", *CPU, "--dry-run"),
+    (
+        "--backend",
+        "jax",
+        "--strategy",
+        "pmap",
+        "--epochs",
+        "3",
+        "--lr",
+        "0.2",
+        "--batch-size",
+        "48",
+        *CPU,
+        "--dry-run",
+    ),
+    (
+        "--backend",
+        "keras",
+        "--bn",
+        "sync",
+        "--repeat",
+        "3",
+        "--target-accuracy",
+        "0.5",
+        *CPU,
+        "--dry-run",
+    ),
 ]
 REFUSALS = [
     ("--prefetch", "99", *CPU, "--dry-run"),
@@ -126,7 +169,9 @@ def test_a_refusal_is_one_line_with_exit_status_2(record):
     """The record itself holds no traceback: each refusal is one line, status 2 (the record is worth keeping)."""
     for args in REFUSALS:
         said = record["commands"][" ".join(args)]
-        assert said["status"] == 2 and re.fullmatch(r"harness: error: [^\n]+\n", said["stderr"]), args
+        assert said["status"] == 2 and re.fullmatch(r"harness: error: [^\n]+\n", said["stderr"]), (
+            args
+        )
 
 
 if __name__ == "__main__":
