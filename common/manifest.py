@@ -27,6 +27,9 @@ class Strategy:
     # the report (the backend's, unless declared) and the environment it runs in (Keras's: the framework under it)
     idiom: str = ""
     idiom_env: tuple[tuple[str, str], ...] = ()
+    # the backend whose engine it runs its nodes with, where that is another's (Keras's ddp: torch's launcher): that
+    # backend's suite proves the engine across nodes
+    engine_backend: str | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class Lever:
     summary: str = ""
     values: tuple[str, ...] | None = None  # precision, compile_mode: the values it runs
     refused: str = ""  # why the backend does not offer it (or the other values)
+    # the strategies whose step it leaves as it is, to the last bit (XLA compiles every step anyway)
+    changes_nothing: tuple[str, ...] = ()
 
 
 # The levers --best decides (backend.toml's [best]): how a step is compiled and laid out. Precision changes the
@@ -177,6 +182,7 @@ def load(name: str) -> Manifest:
                 v.get("bn_refused", ""),
                 v.get("idiom", d["name"]),
                 tuple((str(key), str(value)) for key, value in v.get("idiom_env", {}).items()),
+                engine_backend=read_engine_backend(d["name"], k, v),
             )
             for k, v in d.get("strategies", {}).items()
         },
@@ -192,7 +198,13 @@ def load(name: str) -> Manifest:
             for k, v in d.get("options", {}).items()
         },
         levers={
-            k: Lever(k, v.get("summary", ""), _strings(v.get("values")), v.get("refused", ""))
+            k: Lever(
+                k,
+                v.get("summary", ""),
+                _strings(v.get("values")),
+                v.get("refused", ""),
+                read_changes_nothing(d["name"], k, v, d.get("strategies", {})),
+            )
             for k, v in d.get("levers", {}).items()
         },
         best=read_best(d["name"], d.get("best", {})),
@@ -241,6 +253,37 @@ def read_best(name: str, table: dict) -> Best:
                 f"--best decides {', '.join(BEST_LEVERS)} only"
             )
     return Best(table.get("why", ""), **{kind: dict(table.get(kind, {})) for kind in DEVICE_KINDS})
+
+
+def read_changes_nothing(name: str, lever: str, table: dict, strategies: dict) -> tuple[str, ...]:
+    """[levers.NAME] changes_nothing: the strategies it declares, checked, since the contract tests hold those
+    strategies' steps with the lever to the plain step bit for bit and a typo would quietly hold none."""
+    declared = table.get("changes_nothing", [])
+    if not isinstance(declared, list) or not set(map(str, declared)) <= set(strategies):
+        raise ValueError(
+            f"backends/{name}/backend.toml: [levers.{lever}] changes_nothing = {declared!r}; it must be a list of "
+            f"strategies of {name} ({', '.join(strategies)})"
+        )
+    return _strings(declared)
+
+
+def read_engine_backend(name: str, strategy: str, table: dict) -> str | None:
+    """[strategies.NAME] engine_backend, checked: another backend with a backend.toml, on a strategy with an
+    engine, or its suite would skip proving nodes nobody else proves."""
+    other = table.get("engine_backend")
+    if other is None:
+        return None
+    if (
+        not isinstance(other, str)
+        or other == name
+        or not (BACKENDS_DIR / other / "backend.toml").is_file()
+        or not table.get("engine")
+    ):
+        raise ValueError(
+            f"backends/{name}/backend.toml: [strategies.{strategy}] engine_backend = {other!r}; it must name "
+            f"another backend (one with a backend.toml), on a strategy with an `engine`"
+        )
+    return other
 
 
 def read_kernels_probe(name: str, table: dict | None) -> KernelsProbe | None:

@@ -25,7 +25,7 @@ from common import manifest, mllog, profiling
 from common.backend import Probe
 from common.config import RunConfig
 from common.errors import Unsupported
-from common.levers import COMPILE_MODES, PLAIN, PRECISIONS, TF32_ON_CPU, Levers
+from common.levers import PLAIN, TF32_ON_CPU, Levers
 from common.nodes import NodeSpec
 from common.results import SCHEMA_VERSION, result_problem
 from common.trainer import METHODS, PROBES, Trainer
@@ -738,19 +738,17 @@ def test_worker_reports_divergence(backend, strategy, meta, tmp_path):
 
 # ------------------------------------------------------------------------------------- the speed levers
 
-# Every value a lever takes (common/config.py); a switch takes True.
-LEVER_VALUES = {"precision": PRECISIONS, "compile_mode": COMPILE_MODES}
+# Every value a lever takes (its flag's choices, common/levers.py); a switch takes True.
+LEVER_VALUES = {
+    f.name: f.metadata["flag"].choices
+    for f in dataclasses.fields(Levers)
+    if f.metadata["flag"].choices
+}
 # What no backend runs on the CPU, whatever its backend.toml offers.
 ON_THE_CPU = {("precision", "tf32"): TF32_ON_CPU}
 # The levers whose steps TorchInductor may compile: its own C++, built with -march=native, which the portable pass's
 # caps do not reach, so their float32 verdict is not marked `rounding`.
 COMPILING = ("compile", "compile_mode")
-# The levers this backend's backend.toml says change nothing on its reference strategy (Keras's models are NHWC
-# whatever the flag; XLA compiles every step anyway): their step is the plain step to the last bit.
-CHANGES_NOTHING = {
-    "jax": ("compile", "compile_mode"),
-    "keras": ("compile", "compile_mode", "channels_last"),
-}
 
 
 def asking(lever: str, value) -> dict:
@@ -793,9 +791,11 @@ def plain_steps(backend, strategy: str) -> tuple[dict, dict, dict]:
 
 def assert_takes_the_float64_step(backend, strategy: str, levers: dict, stepped: dict) -> None:
     """`stepped`, the float32 step with `levers`, is as close to the float64 step as the plain float32 step is
-    (measured here); with a lever that changes nothing here, it is the plain step to the last bit."""
+    (measured here); with levers that backend.toml says change nothing on `strategy` (`changes_nothing`: Keras's
+    models are NHWC whatever the flag; XLA compiles every step anyway), it is the plain step to the last bit."""
     _, plain, exact = plain_steps(backend, strategy)
-    if set(levers) <= set(CHANGES_NOTHING.get(NAME, ())):
+    declared = manifest.load(NAME).levers
+    if all(strategy in declared[lever].changes_nothing for lever in levers):
         assert bitwise_equal(stepped, plain), levers
     else:
         assert max_abs_diff(stepped, exact) <= float32_tolerance((plain, exact)), levers
@@ -1071,6 +1071,13 @@ def _engines(meta) -> list[str]:
     return [s for s, spec in meta.strategies.items() if spec.engine]
 
 
+def skip_another_backends_engine(meta, strategy: str) -> None:
+    """A strategy whose nodes meet through another backend's engine (backend.toml's `engine_backend`: Keras's ddp
+    starts and joins its ranks with torch's launcher) is proven across nodes in that backend's suite."""
+    if other := meta.strategies[strategy].engine_backend:
+        pytest.skip(f"{NAME} {strategy}'s nodes meet through {other}'s engine, proven in its suite")
+
+
 def _survivors(marker: str) -> list[str]:
     import subprocess
 
@@ -1175,11 +1182,6 @@ def test_a_node_killed_mid_run_fails_the_run_with_its_error_and_ends_every_proce
     assert _survivors(str(out)) == []
 
 
-# A backend whose nodes meet through another backend's engine, whose suite proves how it fails: Keras's ddp starts
-# and joins its ranks with torch's launcher (backends/torch/distributed.py).
-ENGINE_OF = {"keras": "torch"}
-
-
 def test_a_node_that_cannot_reach_the_coordinator_fails_naming_it(meta, tmp_path):
     """Node 1 of 2 alone, its coordinator refusing connections: the engine gives up within the run's timeout
     (it would wait forever or abort the process, left alone) and the result names the address it could not
@@ -1187,8 +1189,7 @@ def test_a_node_that_cannot_reach_the_coordinator_fails_naming_it(meta, tmp_path
     engines = _engines(meta)
     if not engines:
         pytest.skip(f"{NAME} has no strategy with a distributed engine")
-    if NAME in ENGINE_OF:
-        pytest.skip(f"{NAME}'s nodes meet through {ENGINE_OF[NAME]}'s engine, proven in its suite")
+    skip_another_backends_engine(meta, engines[0])
     address, timeout = f"127.0.0.1:{refused_port()}", 2
     job = worker_config(
         strategy=engines[0],
@@ -1281,8 +1282,7 @@ def test_two_nodes_take_the_steps_of_one_process_and_of_one_device(
     float32 nodes are held to the float64 steps within that distance."""
     if not meta.strategies[strategy].engine:
         pytest.skip(f"{NAME} {strategy} runs in one process")
-    if NAME in ENGINE_OF:
-        pytest.skip(f"{NAME}'s nodes meet through {ENGINE_OF[NAME]}'s engine, proven in its suite")
+    skip_another_backends_engine(meta, strategy)
     weights, batches, lr, nodes = request.getfixturevalue("lenet_on_two_nodes")
     assert all(bitwise_equal(node, nodes[0]) for node in nodes[1:])
     nodes32, nodes64 = (

@@ -32,19 +32,17 @@ from common import weights as weightslib
 from tests.backends.conftest import NAME
 from tests.backends.hosts import run_row, small_run, start_harness, two_hosts, wait_all
 
-ENGINE_OF = {"keras": "torch"}
+STRATEGIES = manifest.load(NAME).strategies if NAME else {}
+# those whose nodes meet through another backend's engine (backend.toml's `engine_backend`) are proven in its suite
+BORROWED = {s.engine_backend for s in STRATEGIES.values() if s.engine_backend}
+ENGINE_STRATEGIES = [name for name, s in STRATEGIES.items() if s.engine and not s.engine_backend]
 pytestmark = pytest.mark.skipif(
-    NAME in ENGINE_OF,
-    reason=f"{NAME}'s nodes meet through {ENGINE_OF.get(NAME)}'s engine, proven in its suite",
-)
-ENGINE_STRATEGIES = (
-    [name for name, s in manifest.load(NAME).strategies.items() if s.engine] if NAME else []
+    bool(BORROWED) and not ENGINE_STRATEGIES,
+    reason=f"{NAME}'s nodes meet through {', '.join(sorted(BORROWED))}'s engine, proven in its suite",
 )
 # the first strategy of each engine
 ONE_PER_ENGINE = list(
-    {
-        manifest.load(NAME).strategies[name].engine: name for name in reversed(ENGINE_STRATEGIES)
-    }.values()
+    {STRATEGIES[name].engine: name for name in reversed(ENGINE_STRATEGIES)}.values()
 )
 PORT = 29500  # each namespace has its own ports: nothing else listens there
 WAIT_S = 420

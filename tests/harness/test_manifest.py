@@ -38,6 +38,40 @@ def test_a_manifest_holds_what_its_toml_declares(name):
     }
     assert m.requirements.is_file()
     assert m.kernels == tuple(d.get("kernels", [name]))
+    assert {k: lv.changes_nothing for k, lv in m.levers.items()} == {
+        k: tuple(v.get("changes_nothing", [])) for k, v in d["levers"].items()
+    }
+    assert {k: s.engine_backend for k, s in m.strategies.items()} == {
+        k: v.get("engine_backend") for k, v in d["strategies"].items()
+    }
+
+
+def test_a_malformed_changes_nothing_or_engine_backend_is_refused_naming_its_table():
+    """The contract tests skip or loosen what these declare, so a typo must not read as a quiet declaration."""
+    strategies = {"pmap": {}, "sharding": {}}
+    assert manifest.read_changes_nothing(
+        "jax", "compile", {"changes_nothing": ["pmap"]}, strategies
+    ) == ("pmap",)
+    for bad in (True, "pmap", ["pmapp"]):
+        with pytest.raises(
+            ValueError, match=r"jax/backend.toml: \[levers.compile\] changes_nothing = "
+        ):
+            manifest.read_changes_nothing("jax", "compile", {"changes_nothing": bad}, strategies)
+    engine = {"engine": "torchrun"}
+    assert (
+        manifest.read_engine_backend("keras", "ddp", {**engine, "engine_backend": "torch"})
+        == "torch"
+    )
+    for bad in (
+        {**engine, "engine_backend": "tensorflow"},
+        {**engine, "engine_backend": "keras"},
+        {**engine, "engine_backend": ["torch"]},
+        {"engine_backend": "torch"},
+    ):
+        with pytest.raises(
+            ValueError, match=r"keras/backend.toml: \[strategies.ddp\] engine_backend = "
+        ):
+            manifest.read_engine_backend("keras", "ddp", bad)
 
 
 def test_a_regex_of_the_op_names_written_as_a_list_is_its_alternatives():
