@@ -109,8 +109,9 @@ TEST_TOOLS = {
 }
 WITHOUT_DEPENDENCIES = ("mlperf-logging",)
 # Keras has never been on the GPU host: it and the two of its dependencies the host lacks travel as wheels (pure
-# Python but optree), installed without dependencies (numpy, absl-py, rich, h5py, ml-dtypes are there).
-KERAS = {"keras": "keras", "namex": "namex", "optree": "optree"}
+# Python but optree), installed without dependencies (numpy, absl-py, rich, h5py, ml-dtypes are there); so does
+# nvidia-ml-py (pure Python), which reads the GPUs' energy counters (common/energy.py).
+KERAS = {"keras": "keras", "namex": "namex", "optree": "optree", "nvidia-ml-py": "pynvml"}
 PLATFORMS = [
     arg
     for tag in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "any")

@@ -38,10 +38,12 @@ from __future__ import annotations
 import itertools
 import math
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
 from common import data as datalib
+from common import energy as energylib
 from common import mllog, progress, sysinfo
 from common import profiling as profilinglib
 from common import weights as weightslib
@@ -62,17 +64,17 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset, profiling=None
 
     if report:
         log_parameters(cfg, dataset)
-    compiles = CompileCount(trainer)
+    watch = Watch(CompileCount(trainer), run_energy(trainer, cfg))
     compile_s = warm_up(trainer, cfg, dataset)
-    compiles.close("warmup")
+    watch.compiles.close("warmup")
     if report:
         progress.emit("warmup", seconds=compile_s)
 
-    epochs, target = train_to_target(trainer, cfg, dataset, compiles)
+    epochs, target, energy = train_to_target(trainer, cfg, dataset, watch)
     saved = save_weights(trainer, cfg)
-    compiles.open()
+    watch.compiles.open()
     step_time = step_statistics(time_steps(trainer, cfg, dataset), cfg.batch_size)
-    compiles.close("timed_steps")
+    watch.compiles.close("timed_steps")
     allreduce = allreduce_figure(trainer, cfg, step_time)
     # nothing timed comes after this line: the profiler and the peak change no timed figure
     profile = profile_steps(trainer, cfg, dataset, profiling)
@@ -83,7 +85,8 @@ def run_training(trainer: Trainer, cfg, dataset: datalib.Dataset, profiling=None
         "target": target,
         "saved_weights": saved,
         "compile_s": compile_s,
-        "compiles": compiles.counts,
+        "compiles": watch.compiles.counts,
+        "energy": energy,
         "step_time": step_time,
         "epoch_over_steps": epoch_over_steps(
             [e["time_s"] for e in epochs], epochs[0]["steps"], step_time and step_time["median_s"]
@@ -126,14 +129,16 @@ def log_parameters(cfg, dataset: datalib.Dataset) -> None:
 
 
 def train_to_target(
-    trainer: Trainer, cfg, dataset: datalib.Dataset, compiles
-) -> tuple[list, dict | None]:
+    trainer: Trainer, cfg, dataset: datalib.Dataset, watch: Watch
+) -> tuple[list, dict | None, dict]:
     """The epochs, each timed, then evaluated (outside its time); with --target-accuracy, up to the first whose
     test accuracy reaches the target. Every rank gets the same accuracy (evaluate() sums the ranks' counts), so
     every rank stops after the same epoch. Returns the epoch records and the target record (None without a
     target): the epoch it was reached at, the timed training seconds to it (the epochs' times summed) and the wall
-    seconds from run_start to its evaluation (the evaluations and the batches' assembly included)."""
+    seconds from run_start to its evaluation (the evaluations and the batches' assembly included), and the energy
+    record of the epochs (common/energy.py)."""
     report = trainer.rank == 0
+    watch.energy.note_context("start")
     if report:
         mllog.start("run_start")
     started = time.perf_counter()
@@ -141,7 +146,7 @@ def train_to_target(
     for epoch in range(cfg.epochs):
         if report:
             mllog.start("epoch_start", epoch_num=epoch + 1)
-        record = train_epoch(trainer, cfg, dataset, epoch, compiles)
+        record = train_epoch(trainer, cfg, dataset, epoch, watch)
         if report:
             mllog.end("epoch_stop", epoch_num=epoch + 1)
         record["test_acc"] = evaluated_accuracy(trainer, cfg, dataset)
@@ -157,12 +162,15 @@ def train_to_target(
             reached_at = (epoch + 1, wall)
             break
     target = target_record(cfg, epochs, reached_at)
+    watch.energy.note_context("end")
+    energy = watch.energy.record(trainer.summed, epochs, target)
     if report:
+        log_energy(energy)
         success = target is None or target["reached"]
         if target is not None and target["reached"]:
             mllog.event(mllog.PREFIX + "time_to_target_s", target["train_s"])
         mllog.end("run_stop", status="success" if success else "aborted")
-    return epochs, target
+    return epochs, target, energy
 
 
 def target_record(cfg, epochs: list[dict], reached_at: tuple[int, float] | None) -> dict | None:
@@ -204,9 +212,10 @@ def warm_up(trainer: Trainer, cfg, dataset: datalib.Dataset) -> float:
     return seconds
 
 
-def train_epoch(trainer: Trainer, cfg, dataset: datalib.Dataset, epoch: int, compiles) -> dict:
+def train_epoch(trainer: Trainer, cfg, dataset: datalib.Dataset, epoch: int, watch: Watch) -> dict:
     """One timed epoch, then its loss and accuracy read back: its record (the test accuracy is added by the caller).
-    `compiles` counts what the framework compiled between the epoch's barriers."""
+    `watch` counts what the framework compiled between the epoch's barriers and reads the devices' energy at
+    them."""
     report = trainer.rank == 0
     steps = datalib.steps_per_epoch(len(dataset.y_train), cfg.batch_size)
     # before the timer: the epoch's gather, and the batches staged or pinned
@@ -219,7 +228,8 @@ def train_epoch(trainer: Trainer, cfg, dataset: datalib.Dataset, epoch: int, com
     last_emit = 0.0
     clock = FeedClock()
     trainer.sync()
-    compiles.open()
+    watch.compiles.open()
+    watch.energy.start()
     start = time.perf_counter()
     for i, (x, y) in enumerate(feed(trainer, batches, cfg, clock)):
         handles.append(trainer.step(x, y))
@@ -228,8 +238,10 @@ def train_epoch(trainer: Trainer, cfg, dataset: datalib.Dataset, epoch: int, com
             progress.emit("step", epoch=epoch + 1, epochs=cfg.epochs, step=i + 1, steps=steps)
             last_emit = now
     trainer.sync()
-    seconds = trainer.slowest(time.perf_counter() - start)
-    compiles.close("epochs")
+    elapsed = time.perf_counter() - start
+    watch.energy.stop(elapsed)
+    seconds = trainer.slowest(elapsed)
+    watch.compiles.close("epochs")
 
     loss_sum, correct = trainer.collect(handles)
     images = steps * cfg.batch_size
@@ -268,6 +280,32 @@ class CompileCount:
         if self.counts is not None:
             compiled = self.trainer.compiles() - self.start
             self.counts[part] = self.counts.get(part, 0) + compiled
+
+
+@dataclass(frozen=True)
+class Watch:
+    """What is read at a timed part's barriers beside the clock: the framework's compiles and the devices'
+    energy (common/energy.py)."""
+
+    compiles: CompileCount
+    energy: energylib.RunEnergy
+
+
+def run_energy(trainer: Trainer, cfg) -> energylib.RunEnergy:
+    """This process's reading of its host's energy counters (none where another process of the host reads them):
+    the run's devices on this host (every loopback node's are this host's)."""
+    if not energylib.reads_here(trainer.rank, cfg.nodes.count, cfg.nodes.loopback):
+        return energylib.RunEnergy(None)
+    here = cfg.devices if cfg.nodes.loopback else cfg.devices // cfg.nodes.count
+    return energylib.RunEnergy(energylib.open_meter(cfg.device_kind, here))
+
+
+def log_energy(energy: dict) -> None:
+    """The run's energy in MLPerf's log (its power track's unit: joules), or why there is none."""
+    if energy["measured"]:
+        mllog.event(mllog.PREFIX + "energy_j", sum(energy["epochs_j"]), scope=energy["scope"])
+    else:
+        mllog.event(mllog.PREFIX + "energy_j", None, why=energy["why"])
 
 
 def time_steps(trainer: Trainer, cfg, dataset: datalib.Dataset) -> list[float]:

@@ -150,6 +150,9 @@ class Result:
     epoch_over_steps: float | None = None
     # With a device trace, the share of an epoch's step the device is busy: device_busy() below.
     device_busy: float | None = None
+    # The timed epochs' energy from the devices' counters, or why it was not measured (common/energy.py's
+    # RunEnergy.record); None in a result from before it was recorded
+    energy: dict | None = None
     params: int | None = None
     weights_hash: str | None = None  # the initial weights' canonical fingerprint
     data_hash: str | None = None  # the training batch sequence
@@ -438,6 +441,7 @@ FIELD_TYPES = {
     "log": (str, type(None)),
     "mllog": (str, type(None)),
     "compiles": (dict, type(None)),
+    "energy": (dict, type(None)),
     "saved_weights": (dict, type(None)),
 }
 # An epoch's figures a result must have; the feeding ones may be absent (results written before them).
@@ -467,6 +471,9 @@ def result_problem(result, config: dict | None = None) -> str | None:
     compiles = result.get("compiles") or {}
     if not all(type(n) is int and n >= 0 for n in compiles.values()):
         return "compiles holds something other than counts"
+    problem = energy_problem(result.get("energy"), len(result.get("epochs") or []))
+    if problem:
+        return problem
     environment = result.get("environment") or {}
     if not isinstance(environment.get("devices") or [], list) or not isinstance(
         environment.get("precision") or {}, dict
@@ -477,6 +484,38 @@ def result_problem(result, config: dict | None = None) -> str | None:
     ):
         return "trial is not a positive whole number"
     return _metrics_problem(result) if result["status"] == "ok" else None
+
+
+# The energy record's figures: each a finite number, never negative (a count of joules, watts or images per joule)
+ENERGY_FIGURES = (
+    "joules_per_epoch",
+    "images_per_joule",
+    "average_w",
+    "per_counter_w",
+    "to_target_j",
+)
+
+
+def energy_problem(energy, epochs: int) -> str | None:
+    """Why a result's `energy` is not a record the report can show of its `epochs` epochs (None: it is, or there is
+    none)."""
+    if energy is None:
+        return None
+    if not isinstance(energy.get("measured"), bool):
+        return "energy.measured is not true or false"
+    if not energy["measured"]:
+        return None if isinstance(energy.get("why"), str) else "energy.why is not a reason"
+    if not isinstance(energy.get("scope"), str):
+        return "energy.scope is not a string"
+    joules = energy.get("epochs_j")
+    figures = [energy.get(name) for name in ENERGY_FIGURES]
+    if not isinstance(joules, list) or not all(_number(j) and j >= 0 for j in joules):
+        return "energy.epochs_j is not a list of joules"
+    if len(joules) != epochs:
+        return f"energy.epochs_j has {len(joules)} epochs, the run {epochs}"
+    if not all(value is None or (_number(value) and value >= 0) for value in figures):
+        return "an energy figure is not a number of at least 0"
+    return None
 
 
 def _config_types() -> dict:

@@ -128,6 +128,10 @@ class Trainer(abc.ABC):
     def slowest(self, seconds: float) -> float:
         return seconds
 
+    def summed(self, values: list[float]) -> list[float]:
+        """`values` added over the run's processes, the same on every one (the energy each process read)."""
+        return list(values)
+
     def allreduce_seconds(self, values: int, repeats: int) -> list[float]:
         """After one untimed call, `repeats` reductions each between two barriers; the slowest rank's seconds."""
         return time_calls(self, self.allreduce_op(values), repeats)

@@ -172,6 +172,12 @@ def target_of(t: Trials) -> str:
     return f"{statistics.median(reached):.1f}" if reached else "not reached"
 
 
+def energy_of(t: Trials) -> str:
+    """The median joules per epoch of the trials that measured energy (the report's Energy section)."""
+    measured = comparison.energy_per_epoch(t)
+    return "—" if measured is None else f"{measured[1]:.4g}"
+
+
 def title(key: tuple) -> str:
     """backend strategy, devices: the recipe (model, batch, training images, epochs)."""
     backend, variant, devices, nodes, kind = key[:5]
@@ -195,12 +201,23 @@ def history_table(points: list[Point]) -> list[str]:
             if p.trials.median("images_per_s") is None
             else f"{p.trials.median('images_per_s'):.1f}",
             target_of(p.trials),
+            energy_of(p.trials),
             p.mark,
             p.note,
         ]
         for p in points
     ]
-    header = ["report", "started", "commit", "step ms", "images/s", "time to target s", "", "note"]
+    header = [
+        "report",
+        "started",
+        "commit",
+        "step ms",
+        "images/s",
+        "time to target s",
+        "J/epoch",
+        "",
+        "note",
+    ]
     return table(header, body)
 
 

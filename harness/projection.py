@@ -292,6 +292,14 @@ def published_table() -> list[str]:
 # ------------------------------------------------------------------------------ the document and the plot
 
 
+# Energy scales with the time a device works and the power it draws doing it; the model projects the first, and
+# a device's draw at another count (less busy while it waits on the ring) is measured by no run here.
+ENERGY_NOT_PROJECTED = (
+    "Energy: not projected. The model projects a step's time; what a device draws while it waits on the "
+    "allreduce at another device count is not measured by this run (its report's Energy section holds what was)."
+)
+
+
 def render(
     meta: dict,
     items,
@@ -310,6 +318,7 @@ def render(
         '(docs/scaling.md, "Scaling on paper"). Weak scaling: every device keeps the run\'s per-device batch.',
         "",
         f"- Run: `{meta.get('command', '')}` ({meta.get('preset', '')})",
+        f"- {ENERGY_NOT_PROJECTED}",
         "",
         "## The measured pieces",
         "",

@@ -159,6 +159,9 @@ class JaxTrainer(Trainer):
     def slowest(self, seconds: float) -> float:
         return float(distributed.across_processes([seconds], "max")[0])
 
+    def summed(self, values: list[float]) -> list[float]:
+        return [float(v) for v in distributed.across_processes(values, "sum")]
+
     def allreduce_op(self, values: int):
         """A sum over the devices of a float32 buffer of `values` elements per device (made here, once),
         reduced as this strategy reduces its gradients (`_allreduce`); the call waits for the sum and returns it."""

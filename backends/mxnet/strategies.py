@@ -101,6 +101,11 @@ class MXNetTrainer(Trainer):
     def slowest(self, seconds: float) -> float:
         return float(self.across.gather([seconds]).max()) if self.across else seconds
 
+    def summed(self, values: list[float]) -> list[float]:
+        if not self.across:
+            return list(values)
+        return [float(v) for v in self.across.gather(values).sum(axis=0)]
+
     def canonical(self) -> dict[str, np.ndarray]:
         return models.to_canonical(self.module)
 

@@ -118,6 +118,9 @@ class RankCollectives:
     def slowest(self, seconds: float) -> float:
         return self._all_reduce([seconds], op=dist.ReduceOp.MAX)[0]
 
+    def summed(self, values: list[float]) -> list[float]:
+        return self._all_reduce(values)
+
     def allreduce_op(self, values: int):
         """torch.distributed.all_reduce (sum) of one flat float32 tensor on this rank's device."""
         buffer = torch.ones(values, dtype=torch.float32, device=self.device)

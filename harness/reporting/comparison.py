@@ -150,8 +150,34 @@ class Verdict:
 
 
 def judge(old: Trials, new: Trials, limits: Thresholds, machines: tuple = (None, None)) -> Verdict:
-    """The row's verdict, `machines` the two runs' (provenance.machine; None where unknown)."""
-    return across_machines(judge_figures(old, new, limits), *machines, limits.accept)
+    """The row's verdict, `machines` the two runs' (provenance.machine; None where unknown); with the energy of
+    both where both measured it on the same machine (another machine's counters measure other hardware)."""
+    v = across_machines(judge_figures(old, new, limits), *machines, limits.accept)
+    if v.mark not in (NOT_COMPARABLE, ONE_SIDE) and not provenance.machine_change(*machines):
+        v.note = join_notes(v.note, energy_note(old, new))
+    return v
+
+
+def energy_per_epoch(t: Trials) -> tuple[str, float] | None:
+    """(what was measured, the median joules per epoch) over the kept trials that measured energy, or None."""
+    records = [r.energy for r in t.kept if r.energy and r.energy.get("measured")]
+    if not records:
+        return None
+    return records[0]["scope"], statistics.median(e["joules_per_epoch"] for e in records)
+
+
+def energy_note(old: Trials, new: Trials) -> str:
+    """The change of the joules per epoch, where both sides measured them with the same counters; why NEW has none,
+    where it says."""
+    a, b = energy_per_epoch(old), energy_per_epoch(new)
+    unmeasured = [r.energy["why"] for r in new.kept if r.energy and not r.energy.get("measured")]
+    if not b and unmeasured:
+        return f"energy not measured in NEW: {unmeasured[0]}"
+    if not a or not b:
+        return ""
+    if a[0] != b[0]:
+        return f"energy not compared: {a[0]} vs {b[0]}"
+    return f"energy {a[1]:.4g} -> {b[1]:.4g} J/epoch ({b[1] / a[1] - 1:+.1%}, {a[0]})"
 
 
 def across_machines(v: Verdict, old: dict | None, new: dict | None, accept: set[str]) -> Verdict:

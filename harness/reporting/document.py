@@ -21,10 +21,12 @@ from common.config import imagenet_shaped
 from common.files import write_json_atomic
 from common.results import CONSISTENCY_LIMIT, CONSISTENCY_LOW, SCHEMA_VERSION, Result
 from harness.reporting import flops, leftovers, provenance
+from harness.reporting.energy import energy_section
 from harness.reporting.limits import limits_section, profile_section
 from harness.reporting.plots import (
     plot_accuracy,
     plot_breakdown,
+    plot_energy,
     plot_parity,
     plot_throughput,
     plot_time_to_accuracy,
@@ -237,6 +239,7 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
         if notes:
             L += ["**Figures that disagree**:", ""] + notes + [""]
     L += feeding_section(rows)
+    L += energy_section(rows, plots.get("energy", False))
     L += profile_section(rows, plots.get("breakdown", False))
     L += limits_section(rows)
     if plots.get("accuracy"):
@@ -307,6 +310,7 @@ def draw_plots(rows, directory: Path, parity=None) -> dict[str, bool]:
     limit = parity.get("limit") if isinstance(parity, dict) else None
     return {
         "accuracy": plot_accuracy(rows, directory / "accuracy.png"),
+        "energy": plot_energy(rows, directory / "energy.png"),
         "throughput": plot_throughput(rows, directory / "throughput.png"),
         "time_to_accuracy": plot_time_to_accuracy(rows, directory / "time_to_accuracy.png"),
         "breakdown": plot_breakdown(rows, directory / "breakdown.png"),

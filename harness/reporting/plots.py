@@ -84,6 +84,37 @@ def plot_time_to_accuracy(rows: list[Row], path: Path) -> bool:
     return True
 
 
+def plot_energy(rows: list[Row], path: Path) -> bool:
+    """Every run that measured its energy: its test accuracy after each epoch against the joules of its timed epochs
+    so far, beside the time-to-accuracy plot (drawn only where a run measured energy)."""
+    ok = [
+        row.result
+        for row in rows
+        if row.result.ok and row.result.energy and row.result.energy.get("measured")
+    ]
+    if not ok:
+        return False
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for r in ok:
+        ax.plot(
+            list(itertools.accumulate(r.energy["epochs_j"])),
+            [e.test_acc for e in r.epochs],
+            marker="o",
+            markerfacecolor="none",
+            label=" ".join(map(str, key(r)[:3])) + " dev",
+        )
+    ax.set_xlabel(f"joules of the timed epochs ({ok[0].energy['scope']})")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("Accuracy against energy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def plot_throughput(rows: list[Row], path: Path) -> bool:
     series: dict[tuple, list] = {}
     for row in rows:

@@ -257,7 +257,21 @@ def flops_cell(row: Row) -> str:
     return f"{achieved:.3g} (no peak known)"
 
 
-def summary_cells(row: Row, repeated: bool, targeted: bool = False) -> list[str]:
+def energy_records(row: Row) -> list[dict]:
+    """The energy records of a configuration's runs that measured it (its kept trials'; common/energy.py)."""
+    runs = row.trials.kept if row.trials else [row.result]
+    return [r.energy for r in runs if r.energy and r.energy.get("measured")]
+
+
+def energy_median(row: Row, figure: str) -> float | None:
+    """The median of one of the energy record's figures over the trials that measured it."""
+    values = [e[figure] for e in energy_records(row) if e.get(figure) is not None]
+    return statistics.median(values) if values else None
+
+
+def summary_cells(
+    row: Row, repeated: bool, targeted: bool = False, energized: bool = False
+) -> list[str]:
     r, c = row.result, row.result.config
     cells = [
         c.backend,
@@ -276,19 +290,24 @@ def summary_cells(row: Row, repeated: bool, targeted: bool = False) -> list[str]
         fmt(r.params, ","),
     ]
     return (
-        cells + ([target_cell(row)] if targeted else []) + ([trials_cell(row)] if repeated else [])
+        cells
+        + ([target_cell(row)] if targeted else [])
+        + ([fmt(energy_median(row, "joules_per_epoch"), ".4g")] if energized else [])
+        + ([trials_cell(row)] if repeated else [])
     )
 
 
 def summary_table(rows: list[Row]) -> list[str]:
     """The report's first table: one row per configuration that finished; a time-to-target column with
-    --target-accuracy, a trials column with --repeat."""
+    --target-accuracy, an energy column where a run measured it, a trials column with --repeat."""
     repeated = any(row.repeated for row in rows)
     targeted = any(targets(row) for row in rows)
-    body = [summary_cells(row, repeated, targeted) for row in rows if row.result.ok]
+    energized = any(energy_records(row) for row in rows)
+    body = [summary_cells(row, repeated, targeted, energized) for row in rows if row.result.ok]
     header = (
         SUMMARY_HEADER
         + (["time to target"] if targeted else [])
+        + (["J/epoch"] if energized else [])
         + (["trials kept"] if repeated else [])
     )
     return table(header, body) if body else ["No run finished successfully."]
@@ -326,6 +345,8 @@ def summary_records(rows: list[Row]) -> list[dict]:
                 "epoch_over_steps": epoch_over_steps(row, step),
                 "params": r.params,
                 **target_figures(row),
+                "joules_per_epoch": energy_median(row, "joules_per_epoch"),
+                "images_per_joule": energy_median(row, "images_per_joule"),
                 "trials": len(row.trials.runs) if row.trials else 1,
                 "trials_kept": len(row.trials.kept) if row.trials else int(r.ok),
             }

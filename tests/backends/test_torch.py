@@ -531,3 +531,47 @@ def test_two_hosts_under_slurm_meet_at_the_first_host_of_the_node_list(tmp_path)
     assert (outs[0] / "weights.npz").exists() and not (
         outs[1] / "weights.npz"
     ).exists()  # node 0's rank 0 saves
+
+
+@needs_cuda
+def test_cuda_the_energy_counter_agrees_with_power_samples_integrated_over_the_same_seconds():
+    """About 8 s of matrix products on GPU 0: the joules NVML's energy counter gained (common/energy.py) against its
+    power readings taken 10 times a second and integrated over the same interval; within 5%, as docs/energy.md
+    asks (a power reading is a short average, so the two need not agree to the joule)."""
+    import threading
+    import time
+
+    import pynvml
+    import torch
+
+    from common import energy
+
+    meter = energy.open_meter("gpu", 1)
+    assert isinstance(meter, energy.Meter), meter
+    handle = pynvml.nvmlDeviceGetHandleByIndex(int(energy.visible_gpus(os.environ, 1)[0]))
+    samples, done = [], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append((time.perf_counter(), pynvml.nvmlDeviceGetPowerUsage(handle) / 1e3))
+            time.sleep(0.1)
+
+    a = torch.randn(8192, 8192, device="cuda")
+    clock = energy.EnergyClock(meter)
+    sampler = threading.Thread(target=sample)
+    torch.cuda.synchronize()
+    clock.start()
+    start = time.perf_counter()
+    sampler.start()
+    while time.perf_counter() - start < 8.0:
+        for _ in range(20):
+            a = a @ a / a.norm()
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    interval = clock.stop(seconds)
+    done.set()
+    sampler.join()
+    t, watts = zip(*samples)
+    pairs = zip(t, t[1:], watts, watts[1:])
+    integrated = sum((t1 - t0) * (w0 + w1) / 2 for t0, t1, w0, w1 in pairs)
+    assert interval.joules == pytest.approx(integrated, rel=0.05)

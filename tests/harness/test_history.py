@@ -57,7 +57,7 @@ def test_a_planted_slow_report_is_marked_where_it_happened_and_the_rest_are_not(
     assert result.returncode == 0, result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("| 2026")]
     assert [row.split(" | ")[2] for row in rows] == ["0000000", "1111111", "2222222", "3333333"]
-    marks = [row.split(" | ")[6] for row in rows]
+    marks = [row.split(" | ")[7] for row in rows]
     assert marks == ["", "~", "+", "~"], rows
     # the median step as measured: 100 ms, then 130 (3% noise)
     steps = [float(row.split(" | ")[3]) for row in rows]
@@ -89,7 +89,7 @@ def test_a_report_from_another_machine_is_marked_x_naming_it_and_one_without_its
     rows = [line.split(" | ") for line in result.stdout.splitlines() if line.startswith("| 2026")]
     steps = [float(row[3]) for row in rows]
     assert np.allclose(steps, [100, 130, 130, 170], rtol=0.02), steps
-    assert [(row[6], row[7].rstrip(" |")) for row in rows] == [
+    assert [(row[7], row[8].rstrip(" |")) for row in rows] == [
         ("", ""),
         ("x", "another machine: AVX-512 AVX512-BF16 -> AVX2 only"),
         ("~", ""),

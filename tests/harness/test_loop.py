@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from common import data as datalib
+from common import energy as energylib
 from common import loop
 from common import trainer as trainerlib
 from common.config import RunConfig
@@ -72,6 +73,9 @@ class RecordingTrainer:
 
     def slowest(self, seconds):
         return seconds
+
+    def summed(self, values):
+        return list(values)
 
     def param_count(self):
         return 1
@@ -552,3 +556,112 @@ def test_each_epochs_progress_line_carries_the_workers_peak_resident_set(capsys)
     records = [progress.parse(line) for line in capsys.readouterr().out.splitlines()]
     peaks = [r["peak_host_rss_mb"] for r in records if r and r["event"] == "epoch"]
     assert len(peaks) == 2 and 0 < peaks[0] <= peaks[1]  # a high-water mark
+
+
+class RecordingMeter:
+    """An energy counter that logs each read and gains `watts` joules by each: an epoch's two reads differ by it."""
+
+    def __init__(self, events: list, watts: float = 50.0):
+        self.events, self.watts, self.joules = events, watts, 1000.0
+
+    def read(self) -> float:
+        self.events.append("energy")
+        self.joules += self.watts
+        return self.joules
+
+
+def test_energy_is_read_at_each_timed_epochs_barriers_and_nowhere_else(monkeypatch):
+    """The counters are read right after the barrier that opens an epoch's timer and right after the one that
+    closes it: not around the warm-up, the evaluation or the timed steps; the figures come from those reads."""
+    events = []
+    counter = RecordingMeter(events)
+    meter = energylib.Meter(
+        "CPU package, RAPL", (energylib.Counter("package-0", counter.read),), 0.001
+    )
+    monkeypatch.setattr(loop, "run_energy", lambda trainer, cfg: energylib.RunEnergy(meter))
+    metrics = loop.run_training(
+        RecordingTrainer(events), config(epochs=2, timed_steps=2), recording_dataset(events)
+    )
+    assert events.count("energy") == 4  # two epochs, two reads each
+    reads = [i for i, e in enumerate(events) if e == "energy"]
+    assert all(events[i - 1] == "sync" for i in reads)  # each right after a barrier
+    opening, closing = reads[::2], reads[1::2]
+    assert all(events[i + 1] in ("put", "step") for i in opening)  # then the epoch's first batch
+    assert all(events[i - 2] == "step" for i in closing)  # the epoch's last step, then its barrier
+    evaluations = [i for i, e in enumerate(events) if e == "evaluate"]
+    assert events.index("step") < reads[0]  # after the warm-up's step
+    assert closing[0] < evaluations[0] and reads[-1] < evaluations[-1]  # before each evaluation
+    assert events[evaluations[-1] :].count("step") == 2  # the timed steps, unread
+    energy = metrics["energy"]
+    assert energy["measured"] and energy["epochs_j"] == [
+        50.0,
+        50.0,
+    ]  # the second read of each less the first
+    seconds = sum(e["time_s"] for e in metrics["epochs"])
+    assert energy["average_w"] == pytest.approx(100.0 / seconds)
+    assert energy["images_per_joule"] == pytest.approx(2 * 48 / 100.0)
+    assert energy["joules_per_epoch"] == 50.0 and energy["to_target_j"] is None
+
+
+def test_a_run_without_readable_counters_keeps_its_figures_and_says_why(monkeypatch):
+    monkeypatch.setattr(
+        loop,
+        "run_energy",
+        lambda trainer, cfg: energylib.RunEnergy(energylib.NotMeasured("no RAPL")),
+    )
+    metrics = loop.run_training(RecordingTrainer([]), config(epochs=2), datalib.synthetic(48, 8, 0))
+    assert metrics["energy"] == {"measured": False, "why": "no RAPL"}
+    assert len(metrics["epochs"]) == 2
+
+
+class TwoRanks(RecordingTrainer):
+    """Rank 0 of two, the other rank's numbers added by `summed` as a collective would."""
+
+    def __init__(self, events, other: list[float]):
+        super().__init__(events)
+        self.other = other
+
+    def summed(self, values):
+        return [a + b for a, b in zip(values, self.other)]
+
+
+def test_the_epochs_energy_is_summed_over_the_processes_that_read(monkeypatch):
+    """Rank 0 read 50 J an epoch on one package; another host's first rank 30 J and 40 J on two GPUs."""
+    counter = RecordingMeter([])
+    meter = energylib.Meter(
+        "GPU board, NVML counter", (energylib.Counter("GPU 0", counter.read),), 0.1
+    )
+    monkeypatch.setattr(loop, "run_energy", lambda trainer, cfg: energylib.RunEnergy(meter))
+    other = [30.0, 40.0, 0.0, 1.0, 2.0]  # its epochs' joules, no failure, one reader, two counters
+    metrics = loop.run_training(TwoRanks([], other), config(epochs=2), datalib.synthetic(48, 8, 0))
+    energy = metrics["energy"]
+    assert energy["epochs_j"] == [80.0, 90.0]
+    assert (energy["processes"], energy["counters"]) == (2, 3)
+    assert energy["per_counter_w"] == pytest.approx(energy["average_w"] / 3)
+
+
+def test_a_counter_another_process_could_not_read_leaves_the_run_unmeasured(monkeypatch):
+    counter = RecordingMeter([])
+    meter = energylib.Meter(
+        "GPU board, NVML counter", (energylib.Counter("GPU 0", counter.read),), 0.1
+    )
+    monkeypatch.setattr(loop, "run_energy", lambda trainer, cfg: energylib.RunEnergy(meter))
+    other = [0.0, 0.0, 1.0, 1.0, 1.0]  # that process failed to read
+    metrics = loop.run_training(TwoRanks([], other), config(epochs=2), datalib.synthetic(48, 8, 0))
+    assert metrics["energy"] == {
+        "measured": False,
+        "why": "another process's counters could not be read",
+    }
+
+
+def test_the_energy_to_the_target_is_the_epochs_up_to_it(monkeypatch):
+    counter = RecordingMeter([])
+    meter = energylib.Meter(
+        "CPU package, RAPL", (energylib.Counter("package-0", counter.read),), 0.001
+    )
+    monkeypatch.setattr(loop, "run_energy", lambda trainer, cfg: energylib.RunEnergy(meter))
+    trainer = ImprovingTrainer([], [0.5, 0.75, 0.9])
+    metrics = loop.run_training(
+        trainer, config(epochs=3, target_accuracy=0.75), datalib.synthetic(48, 8, 0)
+    )
+    assert metrics["energy"]["to_target_j"] == 100.0 and metrics["target"]["epoch"] == 2
