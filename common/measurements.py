@@ -20,6 +20,13 @@ harness, and stores flat arrays in an .npz (readable whatever numpy the harness 
                                                       backend only: the float64 floor, FLOOR_RUNS)
 and a JSON of what could not run here, with the reason.
 
+The file is an uncompressed .npz with one more entry, ALIASES, where one array is stored under several names:
+a trace of one step stores its weights under `first` only (its `final` are the same arrays), and the reference
+backend's 1-device float64 loss and gradients, and its in-order floor run on the CPU over at most FLOAT64_STEPS,
+are its whole-trace run's arrays (the same calls, measured once). Read it with common/measurement_files.py's
+`MeasurementFile`, which gives every
+name, aliases included; np.load gives the stored entries only.
+
 The job (common/checkjob.py's CheckJob, JSON) says what to measure; a job with `nodes` > 1 is one node of a
 multi-process measurement: every node runs the same job with its own `node_rank`, joined at `coordinator`
 (a probe's `nodes`, common/nodes.py's NodeSpec); it measures only the strategies (the
@@ -38,10 +45,12 @@ from common import manifest
 from common import weights as weightslib
 from common.backend import Probe
 from common.checkjob import (
+    BN_MODES,
     FLOAT64_RUN,
     FORWARD_MODES,
     IN_ORDER,
     PERMUTED,
+    SEPARATOR,
     CheckJob,
     JobError,
     MeasurementKey,
@@ -49,6 +58,7 @@ from common.checkjob import (
     forward_key,
 )
 from common.errors import Unsupported
+from common.measurement_files import save
 from common.nodes import NodeSpec
 
 # Steps of each strategy's float64 trace. A trace amplifies a difference by ~2x per step (ResNet-18 at
@@ -99,6 +109,8 @@ def measure(backend, job: CheckJob) -> tuple[dict[str, np.ndarray], dict[str, st
         inputs = Inputs(weightslib.load(job.weights[model], model), batches, job.lr)
         if not nodes:
             out.update(_one_device(backend, model, inputs, job.float64))
+            if not job.float64:
+                out.update(_float64_gradients(backend, model, inputs))
         for key in job.keys(model):
             probe = Probe(
                 key.strategy,
@@ -117,15 +129,17 @@ def measure(backend, job: CheckJob) -> tuple[dict[str, np.ndarray], dict[str, st
             if refused:
                 skipped[key.to_str()] = refused
         if job.float64 and not nodes:
-            out.update(_reference_runs(backend, job, model, inputs))
+            reference = _reference_runs(backend, job, model, inputs)
+            out.update(_float64_gradients(backend, model, inputs, reference))
+            out.update(reference)
     return out, skipped
 
 
 def _one_device(backend, model: str, inputs: Inputs, reference: bool) -> dict[str, np.ndarray]:
     """The first batch's logits in both BatchNorm modes (the reference's in float64 too: its logits' own float32
-    rounding), and its loss and gradients in float64."""
+    rounding)."""
     w = inputs.weights
-    x, y = inputs.batches[0]
+    x, _ = inputs.batches[0]
     out = {
         forward_key(model, mode): backend.predict(model, w, x, train=mode == "train")
         for mode in FORWARD_MODES
@@ -135,10 +149,31 @@ def _one_device(backend, model: str, inputs: Inputs, reference: bool) -> dict[st
             out[forward_key(model, mode, "float64")] = backend.predict(
                 model, w, x, train=mode == "train", dtype="float64"
             )
-    loss, grads = backend.float64_gradients(model, w, x, y)
-    out[float64_key(model, "loss")] = np.float64(loss)
-    out.update({float64_key(model, "grad", n): g for n, g in grads.items()})
     return out
+
+
+def _float64_gradients(backend, model: str, inputs: Inputs, reference: dict | None = None) -> dict:
+    """The first batch's loss and gradients in float64 on 1 CPU device. The reference backend's whole-trace run
+    on 1 device began with that very call (Backend.float64_reference's first, on the CPU): its values, stored
+    once; else computed here."""
+    for bn in BN_MODES:
+        run = MeasurementKey(model, FLOAT64_RUN, 1, bn)
+        if reference and run.part("loss") in reference:
+            grad = run.part("grad") + SEPARATOR
+            return {
+                float64_key(model, "loss"): reference[run.part("loss")],
+                **{
+                    float64_key(model, "grad", k[len(grad) :]): v
+                    for k, v in reference.items()
+                    if k.startswith(grad)
+                },
+            }
+    x, y = inputs.batches[0]
+    loss, grads = backend.float64_gradients(model, inputs.weights, x, y)
+    return {
+        float64_key(model, "loss"): np.float64(loss),
+        **{float64_key(model, "grad", n): g for n, g in grads.items()},
+    }
 
 
 def _reference_runs(backend, job: CheckJob, model: str, inputs: Inputs) -> dict[str, np.ndarray]:
@@ -148,12 +183,23 @@ def _reference_runs(backend, job: CheckJob, model: str, inputs: Inputs) -> dict[
     out = {}
     for k, bn in job.configurations(model):
         key = MeasurementKey(model, FLOAT64_RUN, k, bn)
-        out.update(_reference_run(backend, key, inputs, "cpu"))
+        whole = _reference_run(backend, key, inputs, "cpu")
+        out.update(whole)
         first = inputs.first(FLOAT64_STEPS)
         permuted = replace(first, batches=permuted_within_shards(first.batches, k))
-        out.update(_reference_run(backend, key.run_of(IN_ORDER), first, job.device_kind))
+        if job.device_kind == "cpu" and len(first.batches) == len(inputs.batches):
+            # the same call as the whole trace's (its steps, on the CPU): its values, stored once
+            out.update(_renamed(whole, key, key.run_of(IN_ORDER)))
+        else:
+            out.update(_reference_run(backend, key.run_of(IN_ORDER), first, job.device_kind))
         out.update(_reference_run(backend, key.run_of(PERMUTED), permuted, job.device_kind))
     return out
+
+
+def _renamed(arrays: dict, old: MeasurementKey, new: MeasurementKey) -> dict:
+    """The measurements of run `old` under run `new`'s key: the same arrays (the file stores them once)."""
+    prefix = old.to_str() + SEPARATOR
+    return {new.part(k[len(prefix) :]): v for k, v in arrays.items() if k.startswith(prefix)}
 
 
 def _reference_run(backend, key: MeasurementKey, inputs: Inputs, device_kind: str) -> dict:
@@ -206,12 +252,14 @@ def _run(backend, key: MeasurementKey, probe: Probe, inputs: Inputs) -> tuple[di
 
 
 def _flat(key: MeasurementKey, loss: float, grads: dict, trace: dict) -> dict[str, np.ndarray]:
+    # After one step the last step's weights are the first step's: the same arrays, which the file stores once.
+    final = trace["first"] if len(trace["losses"]) == 1 else trace["final"]
     return {
         key.part("loss"): np.float64(loss),
         key.part("losses"): np.asarray(trace["losses"], dtype=np.float64),
         **{key.part("grad", n): g for n, g in grads.items()},
         **{key.part("first", n): v for n, v in trace["first"].items()},
-        **{key.part("final", n): v for n, v in trace["final"].items()},
+        **{key.part("final", n): final[n] for n in trace["final"]},
     }
 
 
@@ -244,6 +292,6 @@ def run(backend, job_path: str, result_path: str) -> None:
         raise SystemExit(str(e)) from None
     with node_session(backend, job):
         out, skipped = measure(backend, job)
-    np.savez(result_path, **out)
+    save(result_path, out)
     with open(result_path + ".skipped.json", "w") as f:
         json.dump(skipped, f, indent=2)

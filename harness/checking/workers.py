@@ -21,6 +21,7 @@ from common.checkjob import CheckJob, MeasurementKey
 from common.config import imagenet_shaped
 from common.data import imagenet
 from common.manifest import Manifest
+from common.measurement_files import MeasurementFile
 from common.network import free_port
 from harness.checking.equivalence import CheckRow, Measurements, compare, compare_nodes, table
 from harness.planning.plan import Plan
@@ -180,12 +181,12 @@ def worker_output(out: Path) -> Measurements:
     return Measurements(measurements(out), reasons)
 
 
-def measurements(path: Path):
+def measurements(path: Path) -> MeasurementFile:
     """A worker's measurements, read lazily: each array is read from the file when a comparison asks for it, and
     dropped after (equivalence._gap), so the harness never holds every backend's arrays at once (a ResNet-50
     check's are gigabytes). The file stays open until the comparison is done (run_checks closes it)."""
     try:
-        return np.load(path)
+        return MeasurementFile(path)
     except (OSError, ValueError, zipfile.BadZipFile) as e:
         raise CheckError(f"unreadable measurements in {path.name}: {e}") from None
 

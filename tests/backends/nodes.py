@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from common.measurement_files import MeasurementFile
 from common.network import free_port
 from harness.processes.envs import worker_env
 
@@ -78,8 +79,8 @@ def measure_on_nodes(
         assert code == 0, f"node {rank} failed:\n{text[-3000:]}"
     arrays = []
     for rank in range(nodes):
-        with np.load(tmp_path / f"node{rank}.npz") as f:
-            arrays.append({k: f[k] for k in f.files})
+        with MeasurementFile(tmp_path / f"node{rank}.npz") as f:
+            arrays.append(dict(f))
     return arrays
 
 

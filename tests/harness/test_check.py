@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import subprocess
 import sys
+import zipfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -540,6 +542,160 @@ def test_the_check_worker_measures_float64_runs_and_whole_reference_traces(tmp_p
     assert "lenet|float64-in-order|1|local|loss" in out
     # the reference's logits in float64 too
     assert out["lenet|float64|forward|eval"].dtype == np.float64
+
+
+class FreshArraysBackend(RecordingBackend):
+    """A RecordingBackend whose traces give fresh arrays after each step, as a trainer's canonical() does."""
+
+    def train_trace(self, probe, w, batches, lr):
+        trace = super().train_trace(probe, w, batches, lr)
+        fresh = {n: v.copy() for n, v in self.w.items()}
+        return {**trace, "first": fresh, "final": {n: v.copy() for n, v in self.w.items()}}
+
+
+def cpu_job(tmp_path, backend, steps: int) -> checkjob.CheckJob:
+    """The reference's job on the CPU over `steps` batches (LeNet, 1 and 2 devices), its files written."""
+    labels = np.arange(4 * steps, dtype=np.int32).reshape(steps, 4)
+    np.savez(tmp_path / "b.npz", x=np.zeros((steps, 4, 1, 28, 28), np.float32), y=labels)
+    weights.save(tmp_path / "w.npz", backend.w)
+    return checkjob.CheckJob(
+        models=("lenet",),
+        strategies=("ddp",),
+        devices=(1, 2),
+        bn=("local",),
+        lr=0.1,
+        device_kind="cpu",
+        float64=True,
+        batches=str(tmp_path / "b.npz"),
+        weights={"lenet": str(tmp_path / "w.npz")},
+    )
+
+
+def test_what_the_check_worker_has_measured_once_it_neither_measures_nor_stores_again(tmp_path):
+    """On the CPU over at most FLOAT64_STEPS steps, the reference's in-order floor run is its whole-trace run's
+    own call, and that run's first gradients on 1 device are the float64 gradients of the model: each is those
+    arrays, not another run. A one-step trace's last weights are its first. The file stores each array once and
+    reads back every name with its values."""
+    from common import measurements as worker
+    from common.measurement_files import MeasurementFile
+
+    backend = FreshArraysBackend("lenet")
+    job = cpu_job(tmp_path, backend, 2)
+    out, _ = worker.measure(backend, job)
+    assert [c for c in backend.calls if c[0] == "reference"] == [
+        ("reference", "local", k, "cpu", 2) for k in (1, 1, 2, 2)
+    ]  # the whole trace and the permuted one: no in-order run
+    assert backend.reference_labels[1] == [[3, 0, 1, 2], [7, 4, 5, 6]]
+    for k in (1, 2):
+        whole = f"lenet|float64|{k}|local|"
+        parts = [key[len(whole) :] for key in out if key.startswith(whole)]
+        assert "loss" in parts and "final|fc2.bias" in parts
+        assert all(out[f"lenet|float64-in-order|{k}|local|{p}"] is out[whole + p] for p in parts)
+    grads = [n for n, _, kind in architectures.spec("lenet")]
+    assert out["lenet|float64|loss"] is out["lenet|float64|1|local|loss"]
+    assert all(
+        out[f"lenet|float64|grad|{n}"] is out[f"lenet|float64|1|local|grad|{n}"] for n in grads
+    )
+    # two steps: the last weights are their own arrays
+    assert out["lenet|ddp|1|local|final|fc2.bias"] is not out["lenet|ddp|1|local|first|fc2.bias"]
+
+    backend = FreshArraysBackend("lenet")
+    job = cpu_job(tmp_path, backend, 1)
+    job_path, path = tmp_path / "job.json", tmp_path / "torch.npz"
+    job_path.write_text(job.to_json())
+    worker.run(backend, str(job_path), str(path))
+    out, _ = worker.measure(backend, job)
+    finals = [k for k in out if "|final|" in k]
+    assert finals and all(out[k] is out[k.replace("|final|", "|first|")] for k in finals)
+    with np.load(path) as stored:
+        assert len(stored.files) == len({id(v) for v in out.values()}) + 1  # (and the aliases)
+    with MeasurementFile(path) as read:
+        assert sorted(read) == sorted(out)
+        assert all(read[k].dtype == np.asarray(v).dtype for k, v in out.items())
+        assert all(np.array_equal(read[k], v) for k, v in out.items())
+        assert "aliases" not in read and read.get("lenet|ddp|1|local|final|nothing") is None
+
+
+def test_a_measurement_file_reads_what_np_savez_wrote(tmp_path):
+    """Every array of a .npz written by numpy, stored or compressed, as np.load reads it: 0-d, empty,
+    Fortran-ordered, big-endian."""
+    from common.measurement_files import MeasurementFile
+
+    arrays = {
+        "a|loss": np.float64(2.5),
+        "a|grad|w": np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3)),
+        "a|losses": np.zeros(0),
+        "a|first|w": np.arange(3, dtype=">f8"),
+    }
+    for save in (np.savez, np.savez_compressed):
+        save(tmp_path / "m.npz", **arrays)
+        with MeasurementFile(tmp_path / "m.npz") as read:
+            assert list(read) == list(arrays)
+            for k, v in arrays.items():
+                assert read[k].dtype == v.dtype and read[k].shape == v.shape
+                assert np.array_equal(read[k], v)
+
+
+def damaged_measurements(path: Path, kind: str) -> None:
+    """A measurement file damaged in one way (common/measurement_files.py writes it: save())."""
+    from common.measurement_files import save
+
+    # (the gradient larger than zipfile's read-ahead, which checks a small entry's CRC-32 itself)
+    arrays = {"lenet|ddp|1|local|loss": np.float64(2.3), "lenet|ddp|1|local|grad|w": np.ones(10**5)}
+    if kind in ("truncated", "bit-flipped"):
+        save(path, arrays)
+        raw = bytearray(path.read_bytes())
+        if kind == "truncated":
+            raw = raw[: len(raw) // 2]
+        else:
+            raw[raw.index(np.ones(16).tobytes()) + 3] ^= 0x10
+        path.write_bytes(bytes(raw))
+    elif kind == "alias of nothing":
+        np.savez(
+            path, aliases=np.array([["lenet|ddp|1|local|final|w", "lenet|ddp|1|local|first|w"]])
+        )
+    elif kind == "aliases not pairs":
+        np.savez(path, aliases=np.zeros(3), **arrays)
+    elif kind == "shorter than its shape":
+        header = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            header, {"descr": "<f8", "fortran_order": False, "shape": (10,)}
+        )
+        with zipfile.ZipFile(path, "w") as f:
+            f.writestr("lenet|ddp|1|local|loss.npy", header.getvalue() + np.ones(1).tobytes())
+    elif kind == "objects":
+        np.savez(path, x=np.array([1, None], dtype=object))
+    elif kind == "npy":
+        with open(path, "wb") as f:
+            np.save(f, np.ones(3))
+    else:
+        path.write_bytes(b"")
+
+
+@pytest.mark.parametrize(
+    "kind,reason",
+    [
+        ("truncated", "File is not a zip file"),
+        ("bit-flipped", "Bad CRC-32 for file 'lenet|ddp|1|local|grad|w.npy'"),
+        (
+            "alias of nothing",
+            "'lenet|ddp|1|local|final|w' is stored as 'lenet|ddp|1|local|first|w'",
+        ),
+        ("aliases not pairs", "aliases is not a list of"),
+        ("shorter than its shape", "its data is not the size of its shape"),
+        ("objects", "an array of Python objects"),
+        ("npy", "File is not a zip file"),
+        ("empty", "File is not a zip file"),
+    ],
+)
+def test_a_damaged_measurement_file_is_unreadable_in_one_line(tmp_path, kind, reason):
+    out = tmp_path / "torch.npz"
+    damaged_measurements(out, kind)
+    Path(str(out) + ".skipped.json").write_text("{}")
+    with pytest.raises(workers.CheckError) as e:
+        workers.worker_output(out)
+    assert str(e.value).startswith("unreadable measurements in torch.npz: ")
+    assert reason in str(e.value) and len(str(e.value).splitlines()) == 1
 
 
 def test_a_request_without_one_device_still_measures_the_one_device_references(monkeypatch):
