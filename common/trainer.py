@@ -247,14 +247,17 @@ def first_gradients(trainer: Trainer, batches: list) -> tuple[float, dict[str, n
 
 def trace(trainer: Trainer, batches: list) -> dict:
     """SGD steps from a reset trainer: {"first": canonical weights after step 1, "final": after the last,
-    "losses": every step's global mean loss, from its own forward pass (before its update)}."""
+    "losses": every step's global mean loss, from its own forward pass (before its update)}. After one step the
+    last weights are the first, the same arrays: a process that sends them back, and the measurement file, carry
+    them once."""
     size = len(batches[0][1])
     losses, first = [], None
     for x, y in fed(trainer, batches):
         losses.append(trainer.collect([trainer.step(x, y)])[0] / size)
         if first is None:
             first = trainer.canonical()
-    return {"first": first, "final": trainer.canonical(), "losses": losses}
+    final = first if len(losses) == 1 else trainer.canonical()
+    return {"first": first, "final": final, "losses": losses}
 
 
 PROBES = {"gradients": first_gradients, "trace": trace}
