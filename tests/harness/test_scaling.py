@@ -11,9 +11,8 @@ import pytest
 
 from common.config import RunConfig
 from common.nodes import NodeSpec
-from common.results import Result, new_result
-from harness import projection
-from harness.reporting import scaling
+from common.results import Result, load_results_json, new_result
+from harness.reporting import projected, scaling
 from harness.reporting.scaling import Link, Measured, Profile
 from tests.harness.helpers import run_harness
 from tests.harness.test_results import COMMITTED, REPORTS
@@ -139,7 +138,7 @@ def test_nvidias_8_gpu_table_is_within_the_models_optimism_and_bandwidth_is_not_
     """Reproduce NVIDIA's published ResNet-50 DDP scaling from its own 1-GPU figures. The model never predicts
     less than was published (it counts only communication), is within 4 points at FP32/TF32 and 16 at mixed
     precision, and a tenth of the NVLink bandwidth would still leave over 94%: the rest is not the link."""
-    rows = projection.published_rows()
+    rows = projected.published_rows()
     assert len(rows) == 6
     for r in rows:
         gap = r["projected"] - r["scaling"].efficiency
@@ -161,10 +160,10 @@ def test_nvidias_8_gpu_table_is_within_the_models_optimism_and_bandwidth_is_not_
 
 @pytest.mark.parametrize("report", [SWEEP, NODES], ids=["devices", "nodes"])
 def test_the_model_fitted_at_2_predicts_the_committed_sweeps_larger_counts_within_the_bound(report):
-    results, _ = projection.load_results_json(report)
-    rows = projection.check_rows(projection.run_pieces(results))
+    results, _ = load_results_json(report)
+    rows = projected.check_rows(projected.run_pieces(results))
     predictions = [
-        (name, m.devices, projection.error(q.step_s, m.step_s))
+        (name, m.devices, projected.error(q.step_s, m.step_s))
         for name, m, q, fit in rows
         if not fit
     ]
@@ -258,7 +257,7 @@ def test_runs_are_grouped_per_strategy_with_node_runs_apart_and_trials_by_their_
         result(4, 2.0, 0.15, nodes=2),
         result(2, 0.5, 0.01, strategy="scratch"),
     ]
-    items = {p.name: (p, shared) for p, shared in projection.run_pieces(results)}
+    items = {p.name: (p, shared) for p, shared in projected.run_pieces(results)}
     assert sorted(items) == ["torch ddp", "torch ddp across nodes", "torch scratch"]
     ddp, shared = items["torch ddp"]
     assert shared and [(m.devices, m.step_s, m.allreduce_s) for m in ddp.measured] == [
@@ -269,4 +268,4 @@ def test_runs_are_grouped_per_strategy_with_node_runs_apart_and_trials_by_their_
     nodes, _ = items["torch ddp across nodes"]
     assert [m.devices for m in nodes.measured] == [2, 4] and nodes.fitted_at == 2
     # a run without a step time or allreduce figure has nothing to give
-    assert projection.run_pieces([result(1, 0.0, 0.0)]) == []
+    assert projected.run_pieces([result(1, 0.0, 0.0)]) == []
