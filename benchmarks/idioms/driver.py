@@ -30,9 +30,9 @@ import time
 from common import data as datalib
 from common import profiling
 from common import weights as weightslib
+from common.after_training import batches_after_training
 from common.config import RunConfig
 from common.files import write_atomic
-from common.loop import batches_after_training
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.after_training import step_statistics
 from common.config import RunConfig
-from common.loop import step_statistics
 from common.results import Result, new_result, result_problem
 from harness import compare
 from harness.cli import build_plan, parse

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from common import after_training, loop
 from common import data as datalib
 from common import energy as energylib
-from common import loop
 from common import trainer as trainerlib
 from common.config import RunConfig
 
@@ -396,15 +396,15 @@ def test_the_measured_peak_is_the_best_rate_of_the_frameworks_matrix_product(mon
     clock = [0.0]
     monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
     profiling = RecordingProfiling([], clock)
-    peak = loop.measured_peak(config(measure_peak=True), profiling, rank=0)
-    n = loop.PEAK_SIDE["cpu"]
+    peak = after_training.measured_peak(config(measure_peak=True), profiling, rank=0)
+    n = after_training.PEAK_SIDE["cpu"]
     assert peak == {
         "n": n,
         "tflops": {"float32": 2 * n**3 / 1e12, "bfloat16": 2 * n**3 / 1e12},
         "unmeasured": {},
     }
-    assert loop.measured_peak(config(), profiling, rank=0) is None
-    assert loop.measured_peak(config(measure_peak=True), profiling, rank=1) is None
+    assert after_training.measured_peak(config(), profiling, rank=0) is None
+    assert after_training.measured_peak(config(measure_peak=True), profiling, rank=1) is None
 
 
 def test_a_product_the_framework_lacks_leaves_its_peak_unmeasured_with_the_reason():
@@ -414,7 +414,7 @@ def test_a_product_the_framework_lacks_leaves_its_peak_unmeasured_with_the_reaso
                 raise TypeError("data type 'bfloat16' not understood")
             return lambda: None
 
-    peak = loop.measured_peak(config(measure_peak=True), NoBfloat16([], [0.0]), rank=0)
+    peak = after_training.measured_peak(config(measure_peak=True), NoBfloat16([], [0.0]), rank=0)
     assert peak["tflops"]["bfloat16"] is None and peak["tflops"]["float32"] > 0
     assert peak["unmeasured"] == {"bfloat16": "TypeError: data type 'bfloat16' not understood"}
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from common import weights as weightslib
+from common.after_training import step_statistics
 from common.config import RunConfig
-from common.loop import step_statistics
 from harness.planning.plan import Plan
 from harness.processes import runner
 from harness.reporting import document, reasons, sections

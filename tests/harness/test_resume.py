@@ -506,7 +506,7 @@ import json, os, re, subprocess, sys, time
 import numpy as np
 from common import weights
 from common.config import RunConfig
-from common.loop import step_statistics
+from common.after_training import step_statistics
 from common.worker import watch_lifeline
 watch_lifeline()
 state = os.environ["FAKE_STATE"]
