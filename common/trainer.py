@@ -67,6 +67,7 @@ METHODS = (
     "collect",
     "sync",
     "slowest",
+    "summed",
     "allreduce_seconds",
     "allreduce_op",
     "average_bn_statistics",
