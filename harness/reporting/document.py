@@ -1,8 +1,9 @@
 """The report: reports/<run-id>/report.md with results.json, plots and the workers' logs.
 
 Results arrive as dicts (the workers' JSON) or Results; they are converted to Results once (tables.as_results)
-and read by attribute after that. The rendering lives beside this module, in tables.py, plots.py and
-sections.py; `python -m harness report DIR`, which renders a report again or exports it, is harness/report.py.
+and read by attribute after that. The rendering lives beside this module, in tables.py, steps.py, outcomes.py,
+plots.py and sections.py; `python -m harness report DIR`, which renders a report again or exports it, is
+harness/report.py.
 
 Everything is written into a hidden staging directory and renamed into place at the
 end, so a report directory is either complete or absent; an existing report is never
@@ -23,6 +24,7 @@ from common.results import CONSISTENCY_LIMIT, CONSISTENCY_LOW, SCHEMA_VERSION, R
 from harness.reporting import flops, leftovers, provenance
 from harness.reporting.energy import energy_section
 from harness.reporting.limits import limits_section, profile_section
+from harness.reporting.outcomes import accuracy_table, failures, trials_table
 from harness.reporting.plots import (
     plot_accuracy,
     plot_breakdown,
@@ -45,17 +47,8 @@ from harness.reporting.sections import (
     parity_section,
     precision_line,
 )
-from harness.reporting.tables import (
-    accuracy_table,
-    as_results,
-    consistency_notes,
-    failures,
-    steps_table,
-    summary_table,
-    targets,
-    trials_table,
-    with_scaling,
-)
+from harness.reporting.steps import consistency_notes, steps_table
+from harness.reporting.tables import as_results, summary_table, targets, with_scaling
 
 
 class Staging:

@@ -1,4 +1,6 @@
-"""The report's numbers and tables: summary numbers per run, speed-up against the 1-device run, Markdown tables."""
+"""The report's numbers and tables: one row per configuration with its summary numbers, speed-up against the
+1-device run, the summary table and its records, and the Markdown helpers every table uses. The step time table is
+steps.py's; the run-by-run listings (accuracy per epoch, trials, failures) are outcomes.py's."""
 
 from __future__ import annotations
 
@@ -8,18 +10,10 @@ from dataclasses import dataclass
 
 from common import manifest
 from common.profiling import step_seconds
-from common.results import CONSISTENCY_LIMIT, CONSISTENCY_LOW, Result, device_busy
+from common.results import Result, device_busy
 from common.results import epoch_over_steps as epoch_over_steps_of
 from harness.reporting import flops
 from harness.reporting.trials import Trials, group
-
-STATUS_NOTE = {
-    "failed": "failed",
-    "timeout": "timed out",
-    "diverged": "diverged",
-    "unavailable": "not run",
-    "interrupted": "interrupted",
-}
 
 
 def as_results(results: list[dict | Result]) -> list[Result]:
@@ -377,66 +371,6 @@ def milliseconds(seconds: float | None) -> str:
     return f"{ms:.3g}" if ms >= 1 else f"{ms:.2g}"
 
 
-def step_statistics(row: Row) -> tuple[float, float, float, int]:
-    """(median, p10, p90, steps) of the row's timed steps: its run's, or with several trials every kept
-    trial's steps together."""
-    step = row.result.step_time
-    samples = row.trials.step_samples() if row.repeated else []
-    if len(samples) < 2:
-        return step.median_s, step.p10_s, step.p90_s, step.steps
-    deciles = statistics.quantiles(samples, n=10, method="inclusive")
-    return statistics.median(samples), deciles[0], deciles[-1], len(samples)
-
-
-def steps_table(rows: list[Row]) -> list[str]:
-    """Step statistics and the communication figure of every run that has them."""
-    body = []
-    for row in rows:
-        r = row.result
-        step, ar = r.step_time, r.allreduce
-        if not r.ok or not step:
-            continue
-        c = r.config
-        ms = milliseconds
-        several = c.devices > 1  # on one device there is nothing to send: no bandwidth to speak of
-        median, p10, p90, steps = step_statistics(row)
-        body.append(
-            [
-                c.backend,
-                c.variant,
-                devices_cell(c, simulated=False),
-                f"{ms(median)}",
-                f"{ms(p10)}–{ms(p90)}",
-                str(steps),
-                fmt(c.batch_size / median if median else None, ".1f"),
-                fmt(ar and ar.bytes / 1e6, ".1f"),
-                ms(ar and ar.median_s),
-                fmt(ar.gb_per_s if ar and several else None, ".2f"),
-                fmt(ar and ar.share_of_step, ".0%"),
-                consistency_cell(epoch_over_steps(row, median)),
-            ]
-        )
-    if not body:
-        return []
-    return table(
-        [
-            "backend",
-            "strategy",
-            "devices",
-            "step ms (median)",
-            "p10–p90 ms",
-            "steps",
-            "images/s at median",
-            "gradients MB / step",
-            "allreduce ms",
-            "allreduce GB/s",
-            "allreduce / step",
-            "epoch / steps",
-        ],
-        body,
-    )
-
-
 def epoch_over_steps(row: Row, median_step_s: float | None) -> float | None:
     """The row's s/epoch (the summary's) over its steps at the median step time (the table's): the two
     figures agree when this is about 1 (common/results.py's epoch_over_steps)."""
@@ -444,153 +378,3 @@ def epoch_over_steps(row: Row, median_step_s: float | None) -> float | None:
     if not row.sec_per_epoch or not epochs:
         return None
     return epoch_over_steps_of([row.sec_per_epoch], epochs[0].steps, median_step_s)
-
-
-def consistent(ratio: float | None) -> bool:
-    """Whether a run's epochs are its steps at the median step time, within CONSISTENCY_LOW to CONSISTENCY_LIMIT
-    (or not known); judged at the two decimals the report shows, so that a 0.85 it prints is not flagged."""
-    return ratio is None or CONSISTENCY_LOW <= round(ratio, 2) <= CONSISTENCY_LIMIT
-
-
-def consistency_cell(ratio: float | None) -> str:
-    """The ratio, in bold outside the limits."""
-    if ratio is None:
-        return "—"
-    return f"{ratio:.2f}" if consistent(ratio) else f"**{ratio:.2f}**"
-
-
-def consistency_notes(rows: list[Row]) -> list[str]:
-    """A line for each configuration whose figures disagree: its epochs took more than CONSISTENCY_LIMIT or less
-    than CONSISTENCY_LOW times its steps at the median step time, or its framework compiled inside a timed epoch;
-    [] if none."""
-    notes = []
-    for row in rows:
-        r = row.result
-        runs = row.trials.runs if row.trials else [r]
-        compiled = sum((run.compiles or {}).get("epochs", 0) for run in runs if run.ok)
-        ratio = epoch_over_steps(row, step_statistics(row)[0]) if r.ok and r.step_time else None
-        said = [] if consistent(ratio) else [ratio_words(ratio)]
-        if compiled:
-            said.append(
-                f"the framework compiled {compiled} program(s) inside the timed epochs"
-                f"{' of its trials' if len(runs) > 1 else ''}"
-            )
-        if said:
-            notes.append(
-                f"- **{r.config.backend} {r.config.variant}** on {devices_cell(r.config)}: "
-                + "; ".join(said)
-            )
-    return notes
-
-
-def ratio_words(ratio: float) -> str:
-    """What an epoch / steps ratio outside the limits says."""
-    figure = f"its s/epoch is {ratio:.2f}x its steps at the median step time"
-    if ratio > CONSISTENCY_LIMIT:
-        return (
-            f"{figure} (limit {CONSISTENCY_LIMIT:g}): something inside the timed epochs is not in a step "
-            "timed alone"
-        )
-    return (
-        f"{figure} (below {CONSISTENCY_LOW:g}): its epochs overlap what each timed step, between two "
-        "barriers, pays alone"
-    )
-
-
-def accuracy_table(rows: list[Row]) -> list[str]:
-    ok = [row.result for row in rows if row.result.ok and row.result.epochs]
-    if not ok:
-        return []
-    n = max(len(r.epochs) for r in ok)
-    body = [
-        [
-            " ".join(map(str, key(r)[:3]))
-            + (f" on {r.config.nodes.count} nodes" if r.config.nodes.count > 1 else "")
-        ]
-        + [fmt(e.test_acc, ".4f") for e in r.epochs]
-        + [""] * (n - len(r.epochs))
-        for r in ok
-    ]
-    return table(["run"] + [f"epoch {i + 1}" for i in range(n)], body)
-
-
-def failures(rows: list[Row]) -> list[str]:
-    """One entry per (backend, strategy, status, reason), naming the device counts (and trials) it covers."""
-    groups: dict[tuple, list[Result]] = {}
-    for row in rows:
-        for r in row.trials.runs if row.trials else [row.result]:
-            if not r.ok:
-                reason = (r.error or "no reason recorded").strip()
-                groups.setdefault((*key(r)[:2], r.status, reason), []).append(r)
-    lines = []
-    for (backend, strategy, status, reason), runs in groups.items():
-        counts = ", ".join(dict.fromkeys(str(r.config.devices) for r in runs)) + " device(s)"
-        if any(r.trial for r in runs):
-            counts += ", trial " + ", ".join(str(r.trial) for r in runs)
-        logs = ", ".join(f"`{r.log}`" for r in runs if r.log)
-        lines.append(
-            f"- **{backend} {strategy}**, {counts}: {STATUS_NOTE.get(status, status)} — "
-            f"{reason.splitlines()[-1]}" + (f" (log: {logs})" if logs else "")
-        )
-        lines += partial_lines(runs)
-        if status in ("failed", "timeout", "diverged") and len(reason.splitlines()) > 1:
-            lines += ["", "  ```", *["  " + l for l in reason.splitlines()[-12:]], "  ```"]
-    return lines
-
-
-def partial_lines(runs: list[Result]) -> list[str]:
-    """The epochs a run finished before it failed (results.json's `partial_epochs`, from its progress lines):
-    measured, so shown, and partial, so in no row's figures."""
-    lines = []
-    for r in runs:
-        epochs = r.extra.get("partial_epochs")
-        if not isinstance(epochs, list) or not epochs:
-            continue
-        done = "; ".join(
-            f"epoch {e['epoch']}: {e['time_s']:.2f} s, {e['images_per_s']:.1f} images/s, test acc "
-            f"{e['test_acc']:.4f}"
-            for e in epochs
-            if isinstance(e, dict) and all(isinstance(e.get(k), int | float) for k in PARTIAL_SHOWN)
-        )
-        if done:
-            lines.append(f"  - partial, before it failed ({r.config.devices} device(s)): {done}")
-    return lines
-
-
-PARTIAL_SHOWN = ("epoch", "time_s", "images_per_s", "test_acc")
-
-
-def trials_table(rows: list[Row]) -> list[str]:
-    """With --repeat: every trial of every configuration, its figures, and whether it counts (and why not)."""
-    if not any(row.repeated for row in rows):
-        return []
-    body = []
-    for row in rows:
-        dropped = {id(r): why for r, why in row.trials.dropped}
-        for r in row.trials.runs:
-            c, s = r.config, r.summary() if r.ok else {}
-            body.append(
-                [
-                    c.backend,
-                    c.variant,
-                    devices_cell(c),
-                    str(r.trial or 1),
-                    fmt(s.get("images_per_s"), ".1f"),
-                    milliseconds(r.step_time and r.step_time.median_s),
-                    fmt(s.get("test_acc"), ".4f"),
-                    "dropped: " + dropped[id(r)] if id(r) in dropped else "kept",
-                ]
-            )
-    return table(
-        [
-            "backend",
-            "strategy",
-            "devices",
-            "trial",
-            "images/s",
-            "step ms (median)",
-            "test acc",
-            "counts",
-        ],
-        body,
-    )

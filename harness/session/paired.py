@@ -26,6 +26,7 @@ from harness.session.idioms import (
     kept_idiom,
     run_idiom,
 )
+from harness.session.runs import Pythons, kept_run, not_run, run_one
 
 LIMIT = 1.10  # the most a strategy's step may cost over its idiom's
 
@@ -111,7 +112,7 @@ class Trials:
         ]
         finished, idioms = [], []
         runs = schedule(plan)
-        sides = Sides(benchmark.Pythons(plan, console.say), session, finished, idioms)
+        sides = Sides(Pythons(plan, console.say), session, finished, idioms)
         console.say(Devices(plan.device_kind, plan.gpus, plan.detection).line)
         console.say(
             f"Parity: {len(plan.configs)} strategies beside their idioms, {plan.repeat} interleaved trials, "
@@ -136,9 +137,7 @@ class Trials:
             )
             done = len(finished) - started
             finished += [
-                benchmark.not_run(
-                    side, trial, "interrupted", f"interrupted by {str(e) or 'the user'}"
-                )
+                not_run(side, trial, "interrupted", f"interrupted by {str(e) or 'the user'}")
                 for trial, side in runs
                 if isinstance(side, RunConfig)
             ][done:]
@@ -157,7 +156,7 @@ class Sides:
     """Where a round's sides run and land: a strategy's run into `finished`, an idiom's record into `idioms`; with
     the session's resumed report, those that finished there kept instead."""
 
-    pythons: benchmark.Pythons
+    pythons: Pythons
     session: benchmark.Session
     finished: list
     idioms: list
@@ -173,13 +172,9 @@ class Sides:
     def strategy(self, cfg: RunConfig, trial: int) -> None:
         # each run kept in `finished` before it is announced, the two held against a stop signal
         s = self.session
-        kept = benchmark.kept_run(
-            cfg, trial, s.earlier, s.workdir, s.console.say, keep=self.finished.append
-        )
+        kept = kept_run(cfg, trial, s.earlier, s.workdir, s.console.say, keep=self.finished.append)
         if kept is None:
-            benchmark.run_one(
-                cfg, trial, self.pythons, s.workdir, s.console, keep=self.finished.append
-            )
+            run_one(cfg, trial, self.pythons, s.workdir, s.console, keep=self.finished.append)
 
     def idiom(self, job: IdiomRun, trial: int) -> None:
         s = self.session

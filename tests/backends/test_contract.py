@@ -1,7 +1,7 @@
 """The backend interface (docs/ARCHITECTURE.md), one module for every backend, run in each backend's environment.
 
 A backend is the object its package builds, backends.<name>.BACKEND (common/backend.py's Backend): its modules as
-common/backend.py's Protocols say (the models, d2l's devices/split/allreduce and the tests' array helpers, the
+common/backend_interface.py's Protocols say (the models, d2l's devices/split/allreduce and the tests' array helpers, the
 strategies' trainers, the environment record and refusals, the engine), and what every backend does the same way
 on them: the canonical initial weights, predict, a run, the equivalence API (gradients, train_trace, train_steps,
 float64_gradients). The worker is proven end to end here too, on every strategy.

@@ -270,9 +270,9 @@ def test_an_undecided_strategy_gets_more_trials_until_its_interval_clears_a_line
         trials.setdefault("idiom", []).append(trial)
         return idiom_trial(noisy(0.1, 100 + trial), trial)
 
-    monkeypatch.setattr(benchmark, "run_one", run_one)
+    monkeypatch.setattr(paired, "run_one", run_one)
     monkeypatch.setattr(paired, "run_idiom", run_idiom)
-    monkeypatch.setattr(benchmark, "Pythons", lambda plan, say: lambda name: "python")
+    monkeypatch.setattr(paired, "Pythons", lambda plan, say: lambda name: "python")
     plan = Plan(configs=[config("torch", "scratch"), config("torch", "ddp")], repeat=3)
     plan.backends = {"torch": None}
     meta: dict = {}
@@ -302,11 +302,11 @@ def test_a_strategy_with_fewer_trials_kept_than_repeat_gets_no_verdict(monkeypat
         keep(result)
         return result
 
-    monkeypatch.setattr(benchmark, "run_one", run_one)
+    monkeypatch.setattr(paired, "run_one", run_one)
     monkeypatch.setattr(
         paired, "run_idiom", lambda job, trial, *_: idiom_trial(noisy(0.1, 100 + trial), trial)
     )
-    monkeypatch.setattr(benchmark, "Pythons", lambda plan, say: lambda name: "python")
+    monkeypatch.setattr(paired, "Pythons", lambda plan, say: lambda name: "python")
     plan = Plan(configs=[config("torch", "scratch")], repeat=3)
     plan.backends = {"torch": None}
     meta: dict = {}

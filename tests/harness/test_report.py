@@ -15,7 +15,7 @@ import pytest
 from common import results, sysinfo
 from common.config import RunConfig
 from common.results import SCHEMA_VERSION
-from harness.reporting import document, limits, provenance, sections, tables
+from harness.reporting import document, limits, provenance, sections, steps, tables
 from tests.harness.helpers import ROOT, fake_python, harness_in_process, run_harness
 
 
@@ -151,7 +151,7 @@ def test_step_statistics_and_allreduce_figure_are_tabulated():
         "gb_per_s": 17.88,
         "share_of_step": 0.2,
     }
-    lines = tables.steps_table(tables.with_scaling(tables.as_results([r, result()])))
+    lines = steps.steps_table(tables.with_scaling(tables.as_results([r, result()])))
     assert (
         lines[0].startswith("| backend | strategy | devices | step ms (median) |")
         and "gradients MB" in lines[0]
@@ -162,7 +162,7 @@ def test_step_statistics_and_allreduce_figure_are_tabulated():
     )
     assert len(lines) == 3  # the run without step statistics has no row
     r["config"]["devices"] = 1  # nothing to send: no bandwidth figure
-    assert tables.steps_table(tables.with_scaling(tables.as_results([r])))[2].endswith(
+    assert steps.steps_table(tables.with_scaling(tables.as_results([r])))[2].endswith(
         "| 2.5 | — | 20% | 1.00 |"
     )
     text = document.render([r], {**META, "run_id": "x"}, {})
@@ -182,12 +182,12 @@ def test_a_run_whose_epochs_are_not_its_steps_is_named_with_its_figures():
         r["step_time"] = {"steps": 3, "median_s": median, "p10_s": median, "p90_s": median}
     slow["compiles"] = {"warmup": 1, "epochs": 1, "timed_steps": 0}
     rows = tables.with_scaling(tables.as_results([slow, fine]))
-    assert tables.consistency_notes(rows) == [
+    assert steps.consistency_notes(rows) == [
         "- **keras distribution** on 1 (sim.): its s/epoch is 2.62x its steps at the median step time "
         "(limit 1.3): something inside the timed epochs is not in a step timed alone; the framework "
         "compiled 1 program(s) inside the timed epochs"
     ]
-    assert "| **2.62** |" in "\n".join(tables.steps_table(rows))
+    assert "| **2.62** |" in "\n".join(steps.steps_table(rows))
     assert "**Figures that disagree**" in document.render([slow, fine], {**META, "run_id": "x"}, {})
 
 
@@ -200,13 +200,13 @@ def test_an_epoch_faster_than_its_steps_at_the_median_step_is_named_too():
     fast["step_time"] = {"steps": 50, "median_s": 0.00508, "p10_s": 0.005, "p90_s": 0.0052}
     fine["step_time"] = {"steps": 50, "median_s": 0.32, "p10_s": 0.32, "p90_s": 0.32}  # 64 x 0.32 s
     rows = tables.with_scaling(tables.as_results([fast, fine]))
-    assert tables.consistency_notes(rows) == [
+    assert steps.consistency_notes(rows) == [
         "- **jax pmap** on 1 (sim.): its s/epoch is 0.79x its steps at the median step time (below "
         "0.85): its epochs overlap what each timed step, between two barriers, pays alone"
     ]
-    steps = "\n".join(tables.steps_table(rows))
-    assert "| **0.79** |" in steps and "| 1.00 |" in steps
-    cells = [tables.consistency_cell(r) for r in (0.844, 0.846, 1.304, 1.306)]
+    shown = "\n".join(steps.steps_table(rows))
+    assert "| **0.79** |" in shown and "| 1.00 |" in shown
+    cells = [steps.consistency_cell(r) for r in (0.844, 0.846, 1.304, 1.306)]
     assert cells == ["**0.84**", "0.85", "1.30", "**1.31**"]  # flagged as printed
     text = document.render([fast, fine], {**META, "run_id": "x"}, {})
     assert (
