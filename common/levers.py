@@ -190,5 +190,17 @@ def check(cfg) -> str | None:
     """The worker side: why this run's levers cannot run on its backend or its devices (one line), or None."""
     if cfg.levers.precision == "tf32" and cfg.device_kind != "gpu":
         return TF32_ON_CPU
-    reasons = refusals(manifest.load(cfg.backend).levers, cfg.levers.asked)
+    declared = manifest.load(cfg.backend).levers
+    reasons = refusals(declared, cfg.levers.asked)
+    reasons += strategy_refusals(declared, cfg.levers.asked, cfg.strategy)
     return "; ".join(reasons) or None
+
+
+def strategy_refusals(declared: dict[str, Lever], levers: dict, strategy: str) -> list[str]:
+    """`--flag value: reason` for every asked lever the backend offers but not to `strategy` (backend.toml's
+    [levers.NAME] strategies_refused)."""
+    return [
+        f"{flag_words(lever, value)} with {strategy}: {why}"
+        for lever, value in levers.items()
+        if lever in declared and (why := dict(declared[lever].strategies_refused).get(strategy))
+    ]

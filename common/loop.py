@@ -324,13 +324,15 @@ def input_copies(cfg, ahead: str, in_step: str) -> str:
 def save_weights(trainer: Trainer, cfg) -> dict | None:
     """--save-weights: the trained weights, canonical, in one file any backend can load. A save that fails (a full
     disk, a folder gone) is the record's `error`, naming the path and the reason: the run's figures stand."""
-    if not cfg.save_weights or trainer.rank != 0:
+    if not cfg.save_weights:
+        return None
+    weights = (
+        trainer.canonical()
+    )  # on every rank: a sharded strategy gathers its shards, a collective
+    if trainer.rank != 0:
         return None
     try:
-        return {
-            "path": cfg.save_weights,
-            "sha256": weightslib.save(cfg.save_weights, trainer.canonical()),
-        }
+        return {"path": cfg.save_weights, "sha256": weightslib.save(cfg.save_weights, weights)}
     except OSError as e:
         why = f"could not write {cfg.save_weights}: {e.strerror or e}"
         print(f"--save-weights: {why}; the run goes on", flush=True)  # (in the worker's log)

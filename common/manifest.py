@@ -30,6 +30,9 @@ class Strategy:
     # the backend whose engine it runs its nodes with, where that is another's (Keras's ddp: torch's launcher): that
     # backend's suite proves the engine across nodes
     engine_backend: str | None = None
+    # a variant users choose by name (sharded parameters): a run or parity plans it only when --strategy names it,
+    # so the default sweep stays the replicated strategies; check proves it with the rest
+    variant: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class Lever:
     refused: str = ""  # why the backend does not offer it (or the other values)
     # the strategies whose step it leaves as it is, to the last bit (XLA compiles every step anyway)
     changes_nothing: tuple[str, ...] = ()
+    # (strategy, why) of the strategies that cannot take it on this backend (the worker refuses the run with it)
+    strategies_refused: tuple[tuple[str, str], ...] = ()
 
 
 # The levers --best decides (backend.toml's [best]): how a step is compiled and laid out. Precision changes the
@@ -128,6 +133,8 @@ class Manifest:
     display: str
     aliases: tuple[str, ...] = ()
     strategies: dict[str, Strategy] = field(default_factory=dict)
+    # [strategies_refused]: strategies other backends run that this one cannot, each with the reason
+    strategies_refused: dict[str, str] = field(default_factory=dict)
     options: dict[str, Option] = field(default_factory=dict)
     levers: dict[str, Lever] = field(default_factory=dict)
     best: Best = field(default_factory=Best)
@@ -183,9 +190,11 @@ def load(name: str) -> Manifest:
                 v.get("idiom", d["name"]),
                 tuple((str(key), str(value)) for key, value in v.get("idiom_env", {}).items()),
                 engine_backend=read_engine_backend(d["name"], k, v),
+                variant=bool(v.get("variant", False)),
             )
             for k, v in d.get("strategies", {}).items()
         },
+        strategies_refused={str(k): str(v) for k, v in d.get("strategies_refused", {}).items()},
         options={
             k: Option(
                 k,
@@ -204,6 +213,7 @@ def load(name: str) -> Manifest:
                 _strings(v.get("values")),
                 v.get("refused", ""),
                 read_changes_nothing(d["name"], k, v, d.get("strategies", {})),
+                pairs(v.get("strategies_refused", {})),
             )
             for k, v in d.get("levers", {}).items()
         },
@@ -310,9 +320,7 @@ def strategy_refusal(
     what backend.toml declares (None: nothing declared stops it). The harness plans with it and every backend's
     worker refuses with it (common/backend.py)."""
     if strategy not in backend.strategies:
-        return (
-            f"{backend.name} has no strategy {strategy!r}; it has {', '.join(backend.strategies)}"
-        )
+        return missing_strategy(backend, strategy)
     if reason := engine_refusal(backend, strategy, nodes):
         return reason
     declared = backend.strategies[strategy]
@@ -326,6 +334,14 @@ def strategy_refusal(
             f"--bn {bn} runs with: {', '.join(others) or 'no strategy of ' + backend.name})"
         )
     return None
+
+
+def missing_strategy(backend: Manifest, strategy: str) -> str:
+    """Why `backend` has no `strategy`: the reason its backend.toml gives ([strategies_refused]), else its own."""
+    offered = f"it has {', '.join(backend.strategies)}"
+    if reason := backend.strategies_refused.get(strategy):
+        return f"{backend.name} cannot run {strategy}: {reason} ({offered})"
+    return f"{backend.name} has no strategy {strategy!r}; {offered}"
 
 
 def engine_refusal(backend: Manifest, strategy: str, nodes: int) -> str | None:

@@ -123,6 +123,7 @@ class Allreduce(_Record):
 class Memory(_Record):
     peak_device_mb: float | None = None  # where the framework exposes it
     peak_host_rss_mb: float | None = None
+    parameters_mb: float | None = None  # the parameters one device holds (fsdp: its shards)
     extra: dict = field(default_factory=dict)
 
 
@@ -575,7 +576,7 @@ def _metrics_problem(result: dict) -> str | None:
     optional = {
         "step_time": ("images_per_s",),
         "allreduce": ("gb_per_s", "share_of_step"),
-        "memory": ("peak_device_mb", "peak_host_rss_mb"),
+        "memory": ("peak_device_mb", "peak_host_rss_mb", "parameters_mb"),
     }
     for name in required:
         part = result.get(name)

@@ -30,12 +30,15 @@ one cannot be made. The glossary (docs/ARCHITECTURE.md) says the same in prose:
   average_bn_statistics()        every replica's BatchNorm running statistics replaced by their mean
                                  (the evaluation policy: every replica evaluates the same model)
   canonical()                    the weights as canonical numpy arrays, device 0's parameters with the
-                                 running statistics averaged across replicas (as evaluated)
-  canonical_gradients()          the reduced gradient of the global *mean* loss, device 0's copy, by
-                                 canonical name (trainable parameters), after reduce_gradients()
+                                 running statistics averaged across replicas (as evaluated); every process
+                                 calls it (a sharded strategy gathers its shards, a collective)
+  canonical_gradients()          the reduced gradient of the global *mean* loss, device 0's copy (a sharded
+                                 strategy's shards gathered whole), by canonical name (trainable
+                                 parameters), after reduce_gradients()
   evaluate(batches)              (correct, total) on the test batches, after average_bn_statistics()
   param_count()                  trainable and statistic values of the model
-  memory()                       peak device memory where the framework exposes it ({} otherwise)
+  memory()                       peak device memory where the framework exposes it ({} otherwise); a
+                                 sharded strategy adds the parameters one device holds (parameters_mb)
   compiles()                     programs the framework has compiled in this process so far (None where it
                                  does not count them): the loop tells a compile inside a timed epoch by it
 

@@ -39,6 +39,10 @@ def parents() -> list[Parser]:
             "strategy",
             "python",
             backend={"help": "backends to check (torch is always the reference)"},
+            strategy={
+                "help": "comma list (e.g. ddp,fsdp; `list` names every backend's). Default: every strategy "
+                "that runs on this hardware, the variants (fsdp) too"
+            },
         ),
         flags_of(DevicesRequest, gpus={"default": "1,2", "help": "device counts to compare"}),
         flags_of(NodeRequest, "nodes"),

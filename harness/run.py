@@ -57,7 +57,10 @@ def print_listing(devices: Devices) -> None:
         for s in b.strategies.values():
             needs = f" [needs {s.requires}]" if s.requires else ""
             nodes = f" [--nodes: {s.engine}]" if s.engine else " [one process]"
-            print(f"  {b.name:6} {s.name:8} {s.summary}{needs}{nodes}")
+            named = " [runs when --strategy names it]" if s.variant else ""
+            print(f"  {b.name:6} {s.name:8} {s.summary}{needs}{nodes}{named}")
+        for name, reason in b.strategies_refused.items():
+            print(f"  {b.name:6} {name:8} refused: {reason}")
         for o in b.options.values():
             where = f" ({', '.join(o.strategies)})" if o.strategies else ""
             print(

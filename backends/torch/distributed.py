@@ -82,10 +82,14 @@ def leave(clean: bool = True) -> None:
     """Nothing to leave: a launch's ranks have ended when it returns."""
 
 
+# The strategies with a process per device, started by torch's elastic agent (launch_ddp).
+RANKED = ("ddp", "fsdp")
+
+
 def launch(cfg: RunConfig, job, payload=None):
-    """job(cfg, rank, payload) where the strategy runs (common/backend.py's runs and probes): ddp in its ranks
-    (launch_ddp), the others in this process, with its CPU threads (--threads, else every usable core)."""
-    if cfg.strategy == "ddp":
+    """job(cfg, rank, payload) where the strategy runs (common/backend.py's runs and probes): ddp and fsdp in their
+    ranks (launch_ddp), the others in this process, with its CPU threads (--threads, else every usable core)."""
+    if cfg.strategy in RANKED:
         return launch_ddp(cfg, job, payload)
     configure_threads(cfg, processes=1)
     return job(cfg, 0, payload)

@@ -14,13 +14,15 @@ import shutil
 import torch
 
 from backends.torch import models
-from common import loop, sysinfo
+from common import loop, manifest, sysinfo
+
+MANIFEST = manifest.load("torch")  # backend.toml: the options and their defaults
 
 BATCHNORM = {
     "local": "local: each device normalises with its own shard's statistics; running statistics (momentum 0.1, "
     "unbiased variance) averaged across replicas before evaluation (dp keeps device 0's, as "
     "nn.DataParallel does)",
-    "sync": "sync (ddp): nn.SyncBatchNorm on GPUs, an all-reduce BatchNorm (CPUSyncBatchNorm) over gloo on the "
+    "sync": "sync (ddp, fsdp): nn.SyncBatchNorm on GPUs, an all-reduce BatchNorm (CPUSyncBatchNorm) over gloo on the "
     "CPU, so every rank normalises with the global batch's statistics",
 }
 
@@ -158,8 +160,8 @@ def device_names(cfg) -> list[str]:
 
 def environment(cfg) -> dict:
     """The run's environment record (common.sysinfo.environment); sets nothing."""
-    ddp = cfg.strategy == "ddp"
-    processes = cfg.devices if ddp else 1  # ddp: every rank on every node
+    ranked = cfg.strategy in ("ddp", "fsdp")
+    processes = cfg.devices if ranked else 1  # ddp, fsdp: every rank on every node
     return sysinfo.environment(
         cfg,
         sysinfo.EnvironmentRecord(
@@ -171,25 +173,26 @@ def environment(cfg) -> dict:
             devices=device_names(cfg),
             framework_gpus=torch.cuda.device_count(),
             processes=processes,
-            threads=threads_per_process(cfg, host_processes(cfg) if ddp else 1),
+            threads=threads_per_process(cfg, host_processes(cfg) if ranked else 1),
             precision=precision_settings(cfg),
             compile=compile_description(cfg),
             input_copies=input_copies(cfg),
             sgd_update=sgd_update(cfg),
             collective={
                 "ddp": "nccl" if cfg.device_kind == "gpu" else "gloo",
+                "fsdp": f"{'nccl' if cfg.device_kind == 'gpu' else 'gloo'}: all-gather and reduce-scatter",
                 "scratch": "hand-written allreduce (copy to device 0, sum, copy back)",
                 "dp": "nn.DataParallel scatter/gather + reduce",
             }.get(cfg.strategy),
             batchnorm=BATCHNORM[cfg.bn],
             layout=models.layout(cfg),
-            details=engine_details(cfg) if ddp else {},
+            details=engine_details(cfg) if ranked else {},
         ),
     )
 
 
 def engine_details(cfg) -> dict:
-    """How ddp's processes start and meet: torchrun's engine, in this node's process."""
+    """How ddp's and fsdp's processes start and meet: torchrun's engine, in this node's process."""
     rendezvous = (
         f"static at {cfg.nodes.coordinator} (node_rank {cfg.nodes.rank})"
         if cfg.nodes.count > 1

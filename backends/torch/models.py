@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from backends.torch.parallel import as_tensor
+from backends.torch.parallel import as_tensor, load_whole, whole
 from common import architectures
 from common.architectures import RESNET50_LAYERS
 
@@ -204,7 +204,7 @@ def _canonical_entries(net: nn.Module) -> dict[str, torch.Tensor]:
 
 def load_canonical(net: nn.Module, weights: dict[str, np.ndarray]) -> None:
     """Copy canonical numpy weights into the module, in place (keeps its device and dtype: copy_ casts,
-    so float32 weights load exactly into a float64 model)."""
+    so float32 weights load exactly into a float64 model); a sharded parameter (fsdp) takes its rank's shard."""
     entries = _canonical_entries(net)
     if set(entries) != set(weights):
         raise KeyError(
@@ -213,11 +213,13 @@ def load_canonical(net: nn.Module, weights: dict[str, np.ndarray]) -> None:
         )
     with torch.no_grad():
         for name, tensor in entries.items():
-            tensor.copy_(torch.from_numpy(np.asarray(weights[name])))
+            load_whole(tensor, torch.from_numpy(np.asarray(weights[name])))
 
 
 def to_canonical(net: nn.Module) -> dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy().copy() for k, v in _canonical_entries(net).items()}
+    """The module's canonical weights as numpy arrays; sharded parameters (fsdp) gathered whole, a collective
+    every rank calls."""
+    return {k: whole(v.detach()).cpu().numpy().copy() for k, v in _canonical_entries(net).items()}
 
 
 # ------------------------------------------------------------------ as the strategies run a model

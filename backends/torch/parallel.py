@@ -199,3 +199,59 @@ def convert_sync_batchnorm(module: nn.Module, device_kind: str) -> nn.Module:
         else:
             convert_sync_batchnorm(child, device_kind)
     return module
+
+
+# ------------------------------------------------------------------ FSDP2: parameters sharded over the ranks
+
+
+def fully_sharded(module: nn.Module, device_kind: str, reshard_after_forward: bool) -> nn.Module:
+    """`module` under FSDP2 over every rank (one mesh axis): each block a unit of its own, whose weights are
+    all-gathered for its forward (and, resharded after it, again for its backward) and whose gradients are
+    reduce-scattered, then the root, which holds what is left (the stem, the classifier)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cuda" if device_kind == "gpu" else "cpu", (dist.get_world_size(),))
+    for unit in shard_units(module):
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    return fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
+
+
+def shard_units(module: nn.Module) -> list[nn.Module]:
+    """The units FSDP gathers one at a time: every block of a top-level nn.Sequential (a ResNet stage's residual
+    blocks), else every top-level layer with parameters; FSDP's advice, one unit per block, so that only one
+    block's weights are whole at a time."""
+    units = []
+    for child in module.children():
+        if isinstance(child, nn.Sequential):
+            units += list(child.children())
+        elif any(True for _ in child.parameters()):
+            units.append(child)
+    return units
+
+
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A sharded parameter or gradient (a DTensor) gathered whole on every rank, a collective; a plain one as
+    it is."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def load_whole(tensor: torch.Tensor, value: torch.Tensor) -> None:
+    """`value`, the whole tensor every rank holds alike, copied into `tensor`: a sharded parameter takes its
+    rank's shard of it (no communication: every rank has the whole), a plain one all of it."""
+    if hasattr(tensor, "device_mesh"):
+        from torch.distributed.tensor import distribute_tensor
+
+        value = distribute_tensor(
+            value.to(tensor.device, tensor.dtype),
+            tensor.device_mesh,
+            tensor.placements,
+            src_data_rank=None,
+        )
+    tensor.copy_(value)
+
+
+def local_megabytes(tensors) -> float:
+    """MiB of `tensors` this rank holds: of a sharded one, its shard."""
+    held = (t.to_local() if hasattr(t, "to_local") else t for t in tensors)
+    return sum(t.numel() * t.element_size() for t in held) / 2**20

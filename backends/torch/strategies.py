@@ -1,12 +1,15 @@
 """PyTorch strategies, each a common.trainer.Trainer for common/loop.py (common/backend.py builds, runs and
-probes them; ddp's ranks are started by distributed.launch).
+probes them; ddp's and fsdp's ranks are started by distributed.launch).
 
-Same math in all three: one SGD step on the mean cross-entropy of the *global* batch.
+Same math in all four: one SGD step on the mean cross-entropy of the *global* batch.
   scratch  k replicas; per-shard summed loss, gradients summed by the hand-written
            allreduce, then p -= lr / B * g on every replica (d2l's from-scratch chapter)
   dp       nn.DataParallel: mean loss on the gathered output, torch.optim.SGD (CUDA only)
   ddp      DistributedDataParallel, one process per device on every node, started by torchrun's elastic
            agent (distributed.py): per-shard mean loss, DDP averages gradients across ranks, torch.optim.SGD
+  fsdp     FSDP2's fully_shard, one process per device as ddp's: per-shard mean loss, each parameter and its
+           gradient sharded over the ranks, a block's weights all-gathered for its forward and backward, the
+           gradients reduce-scattered (a mean over the ranks), torch.optim.SGD on each rank's shards
 BatchNorm: each device normalises with its own shard's statistics in training; before evaluation the
 running statistics are averaged across replicas (dp keeps device 0's, as DataParallel does).
 dtype "float64" (the equivalence API only) runs the same strategy code with every tensor in float64.
@@ -28,7 +31,7 @@ from torch.nn import functional as F
 
 from backends.torch import models
 from backends.torch.distributed import RankCollectives, rank_device
-from backends.torch.environment import autocast_device
+from backends.torch.environment import MANIFEST, autocast_device
 from backends.torch.parallel import (
     CopyStreams,
     OnDevice,
@@ -37,7 +40,10 @@ from backends.torch.parallel import (
     as_tensor,
     convert_sync_batchnorm,
     devices,
+    fully_sharded,
+    local_megabytes,
     split,
+    whole,
 )
 from common.config import RunConfig
 from common.data import check_divisible
@@ -285,21 +291,55 @@ class DataParallelTrainer(OptimizerTrainer):
         )
 
 
-class DDPTrainer(RankCollectives, OptimizerTrainer):
-    """One rank of DistributedDataParallel (global rank: its shard of every global batch); the process group
-    is set up by launch_ddp (distributed.py)."""
+class RankTrainer(RankCollectives, OptimizerTrainer):
+    """One rank of a strategy with a process per device (ddp, fsdp), in the process group launch_ddp set up
+    (distributed.py): its shard of every global batch (by its global rank), its slice of the test batches, and its
+    own BatchNorm statistics, averaged over the ranks before evaluation."""
 
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
         self.rank = dist.get_rank()
         self.device = rank_device(cfg)
         self.devs = [self.device]
-        self.module = models.build(cfg.model)
-        if cfg.bn == "sync":
-            self.module = convert_sync_batchnorm(self.module, cfg.device_kind)
-        # Parameters and BatchNorm statistics in `dtype` before DDP builds its gradient buckets,
-        # so the all-reduce, the synchronised BatchNorm's all-reduces and the step run in it too.
-        self.module = models.prepare(self.module.to(self.device, getattr(torch, dtype)), cfg)
+
+    def average_bn_statistics(self) -> None:
+        self._average_over_ranks(models.bn_buffers(self.module))
+
+    def evaluate(self, batches) -> tuple[int, int]:
+        """Each rank evaluates its slice of every test batch; the counts are summed."""
+        self._average_statistics_once()
+        mine = (
+            (x[self.rank :: self.n_devices], y[self.rank :: self.n_devices]) for x, y in batches
+        )
+        correct, total = models.accuracy_counts(self.module, mine, self.device)
+        correct, total = self._all_reduce([correct, total])
+        return int(correct), int(total)
+
+    def _module_on_rank(self, dtype: str) -> nn.Module:
+        """The model on this rank's device in `dtype` (parameters and BatchNorm statistics, so the reductions,
+        the synchronised BatchNorm's all-reduces and the step run in it too), --bn sync's BatchNorm in place."""
+        module = models.build(self.cfg.model)
+        if self.cfg.bn == "sync":
+            module = convert_sync_batchnorm(module, self.cfg.device_kind)
+        return models.prepare(module.to(self.device, getattr(torch, dtype)), self.cfg)
+
+    def _shard(self, a):
+        m = len(a) // self.n_devices
+        return as_tensor(a[self.rank * m : (self.rank + 1) * m]).to(self.device, non_blocking=True)
+
+    def _inputs(self, x, y):
+        """This rank's shard of the global batch."""
+        return self._shard(x), self._shard(y).long()
+
+
+class DDPTrainer(RankTrainer):
+    """One rank of DistributedDataParallel: the whole model on every rank, gradients averaged by DDP's bucketed
+    all-reduce during the backward."""
+
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
+        super().__init__(cfg, weights, dtype)
+        # in `dtype` before DDP builds its gradient buckets, so the all-reduce runs in it too
+        self.module = self._module_on_rank(dtype)
         models.load_canonical(self.module, weights)
         # broadcast_buffers=False: every rank keeps its own BatchNorm statistics (averaged before
         # evaluation), the same policy as scratch, instead of copying rank 0's at every forward.
@@ -319,29 +359,55 @@ class DDPTrainer(RankCollectives, OptimizerTrainer):
             self.net = torch.compile(self.net, **models.compile_options(cfg))
         self.optimizer = models.sgd(self.net.parameters(), cfg)
 
-    def average_bn_statistics(self) -> None:
-        self._average_over_ranks(models.bn_buffers(self.module))
 
-    def evaluate(self, batches) -> tuple[int, int]:
-        """Each rank evaluates its slice of every test batch; the counts are summed."""
-        self._average_statistics_once()
-        mine = (
-            (x[self.rank :: self.n_devices], y[self.rank :: self.n_devices]) for x, y in batches
-        )
-        correct, total = models.accuracy_counts(self.module, mine, self.device)
-        correct, total = self._all_reduce([correct, total])
-        return int(correct), int(total)
+class FSDPTrainer(RankTrainer):
+    """One rank of FSDP2 (fully_shard): each parameter and its gradient sharded over the ranks, a block's weights
+    all-gathered for its forward (again for its backward with reshard_after_forward=true, ZeRO-3; kept from the
+    forward with false, ZeRO-2), its gradients reduce-scattered to their shards, the SGD step on the shards. The
+    weights are read whole (canonical(), canonical_gradients()) by gathering the shards: a collective every rank
+    calls."""
 
-    def _shard(self, a):
-        m = len(a) // self.n_devices
-        return as_tensor(a[self.rank * m : (self.rank + 1) * m]).to(self.device, non_blocking=True)
+    def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
+        super().__init__(cfg, weights, dtype)
+        reshard = MANIFEST.option(cfg.options, "reshard_after_forward") == "true"
+        self.module = fully_sharded(self._module_on_rank(dtype), cfg.device_kind, reshard)
+        models.load_canonical(self.module, weights)
+        self.net = self.module
+        if cfg.levers.compile:
+            self.net = torch.compile(self.module, **models.compile_options(cfg))
+        self.optimizer = models.sgd(self.module.parameters(), cfg)
 
-    def _inputs(self, x, y):
-        """This rank's shard of the global batch."""
-        return self._shard(x), self._shard(y).long()
+    def allreduce_op(self, values: int):
+        """FSDP's exchange of `values` gradient values: reduce-scatter to the shards, then the all-gather of the
+        updated shards the next forward makes (an all-reduce's volume, in FSDP's two collectives)."""
+        padded = -(-values // self.n_devices) * self.n_devices
+        whole_buffer = torch.ones(padded, dtype=torch.float32, device=self.device)
+        shard = torch.empty(padded // self.n_devices, dtype=torch.float32, device=self.device)
+
+        def exchange():
+            dist.reduce_scatter_tensor(shard, whole_buffer)
+            dist.all_gather_into_tensor(whole_buffer, shard)
+
+        return exchange
+
+    def canonical_gradients(self) -> dict[str, np.ndarray]:
+        """The gradient of the global mean loss, its reduce-scattered shards gathered whole."""
+        return {
+            n: np.ascontiguousarray(whole(p.grad.detach()).cpu().numpy())
+            for n, p in self.module.named_parameters()
+        }
+
+    def memory(self) -> dict:
+        """Beside the device's peak, the parameters this rank holds: its shards."""
+        return {**super().memory(), "parameters_mb": local_megabytes(self.module.parameters())}
 
 
-TRAINERS = {"scratch": ScratchTrainer, "dp": DataParallelTrainer, "ddp": DDPTrainer}
+TRAINERS = {
+    "scratch": ScratchTrainer,
+    "dp": DataParallelTrainer,
+    "ddp": DDPTrainer,
+    "fsdp": FSDPTrainer,
+}
 
 # The strategy of the float64 reference (float64_gradients, and the check's float32 floor): one process, no engine.
 REFERENCE = "scratch"

@@ -99,7 +99,9 @@ def plan_check(asked: EquivalenceRequest) -> CheckPlan:
     backends = {n: manifest.load(n) for n in names}
     chosen = {
         n: [s for s, reason in picks if reason is None]
-        for n, picks in select_strategies(asked.strategy, backends, devices.kind).items()
+        for n, picks in select_strategies(
+            asked.strategy, backends, devices.kind, variants=True
+        ).items()
     }
     request = CheckRequest(
         models=models,

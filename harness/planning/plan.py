@@ -19,7 +19,13 @@ from common import weights as weightslib
 from common.config import MAX_SIMULATED_DEVICES, ConfigError, RunConfig
 from common.flags import default_of
 from common.levers import PLAIN, Levers
-from common.manifest import BEST_LEVERS, Manifest, engine_refusal, strategy_refusal
+from common.manifest import (
+    BEST_LEVERS,
+    Manifest,
+    engine_refusal,
+    missing_strategy,
+    strategy_refusal,
+)
 from common.nodes import NodeSpec
 from harness.errors import UsageError
 from harness.nodes import nodes as nodelib
@@ -247,21 +253,20 @@ def select_strategies(
     kind: str,
     bn: str = "local",
     nodes: int = 1,
+    variants: bool = False,
 ):
-    """{backend: [(strategy, reason-not-run or None)]} of --strategy `strategy` (a comma list; None: every one),
-    refusing what cannot run if it was asked for (on any node count of the sweep, `nodes` the smallest)."""
+    """{backend: [(strategy, reason-not-run or None)]} of --strategy `strategy` (a comma list; None: every one, the
+    variants, backend.toml's `variant` strategies, only if `variants`), refusing what cannot run if it was asked for
+    (on any node count of the sweep, `nodes` the smallest)."""
     asked = [s.strip() for s in strategy.split(",") if s.strip()] if strategy else None
     if asked:
         for s in asked:
             if backends and not any(s in b.strategies for b in backends.values()):
-                offered = "; ".join(
-                    f"{b.name}: {', '.join(b.strategies)}" for b in backends.values()
-                )
-                raise UsageError(f"unknown strategy {s!r} for the selected backends ({offered})")
+                raise UsageError(unknown_strategy(s, backends))
     chosen = {}
     for b in backends.values():
         picks = []
-        for s in asked or list(b.strategies):
+        for s in asked or [s.name for s in b.strategies.values() if variants or not s.variant]:
             if s not in b.strategies:
                 continue
             reason = strategy_refusal(b, s, kind, bn, nodes)
@@ -270,6 +275,15 @@ def select_strategies(
             picks.append((s, reason))
         chosen[b.name] = picks
     return chosen
+
+
+def unknown_strategy(strategy: str, backends: dict[str, Manifest]) -> str:
+    """No selected backend runs `strategy`: each one's reason where its backend.toml gives one, else its
+    strategies."""
+    if refused := [b for b in backends.values() if strategy in b.strategies_refused]:
+        return "; ".join(missing_strategy(b, strategy) for b in refused)
+    offered = "; ".join(f"{b.name}: {', '.join(b.strategies)}" for b in backends.values())
+    return f"unknown strategy {strategy!r} for the selected backends ({offered})"
 
 
 def check_best(request: RunRequest) -> None:

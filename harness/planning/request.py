@@ -36,7 +36,8 @@ class WhatRuns:
     strategy: str | None = field(
         default=None,
         metadata=flag(
-            "comma list (torch: scratch, dp, ddp). Default: every strategy that runs on this hardware",
+            "comma list (e.g. ddp,fsdp; `list` names every backend's). Default: every strategy that runs on "
+            "this hardware, but the variants (fsdp), which run when named",
             type=name_list,
         ),
     )

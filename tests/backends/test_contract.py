@@ -614,7 +614,7 @@ def runs_in_processes_of_its_own(backend, strategy: str) -> bool:
 def own_record(strategy: str) -> dict:
     """What this backend's environment record says of the worker run below, beside what every record says, by
     dotted key ("precision.tf32_matmul" is record["precision"]["tf32_matmul"])."""
-    one_per_device = strategy == "ddp"
+    one_per_device = strategy in {"torch": ("ddp", "fsdp"), "keras": ("ddp",)}.get(NAME, ())
     return {
         "torch": {
             "processes": 2 if one_per_device else 1,

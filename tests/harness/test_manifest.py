@@ -8,6 +8,7 @@ import tomllib
 import pytest
 
 from common import manifest
+from common.levers import strategy_refusals
 
 
 def raw(name: str) -> dict:
@@ -133,20 +134,29 @@ def test_the_refusals_backend_toml_states_are_worded_once_for_the_planner_and_th
     torch, keras, mxnet = (manifest.load(n) for n in ("torch", "keras", "mxnet"))
     refusal = manifest.strategy_refusal
     assert (
-        refusal(torch, "fsdp", "cpu", "local", 1)
-        == "torch has no strategy 'fsdp'; it has scratch, dp, ddp"
+        refusal(torch, "zero1", "cpu", "local", 1)
+        == "torch has no strategy 'zero1'; it has scratch, dp, ddp, fsdp"
+    )
+    assert refusal(mxnet, "fsdp", "cpu", "local", 1).startswith(
+        "mxnet cannot run fsdp: MXNet 1.9.1 has no sharded data-parallel engine"
     )
     assert refusal(torch, "dp", "cpu", "local", 2).startswith(
         "torch dp runs in one process; --nodes 2 needs a "
-        "strategy with a distributed engine (torch: ddp)"
+        "strategy with a distributed engine (torch: ddp, fsdp)"
     )
     assert refusal(torch, "dp", "cpu", "local", 1).startswith(
         "torch dp needs CUDA GPUs; none is present ("
     )
     assert refusal(torch, "dp", "gpu", "local", 1) is None
     assert refusal(torch, "scratch", "cpu", "sync", 1) == (
-        "torch scratch has no sync BatchNorm (it runs: local; --bn sync runs with: ddp)"
+        "torch scratch has no sync BatchNorm (it runs: local; --bn sync runs with: ddp, fsdp)"
     )
+    # a lever the backend offers, but not to one of its strategies: the worker refuses the run with the reason
+    assert strategy_refusals(torch.levers, {"channels_last": True}, "ddp") == []
+    assert strategy_refusals(torch.levers, {"channels_last": True}, "fsdp") == [
+        "--channels-last with fsdp: FSDP2 shards contiguous parameters only (fully_shard raises "
+        "NotImplementedError on a channels_last convolution's weight)"
+    ]
     assert refusal(keras, "ddp", "cpu", "sync", 1).startswith(
         "keras ddp has no sync BatchNorm: Keras's `synchronized` BatchNormalization is TensorFlow's"
     )

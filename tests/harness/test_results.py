@@ -99,6 +99,7 @@ def test_to_dict_writes_schema_v3_and_round_trips():
     assert d["memory"] == {
         "peak_device_mb": None,
         "peak_host_rss_mb": 900.0,
+        "parameters_mb": None,
     }  # every field, null where none
     assert Result.from_dict(d) == r
     assert Result.from_dict(json.loads(json.dumps(d))) == r
