@@ -33,6 +33,9 @@ class Strategy:
     # a variant users choose by name (sharded parameters): a run or parity plans it only when --strategy names it,
     # so the default sweep stays the replicated strategies; check proves it with the rest
     variant: bool = False
+    # its step's communication in allreduces of the gradients (the projection's volume): an all-gather and a
+    # reduce-scatter are one allreduce's bytes, ZeRO-3's second all-gather half of one more
+    volume: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,8 @@ class Option:
     strategies: tuple[str, ...] | None = None  # None: applies to every strategy
     # the default when the sweep has several nodes (a distributed kvstore)
     nodes_default: str | None = None
+    # (value, volume): the strategy's communication volume where a value changes it (FSDP's resharding)
+    volumes: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,14 @@ class Manifest:
             if o.strategies is None or strategy in o.strategies
         }
 
+    def volume(self, strategy: str, options: dict[str, str]) -> float:
+        """The step's communication in allreduces of the gradients, for `strategy` with the run's `options`: an
+        option's value that declares one, else the strategy's (1 where neither says)."""
+        for name, option in self.options_for(strategy).items():
+            if volume := dict(option.volumes).get(self.option(options, name)):
+                return volume
+        return self.strategies[strategy].volume if strategy in self.strategies else 1.0
+
     def option(self, options: dict[str, str], name: str) -> str:
         """The value of option `name` in a run's `options`: the one asked for, else the declared default."""
         return options.get(name) or self.options[name].default
@@ -191,6 +204,7 @@ def load(name: str) -> Manifest:
                 tuple((str(key), str(value)) for key, value in v.get("idiom_env", {}).items()),
                 engine_backend=read_engine_backend(d["name"], k, v),
                 variant=bool(v.get("variant", False)),
+                volume=float(v.get("volume", 1.0)),
             )
             for k, v in d.get("strategies", {}).items()
         },
@@ -203,6 +217,7 @@ def load(name: str) -> Manifest:
                 v.get("summary", ""),
                 _strings(v.get("strategies")),
                 v.get("nodes_default"),
+                tuple((str(value), float(volume)) for value, volume in v.get("volume", {}).items()),
             )
             for k, v in d.get("options", {}).items()
         },

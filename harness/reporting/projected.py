@@ -8,7 +8,7 @@ import statistics
 from dataclasses import replace
 from pathlib import Path
 
-from common import architectures
+from common import architectures, manifest
 from common.files import write_atomic
 from common.results import Result
 from harness.reporting import scaling
@@ -21,7 +21,9 @@ OVERLAP_NOTE = (
     "Overlap: the share of the allreduce hidden behind the backward pass, 1 - (step_k - step_1) / "
     "allreduce_k at the largest device count k on real devices. Simulated devices share the cores that "
     "would overlap, so none is counted there. Measured link: the bandwidth the run's allreduce figure "
-    "shows (latency folded in); on simulated devices, of the one memory bus they share."
+    "shows (latency folded in); on simulated devices, of the one memory bus they share. A sharded strategy "
+    "moves more than one allreduce a step where it gathers the weights twice (FSDP's ZeRO-3: two all-gathers and "
+    "a reduce-scatter, x 1.5), as its backend.toml declares."
 )
 
 
@@ -77,8 +79,19 @@ def run_pieces(results: list[Result]) -> list[tuple[scaling.Pieces, bool]]:
             + (f" ({model})" * (model != "resnet18"))
         )
         shared = first.config.simulated
-        out.append((scaling.pieces(label, batch, first.allreduce.bytes, measured, shared), shared))
+        volume = communication_volume(first)
+        piece = scaling.pieces(label, batch, first.allreduce.bytes, measured, shared, volume)
+        out.append((piece, shared))
     return sorted(out, key=lambda item: item[0].name)
+
+
+def communication_volume(r: Result) -> float:
+    """A run's step communication in allreduces of its gradients, as its backend.toml declares it (1 where the
+    backend is unknown here)."""
+    c = r.config
+    if c.backend not in manifest.known():
+        return 1.0
+    return manifest.load(c.backend).volume(c.strategy, c.options or {})
 
 
 # ------------------------------------------------------------------------------ the tables
@@ -90,7 +103,7 @@ def pieces_table(items) -> list[str]:
             p.name,
             str(p.per_device_batch),
             fmt(p.compute_s * 1e3, ".0f"),
-            fmt(p.nbytes / 1e6, ".1f"),
+            fmt(p.nbytes / 1e6, ".1f") + (f" (x {p.volume:g} a step)" if p.volume != 1 else ""),
             f"{p.overlap:.0%} ({p.overlap_note})" if not shared else "0 (simulated)",
             f"{p.host_link.gb_per_s:.3g} GB/s at {p.fitted_at}" if p.host_link else "—",
         ]

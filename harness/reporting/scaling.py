@@ -7,7 +7,8 @@ The pieces, measured by one backend and strategy at one per-device batch (weak s
              largest count k: 1 - (step_k - compute) / allreduce_k, clipped to [0, 1]
 
 The model:
-  step(N)        = compute(N) + (1 - overlap) * allreduce(N)
+  step(N)        = compute(N) + (1 - overlap) * volume * allreduce(N), volume the step's communication in
+                 allreduces of the gradients: 1 (and ZeRO-2's all-gather and reduce-scatter), ZeRO-3's 1.5
   ring           each of the N devices on its own link (bandwidth bw one way, latency lat per ring step):
                  2 (N-1)/N * B / bw + 2 (N-1) * lat
   hierarchical   N = M hosts x g devices: a reduce-scatter and an all-gather inside each host, and between
@@ -177,27 +178,36 @@ class Pieces:
     shared_compute_s: float | None = None
     host_link: Link | None = None  # the link measured on this host (latency folded into bandwidth)
     fitted_at: int | None = None  # the device count the host figures were fitted at
+    # the step's communication in allreduces of the gradient bytes: 1 for an allreduce, and for ZeRO-2's one
+    # all-gather and one reduce-scatter; 1.5 for ZeRO-3's two all-gathers (forward, backward) and a reduce-scatter
+    volume: float = 1.0
 
 
-def fit_shared_host(run: Measured, nbytes: int) -> tuple[float, Link]:
+def fit_shared_host(run: Measured, nbytes: int, volume: float = 1.0) -> tuple[float, Link]:
     """One replica's compute and the bus bandwidth of a shared host, from one run of k > 1 devices:
-    step_k = k c + allreduce_k, allreduce_k = 2 (k-1) B / bw (one message size cannot tell latency from
+    step_k = k c + volume x allreduce_k, allreduce_k = 2 (k-1) B / bw (one message size cannot tell latency from
     bandwidth, so the fit puts it all in bandwidth: exact at this size)."""
     k, a = run.devices, run.allreduce_s
-    return (run.step_s - a) / k, Link(2 * (k - 1) * nbytes / a / GB, 0.0)
+    return (run.step_s - volume * a) / k, Link(2 * (k - 1) * nbytes / a / GB, 0.0)
 
 
-def measured_overlap(one: Measured, run: Measured) -> float:
-    """The share of run's allreduce hidden behind compute, against the 1-device step (real devices)."""
+def measured_overlap(one: Measured, run: Measured, volume: float = 1.0) -> float:
+    """The share of run's communication hidden behind compute, against the 1-device step (real devices)."""
     exposed = run.step_s - one.step_s
-    return min(1.0, max(0.0, 1 - exposed / run.allreduce_s))
+    return min(1.0, max(0.0, 1 - exposed / (volume * run.allreduce_s)))
 
 
 def pieces(
-    name: str, per_device_batch: int, nbytes: int, runs: list[Measured], shared: bool
+    name: str,
+    per_device_batch: int,
+    nbytes: int,
+    runs: list[Measured],
+    shared: bool,
+    volume: float = 1.0,
 ) -> Pieces:
-    """The pieces of one backend and strategy from its runs (at least one). On a shared host the host's figures
-    are fitted at the smallest count above 1 and the rest of the runs are left to check the model."""
+    """The pieces of one backend and strategy from its runs (at least one), its step's communication `volume`
+    allreduces. On a shared host the host's figures are fitted at the smallest count above 1 and the rest of the
+    runs are left to check the model."""
     runs = sorted(runs, key=lambda r: r.devices)
     one = next((r for r in runs if r.devices == 1), None)
     several = [r for r in runs if r.devices > 1 and r.allreduce_s]
@@ -205,12 +215,12 @@ def pieces(
     # device's whole step (an upper bound: its communication included)
     first = runs[0]
     compute = one.step_s if one else first.step_s / first.devices if shared else first.step_s
-    base = Pieces(name, per_device_batch, nbytes, compute, 0.0, "", tuple(runs))
+    base = Pieces(name, per_device_batch, nbytes, compute, 0.0, "", tuple(runs), volume=volume)
     if shared:
         note = "not measurable: simulated devices share the cores that would overlap, so none is counted"
         if not several:
             return replace(base, overlap_note=note)
-        c, link = fit_shared_host(several[0], nbytes)
+        c, link = fit_shared_host(several[0], nbytes, volume)
         if c <= 0:  # an allreduce figure longer than the step: nothing to fit
             return replace(base, overlap_note=note)
         return replace(
@@ -231,7 +241,7 @@ def pieces(
     link = Link(2 * (k - 1) / k * nbytes / last.allreduce_s / GB, 0.0)
     return replace(
         base,
-        overlap=measured_overlap(one, last),
+        overlap=measured_overlap(one, last, volume),
         host_link=link,
         fitted_at=k,
         overlap_note=f"measured at {k} devices",
@@ -264,11 +274,11 @@ class Point:
 
 
 def project(p: Pieces, profile: Profile, counts: list[int]) -> list[Point]:
-    """step(N) = compute(N) + (1 - overlap) * allreduce(N) at each count; efficiency against 1 device."""
+    """step(N) = compute(N) + (1 - overlap) * volume * allreduce(N) at each count; efficiency against 1 device."""
     points = []
     for n in counts:
         compute = n * p.shared_compute_s if profile.shared else p.compute_s
-        reduce = allreduce_seconds(p.nbytes, n, profile)
+        reduce = p.volume * allreduce_seconds(p.nbytes, n, profile)
         step = compute + (1 - (0.0 if profile.shared else p.overlap)) * reduce
         points.append(Point(n, compute, reduce, step, n * p.per_device_batch / step, 0.0))
     single = (

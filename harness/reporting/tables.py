@@ -161,6 +161,14 @@ def peak_memory(r: Result) -> str:
     return "—"
 
 
+def params_cell(r: Result) -> str:
+    """The model's parameters; a sharded strategy's (fsdp) with the MiB one device holds of them."""
+    held = r.memory.parameters_mb if r.memory else None
+    if held is None:
+        return fmt(r.params, ",")
+    return f"{fmt(r.params, ',')} ({held:.3g} MiB a device)"
+
+
 def images_cell(row: Row) -> str:
     """images/s; with several trials the median and the kept trials' range."""
     cell = fmt(row.images_per_s, ".1f")
@@ -281,7 +289,7 @@ def summary_cells(
         fmt(row.test_acc, ".4f"),
         fmt(r.compile_s, ".2f"),
         peak_memory(r),
-        fmt(r.params, ","),
+        params_cell(r),
     ]
     return (
         cells

@@ -769,3 +769,13 @@ def test_a_configuration_shows_the_breakdown_of_its_profiled_trial_whichever_tri
     document.write(tmp_path, runs, {**META, "run_id": "x"})
     text = (tmp_path / "report.md").read_text()
     assert "| torch | scratch | 1 | 100 |" in text and (tmp_path / "breakdown.png").is_file()
+
+
+def test_a_sharded_strategy_shows_the_parameters_one_device_holds():
+    """fsdp's results hold the MiB of parameters one device keeps (its shards): the summary's parameter cell says
+    it beside the count; a replicated strategy's cell is the count alone."""
+    sharded = result(strategy="fsdp", devices=2)
+    sharded["params"], sharded["memory"] = 11_172_810, {"parameters_mb": 21.3}
+    replicated = {**result(strategy="ddp", devices=2), "params": 11_172_810}
+    cells = [tables.params_cell(results.Result.from_dict(r)) for r in (sharded, replicated)]
+    assert cells == ["11,172,810 (21.3 MiB a device)", "11,172,810"]

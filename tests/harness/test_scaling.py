@@ -9,6 +9,7 @@ import shutil
 
 import pytest
 
+from common import manifest
 from common.config import RunConfig
 from common.nodes import NodeSpec
 from common.results import Result, load_results_json, new_result
@@ -269,3 +270,23 @@ def test_runs_are_grouped_per_strategy_with_node_runs_apart_and_trials_by_their_
     assert [m.devices for m in nodes.measured] == [2, 4] and nodes.fitted_at == 2
     # a run without a step time or allreduce figure has nothing to give
     assert projected.run_pieces([result(1, 0.0, 0.0)]) == []
+
+
+def test_zero3_moves_one_and_a_half_allreduces_a_step_as_backend_toml_declares():
+    """A sharded step's communication is `volume` allreduces of its gradients: torch fsdp's ZeRO-3 (two all-gathers,
+    a reduce-scatter) 1.5, its ZeRO-2 and every replicated strategy 1; the shared-host fit and the projection take
+    it, so the fit still gives back the runs it was made from."""
+    torch = manifest.load("torch")
+    assert torch.volume("fsdp", {}) == 1.5
+    assert torch.volume("fsdp", {"reshard_after_forward": "false"}) == 1.0
+    assert torch.volume("ddp", {}) == 1.0
+    runs = [
+        Measured(k, 1, k * 0.3 + 1.5 * 2 * (k - 1) * 4.4e7 / 4e9, 2 * (k - 1) * 4.4e7 / 4e9)
+        for k in (2, 4)
+    ]
+    p = scaling.pieces("x", 32, 44_000_000, runs, shared=True, volume=1.5)
+    assert p.shared_compute_s == pytest.approx(0.3, rel=1e-12)
+    profile = scaling.host_profile(p, shared=True)
+    point = scaling.project(p, profile, [4])[0]
+    assert point.step_s == pytest.approx(runs[1].step_s, rel=1e-12)
+    assert point.allreduce_s == pytest.approx(1.5 * runs[1].allreduce_s, rel=1e-12)
