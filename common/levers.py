@@ -16,6 +16,8 @@ from common.manifest import Lever
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+GRAD_DTYPES = ("fp32", "bf16")
+MAX_BUCKET_MB = 4096
 MAX_PREFETCH = 16
 # A lever's metadata: every backend has it, so none refuses it (not in PLAIN)
 EVERY_BACKEND = "every_backend"
@@ -83,6 +85,23 @@ class Levers:
             EVERY_BACKEND: True,
         },
     )
+    grad_dtype: str = field(
+        default="fp32",
+        metadata=flag(
+            "the dtype the gradients are exchanged in: fp32, or bf16 (compressed: DDP's bf16_compress_hook, "
+            "FSDP's reduce dtype; the update stays float32); strategies without such a switch refuse it",
+            choices=GRAD_DTYPES,
+        ),
+    )
+    bucket_mb: int = field(
+        default=0,
+        metadata=flag(
+            "the gradient buckets' size in MB that each allreduce carries (DDP's bucket_cap_mb); 0: the "
+            "framework's default; strategies without buckets refuse it",
+            type=int,
+            metavar="MB",
+        ),
+    )
 
     @property
     def on(self) -> list[str]:
@@ -94,6 +113,8 @@ class Levers:
                 continue  # (said with compile: a mode needs --compile)
             if name == "compile" and self.compile_mode != "default":
                 words.append(f"compile={self.compile_mode}")
+            elif name in ("grad_dtype", "bucket_mb"):  # a value that says nothing alone
+                words.append(f"{name}={value}")
             else:
                 words.append(name if value is True else str(value))
         return words
@@ -117,6 +138,10 @@ class Levers:
                 )
         if self.compile_mode != "default" and not self.compile:
             raise ConfigError(f"--compile-mode {self.compile_mode} needs --compile")
+        if not 0 <= self.bucket_mb <= MAX_BUCKET_MB:
+            raise ConfigError(
+                f"--bucket-mb must be between 0 and {MAX_BUCKET_MB} (got {self.bucket_mb})"
+            )
         if not 0 <= self.prefetch <= MAX_PREFETCH:
             raise ConfigError(
                 f"--prefetch must be between 0 and {MAX_PREFETCH} (got {self.prefetch})"
@@ -175,10 +200,12 @@ DTYPES = (
 def check_dtype(dtype: str, cfg) -> None:
     """The equivalence API's dtype, the same rule in every backend: float64 proves the math of the plain
     step; a lever that changes how float32 is computed (precision, compile, channels-last) has no float64
-    meaning, while --resident-data only moves the batches earlier, so it runs in float64 too."""
+    meaning, while --resident-data only moves the batches earlier and --bucket-mb only groups the gradients
+    another way (each value summed alike), so they run in float64 too."""
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
-    changed = [lever for lever in cfg.levers.on if lever != "resident_data"]
+    same_math = ("resident_data", "bucket_mb")
+    changed = [word for word in cfg.levers.on if not word.startswith(same_math)]
     if dtype == "float64" and changed:
         raise Unsupported(f"dtype float64 runs the plain step only, not {', '.join(changed)}")
 

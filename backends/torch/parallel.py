@@ -204,17 +204,28 @@ def convert_sync_batchnorm(module: nn.Module, device_kind: str) -> nn.Module:
 # ------------------------------------------------------------------ FSDP2: parameters sharded over the ranks
 
 
-def fully_sharded(module: nn.Module, device_kind: str, reshard_after_forward: bool) -> nn.Module:
+def fully_sharded(
+    module: nn.Module,
+    device_kind: str,
+    reshard_after_forward: bool,
+    reduce_dtype: torch.dtype | None = None,
+) -> nn.Module:
     """`module` under FSDP2 over every rank (one mesh axis): each block a unit of its own, whose weights are
     all-gathered for its forward (and, resharded after it, again for its backward) and whose gradients are
-    reduce-scattered, then the root, which holds what is left (the stem, the classifier)."""
+    reduce-scattered (in `reduce_dtype` where given), then the root, which holds what is left (the stem, the
+    classifier)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh("cuda" if device_kind == "gpu" else "cpu", (dist.get_world_size(),))
+    how = {
+        "mesh": mesh,
+        "reshard_after_forward": reshard_after_forward,
+        "mp_policy": MixedPrecisionPolicy(reduce_dtype=reduce_dtype),
+    }
     for unit in shard_units(module):
-        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    return fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(unit, **how)
+    return fully_shard(module, **how)
 
 
 def shard_units(module: nn.Module) -> list[nn.Module]:

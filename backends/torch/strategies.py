@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn import functional as F
 
 from backends.torch import models
@@ -353,7 +354,10 @@ class DDPTrainer(RankTrainer):
                 device_ids=[self.device.index] if cfg.device_kind == "gpu" else None,
                 broadcast_buffers=False,
                 gradient_as_bucket_view=True,
+                bucket_cap_mb=cfg.levers.bucket_mb or None,  # --bucket-mb; 0: DDP's default (25)
             )
+        if cfg.levers.grad_dtype == "bf16":  # each bucket all-reduced in bfloat16, then cast back
+            self.net.register_comm_hook(None, bf16_compressed)
         # the DDP-wrapped module (dynamo's DDPOptimizer splits the graph at the buckets)
         if cfg.levers.compile:
             self.net = torch.compile(self.net, **models.compile_options(cfg))
@@ -370,7 +374,9 @@ class FSDPTrainer(RankTrainer):
     def __init__(self, cfg: RunConfig, weights: dict[str, np.ndarray], dtype: str = "float32"):
         super().__init__(cfg, weights, dtype)
         reshard = MANIFEST.option(cfg.options, "reshard_after_forward") == "true"
-        self.module = fully_sharded(self._module_on_rank(dtype), cfg.device_kind, reshard)
+        self.module = fully_sharded(
+            self._module_on_rank(dtype), cfg.device_kind, reshard, reduce_dtype(cfg)
+        )
         models.load_canonical(self.module, weights)
         self.net = self.module
         if cfg.levers.compile:
@@ -400,6 +406,17 @@ class FSDPTrainer(RankTrainer):
     def memory(self) -> dict:
         """Beside the device's peak, the parameters this rank holds: its shards."""
         return {**super().memory(), "parameters_mb": local_megabytes(self.module.parameters())}
+
+
+def bf16_compressed(process_group, bucket):
+    """DDP's bf16_compress_hook, its own body (the bucket cast to bfloat16 and divided by the ranks, all-reduced,
+    cast back): DDP refuses the hook by its name off NCCL, though its all-reduce runs on gloo as well."""
+    return default_hooks._compress_hook(torch.bfloat16, process_group, bucket)
+
+
+def reduce_dtype(cfg: RunConfig) -> torch.dtype | None:
+    """--grad-dtype bf16: the dtype FSDP reduce-scatters the gradients in (None: theirs)."""
+    return torch.bfloat16 if cfg.levers.grad_dtype == "bf16" else None
 
 
 TRAINERS = {

@@ -740,10 +740,18 @@ def test_worker_reports_divergence(backend, strategy, meta, tmp_path):
 
 # Every value a lever takes (its flag's choices, common/levers.py); a switch takes True.
 LEVER_VALUES = {
-    f.name: f.metadata["flag"].choices
-    for f in dataclasses.fields(Levers)
-    if f.metadata["flag"].choices
+    **{
+        f.name: f.metadata["flag"].choices
+        for f in dataclasses.fields(Levers)
+        if f.metadata["flag"].choices
+    },
+    "bucket_mb": (1,),
 }
+# The levers that leave the math alone (the batches placed earlier, the gradients grouped another way): they run
+# in float64 too.
+SAME_MATH = ("resident_data", "bucket_mb")
+# The levers that change the math, each held to its own test (bf16 compute, bf16 gradients).
+OWN_MATH = ("precision", "grad_dtype")
 # What no backend runs on the CPU, whatever its backend.toml offers.
 ON_THE_CPU = {("precision", "tf32"): TF32_ON_CPU}
 # The levers whose steps TorchInductor may compile: its own C++, built with -march=native, which the portable pass's
@@ -768,6 +776,18 @@ def expected_refusal(meta, lever: str, value) -> str | None:
     assert declared.refused, f"backend.toml refuses {lever} {value} without saying why"
     flag = "--" + lever.replace("_", "-") + ("" if value is True else f" {value}")
     return f"{flag}: {declared.refused}"
+
+
+def lever_strategy(backend, meta, lever: str) -> str:
+    """The strategy a lever's tests run: the reference one, else the first that takes the lever on the CPU (bucket
+    sizes and a compressed exchange are a distributed engine's)."""
+    refused = dict(meta.levers[lever].strategies_refused)
+    takers = [
+        s
+        for s in (backend.strategies.REFERENCE, *meta.strategies)
+        if s not in refused and meta.strategies[s].requires != "cuda"
+    ]
+    return takers[0]
 
 
 def running_values(meta, lever: str) -> list:
@@ -809,8 +829,9 @@ def test_each_value_of_a_lever_runs_or_is_refused_with_its_reason(backend, meta,
     with exactly its declared reason (TF32 with the CPU's). One it offers takes a LeNet step that moves the weights
     (a compiled one as close to the float64 step as the eager float32 step; the others in the test below, which the
     portable pass runs again), is recorded in the environment as asked, and is refused in float64 with the dtype
-    rule's reason unless it leaves the math alone (--resident-data takes the plain float64 step)."""
-    strategy = backend.strategies.REFERENCE
+    rule's reason unless it leaves the math alone (--resident-data and --bucket-mb take the plain float64 step).
+    A lever the reference strategy does not take runs on the first that does (lever_strategy)."""
+    strategy = lever_strategy(backend, meta, lever)
     start = backend.initial_weights("lenet", 0)
     for value in LEVER_VALUES.get(lever, (True,)):
         levers = asking(lever, value)
@@ -829,7 +850,7 @@ def test_each_value_of_a_lever_runs_or_is_refused_with_its_reason(backend, meta,
         recorded = backend.environment(cfg)["levers"]
         asked = {k: v for k, v in levers.items() if k in recorded}
         assert {k: recorded[k] for k in asked} == asked
-        if lever == "resident_data":
+        if lever in SAME_MATH:
             exact = lever_steps(backend, strategy, {}, "float64")
             assert relative(lever_steps(backend, strategy, levers, "float64"), exact) <= IDENTICAL
         elif cfg.levers.on:  # (fp32: the plain step)
@@ -846,14 +867,14 @@ def test_a_lever_takes_the_float64_step_within_float32_rounding(backend, meta, l
     same step, not other math); where backend.toml says it changes nothing, the plain step to the last bit.
     Precision changes the math (bf16: the test below); the compiled steps are held to the same in the test above,
     unmarked (COMPILING)."""
-    if lever == "precision":
-        pytest.skip("precision changes the math: bf16's step is held to its own test")
+    if lever in OWN_MATH:
+        pytest.skip(f"{lever} changes the math: its bf16 step is held to its own test")
     if lever in COMPILING:
         pytest.skip(f"{lever}: held to it in the test above, unmarked")
     values = [v for v in running_values(meta, lever) if v != PLAIN[lever]]
     if not values:
         pytest.skip(f"{NAME} runs no {lever} on the CPU")
-    strategy = backend.strategies.REFERENCE
+    strategy = lever_strategy(backend, meta, lever)
     for levers in (asking(lever, value) for value in values):
         assert_takes_the_float64_step(
             backend, strategy, levers, lever_steps(backend, strategy, levers)
@@ -879,6 +900,29 @@ def steps_in_each_precision(cfg: RunConfig, rank: int, payload) -> dict:
             trainer = backend.make_trainer(run, weights, dtype)
             out[name] = PROBES["trace"](trainer, backendlib.as_dtype(batches, dtype))["final"]
     return out
+
+
+@pytest.mark.rounding
+def test_the_bf16_gradient_exchange_is_close_to_the_fp32_step_but_not_the_same(backend, meta):
+    """--grad-dtype bf16, where backend.toml offers it, on the first strategy that takes it: LeNet's 2-device step
+    exchanges its gradients in bfloat16 (DDP's bf16_compress_hook, FSDP's reduce dtype) and updates in float32. Not
+    the same step: further from the float64 step than 100x float32 rounding (measured here) can take one. Close:
+    its update is within 4 bfloat16 roundings of the exact one (each rank's gradient rounded once, their sum once
+    more). From He-scaled weights, as the bf16 compute test's."""
+    if reason := expected_refusal(meta, "grad_dtype", "bf16"):
+        pytest.skip(reason)
+    strategy = lever_strategy(backend, meta, "grad_dtype")
+    start = he_scaled(backend.initial_weights("lenet", 0), "lenet")
+    runs = [("trace", dtype, [batch()]) for dtype in ("float32", "float64")]
+    fp32, fp64 = (
+        trace["final"]
+        for trace in backend.run_probes(Probe(strategy, "lenet", 2), start, runs, 0.5)
+    )
+    compressed = Probe(strategy, "lenet", 2, levers=Levers(grad_dtype="bf16"))
+    bf16 = backend.train_steps(compressed, start, [batch()], 0.5)
+    assert {v.dtype for v in bf16.values()} == {np.dtype(np.float32)}
+    assert max_abs_diff(bf16, fp64) > 100 * float32_tolerance((fp32, fp64))
+    assert update_distance(start, bf16, fp64) <= 4 * BF16_EPSILON
 
 
 @pytest.mark.rounding
@@ -950,12 +994,14 @@ def test_the_worker_runs_every_lever_offered_here_and_records_it(backend, meta, 
     RUN_ELSEWHERE's), each at its last value that runs there (bf16 where offered, the last compile mode), one epoch
     of LeNet: it trains, and its result's environment records the levers as asked (the others as plain), the
     batches placed before the timer, and what the backend's own record says of them."""
+    strategy = backend.strategies.REFERENCE
     levers = {
         lever: running_values(meta, lever)[-1]
         for lever in meta.levers
-        if running_values(meta, lever) and lever not in RUN_ELSEWHERE.get(NAME, ())
+        if running_values(meta, lever)
+        and lever not in RUN_ELSEWHERE.get(NAME, ())
+        and lever_strategy(backend, meta, lever) == strategy
     }
-    strategy = backend.strategies.REFERENCE
     rc, r = run_backend_worker(
         tmp_path, strategy=strategy, epochs=1, timed_steps=0, threads=1, **levers
     )

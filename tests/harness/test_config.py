@@ -14,8 +14,8 @@ FLAT_KEYS = [
     "backend", "strategy", "devices", "device_kind", "simulated", "model", "epochs", "batch_size", "lr",
     "train_size", "test_size", "eval_batch_size", "dataset", "data_dir", "image_size", "seed", "order_seed",
     "timeout", "threads", "options", "bn", "init", "precision", "compile", "channels_last", "resident_data",
-    "compile_mode", "prefetch", "compile_cache", "timed_steps", "target_accuracy", "profile", "profile_epoch",
-    "measure_peak",
+    "compile_mode", "prefetch", "grad_dtype", "bucket_mb", "compile_cache", "timed_steps", "target_accuracy",
+    "profile", "profile_epoch", "measure_peak",
     "nodes", "node_rank", "coordinator", "loopback_nodes", "join_timeout", "peer_timeout", "local_addr",
     "interface", "load_weights", "save_weights",
 ]  # fmt: skip

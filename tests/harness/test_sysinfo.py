@@ -88,6 +88,8 @@ def test_the_environment_record_keeps_its_json_shape():
             "channels_last": False,
             "resident_data": False,
             "prefetch": 2,
+            "grad_dtype": "fp32",
+            "bucket_mb": 0,
         },
         "compile": "torch.compile",
         "input_copies": "none",
