@@ -127,6 +127,7 @@ GRAPHS = ["--compile", "--compile-mode", "reduce-overhead"]
 TORCH_SCRATCH = ["--backend", "torch", "--strategy", "scratch"]
 LEVER_EPOCHS = ["--epochs", "2", "--no-check"]
 RESNET50_TORCH = ["--backend", "torch", "--preset", "resnet50", "--gpus", "1"]
+SHARDED_RESNET50 = [*RESNET50_TORCH, "--strategy", "ddp,fsdp", "--no-check"]
 PROFILED_3 = [
     "--profile",
     "3",
@@ -274,6 +275,14 @@ PIECES = [
     ),
     Piece("test-torch", 10.0, ["test", "--backend", "torch"]),
     Piece("test-jax", 10.0, ["test", "--backend", "jax"]),
+    # the sharded variants' single-device overheads, before a multi-GPU host is lent: ResNet-50 ddp against fsdp
+    # in both reshard modes (ZeRO-3, ZeRO-2), then with the gradients exchanged in bf16
+    Piece(
+        "resnet50-sharded",
+        1.5,
+        [*SHARDED_RESNET50, "--option", "reshard_after_forward=true,false"],
+    ),
+    Piece("resnet50-sharded-bf16-grads", 1.0, [*SHARDED_RESNET50, "--grad-dtype", "bf16"]),
 ]
 # --smoke: the training pieces on the CPU with the d2l preset cut to a few steps
 SMOKE = [

@@ -69,6 +69,8 @@ def test_the_feeding_comes_first_then_keras_parity_and_each_framework_at_its_bes
         "23. d2l-target",
         "24. test-torch",
         "25. test-jax",
+        "26. resnet50-sharded",
+        "27. resnet50-sharded-bf16-grads",
     ]
     line = dict(zip([n.split(". ")[1] for n in names(lines)], lines))
     # the files named relative to the project's root: a piece is the same command on every machine
@@ -135,6 +137,12 @@ def test_the_feeding_comes_first_then_keras_parity_and_each_framework_at_its_bes
     )
     assert "--preset d2l-target --precision bf16 --repeat 3" in line["d2l-target"]
     assert line["test-torch"].endswith("test --backend torch --python torch=/opt/py")
+    # ResNet-50's sharded variants on one GPU: ddp beside fsdp in both reshard modes, then with bf16 gradients
+    assert (
+        "--backend torch --preset resnet50 --gpus 1 --strategy ddp,fsdp --no-check "
+        "--option reshard_after_forward=true,false" in line["resnet50-sharded"]
+    )
+    assert "--strategy ddp,fsdp --no-check --grad-dtype bf16" in line["resnet50-sharded-bf16-grads"]
 
 
 def test_keras_compile_logs_its_graph_breaks_and_recompiles():
@@ -209,8 +217,8 @@ def test_a_piece_running_past_the_budget_is_stopped_with_sigterm_and_counted_as_
 
 def test_a_piece_out_of_range_or_a_budget_nothing_fits_is_refused_in_one_line():
     for args, says in (
-        (["--piece", "26"], "--piece must be 1..25 (got 26)"),
-        (["--piece", "6,0"], "--piece must be 1..25 (got 0)"),
+        (["--piece", "28"], "--piece must be 1..27 (got 28)"),
+        (["--piece", "6,0"], "--piece must be 1..27 (got 0)"),
         (["--piece", "six"], "must be piece numbers, comma-separated"),
         (["--budget", "0.5"], "no piece left fits 0.5 minutes"),
         (["--budget", "-1"], "must be a positive number of minutes"),
