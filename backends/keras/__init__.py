@@ -1,5 +1,6 @@
-"""Keras 3 backend: ddp (Keras on torch under DistributedDataParallel, its ranks started by torch's launcher) and
-distribution (Keras on jax under keras.distribution.DataParallel), strategies.py. What a backend is:
+"""Keras 3 backend: ddp (Keras on torch under DistributedDataParallel, its ranks started by torch's launcher),
+distribution (Keras on jax under keras.distribution.DataParallel) and fsdp (Keras on jax under
+keras.distribution.ModelParallel, the variables sharded over the batch's devices), strategies.py. What a backend is:
 common/backend.py; docs/ARCHITECTURE.md.
 
 Keras picks its framework once, when it is imported (KERAS_BACKEND): jax in the worker's process, torch in the

@@ -12,9 +12,15 @@ import os
 
 from backends.torch import distributed as torch_ranks
 
-# The ddp trainer's device and collectives, and the session's join and leave (nothing: the ranks join at each
-# launch; distribution runs in one process), as torch's ddp's.
-from backends.torch.distributed import RankCollectives, join, leave, rank_device  # noqa: F401
+# The ddp trainer's device, collectives and gradient exchange, and the session's join and leave (nothing: the ranks
+# join at each launch; distribution and fsdp run in one process), as torch's ddp's.
+from backends.torch.distributed import (  # noqa: F401
+    RankCollectives,
+    exchange_gradients_as_asked,
+    join,
+    leave,
+    rank_device,
+)
 from common.config import RunConfig
 
 RANKS_FRAMEWORK = "torch"  # what Keras runs on in the ddp ranks
@@ -22,7 +28,7 @@ RANKS_FRAMEWORK = "torch"  # what Keras runs on in the ddp ranks
 
 def launch(cfg: RunConfig, job, payload=None):
     """job(cfg, rank, payload) where the strategy runs (common/backend.py's runs and probes): ddp in its ranks
-    (launch_ddp), distribution in this process."""
+    (launch_ddp), distribution and fsdp in this process."""
     if cfg.strategy == "ddp":
         return launch_ddp(cfg, job, payload)
     return job(cfg, 0, payload)

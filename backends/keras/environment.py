@@ -33,23 +33,33 @@ POLICIES = {
     "tf32": "float32",
     "bf16": "mixed_bfloat16",
 }  # --precision -> dtype policy
-FRAMEWORK = {"ddp": "torch", "distribution": "jax"}  # what Keras runs on, per strategy
+# what Keras runs on, per strategy
+FRAMEWORK = {"ddp": "torch", "distribution": "jax", "fsdp": "jax"}
+JITTED = "inherent: the stateless train step is jax.jit-compiled whether or not --compile is given"
 COMPILE = {
     "ddp": "torch.compile of the DistributedDataParallel-wrapped Keras model (jit_compile on Keras's torch "
     "backend)",
-    "distribution": "inherent: the stateless train step is jax.jit-compiled whether or not --compile is given",
+    "distribution": JITTED,
+    "fsdp": JITTED,
 }
 BATCHNORM = {
-    "local": "local: each device normalises with its own shard's statistics (distribution: each device's slice of "
-    "the global batch); running statistics (torch's update: momentum 0.1, unbiased variance) averaged "
+    "local": "local: each device normalises with its own shard's statistics (distribution, fsdp: each device's "
+    "slice of the global batch); running statistics (torch's update: momentum 0.1, unbiased variance) averaged "
     "across devices before evaluation",
-    "sync": "sync (distribution): BatchNorm over the whole batch-sharded global batch, XLA all-reduces its "
+    "sync": "sync (distribution, fsdp): BatchNorm over the whole batch-sharded global batch, XLA all-reduces its "
     "statistics",
 }
 COLLECTIVE = {
     "ddp": {"cpu": "gloo", "gpu": "nccl"},
     "distribution": "XLA all-reduce of the replicated variables' gradients (jax.jit over "
     "keras.distribution.DataParallel's mesh)",
+    "fsdp": "XLA all-gathers of the sharded variables and reduce-scatters of their gradients (jax.jit over "
+    "keras.distribution.ModelParallel's one-axis mesh; on the CPU XLA reduce-scatters as an all-reduce and a slice)",
+}
+SGD_UPDATE = {
+    "ddp": "torch.optim.SGD on the Keras model's variables",
+    "distribution": "keras.optimizers.SGD.stateless_apply inside the compiled step",
+    "fsdp": "keras.optimizers.SGD.stateless_apply inside the compiled step, on the variables' shards",
 }
 
 
@@ -183,7 +193,7 @@ def input_copies(cfg) -> str:
 def collective(cfg) -> str:
     if cfg.strategy == "ddp":
         return f"DistributedDataParallel's bucketed all-reduce over {COLLECTIVE['ddp'][cfg.device_kind]}"
-    return COLLECTIVE["distribution"]
+    return COLLECTIVE[cfg.strategy]
 
 
 def environment(cfg) -> dict:
@@ -205,9 +215,7 @@ def environment(cfg) -> dict:
             precision=precision_settings(cfg),
             compile=COMPILE[cfg.strategy] if cfg.levers.compile else None,
             input_copies=input_copies(cfg),
-            sgd_update="torch.optim.SGD on the Keras model's variables"
-            if ddp
-            else "keras.optimizers.SGD.stateless_apply inside the compiled step",
+            sgd_update=SGD_UPDATE[cfg.strategy],
             collective=collective(cfg),
             batchnorm=BATCHNORM[cfg.bn],
             layout="NHWC",  # DATA_FORMAT, whatever --channels-last says

@@ -1,7 +1,7 @@
 """Keras 3 strategies, each a common.trainer.Trainer for common/loop.py (common/backend.py builds, runs and
 probes them; ddp's ranks are started by distributed.launch).
 
-Same math in both: one plain SGD step on the mean cross-entropy of the *global* batch of B examples.
+Same math in all three: one plain SGD step on the mean cross-entropy of the *global* batch of B examples.
   ddp           the Keras guide's recipe ("Multi-GPU distributed training with PyTorch"): every rank imports
                 Keras on torch (KERAS_BACKEND=torch), so the Keras model is a torch.nn.Module, wrapped in torch
                 DistributedDataParallel; one process per device (gloo on the CPU, NCCL on GPUs), each feeding its
@@ -11,12 +11,17 @@ Same math in both: one plain SGD step on the mean cross-entropy of the *global* 
                 split along their first axis), and one jax.jit-compiled stateless train step: model.stateless_call,
                 jax.grad of the global mean loss (XLA all-reduces the gradients of the replicated variables),
                 keras.optimizers.SGD.stateless_apply. The state lives outside the Keras variables.
+  fsdp          Keras on jax, ZeRO-3 in Keras's distribution API: keras.distribution.ModelParallel over a mesh of
+                one axis, the batch axis, whose LayoutMap shards every trainable variable over the same devices
+                that split the batch (programs.fully_sharded); distribution's step, in which XLA all-gathers each
+                variable where the model reads it and reduce-scatters its gradient, the update on the shards.
+                canonical() and canonical_gradients() read the shards whole.
 BatchNorm (models.BatchNorm, torch's running statistics): ddp normalises on each rank's shard and all-reduces the
-running statistics before evaluation; distribution's step sees the global batch in one call, so BatchNorm normalises
-each device's slice of it (local) or the whole of it (sync).
+running statistics before evaluation; distribution's and fsdp's step sees the global batch in one call, so BatchNorm
+normalises each device's slice of it (local) or the whole of it (sync). fsdp shards no running statistics.
 dtype "float64" (the equivalence API): the dtype policy float64, with Keras's floatx and jax_enable_x64 for the call.
 Levers: --precision bf16 is the dtype policy mixed_bfloat16; --compile is torch.compile of the DDP-wrapped model (ddp)
-or inherent (distribution). The models are channels_last, Keras's default (environment.DATA_FORMAT), the batches
+or inherent (distribution, fsdp). The models are channels_last, Keras's default (environment.DATA_FORMAT), the batches
 transposed to it; --channels-last changes nothing.
 """
 
@@ -35,7 +40,7 @@ from torch.nn import functional as F
 
 from backends import xla
 from backends.keras import models, programs
-from backends.keras.distributed import RankCollectives, rank_device
+from backends.keras.distributed import RankCollectives, exchange_gradients_as_asked, rank_device
 from backends.keras.environment import DATA_FORMAT
 from backends.keras.parallel import devices
 from backends.torch.models import compiled_graphs
@@ -95,7 +100,9 @@ class DDPTrainer(RankCollectives, KerasTrainer):
                 device_ids=[self.device.index] if cfg.device_kind == "gpu" else None,
                 broadcast_buffers=False,
                 gradient_as_bucket_view=True,
+                bucket_cap_mb=cfg.levers.bucket_mb or None,  # --bucket-mb; 0: DDP's default (25)
             )
+        exchange_gradients_as_asked(self.net, cfg)
         if cfg.levers.compile:
             self.net = torch.compile(self.net)
         self.optimizer = torch.optim.SGD([v.value for v in self.trainable], lr=cfg.lr)
@@ -216,6 +223,7 @@ class DistributionTrainer(KerasTrainer):
             shared.optimizer,
         )
         self.mesh, self.replicated = shared.mesh, shared.replicated
+        self.trainable_layout = shared.trainable  # replicated, or each variable's shards (fsdp)
         self._step, self._gradients, self._update = shared.step, shared.gradients, shared.update
         self._predict = shared.predict
         self.state = None  # (trainable, non-trainable, optimizer variables): lists of jax arrays
@@ -228,19 +236,21 @@ class DistributionTrainer(KerasTrainer):
     def reset(self) -> None:
         """The run's weights in the variables, and the state copied from them (the step donates its state).
 
-        The copies are laid out as the step lays out its outputs (replicated): jit compiles a program per
-        input layout, so a state in another layout (on one device, a copy is a single-device array) made the
-        second step after every reset compile again, inside the timed epoch."""
+        The copies are laid out as the step lays out its outputs (the trainable variables as the distribution
+        lays them out, the rest replicated): jit compiles a program per input layout, so a state in another layout
+        (on one device, a copy is a single-device array) made the second step after every reset compile again,
+        inside the timed epoch."""
         models.load_canonical(self.model, self.weights)
-        copied = [
-            [jax.device_put(v.value, self.replicated, may_alias=False) for v in vs]
-            for vs in (
-                self.model.trainable_variables,
-                self.model.non_trainable_variables,
-                self.optimizer.variables,
-            )
-        ]
-        self.state = tuple(copied)
+        variables = (
+            self.model.trainable_variables,
+            self.model.non_trainable_variables,
+            self.optimizer.variables,
+        )
+        layouts = (self.trainable_layout, self.replicated, self.replicated)
+        self.state = tuple(
+            jax.device_put([v.value for v in vs], layout, may_alias=False)
+            for vs, layout in zip(variables, layouts)
+        )
         self._last = self._grads = self._new_statistics = None
 
     def place(self, x, y):
@@ -317,7 +327,7 @@ class DistributionTrainer(KerasTrainer):
         )
 
     def evaluate(self, batches) -> tuple[int, int]:
-        """On device 0 (a test batch need not divide among the devices), with its copy of the replicated state."""
+        """On device 0 (a test batch need not divide among the devices), with the state whole there."""
         trainable, statistics, _ = self.state
         first = self.mesh.devices.flat[0]
         trainable, statistics = (
@@ -349,12 +359,46 @@ class DistributionTrainer(KerasTrainer):
         return {id(v): a for v, a in zip(variables, list(trainable) + list(statistics))}
 
 
+class FSDPTrainer(DistributionTrainer):
+    """keras.distribution.ModelParallel as ZeRO-3 (Keras on jax): distribution's trainer and step, with every
+    trainable variable, its gradient and its update sharded over the devices that split the batch (programs.py's
+    fully_sharded); XLA all-gathers the variables inside the step and reduce-scatters their gradients. canonical()
+    and canonical_gradients() read the sharded arrays whole (numpy gathers their shards)."""
+
+    def allreduce_op(self, values: int):
+        """fsdp's exchange of `values` gradient values per device: their sum reduce-scattered to the shards (the
+        step's), then the shards all-gathered whole (the next step's): an allreduce's volume in its two
+        collectives, as torch's fsdp times it; the call waits for it."""
+        padded = -(-values // self.n_devices) * self.n_devices
+        shards = NamedSharding(self.mesh, P(programs.BATCH_AXIS))
+        rows = jax.device_put(np.ones((self.n_devices, padded), np.float32), shards)
+        reduce_scatter = jax.jit(lambda a: a.sum(axis=0), out_shardings=shards)
+        all_gather = jax.jit(lambda a: a, out_shardings=self.replicated)
+        return lambda: jax.block_until_ready(all_gather(reduce_scatter(rows)))
+
+    def memory(self) -> dict:
+        """Beside the devices' peak, the MiB of trainable variables device 0 holds: its shards, and whole the
+        variables the devices divide no dimension of."""
+        trainable, _, _ = self.state
+        first = self.mesh.devices.flat[0]
+        held = sum(
+            shard.data.nbytes
+            for a in trainable
+            for shard in a.addressable_shards
+            if shard.device == first
+        )
+        return {**super().memory(), "parameters_mb": held / 2**20}
+
+
 def on_device(a: jax.Array, device) -> jax.Array:
-    """The copy of a replicated array that lives on `device`."""
+    """The whole of `a` on `device`: its copy there where it is replicated, else its shards gathered there
+    (fsdp's variables)."""
+    if not a.is_fully_replicated:
+        return jax.device_put(a, device)
     return next(shard.data for shard in a.addressable_shards if shard.device == device)
 
 
-TRAINERS = {"ddp": DDPTrainer, "distribution": DistributionTrainer}
+TRAINERS = {"ddp": DDPTrainer, "distribution": DistributionTrainer, "fsdp": FSDPTrainer}
 
 
 # The strategy of float64_gradients: Keras on jax, in this process.

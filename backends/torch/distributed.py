@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -141,6 +142,21 @@ class RankCollectives:
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t, op=op)
         return t.tolist()
+
+
+def exchange_gradients_as_asked(
+    ddp: torch.nn.parallel.DistributedDataParallel, cfg: RunConfig
+) -> None:
+    """--grad-dtype bf16 on a DistributedDataParallel module (torch's ddp, Keras's): each bucket all-reduced in
+    bfloat16 and cast back, by DDP's own compression hook."""
+    if cfg.levers.grad_dtype == "bf16":
+        ddp.register_comm_hook(None, bf16_compressed)
+
+
+def bf16_compressed(process_group, bucket):
+    """DDP's bf16_compress_hook, its own body (the bucket cast to bfloat16 and divided by the ranks, all-reduced,
+    cast back): DDP refuses the hook by its name off NCCL, though its all-reduce runs on gloo as well."""
+    return default_hooks._compress_hook(torch.bfloat16, process_group, bucket)
 
 
 def launch_ddp(cfg: RunConfig, job, payload=None, preload: tuple[str, ...] = ()):

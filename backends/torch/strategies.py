@@ -27,11 +27,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn import functional as F
 
 from backends.torch import models
-from backends.torch.distributed import RankCollectives, rank_device
+from backends.torch.distributed import RankCollectives, exchange_gradients_as_asked, rank_device
 from backends.torch.environment import MANIFEST, autocast_device
 from backends.torch.parallel import (
     CopyStreams,
@@ -356,8 +355,7 @@ class DDPTrainer(RankTrainer):
                 gradient_as_bucket_view=True,
                 bucket_cap_mb=cfg.levers.bucket_mb or None,  # --bucket-mb; 0: DDP's default (25)
             )
-        if cfg.levers.grad_dtype == "bf16":  # each bucket all-reduced in bfloat16, then cast back
-            self.net.register_comm_hook(None, bf16_compressed)
+        exchange_gradients_as_asked(self.net, cfg)
         # the DDP-wrapped module (dynamo's DDPOptimizer splits the graph at the buckets)
         if cfg.levers.compile:
             self.net = torch.compile(self.net, **models.compile_options(cfg))
@@ -406,12 +404,6 @@ class FSDPTrainer(RankTrainer):
     def memory(self) -> dict:
         """Beside the device's peak, the parameters this rank holds: its shards."""
         return {**super().memory(), "parameters_mb": local_megabytes(self.module.parameters())}
-
-
-def bf16_compressed(process_group, bucket):
-    """DDP's bf16_compress_hook, its own body (the bucket cast to bfloat16 and divided by the ranks, all-reduced,
-    cast back): DDP refuses the hook by its name off NCCL, though its all-reduce runs on gloo as well."""
-    return default_hooks._compress_hook(torch.bfloat16, process_group, bucket)
 
 
 def reduce_dtype(cfg: RunConfig) -> torch.dtype | None:
