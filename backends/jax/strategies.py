@@ -1,6 +1,6 @@
 """JAX strategies, each a common.trainer.Trainer for common/loop.py.
 
-Same math in both: one plain SGD step (optax.sgd, no momentum) on the mean cross-entropy
+Same math in all three: one plain SGD step (optax.sgd, no momentum) on the mean cross-entropy
 of the *global* batch of B examples: each device sums the losses of its B/k examples,
 the gradient is the sum over devices divided by B.
   pmap      jax.pmap of the whole step over a leading device axis; every device keeps its
@@ -10,11 +10,17 @@ the gradient is the sum over devices divided by B.
             so each device computes on its own shard; the loss is lax.psum'ed there, and
             jax.grad through the shard_map yields the global gradient (XLA inserts the
             all-reduce); the optax update runs on the replicated parameters.
+  fsdp      sharding's step with ZeRO-3's layout: each parameter, its gradient and the optimizer
+            state split over the mesh along their largest dimension the device count divides
+            (replicated where it divides none). The shard_map body all-gathers the parameters
+            whole for the forward pass; autodiff turns each all-gather into a reduce-scatter of
+            its gradient, and the optax update runs on the shards, which stay sharded between steps.
 BatchNorm (--bn): "local", inside pmap and shard_map every device normalises with its own shard's
 statistics (plain jit over a batch-sharded array would use the global batch's). "sync",
 BatchNorm(axis_name=AXIS) (models.py) lax.pmean's the batch statistics over the devices, so
 k-device training is 1-device training. The running statistics (torch's update) are kept per
-device, with a leading device axis, and averaged with lax.pmean before evaluation and in `canonical`.
+device, with a leading device axis (fsdp shards none of them), and averaged with lax.pmean
+before evaluation and in `canonical`.
 Gradients: each strategy's step is its `reduce_gradients` half (the reduced gradient of the
 global mean loss, as that strategy computes it) followed by the same optax update (`update`);
 `step` runs the two fused in one compiled call. The equivalence API (`gradients`, `train_trace`,
@@ -24,9 +30,11 @@ Timing: the step is compiled on its first call (the loop's warm-up step); `step`
 queues work and returns device arrays, `sync` blocks on them; it donates the state it replaces.
 `put` (--prefetch) and `stage` (--resident-data) place batches on the devices as `step` would,
 and `step` takes such batches as they are. `allreduce_op` is the strategy's own collective
-alone: a pmapped lax.psum, or a lax.psum in a jax.shard_map under jax.jit over the strategy's mesh.
+alone: a pmapped lax.psum, or a lax.psum in a jax.shard_map under jax.jit over the strategy's mesh
+(fsdp: a reduce-scatter then an all-gather, an allreduce's volume in the two collectives it makes).
 Several nodes (distributed.py): each process places its own devices' rows of the global batch; collect() and
-slowest() reduce over the processes; canonical() and evaluate() read this process's first device.
+slowest() reduce over the processes; canonical() and evaluate() read this process's first device (fsdp's
+shards gathered there first, a collective every process calls).
 Levers: --precision bf16 builds the modules with dtype bfloat16 (parameters, gradients,
 BatchNorm statistics and SGD in float32); tf32 sets jax_default_matmul_precision (refused on
 CPU devices by common.levers); --compile changes nothing (every step is compiled already);
@@ -41,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from backends import xla
@@ -257,8 +266,16 @@ class JaxTrainer(Trainer):
         return self._params_on_device_0(params), self._stats_on_device_0(stats)
 
     def _stats_on_device_0(self, stats):
-        """BatchNorm statistics carry a leading device axis in both strategies."""
+        """BatchNorm statistics carry a leading device axis in every strategy."""
         return jax.tree.map(lambda a: per_device(a, self.local_devs)[0], stats)
+
+
+def summed_over_devices(gradient: jax.Array, grad_dtype: str) -> jax.Array:
+    """lax.psum of one device's gradient over the pmap axis; with --grad-dtype bf16 exchanged in bfloat16 and cast
+    back (the gradients compressed, as DDP's bf16 hook does)."""
+    if grad_dtype == "bf16":
+        return lax.psum(gradient.astype(jnp.bfloat16), AXIS).astype(gradient.dtype)
+    return lax.psum(gradient, AXIS)
 
 
 class PmapTrainer(JaxTrainer):
@@ -275,11 +292,15 @@ class PmapTrainer(JaxTrainer):
         over_devices = functools.partial(jax.pmap, axis_name=AXIS, devices=self.devs)
         return {
             "_step": over_devices(
-                functools.partial(self._device_step, net, tx, cfg.batch_size),
+                functools.partial(
+                    self._device_step, net, tx, cfg.batch_size, cfg.levers.grad_dtype
+                ),
                 donate_argnums=programs.DONATED,
             ),
             "_gradients": over_devices(
-                functools.partial(self._device_gradients, net, cfg.batch_size)
+                functools.partial(
+                    self._device_gradients, net, cfg.batch_size, cfg.levers.grad_dtype
+                )
             ),
             "_update": over_devices(
                 functools.partial(sgd, tx), donate_argnums=programs.UPDATE_DONATED
@@ -294,17 +315,18 @@ class PmapTrainer(JaxTrainer):
         return stack_on_devices(*node_rows(x, y, self.cfg), self.local_devs, self._np_dtype)
 
     @staticmethod
-    def _device_gradients(net, batch_size, params, stats, x, y):
-        """One device's gradient of its loss sum, psum'ed over the devices and divided by the global batch:
-        every device holds the gradient of the global mean loss. (grads, (new stats, loss sum, correct))."""
+    def _device_gradients(net, batch_size, grad_dtype, params, stats, x, y):
+        """One device's gradient of its loss sum, psum'ed over the devices (in `grad_dtype`) and divided by the
+        global batch: every device holds the gradient of the global mean loss. (grads, (new stats, loss sum,
+        correct))."""
         grads, aux = jax.grad(local_loss, argnums=1, has_aux=True)(net, params, stats, x, y)
-        return jax.tree.map(lambda g: lax.psum(g, AXIS) / batch_size, grads), aux
+        return jax.tree.map(lambda g: summed_over_devices(g, grad_dtype) / batch_size, grads), aux
 
     @staticmethod
-    def _device_step(net, tx, batch_size, params, stats, opt_state, x, y):
+    def _device_step(net, tx, batch_size, grad_dtype, params, stats, opt_state, x, y):
         """One device's part: the reduced gradients, then the same SGD step everywhere."""
         grads, (stats, loss_sum, correct) = PmapTrainer._device_gradients(
-            net, batch_size, params, stats, x, y
+            net, batch_size, grad_dtype, params, stats, x, y
         )
         params, opt_state = sgd(tx, params, opt_state, grads)
         return params, stats, opt_state, (loss_sum, correct)
@@ -328,20 +350,23 @@ class ShardingTrainer(JaxTrainer):
         self.replicated = replicated_sharding(self.devs)
 
     def _programs(self, net, tx, cfg: RunConfig) -> dict:
-        loss = self._sharded_loss(net, self.mesh, cfg.batch_size)
-        r, s = self.replicated, self.batch_sharding
+        shapes = models.native_shapes(net)["params"]
+        loss = self._sharded_loss(net, self.mesh, cfg.batch_size, self._param_specs(shapes))
+        # the gradients are laid out as the parameters they update
+        params, opt_state = self._laid_out(shapes), self._laid_out(jax.eval_shape(tx.init, shapes))
+        s = self.batch_sharding
         return {
             "_step": jax.jit(
                 functools.partial(self._global_step, loss, tx),
-                out_shardings=(r, s, r, (s, s)),
+                out_shardings=(params, s, opt_state, (s, s)),
                 donate_argnums=programs.DONATED,
             ),
             "_gradients": jax.jit(
-                functools.partial(self._global_gradients, loss), out_shardings=(r, (s, s, s))
+                functools.partial(self._global_gradients, loss), out_shardings=(params, (s, s, s))
             ),
             "_update": jax.jit(
                 functools.partial(sgd, tx),
-                out_shardings=(r, r),
+                out_shardings=(params, opt_state),
                 donate_argnums=programs.UPDATE_DONATED,
             ),
             "_pmean": jax.jit(
@@ -377,22 +402,25 @@ class ShardingTrainer(JaxTrainer):
         )
 
     @staticmethod
-    def _sharded_loss(net, mesh, batch_size):
+    def _sharded_loss(net, mesh, batch_size, param_specs):
         """The global mean loss as a function of global arrays; the body runs once per device, on its shard.
 
-        BatchNorm statistics come in and go out with a leading device axis of length 1 per device.
+        The parameters come in as `param_specs` splits them and are used whole (`whole`). BatchNorm statistics
+        come in and go out with a leading device axis of length 1 per device.
         """
 
         def per_device(params, stats, x, y):
             unstacked = jax.tree.map(lambda a: a[0], stats)
-            _, (new_stats, loss_sum, correct) = local_loss(net, params, unstacked, x, y)
+            _, (new_stats, loss_sum, correct) = local_loss(
+                net, whole(params, param_specs), unstacked, x, y
+            )
             restacked = jax.tree.map(lambda a: a[None], new_stats)
             return lax.psum(loss_sum, AXIS) / batch_size, (restacked, loss_sum[None], correct[None])
 
         return jax.shard_map(
             per_device,
             mesh=mesh,
-            in_specs=(P(), P(AXIS), P(AXIS), P(AXIS)),
+            in_specs=(param_specs, P(AXIS), P(AXIS), P(AXIS)),
             out_specs=(P(), (P(AXIS), P(AXIS), P(AXIS))),
         )
 
@@ -410,11 +438,20 @@ class ShardingTrainer(JaxTrainer):
         params, opt_state = sgd(tx, params, opt_state, grads)
         return params, stats, opt_state, (loss_sum, correct)
 
+    def _param_specs(self, tree):
+        """How the parameters (their gradients) and the optimizer state are split over the mesh, for a tree of
+        arrays or shape structs: replicated whole (P(), a prefix of any tree)."""
+        return P()
+
+    def _laid_out(self, tree):
+        """The NamedShardings of `_param_specs`."""
+        return jax.tree.map(lambda spec: NamedSharding(self.mesh, spec), self._param_specs(tree))
+
     def _place_state(self, params, stats, opt_state):
         return (
-            jax.device_put(params, self.replicated),
+            jax.device_put(params, self._laid_out(params)),
             stacked(stats, self.devs),
-            jax.device_put(opt_state, self.replicated),
+            jax.device_put(opt_state, self._laid_out(opt_state)),
         )
 
     def _params_on_device_0(self, tree):
@@ -422,7 +459,88 @@ class ShardingTrainer(JaxTrainer):
         return jax.tree.map(lambda a: on_device(a, self.local_devs[0]), tree)
 
 
-TRAINERS = {"pmap": PmapTrainer, "sharding": ShardingTrainer}
+class FSDPTrainer(ShardingTrainer):
+    """sharding's step with ZeRO-3's layout: every trainable parameter, its gradient and the optimizer state split
+    over the mesh along one dimension (`_shard_spec`); the batch and the BatchNorm statistics as sharding's. The
+    shard_map body takes each device's shards and all-gathers them whole for the forward (`whole`); autodiff
+    transposes each all-gather into a reduce-scatter, so the gradients come back as shards, where the optax update
+    runs; the step's out_shardings keep the parameters sharded between steps. The gathers are explicit: given
+    replicated parameters (in_specs P()), XLA's CPU pipeline all-reduces their gradients whole and slices out the
+    shards, with no reduce-scatter. canonical(), canonical_gradients() and evaluate() gather the shards whole
+    (`_gather`: a collective every process calls)."""
+
+    def _programs(self, net, tx, cfg: RunConfig) -> dict:
+        return {
+            **super()._programs(net, tx, cfg),
+            # fsdp's exchange of a gradient buffer: reduce-scattered to the shards (the step's), then the summed
+            # shards all-gathered whole (the next step's), an allreduce's volume in its two collectives
+            "_allreduce": jax.jit(
+                jax.shard_map(
+                    self._reduce_scatter_then_gather,
+                    mesh=self.mesh,
+                    in_specs=P(AXIS),
+                    out_specs=P(),
+                    check_vma=False,  # the all-gather leaves every device the same sum: jax cannot infer it
+                )
+            ),
+            "_gather": jax.jit(lambda tree: tree, out_shardings=self.replicated),
+        }
+
+    def memory(self) -> dict:
+        """Beside the devices' peak, the MiB of trainable parameters this node's first device holds: its shards,
+        and whole the parameters the devices divide no dimension of."""
+        params, _, _ = self.state
+        first = self.local_devs[0]
+        held = sum(
+            shard.data.nbytes
+            for a in jax.tree.leaves(params)
+            for shard in a.addressable_shards
+            if shard.device == first
+        )
+        return {**super().memory(), "parameters_mb": held / 2**20}
+
+    @staticmethod
+    def _reduce_scatter_then_gather(row):
+        """One device's row (1, values): the sum over the devices reduce-scattered (zero-padded to a multiple of
+        the devices), then all-gathered whole on every device."""
+        values, devices = row.shape[1], lax.axis_size(AXIS)
+        padded = jnp.pad(row[0], (0, -values % devices))
+        shard = lax.psum_scatter(padded, AXIS, tiled=True)
+        return lax.all_gather(shard, AXIS, tiled=True)[:values]
+
+    def _param_specs(self, tree):
+        """Each leaf split by `_shard_spec` of its shape."""
+        return jax.tree.map(lambda a: self._shard_spec(a.shape), tree)
+
+    def _shard_spec(self, shape: tuple) -> P:
+        """The largest dimension the devices divide split along the mesh axis. A parameter with none stays
+        replicated, as the usual JAX FSDP recipes leave what they cannot split evenly (a small bias or BatchNorm
+        scale whose length the device count does not divide)."""
+        divisible = [d for d, size in enumerate(shape) if size % len(self.devs) == 0]
+        if not divisible:
+            return P()
+        split = max(divisible, key=lambda d: shape[d])
+        return P(*(AXIS if d == split else None for d in range(len(shape))))
+
+    def _params_on_device_0(self, tree):
+        """The sharded parameters (or gradients) gathered whole, then this node's first device's copy."""
+        return super()._params_on_device_0(self._gather(tree))
+
+
+def whole(params, specs):
+    """Inside a shard_map, the parameters whole: each split one all-gathered along the dimension its spec splits
+    (the transpose of which reduce-scatters its gradient), a replicated one as it is (P(), also as a prefix of the
+    whole tree)."""
+
+    def gathered(spec, shard):
+        if AXIS not in spec:
+            return shard
+        return lax.all_gather(shard, AXIS, axis=spec.index(AXIS), tiled=True)
+
+    return jax.tree.map(gathered, specs, params)
+
+
+TRAINERS = {"pmap": PmapTrainer, "sharding": ShardingTrainer, "fsdp": FSDPTrainer}
 
 
 # The strategy of float64_gradients: the one whose step is a plain pmap, without a mesh.
