@@ -43,11 +43,24 @@ def meta() -> manifest.Manifest:
 
 
 def pytest_generate_tests(metafunc):
-    """`strategy` takes each strategy the backend declares in its backend.toml, `lever` each speed lever."""
+    """`strategy` takes each strategy the backend declares in its backend.toml (a test marked `replicated`: each
+    but the variants), `lever` each speed lever."""
     if "strategy" in metafunc.fixturenames:
-        metafunc.parametrize("strategy", list(manifest.load(NAME).strategies) if NAME else ["none"])
+        metafunc.parametrize("strategy", strategies_of(metafunc) if NAME else ["none"])
     if "lever" in metafunc.fixturenames:
         metafunc.parametrize("lever", list(manifest.load(NAME).levers) if NAME else ["none"])
+
+
+def strategies_of(metafunc) -> list[str]:
+    """The strategies a test runs on. A variant (fsdp) takes its replicated siblings' steps in float64 on 1 and 2
+    devices, BatchNorm statistics included (test_strategies_agree_in_float64), so a `replicated` test's claim of
+    those steps (k devices as one, float64 as asked, float32 and bf16 near them, batches fed any way) is proven for
+    it there; the variant runs the tests of what is its own (its engine, its compiles, its trace, its worker, its
+    synchronised BatchNorm)."""
+    declared = manifest.load(NAME).strategies
+    if metafunc.definition.get_closest_marker("replicated"):
+        return [name for name, s in declared.items() if not s.variant]
+    return list(declared)
 
 
 def worker_config(**overrides) -> dict:

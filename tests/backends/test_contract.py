@@ -235,6 +235,7 @@ def declared_bn_modes(meta, strategy) -> list[str]:
 
 
 @pytest.mark.rounding
+@pytest.mark.replicated
 def test_float64_runs_in_float64_and_leaves_float32_alone(backend, strategy):
     """dtype="float64" computes in float64, and a float32 call after it is the same as before it."""
     w = backend.initial_weights("lenet", 0)
@@ -250,6 +251,7 @@ def test_float64_runs_in_float64_and_leaves_float32_alone(backend, strategy):
     assert isinstance(loss64, float)
 
 
+@pytest.mark.replicated
 def test_k_device_step_equals_one_device_step(backend, strategy):
     """LeNet: one step on 2 devices with the batch split is the 1-device step (float64, to rounding)."""
     start = backend.initial_weights("lenet", 0)
@@ -259,6 +261,7 @@ def test_k_device_step_equals_one_device_step(backend, strategy):
 
 
 @pytest.mark.rounding
+@pytest.mark.replicated
 def test_k_device_step_in_float32_is_within_float32_rounding(backend, strategy):
     """The same in float32, judged against float32's own distance from float64 on this machine."""
     one32, two32 = (steps(backend, strategy, k, dtype="float32") for k in (1, 2))
@@ -267,13 +270,14 @@ def test_k_device_step_in_float32_is_within_float32_rounding(backend, strategy):
 
 
 def test_strategies_agree_in_float64(backend, meta):
-    """Every strategy of the backend takes the same steps: LeNet (3 steps) and ResNet-18 (1 step, its
-    BatchNorm statistics included), on 1 and 2 devices, in float64."""
-    for model, n_steps, size, lr in (
-        ("lenet", 3, BATCH, 0.5),
-        ("resnet18", 1, RESNET_BATCH, RESNET_LR),
+    """Every strategy of the backend takes the same steps, in float64: LeNet (3 steps) on 1 and 2 devices, and
+    ResNet-18 (1 step, its BatchNorm statistics included) on 2, where each device normalises its own shard and a
+    variant shards its weights (on 1 device every strategy is the one-device step, which LeNet holds)."""
+    for model, n_steps, size, lr, counts in (
+        ("lenet", 3, BATCH, 0.5, (1, 2)),
+        ("resnet18", 1, RESNET_BATCH, RESNET_LR, (2,)),
     ):
-        for k in (1, 2):
+        for k in counts:
             results = {}
             for name in meta.strategies:
                 try:
@@ -392,6 +396,7 @@ def test_gradient_is_that_of_the_mean_loss(backend, meta):
     assert np.isfinite(loss) and 0 < loss < 50
 
 
+@pytest.mark.replicated
 def test_k_device_gradients_equal_one_device(backend, strategy):
     """The gradient after the strategy's reduction over 2 devices is the 1-device gradient (float64)."""
     x, y = batch()
@@ -484,6 +489,7 @@ def expected_running_statistics(x, w, shards: int, ddof: int) -> tuple[np.ndarra
 
 
 @pytest.mark.parametrize("k,bn", [(1, "local"), (2, "local"), (2, "sync")])
+@pytest.mark.replicated
 def test_running_statistics_follow_torchs_convention(backend, strategy, meta, k, bn):
     """After one step the stem BatchNorm's running mean and variance are torch's: momentum 0.1 and the
     unbiased batch variance, over each device's shard (local) or the global batch (sync). float64,
@@ -926,6 +932,7 @@ def test_the_bf16_gradient_exchange_is_close_to_the_fp32_step_but_not_the_same(b
 
 
 @pytest.mark.rounding
+@pytest.mark.replicated
 def test_the_bf16_step_is_close_to_the_fp32_step_but_not_the_same(backend, meta, strategy):
     """--precision bf16, where backend.toml offers it, on every strategy: LeNet's 2-device step computes in bfloat16
     (torch's autocast, flax's dtype, Keras's mixed_bfloat16 policy) while the weights stay float32. Not the same
@@ -1033,6 +1040,7 @@ def traces_of_each_feed(cfg: RunConfig, rank: int, payload) -> dict:
     return traces
 
 
+@pytest.mark.replicated
 def test_prefetched_and_staged_batches_take_the_numpy_batches_steps_bit_for_bit(backend, strategy):
     """Batches put on the devices ahead of their step (--prefetch) or staged before it (--resident-data) take the
     steps numpy batches take, to the last bit: 3 LeNet steps on 2 devices in float64, their losses and weights.

@@ -61,6 +61,7 @@ def on_each_device(t, stats, *path):
     return [np.asarray(a) for a in per_device(stats, t.devs)]
 
 
+@pytest.mark.replicated
 def test_batchnorm_uses_each_devices_own_shard_then_averages(backend, strategy):
     """After one 2-device step, device i's running statistics are those of a 1-device step on shard i
     (not of the global batch); before evaluation they become the mean of the two. float64."""
@@ -109,6 +110,7 @@ def test_canonical_weights_average_the_running_statistics_and_leave_the_devices_
         assert np.array_equal(on_each_device(two, two.state[1], "bn", "mean")[1], means[1])
 
 
+@pytest.mark.replicated
 def test_train_mode_forward_gives_the_loss_that_gradients_reports(backend, strategy):
     """The mean cross-entropy of predict(train=True) logits is the loss of the strategy's gradient step
     (float64)."""
@@ -385,6 +387,7 @@ def test_the_host_queues_few_steps_ahead_of_simulated_devices(backend, strategy,
     assert xla.StepQueue.for_devices("gpu").ahead is None
 
 
+@pytest.mark.replicated
 def test_a_staged_batch_gives_the_numpy_step_without_a_copy(backend, strategy):
     """Batches from `stage` (--resident-data) take the numpy batches' steps (float64), with no host-to-device
     transfer in the step; a numpy batch afterwards is still copied and accepted."""
