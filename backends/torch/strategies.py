@@ -388,9 +388,13 @@ class FSDPTrainer(RankTrainer):
         whole_buffer = torch.ones(padded, dtype=torch.float32, device=self.device)
         shard = torch.empty(padded // self.n_devices, dtype=torch.float32, device=self.device)
 
+        # (torch 2.13 names them *_single; torch 2.11's are *_tensor and *_into_tensor)
+        reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+        all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+
         def exchange():
-            dist.reduce_scatter_tensor(shard, whole_buffer)
-            dist.all_gather_into_tensor(whole_buffer, shard)
+            reduce_scatter(shard, whole_buffer)
+            all_gather(whole_buffer, shard)
 
         return exchange
 
