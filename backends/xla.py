@@ -32,14 +32,15 @@ def compiled() -> int:
 
 def program_key(cfg: RunConfig, dtype: str, devices: list, *own) -> tuple:
     """What a trainer's compiled programs are built for, and so shared under (jax.jit keeps its executables in
-    one function object): the model, BatchNorm mode, precision, gradient exchange dtype, dtype, learning rate, batch
-    size and devices of
-    the run, and `own`, what else the caller's programs depend on (its donated arguments, a data format)."""
+    one function object): the model, BatchNorm mode, precision, gradient exchange (dtype and bucket size), dtype,
+    learning rate, batch size and devices of the run, and `own`, what else the caller's programs depend on (its
+    donated arguments, a data format)."""
     return (
         cfg.model,
         cfg.bn,
         cfg.levers.precision,
         cfg.levers.grad_dtype,
+        cfg.levers.bucket_mb,
         dtype,
         cfg.lr,
         cfg.batch_size,

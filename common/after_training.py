@@ -10,9 +10,9 @@ import time
 
 import numpy as np
 
+from common import architectures, progress
 from common import data as datalib
 from common import profiling as profilinglib
-from common import progress
 from common.trainer import Trainer, feed, ready
 
 
@@ -164,3 +164,47 @@ def allreduce_figure(trainer: Trainer, cfg, step_time: dict | None) -> dict | No
     if trainer.rank == 0:
         progress.emit("allreduce", seconds=median)
     return figure
+
+
+# The steps a compressed-gradient run's rounding is measured on: few, each taken twice after everything timed.
+ROUNDING_STEPS = 3
+
+
+def exchange_rounding(compressed: Trainer, exact: Trainer, cfg, dataset: datalib.Dataset) -> dict:
+    """--grad-dtype bf16 changes the math, so the run measures by how much: the run's trainer (`compressed`, reset
+    to the initial weights) and one exchanging its gradients in float32 (`exact`) take the run's first
+    ROUNDING_STEPS steps side by side. After each step, the L2 distance between their parameters over the
+    distance the exact trainer's parameters moved from the start (BatchNorm's running statistics left out): the
+    first is one step's rounding, the later ones how it adds up. Rank 0's record, {"against", "steps"}."""
+    compressed.reset()
+    names = architectures.trainable_names(cfg.model)
+    start = parameters(compressed, names)
+    epoch = datalib.train_batches(dataset, cfg.batch_size, cfg.batch_seed, 0)
+    distances = []
+    for batch in itertools.islice(epoch, ROUNDING_STEPS):
+        after = [one_step(trainer, batch, cfg, names) for trainer in (compressed, exact)]
+        distances.append(update_distance(start, *after))
+    if compressed.rank == 0:
+        progress.emit("rounding", first=distances[0], last=distances[-1], steps=len(distances))
+    return {"against": f"grad_dtype={exact.cfg.levers.grad_dtype}", "steps": distances}
+
+
+def one_step(trainer: Trainer, batch, cfg, names: list[str]) -> dict:
+    """The trainer's parameters `names` after one more step on `batch`."""
+    for x, y in feed(trainer, ready(trainer, [batch], cfg), cfg):
+        trainer.step(x, y)
+    trainer.sync()
+    return parameters(trainer, names)
+
+
+def parameters(trainer: Trainer, names: list[str]) -> dict:
+    """The trainer's canonical arrays `names` (canonical(): a collective, called on every rank)."""
+    weights = trainer.canonical()
+    return {n: weights[n] for n in names}
+
+
+def update_distance(start: dict, moved: dict, exact: dict) -> float:
+    """|moved - exact| / |exact - start|, L2 over every array, in float64."""
+    apart = sum(float(np.sum((moved[n].astype(np.float64) - exact[n]) ** 2)) for n in start)
+    travelled = sum(float(np.sum((exact[n].astype(np.float64) - start[n]) ** 2)) for n in start)
+    return math.sqrt(apart / travelled)

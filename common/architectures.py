@@ -125,11 +125,19 @@ def spec(model: str) -> Spec:
     return SPECS[model](num_classes(model), in_channels(model))
 
 
+STATE_KINDS = ("bn_mean", "bn_var")  # BatchNorm running statistics: state, not parameters
+
+
+def trainable_names(model: str) -> list[str]:
+    """The canonical names of `model`'s parameters, its BatchNorm running statistics left out."""
+    return [name for name, _, kind in spec(model) if kind not in STATE_KINDS]
+
+
 def trainable_count(model: str) -> int:
     """Parameters (BatchNorm running statistics are state, not parameters)."""
     count = 0
     for _, shape, kind in spec(model):
-        if kind not in ("bn_mean", "bn_var"):
+        if kind not in STATE_KINDS:
             n = 1
             for d in shape:
                 n *= d

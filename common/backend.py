@@ -30,6 +30,7 @@ import numpy as np
 from common import architectures, manifest
 from common import data as datalib
 from common import levers as leverlib
+from common.after_training import exchange_rounding
 from common.backend_interface import (
     Distributed,
     Environment,
@@ -252,8 +253,15 @@ class Backend:
 
     def train_job(self, cfg: RunConfig, rank: int, payload=None) -> dict:
         """One process of a run: train as the run config says."""
-        trainer = self.make_trainer(cfg, weights_for_run(cfg))
-        return run_training(trainer, cfg, datalib.load(cfg), self.profiling)
+        weights, dataset = weights_for_run(cfg), datalib.load(cfg)
+        trainer = self.make_trainer(cfg, weights)
+        metrics = run_training(trainer, cfg, dataset, self.profiling)
+        if cfg.epochs and cfg.levers.grad_dtype != leverlib.PLAIN["grad_dtype"]:
+            exact = self.make_trainer(
+                cfg.with_levers(grad_dtype=leverlib.PLAIN["grad_dtype"]), weights
+            )
+            metrics["rounding"] = exchange_rounding(trainer, exact, cfg, dataset)
+        return metrics
 
     def probe_job(self, cfg: RunConfig, rank: int, payload: tuple):
         """One process of an equivalence probe: payload (weights, batches, probe name, dtype), computed in

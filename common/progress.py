@@ -17,6 +17,7 @@ FIELDS = {
     "warmup": ("seconds",),
     "step": ("epoch", "epochs", "step", "steps"),
     "epoch": ("epoch", "epochs", "time_s", "images_per_s", "train_loss", "test_acc"),
+    "rounding": ("first", "last", "steps"),
 }
 
 

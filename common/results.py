@@ -168,6 +168,9 @@ class Result:
     profile: dict | None = None
     # the framework's measured matmul peak on this host (common/loop.py measured_peak); None where not measured
     peak: dict | None = None
+    # --grad-dtype bf16: each step's distance from the float32 exchange's (common/after_training.py
+    # exchange_rounding), {"against", "steps"}; None for an exact exchange
+    rounding: dict | None = None
     memory: Memory | None = None
     test_examples: int | None = None
     train_examples: int | None = None
@@ -590,6 +593,7 @@ def _metrics_problem(result: dict) -> str | None:
         profile_problem(result.get("profile"))
         or peak_problem(result.get("peak"))
         or target_problem(result.get("target"), len(result.get("epochs") or []))
+        or rounding_problem(result.get("rounding"))
     )
     if problem:
         return problem
@@ -666,6 +670,19 @@ def peak_problem(peak) -> str | None:
         isinstance(k, str) and (v is None or _number(v) and v > 0) for k, v in tflops.items()
     ):
         return "peak.tflops is not a table of positive rates"
+    return None
+
+
+def rounding_problem(rounding) -> str | None:
+    """Why a run's measured rounding (common/after_training.py exchange_rounding) is not one the report can use,
+    or None."""
+    if rounding is None:
+        return None
+    if not isinstance(rounding, dict) or not isinstance(rounding.get("against"), str):
+        return "rounding lacks what it is measured against"
+    steps = rounding.get("steps")
+    if not (isinstance(steps, list) and steps and all(_number(d) and d >= 0 for d in steps)):
+        return "rounding.steps is not a list of distances"
     return None
 
 

@@ -339,6 +339,20 @@ class PmapTrainer(JaxTrainer):
         return jax.tree.map(lambda a: per_device(a, self.local_devs)[0], tree)
 
 
+# --bucket-mb on a jit strategy: XLA's combine thresholds, the most bytes one combined collective of the step carries
+# (the GPU compiler's options: XLA's CPU pipeline combines a step's collectives by its own rule and ignores them).
+COMBINE_THRESHOLDS = (
+    "xla_gpu_all_reduce_combine_threshold_bytes",
+    "xla_gpu_reduce_scatter_combine_threshold_bytes",
+    "xla_gpu_all_gather_combine_threshold_bytes",
+)
+
+
+def combine_thresholds(bucket_mb: int) -> dict | None:
+    """The step's compiler options for --bucket-mb (0: XLA's own thresholds)."""
+    return {name: bucket_mb * 2**20 for name in COMBINE_THRESHOLDS} if bucket_mb else None
+
+
 class ShardingTrainer(JaxTrainer):
     """jax.jit over a Mesh with NamedSharding: replicated parameters, a batch-sharded global
     batch, and the per-device part of the step (forward, BatchNorm) in a jax.shard_map."""
@@ -360,9 +374,12 @@ class ShardingTrainer(JaxTrainer):
                 functools.partial(self._global_step, loss, tx),
                 out_shardings=(params, s, opt_state, (s, s)),
                 donate_argnums=programs.DONATED,
+                compiler_options=combine_thresholds(cfg.levers.bucket_mb),
             ),
             "_gradients": jax.jit(
-                functools.partial(self._global_gradients, loss), out_shardings=(params, (s, s, s))
+                functools.partial(self._global_gradients, loss),
+                out_shardings=(params, (s, s, s)),
+                compiler_options=combine_thresholds(cfg.levers.bucket_mb),
             ),
             "_update": jax.jit(
                 functools.partial(sgd, tx),

@@ -110,6 +110,11 @@ class Console:
                 f"{record['images_per_s']:.1f} img/s, loss {record['train_loss']:.4f}, "
                 f"test acc {record['test_acc']:.4f}"
             )
+        elif kind == "rounding" and not self.quiet:
+            self.say(
+                f"[{label(cfg)}] the compressed exchange's rounding: {record['first']:.2g} of the first "
+                f"step's update, {record['last']:.2g} after {record['steps']:g} steps"
+            )
         elif kind == "profiled" and not self.quiet:
             self.say(
                 f"[{label(cfg)}] profiled {record.get('steps')} step(s) with the framework's profiler"

@@ -46,6 +46,7 @@ from harness.reporting.sections import (
     parity_rows,
     parity_section,
     precision_line,
+    rounding_section,
 )
 from harness.reporting.steps import consistency_notes, steps_table
 from harness.reporting.tables import as_results, summary_table, targets, with_scaling
@@ -139,6 +140,34 @@ def all_images(cfg, split: int) -> str:
     )
 
 
+def step_time_section(rows: list) -> list[str]:
+    """The steps timed one by one after training, the strategy's allreduce beside them, and the runs whose epoch
+    and step figures disagree."""
+    steps = steps_table(rows)
+    if not steps:
+        return []
+    L = ["## Step time and communication", ""] + steps + [""]
+    L += [
+        "Step time: steady-state steps after training, each between two device barriers (so each step's "
+        "time is known; the barriers remove overlap between steps, so images/s at the median can be a "
+        "little below the epoch figure). Allreduce: the strategy's own reduction of a float32 buffer as "
+        "large as the gradients, timed alone (median of 10); GB/s = bytes / time (algorithm bandwidth). "
+        "Allreduce / step is an upper bound on what communication costs a step: DDP overlaps its bucketed "
+        "allreduces with the backward pass, and simulated CPU devices share one memory. Epoch / steps: "
+        f"the s/epoch above over (steps per epoch x the median step); below {CONSISTENCY_LOW:g} or beyond "
+        f"{CONSISTENCY_LIMIT:g} (bold) the two figures disagree, and the run is named below. On a GPU, "
+        f"below {CONSISTENCY_LOW:g}: the timed step, from barrier to barrier, charges an asynchronous "
+        "framework its dispatch and its sync every step, which an epoch's steps overlap with the device's "
+        f"work, so the epoch is faster than its steps at the median step; beyond {CONSISTENCY_LIMIT:g}: the "
+        "epoch loses time its steps do not show (the input pipeline between steps, a compile inside it).",
+        "",
+    ]
+    notes = consistency_notes(rows)
+    if notes:
+        L += ["**Figures that disagree**:", ""] + notes + [""]
+    return L
+
+
 def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> str:
     """report.md's text. meta["schema_version"], where given, is that of the results.json it describes."""
     results = as_results(results)
@@ -210,28 +239,9 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
             "",
         ]
     L += nodes_section(rows, meta.get("topology", ""))
-    steps = steps_table(rows)
-    if steps:
-        L += ["## Step time and communication", ""] + steps + [""]
-        L += [
-            "Step time: steady-state steps after training, each between two device barriers (so each step's "
-            "time is known; the barriers remove overlap between steps, so images/s at the median can be a "
-            "little below the epoch figure). Allreduce: the strategy's own reduction of a float32 buffer as "
-            "large as the gradients, timed alone (median of 10); GB/s = bytes / time (algorithm bandwidth). "
-            "Allreduce / step is an upper bound on what communication costs a step: DDP overlaps its bucketed "
-            "allreduces with the backward pass, and simulated CPU devices share one memory. Epoch / steps: "
-            f"the s/epoch above over (steps per epoch x the median step); below {CONSISTENCY_LOW:g} or beyond "
-            f"{CONSISTENCY_LIMIT:g} (bold) the two figures disagree, and the run is named below. On a GPU, "
-            f"below {CONSISTENCY_LOW:g}: the timed step, from barrier to barrier, charges an asynchronous "
-            "framework its dispatch and its sync every step, which an epoch's steps overlap with the device's "
-            f"work, so the epoch is faster than its steps at the median step; beyond {CONSISTENCY_LIMIT:g}: the "
-            "epoch loses time its steps do not show (the input pipeline between steps, a compile inside it).",
-            "",
-        ]
-        notes = consistency_notes(rows)
-        if notes:
-            L += ["**Figures that disagree**:", ""] + notes + [""]
+    L += step_time_section(rows)
     L += feeding_section(rows)
+    L += rounding_section(rows)
     L += energy_section(rows, plots.get("energy", False))
     L += profile_section(rows, plots.get("breakdown", False))
     L += limits_section(rows)

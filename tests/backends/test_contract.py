@@ -909,12 +909,16 @@ def steps_in_each_precision(cfg: RunConfig, rank: int, payload) -> dict:
 
 
 @pytest.mark.rounding
-def test_the_bf16_gradient_exchange_is_close_to_the_fp32_step_but_not_the_same(backend, meta):
+def test_the_bf16_gradient_exchange_is_close_to_the_fp32_step_but_not_the_same(
+    backend, meta, tmp_path
+):
     """--grad-dtype bf16, where backend.toml offers it, on the first strategy that takes it: LeNet's 2-device step
     exchanges its gradients in bfloat16 (DDP's bf16_compress_hook, FSDP's reduce dtype) and updates in float32. Not
     the same step: further from the float64 step than 100x float32 rounding (measured here) can take one. Close:
     its update is within 4 bfloat16 roundings of the exact one (each rank's gradient rounded once, their sum once
-    more). From He-scaled weights, as the bf16 compute test's."""
+    more). From He-scaled weights, as the bf16 compute test's. A run with the lever states that rounding: its
+    result's `rounding` holds each of its first steps' distance from the float32 exchange's, the first as far
+    from it as a bf16 step is and no further."""
     if reason := expected_refusal(meta, "grad_dtype", "bf16"):
         pytest.skip(reason)
     strategy = lever_strategy(backend, meta, "grad_dtype")
@@ -929,6 +933,14 @@ def test_the_bf16_gradient_exchange_is_close_to_the_fp32_step_but_not_the_same(b
     assert {v.dtype for v in bf16.values()} == {np.dtype(np.float32)}
     assert max_abs_diff(bf16, fp64) > 100 * float32_tolerance((fp32, fp64))
     assert update_distance(start, bf16, fp64) <= 4 * BF16_EPSILON
+    rc, r = run_backend_worker(
+        tmp_path, strategy=strategy, epochs=1, timed_steps=0, grad_dtype="bf16"
+    )
+    assert rc == 0 and r["status"] == "ok", r["error"]
+    assert r["rounding"]["against"] == "grad_dtype=fp32"
+    first, *later = r["rounding"]["steps"]
+    assert len(later) == 2
+    assert 100 * update_distance(start, fp32, fp64) < first <= 4 * BF16_EPSILON
 
 
 @pytest.mark.rounding

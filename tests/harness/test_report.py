@@ -375,6 +375,36 @@ def test_the_feeding_section_gives_each_runs_host_seconds_before_and_inside_its_
     assert sections.feeding_section(tables.with_scaling(tables.as_results([old]))) == []
 
 
+def test_a_compressed_exchange_states_its_measured_rounding_and_a_damaged_one_is_refused():
+    """A --grad-dtype bf16 run's rounding is a table row, each step's distance in the order measured; a run
+    without one has no row, and a rounding record that is no list of distances is refused in one line."""
+    compressed, exact = result(strategy="ddp", ips=100.0), result(ips=100.0)
+    compressed["config"]["grad_dtype"] = "bf16"
+    compressed["rounding"] = {"against": "grad_dtype=fp32", "steps": [0.00231, 0.0031, 0.0042]}
+    lines = sections.rounding_section(tables.with_scaling(tables.as_results([compressed, exact])))
+    assert lines[0] == "## Compressed gradients"
+    (row,) = [l for l in lines if l.startswith("| torch")]
+    assert (
+        row
+        == "| torch | ddp[grad_dtype=bf16] | 1 (sim.) | grad_dtype=fp32 | 2.31e-03 | 3.10e-03 | 4.20e-03 |"
+    )
+    assert sections.rounding_section(tables.with_scaling(tables.as_results([exact]))) == []
+    for bad, problem in (
+        ({"steps": [0.1]}, "rounding lacks what it is measured against"),
+        ({"against": "grad_dtype=fp32", "steps": []}, "rounding.steps is not a list of distances"),
+        (
+            {"against": "grad_dtype=fp32", "steps": [0.1, -1]},
+            "rounding.steps is not a list of distances",
+        ),
+        (
+            {"against": "grad_dtype=fp32", "steps": "0.1"},
+            "rounding.steps is not a list of distances",
+        ),
+    ):
+        assert results.result_problem({**compressed, "rounding": bad}) == problem
+    assert results.result_problem(compressed) is None
+
+
 def test_an_epochs_feeding_figures_must_be_finite_seconds_where_present():
     r = result()
     assert results.result_problem({**r, "epochs": [{**r["epochs"][0], "feed_s": None}]}) is None
