@@ -1,5 +1,6 @@
 """`python -m harness project DIR`: a finished run's measured pieces projected to 1..1024 devices with the model
-of harness/reporting/scaling.py, checked against the run's own measurements and against a published table.
+of harness/reporting/scaling.py, checked against the run's own measurements (and those of the reports of the same
+machine named by --with) and against a published table.
 
 Writes projection.md and projection.png beside the report's report.md (each whole or not at all) and prints the
 Markdown. Every figure in them is a projection unless a column says "measured". The document is
@@ -29,6 +30,15 @@ DESCRIPTION = (
 def parents() -> list[Parser]:
     p = Parser(add_help=False)
     p.add_argument("directory", metavar="DIR", help="a report directory (holding results.json)")
+    p.add_argument(
+        "--with",
+        dest="others",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="another report of the same machine whose runs join DIR's (a later sweep at more devices, "
+        "to check the model against); repeatable. The projection is written into DIR",
+    )
     names = ", ".join(scaling.PROFILES)
     p.add_argument(
         "--profile",
@@ -72,10 +82,11 @@ def main(args) -> int:
     """`python -m harness project`, its flags parsed (cli.build_parser)."""
     profiles = check_args(args)
     directory = Path(args.directory)
-    try:
-        results, meta = load_results_json(directory)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    results, meta = readable(directory)
+    joined = []
+    for other in args.others:
+        runs, other_meta = of_the_same_machine(Path(other), meta)
+        results, joined = results + runs, joined + [other_meta]
     if not directory.is_dir():
         raise UsageError(
             f"{directory} is a file: the projection is written into the report directory"
@@ -89,10 +100,30 @@ def main(args) -> int:
     counts = scaling.powers_of_two(args.max_devices)
     try:
         plotted = plot(items, profiles, counts, args.faster, directory / "projection.png")
-        text = "\n".join(render(meta, items, profiles, counts, args.faster, plotted))
+        text = "\n".join(render(meta, items, profiles, counts, args.faster, plotted, joined))
         write_text_atomic(directory / "projection.md", text)
     except OSError as e:
         raise UsageError(f"cannot write the projection in {directory}: {e.strerror or e}") from None
     print(text)
     print(f"Projection: {directory / 'projection.md'}")
     return 0
+
+
+def readable(directory: Path) -> tuple[list, dict]:
+    """A report's runs and meta (common/results.py load_results_json), or its one-line error."""
+    try:
+        return load_results_json(directory)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def of_the_same_machine(directory: Path, meta: dict) -> tuple[list, dict]:
+    """--with: the runs and meta of another report, which must come from DIR's machine and device kind (one model
+    fits one host's figures)."""
+    results, other = readable(directory)
+    mine = (meta.get("device_kind"), (meta.get("provenance") or {}).get("machine"))
+    if (other.get("device_kind"), (other.get("provenance") or {}).get("machine")) != mine:
+        raise UsageError(
+            f"--with {directory}: another machine or device kind than the report's; a projection fits one host"
+        )
+    return results, other

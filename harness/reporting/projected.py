@@ -266,7 +266,9 @@ def render(
     counts: list[int],
     faster: float,
     plotted: bool,
+    joined: list[dict] = (),
 ) -> list[str]:
+    """projection.md's lines; `joined`: the metas of the reports whose runs joined this one's (--with)."""
     L = [
         f"# Scaling projection for `{meta['run_id']}`",
         "",
@@ -277,6 +279,10 @@ def render(
         '(docs/scaling.md, "Scaling on paper"). Weak scaling: every device keeps the run\'s per-device batch.',
         "",
         f"- Run: `{meta.get('command', '')}` ({meta.get('preset', '')})",
+        *(
+            f"- With the runs of `{other.get('run_id', '')}`: `{other.get('command', '')}`"
+            for other in joined
+        ),
         f"- {ENERGY_NOT_PROJECTED}",
         "",
         "## The measured pieces",

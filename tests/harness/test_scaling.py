@@ -21,6 +21,9 @@ from tests.harness.test_results import COMMITTED, REPORTS
 # The committed sweep of every backend on 1, 2, 4 and 8 simulated devices, and on 2 and 4 loopback nodes.
 SWEEP = REPORTS / "20261124-071528-all"
 NODES = REPORTS / "20261124-083120-all"
+# The sharded variants and their siblings on 1, 2 and 4 simulated devices, and the later sweep of them at 8.
+SHARDED = REPORTS / "20261128-205420-all"
+SHARDED_8 = REPORTS / "20261129-015030-all"
 # A prediction of the model (fitted at 2 devices) may be off the measured median step by this much at 4 and 8:
 # on this host one command's trial medians spread by +-15% (docs/report.md, "Comparing runs"), and a prediction
 # compares two single trials (the fit's and the checked one's), plus ~10% for what the model leaves out (the
@@ -45,6 +48,22 @@ OUTSIDE = {
         4,
     ): "4 jax processes on 2 cores: 3.9 s a replica, against 2.6 at 2 processes",
     ("keras ddp across nodes", 4): "faster a replica at 4 processes than at 2: 1.4 s against 2.1",
+    (
+        "jax fsdp",
+        8,
+    ): "its timed steps grew one after another, 5.4 to 10.3 s (its one-step epoch: 5.2 s)",
+    (
+        "keras ddp",
+        8,
+    ): "its timed steps grew one after another, 5.7 to 10.7 s (its one-step epoch: 5.3 s)",
+    (
+        "keras distribution",
+        8,
+    ): "XLA's CPU client at 8 simulated devices on 2 cores: 1.0 s a replica, against 0.7 at 2, 0.8 at 4",
+    (
+        "keras fsdp",
+        8,
+    ): "the same XLA client: 1.3 s a replica, against 0.7 at 2 and at 4",
 }
 
 
@@ -159,9 +178,13 @@ def test_nvidias_8_gpu_table_is_within_the_models_optimism_and_bandwidth_is_not_
     )
 
 
-@pytest.mark.parametrize("report", [SWEEP, NODES], ids=["devices", "nodes"])
-def test_the_model_fitted_at_2_predicts_the_committed_sweeps_larger_counts_within_the_bound(report):
-    results, _ = load_results_json(report)
+@pytest.mark.parametrize(
+    "reports", [[SWEEP], [NODES], [SHARDED, SHARDED_8]], ids=["devices", "nodes", "sharded"]
+)
+def test_the_model_fitted_at_2_predicts_the_committed_sweeps_larger_counts_within_the_bound(
+    reports,
+):
+    results = [r for report in reports for r in load_results_json(report)[0]]
     rows = projected.check_rows(projected.run_pieces(results))
     predictions = [
         (name, m.devices, projected.error(q.step_s, m.step_s))
@@ -197,6 +220,27 @@ def test_project_writes_the_projection_beside_the_report(tmp_path):
     assert "| torch ddp | 32 |" in text and "N=64" in text and "N=128" not in text
     assert (report / "projection.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p.name for p in report.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+def test_project_with_a_later_sweep_checks_the_model_at_its_counts_and_refuses_another_machine(
+    tmp_path,
+):
+    """--with joins another report's runs to DIR's (the sharded sweep at 1, 2 and 4 devices, and its runs at 8):
+    the check rows hold 8 devices. A report of another machine is refused in one line."""
+    report = tmp_path / "run"
+    shutil.copytree(SHARDED, report)
+    out = run_harness("project", str(report), "--with", str(SHARDED_8), "--max-devices", "16")
+    assert out.returncode == 0, out.stderr
+    text = (report / "projection.md").read_text()
+    assert "| torch fsdp[reshard_after_forward=true] | 8 | 5461 |" in text
+    assert "- With the runs of `20261129-015030-all`: `python -m harness" in text
+    other = tmp_path / "other"
+    shutil.copytree(SHARDED_8, other)
+    doc = json.loads((other / "results.json").read_text())
+    doc["provenance"]["machine"]["cpus"] = 16
+    (other / "results.json").write_text(json.dumps(doc))
+    out = run_harness("project", str(report), "--with", str(other))
+    assert out.returncode == 2 and "another machine or device kind" in out.stderr
 
 
 @pytest.mark.parametrize(
