@@ -42,6 +42,7 @@ from harness.reporting.sections import (
     feeding_section,
     hashes_section,
     input_line,
+    memory_section,
     nodes_section,
     parity_rows,
     parity_section,
@@ -241,6 +242,7 @@ def render(results: list[dict | Result], meta: dict, plots: dict[str, bool]) -> 
     L += nodes_section(rows, meta.get("topology", ""))
     L += step_time_section(rows)
     L += feeding_section(rows)
+    L += memory_section(rows)
     L += rounding_section(rows)
     L += energy_section(rows, plots.get("energy", False))
     L += profile_section(rows, plots.get("breakdown", False))

@@ -124,6 +124,61 @@ def feeding_section(rows: list) -> list[str]:
     ]
 
 
+def memory_section(rows: list) -> list[str]:
+    """What one device holds, where a run sharded its parameters or measured its device's peak: its parameters
+    and their gradients (each device ends the exchange with its gradients laid out as its parameters: whole when
+    replicated, its shard when sharded), and the rest of the peak beside them."""
+    runs = [row.result for row in rows if row.result.ok and row.result.memory]
+    if not any(
+        r.memory.parameters_mb is not None or r.memory.peak_device_mb is not None for r in runs
+    ):
+        return []
+    body = []
+    for r in runs:
+        held = held_parameters_mb(r)
+        peak = r.memory.peak_device_mb
+        body.append(
+            [
+                r.config.backend,
+                r.config.variant,
+                devices_cell(r.config),
+                fmt(held, ".1f"),
+                fmt(held, ".1f"),
+                fmt(peak, ".0f"),
+                fmt(peak - 2 * held if peak is not None and held is not None else None, ".0f"),
+            ]
+        )
+    header = [
+        "backend",
+        "strategy",
+        "devices",
+        "parameters, MiB",
+        "gradients, MiB",
+        "peak, MiB",
+        "the rest of the peak, MiB",
+    ]
+    return [
+        "## Memory a device holds",
+        "",
+        *table(header, body),
+        "",
+        "Per device. Parameters: a sharded strategy's shards as it measured them, else the whole model in "
+        "float32 (the parameters stay float32 at every precision). Gradients: as the parameters, since each "
+        "device ends the exchange holding the gradients of the parameters it keeps (a reduce-scatter leaves "
+        "its shard). Peak: the framework's own count of the device's largest allocation, on a GPU. The rest: "
+        "the peak less the parameters and gradients: the activations kept for the backward pass, the weights a "
+        "sharded strategy gathers for a block, the exchange's buffers and the batch.",
+        "",
+    ]
+
+
+def held_parameters_mb(r: Result) -> float | None:
+    """The MiB of parameters one device of the run holds: its measured shards, else the whole model in float32."""
+    if r.memory and r.memory.parameters_mb is not None:
+        return r.memory.parameters_mb
+    return 4 * r.params / 2**20 if r.params else None
+
+
 def rounding_section(rows: list) -> list[str]:
     """What a compressed gradient exchange (--grad-dtype bf16) changed in the math, as each such run measured it
     (common/after_training.py exchange_rounding): a lossy lever is a figure, not a footnote."""

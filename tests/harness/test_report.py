@@ -375,6 +375,24 @@ def test_the_feeding_section_gives_each_runs_host_seconds_before_and_inside_its_
     assert sections.feeding_section(tables.with_scaling(tables.as_results([old]))) == []
 
 
+def test_the_memory_section_gives_each_devices_parameters_gradients_and_the_rest_of_its_peak():
+    """ResNet-18's 11,175,818 float32 parameters are 42.6 MiB; a device of a sharded run on 4 holds its 10.7 MiB
+    shards of them and of their gradients. Of a 1,000 MiB peak, the rest is 1,000 - 2 x 42.6. A report of
+    replicated CPU runs, with nothing beyond the parameter count to say, has no section."""
+    replicated, sharded = result(strategy="ddp", devices=4), result(strategy="fsdp", devices=4)
+    replicated["memory"] = {"peak_device_mb": 1000.0}
+    sharded["memory"] = {"parameters_mb": 10.66}
+    lines = sections.memory_section(tables.with_scaling(tables.as_results([replicated, sharded])))
+    assert lines[0] == "## Memory a device holds"
+    rows = [l for l in lines if l.startswith("| torch")]
+    assert rows == [
+        "| torch | ddp | 4 (sim.) | 42.6 | 42.6 | 1000 | 915 |",
+        "| torch | fsdp | 4 (sim.) | 10.7 | 10.7 | — | — |",
+    ]
+    replicated["memory"] = {"peak_host_rss_mb": 600.0}
+    assert sections.memory_section(tables.with_scaling(tables.as_results([replicated]))) == []
+
+
 def test_a_compressed_exchange_states_its_measured_rounding_and_a_damaged_one_is_refused():
     """A --grad-dtype bf16 run's rounding is a table row, each step's distance in the order measured; a run
     without one has no row, and a rounding record that is no list of distances is refused in one line."""
