@@ -344,9 +344,9 @@ def test_both_passes_run_from_one_queue_the_probes_first_then_the_longest_suite(
     assert suites[0].minutes == manifest.load("jax").test_minutes
     # each portable suite by its own declared minutes, so the longest of them (not the last built) ends no lane
     assert [s.key for s in suites if s.pass_name == "portable"] == [
-        ("portable", "jax (inside its environment)"),
         ("portable", "cross-backend (torch, jax)"),
         ("portable", "torch (inside its environment)"),
+        ("portable", "jax (inside its environment)"),
     ]
     assert all(s.one_cpu == (s.pass_name == "portable") for s in suites)
     normal_only, _ = fake_pass(monkeypatch, tmp_path)
@@ -530,9 +530,9 @@ def test_the_next_pass_keeps_the_suites_it_did_not_run_and_orders_its_lanes_by_t
         "portable: what each backend's CPU kernels run with",
         "torch (inside its environment)",
         "cross-backend (torch, jax)",
-        "portable: jax (inside its environment)",
         "portable: cross-backend (torch, jax)",
         "portable: torch (inside its environment)",
+        "portable: jax (inside its environment)",
         "jax (inside its environment)",
         "harness (no framework)",
     ]
