@@ -74,6 +74,7 @@ report because the code changed since, say).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -603,12 +604,15 @@ def run(
         resumed = f", resumed ({state.what})" if state.kind == CUT_OFF else ""
         print(f"\n== piece {piece.name}{resumed}: {' '.join(cmd[1:])}", flush=True)
         started = time.monotonic()
-        child = subprocess.Popen(cmd, cwd=ROOT, env=piece_env(piece))
+        child = None
         try:
+            with stop_signals_held():
+                child = subprocess.Popen(cmd, cwd=ROOT, env=piece_env(piece))
             status = wait_until(child, deadline)
         # Ctrl-C, SIGTERM, SIGHUP: the piece's harness writes what finished, then stops
         except KeyboardInterrupt as e:
-            stop(child)
+            if child is not None:
+                stop(child)
             print(
                 f"\ninterrupted in piece {piece.name}; its report holds the runs that finished",
                 file=sys.stderr,
@@ -662,6 +666,27 @@ class Stopped(KeyboardInterrupt):
 
 def interrupt(signum, frame):
     raise Stopped(signum)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stop_signals_held():
+    """A stop signal that arrives while a piece's process starts is held, and raised once its Popen is known: raised
+    inside Popen, after the fork, it would lose the process, which would run on unstopped."""
+    held = []
+    # (a signal this process ignores, as a shell's background job ignores Ctrl-C, stays ignored)
+    caught = {sig: handler for sig in STOP_SIGNALS if callable(handler := signal.getsignal(sig))}
+    for sig in caught:
+        signal.signal(sig, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in caught.items():
+            signal.signal(sig, handler)
+    if held:
+        caught[held[0]](held[0], None)  # Ctrl-C's KeyboardInterrupt, or Stopped
 
 
 def stopped_status(error: KeyboardInterrupt) -> int:

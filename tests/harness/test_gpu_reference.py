@@ -408,6 +408,34 @@ def test_a_bad_flag_or_interpreter_is_one_line_and_exit_2_with_no_usage(args, sa
     assert out.stdout == ""  # refused before any piece started
 
 
+class StartedWhileStopped:
+    """A piece's Popen during which Ctrl-C arrives (after the fork, before Popen returns): the moment that lost the
+    process and left it running, when the KeyboardInterrupt was raised inside Popen."""
+
+    def __init__(self, *args, **kwargs):
+        self.signals = []
+        signal.raise_signal(signal.SIGINT)
+
+    def send_signal(self, sig):
+        self.signals.append(sig)
+
+    def wait(self, timeout=None):
+        return 0
+
+
+def test_ctrl_c_while_a_piece_starts_stops_that_piece(monkeypatch, capsys):
+    started = []
+    monkeypatch.setattr(
+        gpu_reference.subprocess,
+        "Popen",
+        lambda *a, **k: started.append(StartedWhileStopped()) or started[-1],
+    )
+    status = gpu_reference.run(gpu_reference.PIECES[:1], None, smoke=True, deadline=None)
+    assert status == 130
+    assert [child.signals for child in started] == [[signal.SIGTERM]]
+    assert "interrupted in piece" in capsys.readouterr().err
+
+
 # A piece's harness that runs a minute and is killed by SIGTERM (the script's own stop).
 SLEEPS = "import time\nprint('started', flush=True)\ntime.sleep(60)\n"
 
