@@ -423,6 +423,13 @@ class StartedWhileStopped:
         return 0
 
 
+def default_stop_signals() -> None:
+    """The stop signals at their defaults, whatever the test runner inherited (a shell's background job ignores
+    Ctrl-C, and the script leaves an ignored signal ignored)."""
+    for sig in gpu_reference.STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
 def test_ctrl_c_while_a_piece_starts_stops_that_piece(monkeypatch, capsys):
     started = []
     monkeypatch.setattr(
@@ -430,7 +437,11 @@ def test_ctrl_c_while_a_piece_starts_stops_that_piece(monkeypatch, capsys):
         "Popen",
         lambda *a, **k: started.append(StartedWhileStopped()) or started[-1],
     )
-    status = gpu_reference.run(gpu_reference.PIECES[:1], None, smoke=True, deadline=None)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal gives it
+    try:
+        status = gpu_reference.run(gpu_reference.PIECES[:1], None, smoke=True, deadline=None)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert status == 130
     assert [child.signals for child in started] == [[signal.SIGTERM]]
     assert "interrupted in piece" in capsys.readouterr().err
@@ -450,6 +461,7 @@ def test_a_stop_signal_stops_the_piece_and_exits_128_plus_its_number(tmp_path, s
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_stop_signals,
     )
     try:
         for line in child.stdout:
